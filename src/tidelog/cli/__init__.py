@@ -1,0 +1,1 @@
+"""The ``tidelog`` command line."""

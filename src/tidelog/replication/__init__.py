@@ -1,0 +1,1 @@
+"""Replication: leader-side ISR and high-watermark tracking with ack waiters, and the follower fetcher."""

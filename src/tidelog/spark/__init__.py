@@ -1,0 +1,1 @@
+"""The ``tidelog`` PySpark data source (installed with the ``tidelog[spark]`` extra)."""

@@ -1,0 +1,495 @@
+"""The record batch: the unit that tidelog appends, replicates, stores and serves.
+
+A batch is a 61-byte header followed by its records, all integers big-endian::
+
+    offset  size  field
+         0     8  base_offset         offset of the first record; assigned by the partition leader
+         8     4  batch_length        bytes that follow this field (total size - 12)
+        12     4  leader_epoch        epoch of the leader that assigned the offsets
+        16     1  format_version      1
+        17     4  crc                 CRC32C of bytes [21, end): everything after this field
+        21     2  attributes          bits 0-2 codec (0 none, 3 lz4, 4 zstd); bit 4 transactional; bit 5 control
+        23     4  last_offset_delta   offset of the last record minus base_offset
+        27     8  first_timestamp     nanoseconds since the Unix epoch
+        35     8  max_timestamp       largest record timestamp in the batch
+        43     8  producer_id         -1 when not an idempotent producer
+        51     2  producer_epoch      -1 when unset
+        53     4  base_sequence       -1 when unset
+        57     4  record_count        records present (fewer than last_offset_delta + 1 after compaction)
+        61     …  records             compressed as a whole when the codec is not none
+
+Each record is framed with zig-zag varints (:mod:`tidelog.storage.varint`)::
+
+    length           varint  bytes of the record after this field
+    attributes       int8    0
+    timestamp_delta  varint  timestamp - first_timestamp
+    offset_delta     varint  offset - base_offset
+    key_length       varint  -1 for a null key
+    key              bytes
+    value_length     varint  -1 for a null value (a tombstone)
+    value            bytes
+    header_count     varint
+    headers          header_count × (key_length varint, utf-8 key, value_length varint, value)
+
+The CRC starts after the CRC field, so a leader assigns offsets by rewriting ``base_offset`` and
+``leader_epoch`` in place (:func:`assign_offsets`) without recomputing it, and a whole batch is validated
+with one pass of a hardware CRC. Decoding never trusts a length: every length is checked against the bytes
+actually present, and decompression is bounded, so hostile input raises :class:`CorruptBatchError` without
+allocating more than it carries (or the decompression bound).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import crc32c
+import lz4.frame
+import zstandard
+
+from tidelog.storage.errors import CorruptBatchError
+from tidelog.storage.varint import decode_varint, encode_varint
+
+FORMAT_VERSION = 1
+
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+assert HEADER_SIZE == 61
+
+LENGTH_FIELD_END = 12  # base_offset and batch_length precede what batch_length counts
+PREFIX = struct.Struct(">qi")  # base_offset, batch_length: enough to find the next batch
+INT64 = struct.Struct(">q")
+INT32 = struct.Struct(">i")
+LEADER_EPOCH_POS = 12
+CRC_FIELD = struct.Struct(">I")
+CRC_POS = 17
+CRC_START = 21
+ATTRIBUTES_POS = 21
+
+MIN_RECORD_SIZE = 7  # length, attributes, two deltas, key length, value length, header count
+DEFAULT_MAX_UNCOMPRESSED = 64 * 1024 * 1024
+
+
+class Codec(enum.IntEnum):
+    """Compression of a batch's records (numbered as in Kafka)."""
+
+    NONE = 0
+    LZ4 = 3
+    ZSTD = 4
+
+
+CODEC_MASK = 0x07
+TRANSACTIONAL_FLAG = 0x10
+CONTROL_FLAG = 0x20
+
+
+class BatchHeader(NamedTuple):
+    """The decoded fixed header of one batch."""
+
+    base_offset: int
+    batch_length: int
+    leader_epoch: int
+    format_version: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch, header included."""
+        return self.batch_length + LENGTH_FIELD_END
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def codec(self) -> Codec:
+        return Codec(self.attributes & CODEC_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_FLAG)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_FLAG)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record as a reader sees it. ``timestamp`` is in nanoseconds since the Unix epoch."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NewRecord:
+    """A record to be encoded; its offset is given by its position in the batch."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes]] = ()
+    timestamp: int | None = None
+
+
+# --------------------------------------------------------------------------------------------- encoding
+
+
+def _encode_bytes(data: bytes | None) -> bytes:
+    if data is None:
+        return encode_varint(-1)
+    return encode_varint(len(data)) + data
+
+
+def _encode_record(
+    parts: list[bytes],
+    ts_delta: int,
+    off_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes]],
+) -> None:
+    body = [
+        b"\x00",
+        encode_varint(ts_delta),
+        encode_varint(off_delta),
+        _encode_bytes(key),
+        _encode_bytes(value),
+    ]
+    hlist = list(headers)
+    body.append(encode_varint(len(hlist)))
+    for hkey, hvalue in hlist:
+        body.append(_encode_bytes(hkey.encode()))
+        body.append(_encode_bytes(hvalue))
+    payload = b"".join(body)
+    parts.append(encode_varint(len(payload)))
+    parts.append(payload)
+
+
+def encode_records(records: Sequence[NewRecord], first_timestamp: int, default_timestamp: int) -> bytes:
+    """Encode ``records`` with offset deltas 0..n-1 (uncompressed)."""
+    parts: list[bytes] = []
+    for delta, rec in enumerate(records):
+        ts = default_timestamp if rec.timestamp is None else rec.timestamp
+        _encode_record(parts, ts - first_timestamp, delta, rec.key, rec.value, rec.headers)
+    return b"".join(parts)
+
+
+def compress(data: bytes, codec: Codec) -> bytes:
+    """Compress a batch's record section."""
+    if codec is Codec.NONE:
+        return data
+    if codec is Codec.ZSTD:
+        return zstandard.ZstdCompressor(level=1).compress(data)
+    if codec is Codec.LZ4:
+        return lz4.frame.compress(data)  # type: ignore[no-any-return]
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+def build_batch(
+    records: Sequence[NewRecord],
+    *,
+    timestamp: int,
+    codec: Codec = Codec.NONE,
+    base_offset: int = 0,
+    leader_epoch: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+) -> bytes:
+    """Encode ``records`` as one batch.
+
+    ``timestamp`` (ns) is given to records that carry none. Offsets are normally assigned later by the log;
+    ``base_offset`` is for tests and tools that write a batch where it will be stored.
+    """
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    stamps = [timestamp if r.timestamp is None else r.timestamp for r in records]
+    first_ts = stamps[0]
+    body = compress(encode_records(records, first_ts, timestamp), codec)
+    attributes = int(codec) | (TRANSACTIONAL_FLAG if transactional else 0) | (CONTROL_FLAG if control else 0)
+    return _frame(
+        body,
+        base_offset=base_offset,
+        leader_epoch=leader_epoch,
+        attributes=attributes,
+        last_offset_delta=len(records) - 1,
+        first_timestamp=first_ts,
+        max_timestamp=max(stamps),
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=len(records),
+    )
+
+
+def _frame(
+    body: bytes,
+    *,
+    base_offset: int,
+    leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+) -> bytes:
+    out = bytearray(HEADER_SIZE + len(body))
+    HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        HEADER_SIZE + len(body) - LENGTH_FIELD_END,
+        leader_epoch,
+        FORMAT_VERSION,
+        0,
+        attributes,
+        last_offset_delta,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )
+    out[HEADER_SIZE:] = body
+    CRC_FIELD.pack_into(out, CRC_POS, crc32c.crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
+    """Re-encode a batch keeping ``records`` (a subset of the original), their offsets and timestamps.
+
+    Used by compaction: the base offset and last offset delta are kept so the batch still spans the same
+    offsets, while ``record_count`` shrinks. The codec of the original is kept.
+    """
+    parts: list[bytes] = []
+    for rec in records:
+        _encode_record(
+            parts,
+            rec.timestamp - header.first_timestamp,
+            rec.offset - header.base_offset,
+            rec.key,
+            rec.value,
+            rec.headers,
+        )
+    body_bytes = compress(b"".join(parts), header.codec)
+    return _frame(
+        body_bytes,
+        base_offset=header.base_offset,
+        leader_epoch=header.leader_epoch,
+        attributes=header.attributes,
+        last_offset_delta=header.last_offset_delta,
+        first_timestamp=header.first_timestamp,
+        max_timestamp=header.max_timestamp,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        record_count=len(records),
+    )
+
+
+def assign_offsets(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:
+    """Rewrite the base offset and leader epoch of the batch at ``buf[pos:]`` in place (CRC unaffected)."""
+    INT64.pack_into(buf, pos, base_offset)
+    INT32.pack_into(buf, pos + LEADER_EPOCH_POS, leader_epoch)
+
+
+# --------------------------------------------------------------------------------------------- decoding
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode and sanity-check the header of the batch at ``buf[pos:]``.
+
+    Checks that the whole batch is present and that its counts are possible; does not check the CRC.
+    """
+    available = len(buf) - pos
+    if available < HEADER_SIZE:
+        raise CorruptBatchError(f"truncated batch header: {available} of {HEADER_SIZE} bytes", position=pos)
+    header = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    if header.format_version != FORMAT_VERSION:
+        raise CorruptBatchError(f"unknown batch format version {header.format_version}", position=pos)
+    size = header.batch_length + LENGTH_FIELD_END
+    if size < HEADER_SIZE:
+        raise CorruptBatchError(f"batch length {header.batch_length} is shorter than a header", position=pos)
+    if size > available:
+        raise CorruptBatchError(f"batch of {size} bytes but only {available} present", position=pos)
+    if header.attributes & CODEC_MASK not in _CODECS:
+        raise CorruptBatchError(f"unknown codec {header.attributes & CODEC_MASK}", position=pos)
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise CorruptBatchError("negative record count or offset delta", position=pos)
+    if header.record_count > header.last_offset_delta + 1:
+        raise CorruptBatchError(
+            f"{header.record_count} records cannot span {header.last_offset_delta + 1} offsets", position=pos
+        )
+    if header.attributes & CODEC_MASK == Codec.NONE and header.record_count * MIN_RECORD_SIZE > (size - HEADER_SIZE):
+        raise CorruptBatchError(f"{header.record_count} records cannot fit in {size - HEADER_SIZE} bytes", position=pos)
+    return header
+
+
+_CODECS = frozenset(int(c) for c in Codec)
+
+
+def crc_ok(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bool:
+    """True when the stored CRC matches the batch's bytes."""
+    view = memoryview(buf)[pos + CRC_START : pos + header.size]
+    return int(crc32c.crc32c(view)) == header.crc
+
+
+def check_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the header at ``pos`` and verify the CRC; raise :class:`CorruptBatchError` on any fault."""
+    header = parse_header(buf, pos)
+    if not crc_ok(buf, pos, header):
+        raise CorruptBatchError("CRC mismatch", position=pos)
+    return header
+
+
+def iter_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each batch of a buffer of whole, concatenated batches.
+
+    Raises :class:`CorruptBatchError` at the first batch that is torn, malformed or (with ``verify``) fails
+    its CRC. Per-batch work only: records are not decoded.
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = check_batch(buf, pos) if verify else parse_header(buf, pos)
+        yield pos, header
+        pos += header.size
+
+
+def _decompress(data: memoryview, codec: Codec, limit: int) -> bytes:
+    try:
+        if codec is Codec.ZSTD:
+            size = zstandard.frame_content_size(data)
+            if size > limit:
+                raise CorruptBatchError(f"batch decompresses to {size} bytes, above the {limit} limit")
+            if size >= 0:
+                return zstandard.ZstdDecompressor().decompress(data)
+            reader = zstandard.ZstdDecompressor().stream_reader(bytes(data))
+            out: bytes = reader.read(limit + 1)
+        else:
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+            out = decompressor.decompress(bytes(data), max_length=limit + 1)
+    except CorruptBatchError:
+        raise
+    except Exception as exc:  # zstd and lz4 raise their own error types for damaged input
+        raise CorruptBatchError(f"cannot decompress {codec.name} records: {exc}") from exc
+    if len(out) > limit:
+        raise CorruptBatchError(f"batch decompresses past the {limit} byte limit")
+    return out
+
+
+def decode_records(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    header: BatchHeader | None = None,
+    max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED,
+) -> list[Record]:
+    """Decode the records of the batch at ``buf[pos:]`` (the CRC must already have been checked)."""
+    if header is None:
+        header = parse_header(buf, pos)
+    view = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    data: bytes | memoryview = view
+    if header.codec is not Codec.NONE:
+        data = _decompress(view, header.codec, max_uncompressed)
+        if header.record_count * MIN_RECORD_SIZE > len(data):
+            raise CorruptBatchError(f"{header.record_count} records cannot fit in {len(data)} bytes", position=pos)
+    return _decode_record_section(data, header)
+
+
+def _read_bytes(data: bytes | memoryview, p: int, end: int) -> tuple[bytes | None, int]:
+    length, p = decode_varint(data, p, end)
+    if length < 0:
+        return None, p
+    if p + length > end:
+        raise CorruptBatchError(f"field of {length} bytes runs past its record")
+    return bytes(data[p : p + length]), p + length
+
+
+def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> list[Record]:
+    records: list[Record] = []
+    p = 0
+    total = len(data)
+    for _ in range(header.record_count):
+        length, p = decode_varint(data, p, total)
+        end = p + length
+        if length < MIN_RECORD_SIZE - 1 or end > total:
+            raise CorruptBatchError(f"record length {length} is impossible here")
+        p += 1  # attributes
+        ts_delta, p = decode_varint(data, p, end)
+        off_delta, p = decode_varint(data, p, end)
+        if not 0 <= off_delta <= header.last_offset_delta:
+            raise CorruptBatchError(f"record offset delta {off_delta} outside the batch")
+        key, p = _read_bytes(data, p, end)
+        value, p = _read_bytes(data, p, end)
+        hcount, p = decode_varint(data, p, end)
+        if hcount < 0 or hcount * 2 > end - p:
+            raise CorruptBatchError(f"impossible header count {hcount}")
+        headers: list[tuple[str, bytes]] = []
+        for _h in range(hcount):
+            hkey, p = _read_bytes(data, p, end)
+            hval, p = _read_bytes(data, p, end)
+            try:
+                name = (hkey or b"").decode()
+            except UnicodeDecodeError as exc:
+                raise CorruptBatchError("header name is not UTF-8") from exc
+            headers.append((name, hval or b""))
+        if p != end:
+            raise CorruptBatchError("record length does not match its fields")
+        records.append(
+            Record(header.base_offset + off_delta, header.first_timestamp + ts_delta, key, value, tuple(headers))
+        )
+    if p != total:
+        raise CorruptBatchError(f"{total - p} stray bytes after the last record")
+    return records
+
+
+class RecordBatch:
+    """A read-only view over one encoded batch, for code that wants records rather than bytes."""
+
+    __slots__ = ("data", "header")
+
+    def __init__(self, data: bytes | bytearray | memoryview, *, verify: bool = True) -> None:
+        header = check_batch(data) if verify else parse_header(data)
+        if header.size != len(data):
+            raise CorruptBatchError(f"buffer holds {len(data)} bytes, the batch {header.size}")
+        self.header = header
+        self.data = data
+
+    def records(self, max_uncompressed: int = DEFAULT_MAX_UNCOMPRESSED) -> list[Record]:
+        return decode_records(self.data, 0, header=self.header, max_uncompressed=max_uncompressed)
+
+    def __repr__(self) -> str:
+        h = self.header
+        return f"RecordBatch(offsets={h.base_offset}..{h.last_offset}, records={h.record_count}, codec={h.codec.name})"
+
+
+def records_of(buf: bytes | bytearray | memoryview) -> Iterable[Record]:
+    """Every record in a buffer of whole batches, CRCs checked. For readers and tests; not the broker path."""
+    for pos, header in iter_batches(buf):
+        yield from decode_records(buf, pos, header=header)

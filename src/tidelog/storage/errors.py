@@ -1,0 +1,65 @@
+"""Errors of the storage engine.
+
+::
+
+    StorageError
+     ├── CorruptBatchError      bytes that are not a valid record batch (torn, hostile, bad CRC, absurd counts)
+     ├── CorruptSegmentError    a sealed segment failed validation; names the file and the offset range
+     ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
+     ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
+     └── LogClosedError         an operation on a closed log
+
+Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of every storage engine error."""
+
+
+class CorruptBatchError(StorageError):
+    """Bytes that do not decode as a record batch.
+
+    Raised for truncated input, lengths that point outside the buffer, a CRC mismatch, impossible record
+    counts and undecodable records. ``position`` is the byte position of the batch in the buffer or file
+    that was being decoded, when known.
+    """
+
+    def __init__(self, message: str, *, position: int | None = None) -> None:
+        super().__init__(message if position is None else f"{message} (at byte {position})")
+        self.position = position
+
+
+class CorruptSegmentError(StorageError):
+    """A segment holds bytes that fail validation below its clean point.
+
+    Recovery truncates a torn *tail*; damage inside data that was already sealed is never silently
+    dropped. The error names the segment and the offsets whose bytes cannot be trusted.
+    """
+
+    def __init__(self, path: str, first_offset: int, last_offset: int, reason: str) -> None:
+        super().__init__(f"{path}: offsets {first_offset}..{last_offset} are corrupt: {reason}")
+        self.path = path
+        self.first_offset = first_offset
+        self.last_offset = last_offset
+        self.reason = reason
+
+
+class OffsetOutOfRangeError(StorageError):
+    """An offset outside the log's ``[start_offset, end_offset]``."""
+
+    def __init__(self, offset: int, start_offset: int, end_offset: int) -> None:
+        super().__init__(f"offset {offset} is outside the log's range [{start_offset}, {end_offset}]")
+        self.offset = offset
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+
+
+class InvalidBatchError(StorageError):
+    """A batch that decodes but that the log will not store (empty, too large, not a data batch)."""
+
+
+class LogClosedError(StorageError):
+    """The log was closed."""
