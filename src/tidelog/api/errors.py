@@ -1,0 +1,351 @@
+"""The one error table: every domain error code of tidelog and what it means on each protocol.
+
+One row per :class:`ErrorCode` gives the stable wire number, the default message, whether the same request may
+succeed later (``retriable``), the gRPC status the Liftbridge-compatible API answers with, and the closest
+Liftbridge publish error codes (``PublishAsyncError.Code`` for ``PublishAsync``, ``Ack.Error`` for acks sent
+to NATS ack inboxes). Services never choose a status themselves: they raise a :class:`TidelogError` and the
+boundary looks it up here, so the two protocols can never disagree.
+
+The exception tree (one class per code, flat, so ``except NotLeaderError`` reads as what it catches and
+``err.retriable`` drives retry loops)::
+
+    TidelogError                 code, message, retriable; .spec, .grpc_status, .to_error_body()
+     ├── UnknownStreamError        UNKNOWN_STREAM        NOT_FOUND
+     ├── UnknownPartitionError     UNKNOWN_PARTITION     NOT_FOUND
+     ├── StreamExistsError         STREAM_EXISTS         ALREADY_EXISTS
+     ├── NotLeaderError            NOT_LEADER            FAILED_PRECONDITION   retriable: refresh metadata
+     ├── ReadonlyError             READONLY              FAILED_PRECONDITION
+     ├── InvalidArgumentError      INVALID_ARGUMENT      INVALID_ARGUMENT
+     ├── MessageTooLargeError      MESSAGE_TOO_LARGE     INVALID_ARGUMENT
+     ├── RequestTimeoutError       TIMEOUT               DEADLINE_EXCEEDED     retriable
+     ├── NotEnoughReplicasError    NOT_ENOUGH_REPLICAS   UNAVAILABLE           retriable
+     ├── OffsetOutOfRangeError     OFFSET_OUT_OF_RANGE   OUT_OF_RANGE
+     ├── IncorrectOffsetError      INCORRECT_OFFSET      ABORTED
+     ├── CorruptDataError          CORRUPT_DATA          DATA_LOSS
+     ├── InternalError             INTERNAL              INTERNAL
+     ├── UnavailableError          UNAVAILABLE           UNAVAILABLE           retriable
+     ├── StopReachedError          STOP_REACHED          RESOURCE_EXHAUSTED
+     ├── FencedLeaderEpochError    FENCED_LEADER_EPOCH   FAILED_PRECONDITION   retriable: refresh metadata
+     ├── UnsupportedError          UNSUPPORTED           UNIMPLEMENTED
+     ├── PermissionDeniedError     PERMISSION_DENIED     PERMISSION_DENIED
+     ├── UnknownGroupError         UNKNOWN_GROUP         NOT_FOUND
+     └── StaleGroupEpochError      STALE_GROUP_EPOCH     FAILED_PRECONDITION   retriable: refetch assignments
+
+The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
+call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
+should not retry until the system state has been fixed"):
+
+- NOT_ENOUGH_REPLICAS is UNAVAILABLE: the write was refused before anything was appended, and the ISR regrows
+  by itself as followers catch up, so retrying the very same call is safe and is the right reaction. Mapping
+  it to FAILED_PRECONDITION would tell clients to wait for an operator. (Kafka marks it retriable too.)
+- INCORRECT_OFFSET is ABORTED: it is a failed test-and-set on the expected offset; the client must re-read the
+  log and decide again, and replaying the same request would fail the same way.
+- NOT_LEADER and FENCED_LEADER_EPOCH are FAILED_PRECONDITION, as Liftbridge answers a subscribe to a follower:
+  the state to fix is the client's stale view of who leads. They are retriable after a metadata refresh.
+
+``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
+TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
+
+Codes are stable on the wire: append new ones, never renumber or reuse. 0 is not an error code.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar
+
+import grpc
+
+from tidelog.api.wire.frames import ProtocolError
+from tidelog.api.wire.messages import ErrorBody, UnsupportedOpError
+from tidelog.storage import errors as storage_errors
+
+
+class ErrorCode(enum.IntEnum):
+    """tidelog's domain error codes, the numbers both protocols carry (append only; 0 is not an error)."""
+
+    UNKNOWN_STREAM = 1
+    UNKNOWN_PARTITION = 2
+    STREAM_EXISTS = 3
+    NOT_LEADER = 4
+    READONLY = 5
+    INVALID_ARGUMENT = 6
+    MESSAGE_TOO_LARGE = 7
+    TIMEOUT = 8
+    NOT_ENOUGH_REPLICAS = 9
+    OFFSET_OUT_OF_RANGE = 10
+    INCORRECT_OFFSET = 11
+    CORRUPT_DATA = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    STOP_REACHED = 15
+    FENCED_LEADER_EPOCH = 16
+    UNSUPPORTED = 17
+    PERMISSION_DENIED = 18
+    UNKNOWN_GROUP = 19
+    STALE_GROUP_EPOCH = 20
+
+
+class LiftbridgeAsyncCode(enum.IntEnum):
+    """Liftbridge ``PublishAsyncError.Code`` (numbers from its proto; no dependency on generated code)."""
+
+    UNKNOWN = 0
+    BAD_REQUEST = 1
+    NOT_FOUND = 2
+    INTERNAL = 3
+    READONLY = 4
+    INCORRECT_OFFSET = 5
+    ENCRYPTION_FAILED = 6
+    PERMISSION_DENIED = 7
+
+
+class LiftbridgeAckError(enum.IntEnum):
+    """Liftbridge ``Ack.Error`` (numbers from its proto)."""
+
+    OK = 0
+    UNKNOWN = 1
+    INCORRECT_OFFSET = 2
+    TOO_LARGE = 3
+    ENCRYPTION = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """One row of the table."""
+
+    code: ErrorCode
+    message: str  # default message, used when the raiser has nothing more specific
+    retriable: bool
+    grpc_status: grpc.StatusCode
+    async_code: LiftbridgeAsyncCode  # PublishAsyncError.code
+    ack_error: LiftbridgeAckError  # Ack.ackError
+
+
+_S = grpc.StatusCode
+_A = LiftbridgeAsyncCode
+_K = LiftbridgeAckError
+_C = ErrorCode
+
+# fmt: off
+_TABLE: tuple[ErrorSpec, ...] = (
+    ErrorSpec(_C.UNKNOWN_STREAM, "no such stream", False, _S.NOT_FOUND, _A.NOT_FOUND, _K.UNKNOWN),
+    ErrorSpec(_C.UNKNOWN_PARTITION, "no such partition", False, _S.NOT_FOUND, _A.NOT_FOUND, _K.UNKNOWN),
+    ErrorSpec(_C.STREAM_EXISTS, "stream already exists", False, _S.ALREADY_EXISTS, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.NOT_LEADER, "this broker is not the partition leader", True, _S.FAILED_PRECONDITION, _A.UNKNOWN,
+              _K.UNKNOWN),
+    ErrorSpec(_C.READONLY, "the partition is read-only", False, _S.FAILED_PRECONDITION, _A.READONLY, _K.UNKNOWN),
+    ErrorSpec(_C.INVALID_ARGUMENT, "invalid argument", False, _S.INVALID_ARGUMENT, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.MESSAGE_TOO_LARGE, "message too large", False, _S.INVALID_ARGUMENT, _A.BAD_REQUEST,
+              _K.TOO_LARGE),
+    ErrorSpec(_C.TIMEOUT, "timed out", True, _S.DEADLINE_EXCEEDED, _A.UNKNOWN, _K.UNKNOWN),
+    ErrorSpec(_C.NOT_ENOUGH_REPLICAS, "fewer in-sync replicas than min_isr", True, _S.UNAVAILABLE, _A.UNKNOWN,
+              _K.UNKNOWN),
+    ErrorSpec(_C.OFFSET_OUT_OF_RANGE, "offset out of range", False, _S.OUT_OF_RANGE, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.INCORRECT_OFFSET, "incorrect expected offset", False, _S.ABORTED, _A.INCORRECT_OFFSET,
+              _K.INCORRECT_OFFSET),
+    ErrorSpec(_C.CORRUPT_DATA, "corrupt data", False, _S.DATA_LOSS, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.INTERNAL, "internal error", False, _S.INTERNAL, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.UNAVAILABLE, "service unavailable", True, _S.UNAVAILABLE, _A.UNKNOWN, _K.UNKNOWN),
+    ErrorSpec(_C.STOP_REACHED, "stop position reached", False, _S.RESOURCE_EXHAUSTED, _A.UNKNOWN, _K.UNKNOWN),
+    ErrorSpec(_C.FENCED_LEADER_EPOCH, "stale leader epoch", True, _S.FAILED_PRECONDITION, _A.UNKNOWN, _K.UNKNOWN),
+    ErrorSpec(_C.UNSUPPORTED, "unsupported operation", False, _S.UNIMPLEMENTED, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.PERMISSION_DENIED, "permission denied", False, _S.PERMISSION_DENIED, _A.PERMISSION_DENIED,
+              _K.UNKNOWN),
+    ErrorSpec(_C.UNKNOWN_GROUP, "no such consumer group", False, _S.NOT_FOUND, _A.NOT_FOUND, _K.UNKNOWN),
+    ErrorSpec(_C.STALE_GROUP_EPOCH, "stale consumer group epoch", True, _S.FAILED_PRECONDITION, _A.UNKNOWN,
+              _K.UNKNOWN),
+)
+# fmt: on
+
+SPECS: Mapping[ErrorCode, ErrorSpec] = MappingProxyType({row.code: row for row in _TABLE})
+if len(SPECS) != len(_TABLE) or set(SPECS) != set(ErrorCode):
+    raise AssertionError("the error table must have exactly one row per ErrorCode")
+
+_CLASSES: dict[ErrorCode, type[TidelogError]] = {}
+
+
+class TidelogError(Exception):
+    """Base of every domain error; subclasses are bound to one :class:`ErrorCode` each.
+
+    ``message`` defaults to the table's; ``retriable`` too, though an error decoded from the wire keeps what
+    the sender said (the sender knows its situation best, and may be newer than this table).
+    """
+
+    code: ClassVar[ErrorCode]
+
+    def __init_subclass__(cls, *, code: ErrorCode | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            if code in _CLASSES:
+                raise TypeError(f"{code.name} already has {_CLASSES[code].__name__}")
+            cls.code = code
+            _CLASSES[code] = cls
+
+    def __init__(self, message: str | None = None, *, retriable: bool | None = None) -> None:
+        if getattr(type(self), "code", None) is None:
+            raise TypeError(f"{type(self).__name__} has no error code: raise a subclass, or use make_error()")
+        spec = SPECS[self.code]
+        self.message = spec.message if message is None else message
+        self.retriable = spec.retriable if retriable is None else retriable
+        super().__init__(self.message)
+
+    @property
+    def spec(self) -> ErrorSpec:
+        return SPECS[self.code]
+
+    @property
+    def grpc_status(self) -> grpc.StatusCode:
+        return SPECS[self.code].grpc_status
+
+    def to_error_body(self) -> ErrorBody:
+        return ErrorBody(code=int(self.code), message=self.message, retriable=self.retriable)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.code.name}, retriable={self.retriable})"
+
+
+class UnknownStreamError(TidelogError, code=ErrorCode.UNKNOWN_STREAM):
+    """The stream does not exist (or this broker's metadata has not seen it yet)."""
+
+
+class UnknownPartitionError(TidelogError, code=ErrorCode.UNKNOWN_PARTITION):
+    """The stream exists but has no such partition."""
+
+
+class StreamExistsError(TidelogError, code=ErrorCode.STREAM_EXISTS):
+    """CreateStream of a name that is taken."""
+
+
+class NotLeaderError(TidelogError, code=ErrorCode.NOT_LEADER):
+    """A leader-only request reached a follower: refresh metadata and retry against the leader."""
+
+
+class ReadonlyError(TidelogError, code=ErrorCode.READONLY):
+    """The partition was set read-only; writes are refused until it is made writable again."""
+
+
+class InvalidArgumentError(TidelogError, code=ErrorCode.INVALID_ARGUMENT):
+    """Bad input: a malformed header or batch, an out-of-range field, an impossible setting."""
+
+
+class MessageTooLargeError(TidelogError, code=ErrorCode.MESSAGE_TOO_LARGE):
+    """A record or batch above the stream's or broker's size limit."""
+
+
+class RequestTimeoutError(TidelogError, code=ErrorCode.TIMEOUT):
+    """The request's deadline passed (for a produce: possibly after the leader wrote the batch)."""
+
+
+class NotEnoughReplicasError(TidelogError, code=ErrorCode.NOT_ENOUGH_REPLICAS):
+    """The ISR is smaller than ``min_isr``; an ``Acks.ALL`` write was refused before anything was appended."""
+
+
+class OffsetOutOfRangeError(TidelogError, code=ErrorCode.OFFSET_OUT_OF_RANGE):
+    """A read outside the partition's ``[log start, log end]``: reset to a bound and read again."""
+
+
+class IncorrectOffsetError(TidelogError, code=ErrorCode.INCORRECT_OFFSET):
+    """An optimistic-concurrency write whose expected offset is not the next offset of the partition."""
+
+
+class CorruptDataError(TidelogError, code=ErrorCode.CORRUPT_DATA):
+    """Bytes failed their CRC or structure check; they are never served."""
+
+
+class InternalError(TidelogError, code=ErrorCode.INTERNAL):
+    """A bug or an unexpected failure on the server."""
+
+
+class UnavailableError(TidelogError, code=ErrorCode.UNAVAILABLE):
+    """The broker cannot serve the request now (starting, shutting down, partition closing): retry."""
+
+
+class StopReachedError(TidelogError, code=ErrorCode.STOP_REACHED):
+    """A subscription reached its stop position (Liftbridge answers RESOURCE_EXHAUSTED)."""
+
+
+class FencedLeaderEpochError(TidelogError, code=ErrorCode.FENCED_LEADER_EPOCH):
+    """The request carried a leader epoch older than the partition's: its sender's view is stale."""
+
+
+class UnsupportedError(TidelogError, code=ErrorCode.UNSUPPORTED):
+    """An op or version this broker does not implement."""
+
+
+class PermissionDeniedError(TidelogError, code=ErrorCode.PERMISSION_DENIED):
+    """The ACL policy refuses the request."""
+
+
+class UnknownGroupError(TidelogError, code=ErrorCode.UNKNOWN_GROUP):
+    """No such consumer group."""
+
+
+class StaleGroupEpochError(TidelogError, code=ErrorCode.STALE_GROUP_EPOCH):
+    """A consumer group request with an old group epoch: refetch assignments and retry."""
+
+
+if set(_CLASSES) != set(ErrorCode):
+    raise AssertionError("every ErrorCode needs exactly one TidelogError subclass")
+
+
+def error_class(code: ErrorCode) -> type[TidelogError]:
+    """The exception class bound to ``code``."""
+    return _CLASSES[code]
+
+
+def make_error(code: ErrorCode, message: str | None = None, *, retriable: bool | None = None) -> TidelogError:
+    """An instance of the class bound to ``code`` (for code paths that hold a code rather than a class)."""
+    return _CLASSES[code](message, retriable=retriable)
+
+
+def grpc_status(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status the Liftbridge-compatible API answers ``code`` with."""
+    return SPECS[code].grpc_status
+
+
+def from_error_body(body: ErrorBody) -> TidelogError:
+    """The exception an ``ErrorBody`` received from a peer stands for.
+
+    A code this side does not know (a newer peer) becomes an :class:`InternalError` that names it and keeps the
+    sender's ``retriable``, so retry loops still do the right thing.
+    """
+    try:
+        code = ErrorCode(body.code)
+    except ValueError:
+        return InternalError(f"unknown error code {body.code}: {body.message}", retriable=body.retriable)
+    return _CLASSES[code](body.message or None, retriable=body.retriable)
+
+
+def as_tidelog_error(exc: BaseException) -> TidelogError:
+    """Translate any exception reaching a protocol boundary into the domain error to answer with.
+
+    The one place where lower layers' exceptions meet the table: protocol violations are the peer's bad input,
+    storage errors keep their meaning, a timeout is a TIMEOUT, and anything else is an INTERNAL error.
+    """
+    if isinstance(exc, TidelogError):
+        return exc
+    if isinstance(exc, UnsupportedOpError):
+        return UnsupportedError(str(exc))
+    if isinstance(exc, ProtocolError):
+        return InvalidArgumentError(str(exc))
+    if isinstance(exc, storage_errors.OffsetOutOfRangeError):
+        return OffsetOutOfRangeError(str(exc))
+    if isinstance(
+        exc, storage_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError
+    ):
+        return CorruptDataError(str(exc))
+    if isinstance(exc, storage_errors.InvalidBatchError):
+        return InvalidArgumentError(str(exc))
+    if isinstance(exc, storage_errors.LogClosedError):
+        return UnavailableError(str(exc) or "the partition's log is closed")
+    if isinstance(exc, TimeoutError):
+        return RequestTimeoutError(str(exc) or None)
+    return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+def to_error_body(exc: BaseException) -> ErrorBody:
+    """The ``ErrorBody`` to send for ``exc`` (see :func:`as_tidelog_error`)."""
+    return as_tidelog_error(exc).to_error_body()

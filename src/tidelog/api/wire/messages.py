@@ -1,0 +1,295 @@
+"""Frame headers of the tidelog wire protocol: one msgspec ``Struct`` per op and direction.
+
+Headers are small and positional (``array_like``): a produce request header is ``["orders", 3, 1, 5000]`` in
+msgpack, about a dozen bytes, and msgspec decodes it into a typed, validated object in well under a
+microsecond. Record batches never go through msgpack: they are the frame's payload, untouched
+(:mod:`tidelog.api.wire.frames`).
+
+Evolution: fields are only ever appended, each new one with a default. A decoder ignores trailing fields it
+does not know and fills in defaults for trailing fields the sender omitted, so old and new peers interoperate
+without a version bump. Never reorder, remove or retype a field.
+
+Watermarks on this protocol are *exclusive*, as in Kafka: ``high_watermark`` is one past the last committed
+offset (consumers read below it) and ``log_end`` is the offset the next record will get. The Liftbridge gRPC
+API reports the last offsets instead (``-1`` when empty); that translation belongs to the gRPC layer.
+
+Which header goes with which frame::
+
+    op              request               response               payload
+    PRODUCE         ProduceRequest        ProduceResponse        request: record batches
+    FETCH           FetchRequest          FetchResponse          response: record batches
+    METADATA        MetadataRequest       MetadataResponse
+    CREATE_STREAM   CreateStreamRequest   CreateStreamResponse
+    DELETE_STREAM   DeleteStreamRequest   DeleteStreamResponse
+    LIST_STREAMS    ListStreamsRequest    ListStreamsResponse
+    (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
+
+A response that has something useful to say besides the failure carries an ``error`` field instead: a produce
+whose batches were written but not acknowledged by the ISR in time still names its offsets, and a fetch below
+the log start still returns the log's bounds, so the client can act without another round trip.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+from tidelog.api.wire.frames import BytesLike, Frame, Kind, Op, ProtocolError, encode_frame
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+PartitionId = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+Offset = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+OffsetOrNone = Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]  # -1: unknown, or nothing there
+Millis = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+ByteCount = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+Name = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class Acks(enum.IntEnum):
+    """When a produce is acknowledged. Numbered as Liftbridge's ``AckPolicy`` so the gRPC layer passes it on."""
+
+    LEADER = 0  # written to the leader's log
+    ALL = 1  # committed: written by every ISR member (tidelog's default)
+    NONE = 2  # not waited for; offsets in the response are -1
+
+
+class Isolation(enum.IntEnum):
+    """What a fetch may return."""
+
+    COMMITTED = 0  # below the high watermark: what consumers see
+    UNCOMMITTED = 1  # up to the log end: tooling and diagnostics (replicas use REPLICA_FETCH)
+
+
+class Header(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Base of every header: frozen, positional, and untracked by the GC (headers never form cycles).
+
+    msgspec passes these options on to subclasses; each subclass still says ``frozen=True`` because mypy's
+    dataclass model of a Struct does not inherit it."""
+
+
+class ErrorBody(Header, frozen=True):
+    """A failure on the wire. ``code`` is an ``ErrorCode`` from :mod:`tidelog.api.errors`, kept as a plain int
+    so that a code added by a newer peer still decodes; ``retriable`` travels too, so an older client knows
+    whether to retry a code it has never heard of."""
+
+    code: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+    message: str = ""
+    retriable: bool = False
+
+
+# -- produce ---------------------------------------------------------------------------------------------------
+
+
+class ProduceRequest(Header, frozen=True):
+    """Append the payload's record batches (one or more, concatenated) to one partition."""
+
+    stream: Name
+    partition: PartitionId
+    acks: Acks = Acks.ALL
+    timeout_ms: Millis = 5_000  # how long the leader waits for the ISR before answering TIMEOUT
+
+
+class ProduceResponse(Header, frozen=True):
+    """Offsets assigned to the first and last record produced; -1 when unknown (``Acks.NONE``)."""
+
+    base_offset: OffsetOrNone
+    last_offset: OffsetOrNone
+    error: ErrorBody | None = None  # e.g. TIMEOUT after the write: the offsets are real but not committed
+
+
+# -- fetch ------------------------------------------------------------------------------------------------------
+
+
+class FetchRequest(Header, frozen=True):
+    """Read batches from ``offset``; long-polls up to ``max_wait_ms`` until ``min_bytes`` are available."""
+
+    stream: Name
+    partition: PartitionId
+    offset: Offset
+    max_bytes: ByteCount = 1024 * 1024  # soft: the first batch is returned whole even if larger
+    max_wait_ms: Millis = 500
+    min_bytes: ByteCount = 1
+    isolation: Isolation = Isolation.COMMITTED
+
+
+class FetchResponse(Header, frozen=True):
+    """The partition's bounds when the response was built; the payload holds the batches (maybe none)."""
+
+    high_watermark: Offset
+    log_start: Offset
+    log_end: Offset
+    error: ErrorBody | None = None  # e.g. OFFSET_OUT_OF_RANGE, with the bounds to reset to
+
+
+# -- metadata ---------------------------------------------------------------------------------------------------
+
+
+class MetadataRequest(Header, frozen=True):
+    streams: tuple[str, ...] = ()  # empty: every stream
+
+
+class BrokerInfo(Header, frozen=True):
+    id: str
+    host: str
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)]  # the wire protocol's port
+
+
+class PartitionInfo(Header, frozen=True):
+    id: PartitionId
+    leader: str | None  # broker id; None while no leader is elected
+    replicas: tuple[str, ...]  # the first is the preferred leader
+    isr: tuple[str, ...]
+    leader_epoch: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+    high_watermark: Offset  # exclusive, see the module docstring
+    log_end: Offset  # exclusive: the newest offset is log_end - 1
+    readonly: bool = False
+    paused: bool = False
+
+
+class StreamInfo(Header, frozen=True):
+    name: str
+    subject: str
+    partitions: tuple[PartitionInfo, ...] = ()
+    error: ErrorBody | None = None  # UNKNOWN_STREAM for a requested stream that does not exist
+
+
+class MetadataResponse(Header, frozen=True):
+    brokers: tuple[BrokerInfo, ...]
+    streams: tuple[StreamInfo, ...]
+    controller: str | None = None  # broker id of the controller, when known
+
+
+# -- stream administration ----------------------------------------------------------------------------------------
+
+
+class CreateStreamRequest(Header, frozen=True):
+    """Create a stream. ``config`` holds per-stream overrides by name (``"retention.max.bytes": "1073741824"``);
+    strings, as Kafka's CreateTopics does, so that adding a setting never changes this header."""
+
+    name: Name
+    subject: Name
+    partitions: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1
+    replication_factor: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = 1  # -1: every broker (Liftbridge)
+    group: str = ""  # NATS queue group the leaders subscribe with; empty for none
+    config: dict[str, str] = {}
+    timeout_ms: Millis = 10_000
+
+
+class CreateStreamResponse(Header, frozen=True):
+    pass
+
+
+class DeleteStreamRequest(Header, frozen=True):
+    name: Name
+    timeout_ms: Millis = 10_000
+
+
+class DeleteStreamResponse(Header, frozen=True):
+    pass
+
+
+class ListStreamsRequest(Header, frozen=True):
+    prefix: str = ""  # only streams whose name starts with it
+
+
+class StreamSummary(Header, frozen=True):
+    name: str
+    subject: str
+    partitions: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+    replication_factor: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]
+
+
+class ListStreamsResponse(Header, frozen=True):
+    streams: tuple[StreamSummary, ...]
+
+
+# -- the table ----------------------------------------------------------------------------------------------------
+
+HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
+    (Kind.REQUEST, Op.PRODUCE): ProduceRequest,
+    (Kind.RESPONSE, Op.PRODUCE): ProduceResponse,
+    (Kind.REQUEST, Op.FETCH): FetchRequest,
+    (Kind.RESPONSE, Op.FETCH): FetchResponse,
+    (Kind.REQUEST, Op.METADATA): MetadataRequest,
+    (Kind.RESPONSE, Op.METADATA): MetadataResponse,
+    (Kind.REQUEST, Op.CREATE_STREAM): CreateStreamRequest,
+    (Kind.RESPONSE, Op.CREATE_STREAM): CreateStreamResponse,
+    (Kind.REQUEST, Op.DELETE_STREAM): DeleteStreamRequest,
+    (Kind.RESPONSE, Op.DELETE_STREAM): DeleteStreamResponse,
+    (Kind.REQUEST, Op.LIST_STREAMS): ListStreamsRequest,
+    (Kind.RESPONSE, Op.LIST_STREAMS): ListStreamsResponse,
+}
+_ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
+
+# Encoding is driven by the value's type, so one encoder serves every header; decoding needs the target type,
+# so there is one decoder per type, built once.
+_ENCODER = msgspec.msgpack.Encoder()
+_HEADER_CLASSES: list[type[Header]] = [ErrorBody, *HEADER_TYPES.values()]
+_DECODERS: dict[type[Header], msgspec.msgpack.Decoder[Any]] = {
+    cls: msgspec.msgpack.Decoder(cls) for cls in _HEADER_CLASSES
+}
+
+H = TypeVar("H", bound=Header)
+
+
+class UnsupportedOpError(ProtocolError):
+    """A well-formed frame whose (kind, op) has no header type on this side: answer with UNSUPPORTED."""
+
+    def __init__(self, kind: Kind, op: int) -> None:
+        super().__init__(f"no {kind.name.lower()} header is defined for op {op}")
+        self.kind = kind
+        self.op = op
+
+
+def encode_header(header: Header) -> bytes:
+    """The msgpack bytes of ``header`` (the frame's header section)."""
+    return _ENCODER.encode(header)
+
+
+def decode_as(cls: type[H], data: BytesLike) -> H:
+    """Decode ``data`` as a ``cls`` header; anything malformed or out of range raises :class:`ProtocolError`."""
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        raise TypeError(f"{cls.__name__} is not a registered header type")
+    try:
+        header: H = decoder.decode(data)
+    except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
+        # msgspec reports invalid UTF-8 in a length-constrained string as a bare UnicodeDecodeError.
+        raise ProtocolError(f"malformed {cls.__name__} header: {exc}") from exc
+    return header
+
+
+def decode_header(kind: Kind, op: int, data: BytesLike) -> Header:
+    """Decode the header of a ``kind`` frame for ``op``; error frames always carry an :class:`ErrorBody`."""
+    if kind == Kind.ERROR:
+        return decode_as(ErrorBody, data)
+    cls = HEADER_TYPES.get((kind, op))  # Op is an IntEnum: a plain int finds its entry
+    if cls is None:
+        raise UnsupportedOpError(kind, op)
+    return decode_as(cls, data)
+
+
+def decode_frame_header(frame: Frame) -> Header:
+    """:func:`decode_header` applied to a decoded frame."""
+    return decode_header(frame.kind, frame.op, frame.header)
+
+
+def encode_message(
+    correlation_id: int, header: Header, payload: BytesLike | Sequence[BytesLike] = b""
+) -> list[BytesLike]:
+    """Frame ``header`` (kind and op follow from its type) and ``payload`` as buffers for ``writelines``."""
+    route = _ROUTES.get(type(header))
+    if route is None:
+        raise TypeError(f"{type(header).__name__} has no frame route; use encode_error for an ErrorBody")
+    kind, op = route
+    return encode_frame(kind, op, correlation_id, _ENCODER.encode(header), payload)
+
+
+def encode_error(correlation_id: int, op: int, body: ErrorBody) -> list[BytesLike]:
+    """An ERROR frame answering request ``correlation_id`` of ``op``."""
+    return encode_frame(Kind.ERROR, op, correlation_id, _ENCODER.encode(body))
