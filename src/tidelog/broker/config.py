@@ -1,0 +1,537 @@
+"""Broker configuration: one frozen :class:`BrokerConfig`, layered from four sources.
+
+Later layers win, key by key::
+
+    defaults  <  TOML file (--config)  <  TIDELOG_* environment variables  <  command-line flags
+
+A key has one name everywhere: ``wire_port`` in the TOML file, ``TIDELOG_WIRE_PORT`` in the environment, and
+``wire_port`` in the flags mapping (the CLI turns ``--wire-port`` into it). The TOML file is flat (no tables).
+In the environment, lists are comma-separated (``TIDELOG_NATS_SERVERS=nats://a:4222,nats://b:4222``) and
+booleans are ``true``/``false`` (or ``1``/``0``, ``yes``/``no``, ``on``/``off``). An empty value for an optional
+key (``id``, ``advertise_host``) means "unset".
+
+Mistakes are refused before the broker starts, because a typo that silently falls back to a default (a
+``retention_max_age`` that never applies) is found only when data is lost:
+
+- an unknown key, in the file or as a ``TIDELOG_*`` variable, raises :class:`UnknownConfigKeyError` naming it
+  and listing the allowed keys;
+- a bad value raises :class:`BadConfigValueError` naming the key, where it came from, the value and what is
+  allowed.
+
+Both are :class:`ConfigError`, a :class:`ValueError`. The environment variable ``TIDELOG_CONFIG`` names the TOML
+file when no ``--config`` is given; it is the only ``TIDELOG_*`` variable that is not a key.
+
+A broker's identity outlives its configuration: :func:`ensure_broker_id` fills in ``id`` from
+``<data_dir>/broker-id``, creating that file with a new id on first start, and refuses an explicit id that
+contradicts it (the data directory belongs to another broker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import secrets
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
+
+__all__ = [
+    "BROKER_ID_FILE",
+    "CONFIG_FILE_ENV",
+    "ENV_PREFIX",
+    "BadConfigValueError",
+    "BrokerConfig",
+    "BrokerIdMismatchError",
+    "ConfigError",
+    "UnknownConfigKeyError",
+    "config_keys",
+    "describe_keys",
+    "ensure_broker_id",
+    "load_config",
+    "parse_etcd_endpoint",
+]
+
+ENV_PREFIX: Final = "TIDELOG_"
+CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
+BROKER_ID_FILE: Final = "broker-id"
+
+_T = TypeVar("_T")
+_MIB = 1024 * 1024
+_DAY_MS = 24 * 60 * 60 * 1000
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+# ---- errors ----
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which key, from where, and what would be accepted."""
+
+
+class UnknownConfigKeyError(ConfigError):
+    def __init__(self, key: str, source: str, allowed: tuple[str, ...], *, noun: str = "key") -> None:
+        self.key = key
+        self.source = source
+        self.allowed = allowed
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        super().__init__(
+            f"unknown configuration {noun} {key!r} in {source}{hint}; allowed {noun}s: {', '.join(allowed)}"
+        )
+
+
+class BadConfigValueError(ConfigError):
+    def __init__(self, key: str, source: str, value: object, expected: str) -> None:
+        self.key = key
+        self.source = source
+        self.value = value
+        self.expected = expected
+        super().__init__(f"bad value for {key!r} in {source}: {value!r}; expected {expected}")
+
+
+class BrokerIdMismatchError(ConfigError):
+    def __init__(self, configured: str, stored: str, path: Path) -> None:
+        self.configured = configured
+        self.stored = stored
+        self.path = path
+        super().__init__(
+            f"broker id {configured!r} does not match {stored!r} stored in {path}: that data directory belongs to "
+            f"broker {stored!r}. Start with id {stored!r}, or use another data_dir for a new broker."
+        )
+
+
+class _Bad(Exception):
+    """A value a kind refuses; turned into :class:`BadConfigValueError` where the key and source are known."""
+
+    def __init__(self, expected: str) -> None:
+        super().__init__(expected)
+        self.expected = expected
+
+
+# ---- value kinds: how each key's values are parsed and checked ----
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """Parses a value from any layer and checks it. Strings are parsed as text (the environment gives nothing
+    else, and a TOML ``port = "9292"`` is meant as a number); other values must already have the right type."""
+
+    expected: str
+    parse: Callable[[object], object]
+
+
+def _int_kind(low: int, high: int | None = None) -> _Kind:
+    expected = f"an integer from {low} to {high}" if high is not None else f"an integer of at least {low}"
+
+    def parse(raw: object) -> object:
+        if isinstance(raw, str):
+            try:
+                raw = int(raw.strip(), 10)
+            except ValueError:
+                raise _Bad(expected) from None
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < low or (high is not None and raw > high):
+            raise _Bad(expected)
+        return raw
+
+    return _Kind(expected, parse)
+
+
+def _bool_kind() -> _Kind:
+    expected = "true or false"
+
+    def parse(raw: object) -> object:
+        if isinstance(raw, str):
+            text = raw.strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        if not isinstance(raw, bool):
+            raise _Bad(expected)
+        return raw
+
+    return _Kind(expected, parse)
+
+
+def _choice_kind(*choices: str) -> _Kind:
+    expected = "one of " + ", ".join(repr(choice) for choice in choices)
+
+    def parse(raw: object) -> object:
+        if not isinstance(raw, str) or raw.strip().lower() not in choices:
+            raise _Bad(expected)
+        return raw.strip().lower()
+
+    return _Kind(expected, parse)
+
+
+def _text_kind(expected: str, check: Callable[[str], bool], *, optional: bool = False) -> _Kind:
+    def parse(raw: object) -> object:
+        if raw is None and optional:
+            return None
+        if not isinstance(raw, str):
+            raise _Bad(expected)
+        text = raw.strip()
+        if not text and optional:
+            return None
+        if not check(text):
+            raise _Bad(expected)
+        return text
+
+    return _Kind(expected + (" (empty: unset)" if optional else ""), parse)
+
+
+def _path_kind() -> _Kind:
+    expected = "a directory path"
+
+    def parse(raw: object) -> object:
+        if not isinstance(raw, str | os.PathLike) or not os.fspath(raw):
+            raise _Bad(expected)
+        return Path(os.fspath(raw)).expanduser()
+
+    return _Kind(expected, parse)
+
+
+def _list_kind(expected_item: str, check: Callable[[str], bool]) -> _Kind:
+    expected = f"a list of {expected_item} (in the environment: comma-separated)"
+
+    def parse(raw: object) -> object:
+        items: list[object]
+        if isinstance(raw, str):
+            items = [item for item in raw.split(",") if item.strip()]
+        elif isinstance(raw, list | tuple):
+            items = list(raw)
+        else:
+            raise _Bad(expected)
+        if not all(isinstance(item, str) and check(item.strip()) for item in items):
+            raise _Bad(expected)
+        return tuple(str(item).strip() for item in items)
+
+    return _Kind(expected, parse)
+
+
+def _is_host(text: str) -> bool:
+    return bool(text) and not any(ch.isspace() or ch in "/@" for ch in text)
+
+
+def _is_nats_url(text: str) -> bool:
+    if "://" not in text:
+        return _is_host(text.rsplit(":", 1)[0])
+    parts = urlsplit(text)
+    return parts.scheme in {"nats", "tls", "ws", "wss"} and bool(parts.hostname)
+
+
+def parse_etcd_endpoint(endpoint: str) -> tuple[str, int]:
+    """``http://host:port``, ``https://host:port`` or ``host[:port]`` → ``(host, port)``; port 2379 if absent.
+
+    The etcd client takes a host and a port, while users and ``EmbeddedEtcd`` speak in URLs.
+    """
+    text = endpoint.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    if parts.scheme not in {"http", "https"} or not parts.hostname or parts.path not in {"", "/"}:
+        raise ValueError(f"not an etcd endpoint: {endpoint!r}")
+    try:
+        port = parts.port or 2379
+    except ValueError:
+        raise ValueError(f"bad port in etcd endpoint {endpoint!r}") from None
+    return parts.hostname, port
+
+
+def _is_etcd_endpoint(text: str) -> bool:
+    try:
+        parse_etcd_endpoint(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _setting(default: _T, kind: _Kind, doc: str) -> _T:
+    """A configuration field: its default, how its values are parsed and checked, and what it is for."""
+    return field(default=default, metadata={"kind": kind, "doc": doc})
+
+
+_PORT = _int_kind(0, 65535)
+_POSITIVE = _int_kind(1)
+_NON_NEGATIVE = _int_kind(0)
+
+
+# ---- the configuration ----
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Everything one broker is configured with. Durations are milliseconds, sizes bytes. Immutable: a changed
+    setting is a new object (``dataclasses.replace``), so components holding one never see it change under them.
+
+    The ``segment_*``, ``retention_*``, ``compact_*`` and ``default_*`` keys are stream defaults: they apply to a
+    stream that does not set its own value when it is created.
+    """
+
+    # -- identity and listeners --
+    id: str | None = _setting(
+        None,
+        _text_kind("1-64 letters, digits, '_' or '-'", lambda s: _ID_PATTERN.fullmatch(s) is not None, optional=True),
+        "Broker id, unique in the cluster; it appears in etcd keys and metadata. Unset: generated on first start "
+        "and kept in <data_dir>/broker-id.",
+    )
+    host: str = _setting("127.0.0.1", _text_kind("a host name or IP address", _is_host), "Address to listen on.")
+    advertise_host: str | None = _setting(
+        None,
+        _text_kind("a host name or IP address", _is_host, optional=True),
+        "Address clients and other brokers are told to connect to. Unset: host (set it when host is 0.0.0.0).",
+    )
+    port: int = _setting(9292, _PORT, "gRPC port of the Liftbridge API and the health service (0: any free port).")
+    wire_port: int = _setting(9293, _PORT, "Port of the tidelog wire protocol (0: any free port).")
+    data_dir: Path = _setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
+        Path("./tidelog-data"),
+        _path_kind(),
+        "Directory of this broker's partitions, its id, and the embedded servers' data and logs.",
+    )
+    log_level: str = _setting("info", _choice_kind("debug", "info", "warning", "error"), "Logging threshold.")
+
+    # -- NATS and etcd --
+    nats_servers: tuple[str, ...] = _setting(
+        (),
+        _list_kind("NATS URLs (nats://host:port)", _is_nats_url),
+        "NATS servers to use. Empty: the broker runs its own nats-server on loopback.",
+    )
+    etcd_endpoints: tuple[str, ...] = _setting(
+        (),
+        _list_kind("etcd endpoints (http://host:port)", _is_etcd_endpoint),
+        "etcd endpoints to use. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
+    )
+    embedded_nats_port: int = _setting(
+        4222, _PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
+    )
+    embedded_etcd_port: int = _setting(0, _PORT, "Client port of the embedded etcd (0: any free port).")
+
+    # -- writes and acks --
+    default_flush_policy: str = _setting(
+        "always",
+        _choice_kind("always", "interval", "never"),
+        "When appends are fsynced: 'always' before acking (group commit), 'interval' every "
+        "default_flush_interval_ms, 'never' (durability from replication alone).",
+    )
+    default_flush_interval_ms: int = _setting(1000, _POSITIVE, "fsync period under the 'interval' flush policy.")
+    default_ack_timeout_ms: int = _setting(
+        5000, _POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
+    )
+    max_message_bytes: int = _setting(_MIB, _POSITIVE, "Largest message (key, value and headers) a broker accepts.")
+    default_unclean_leader_election: bool = _setting(
+        False, _bool_kind(), "Allow a replica outside the ISR to become leader (loses committed data; opt-in)."
+    )
+
+    # -- segments, retention, compaction --
+    segment_max_bytes: int = _setting(256 * _MIB, _POSITIVE, "Roll to a new segment file at this size.")
+    segment_max_age_ms: int = _setting(7 * _DAY_MS, _NON_NEGATIVE, "Roll a segment this old (0: never by age).")
+    retention_max_bytes: int = _setting(
+        0, _NON_NEGATIVE, "Delete the oldest segments beyond this many bytes per partition (0: no limit)."
+    )
+    retention_max_messages: int = _setting(
+        0, _NON_NEGATIVE, "Delete the oldest segments beyond this many messages per partition (0: no limit)."
+    )
+    retention_max_age_ms: int = _setting(
+        7 * _DAY_MS, _NON_NEGATIVE, "Delete segments whose newest message is older than this (0: no limit)."
+    )
+    cleaner_interval_ms: int = _setting(5 * 60 * 1000, _POSITIVE, "How often retention and compaction run.")
+    compact_enabled: bool = _setting(False, _bool_kind(), "Key compaction: keep only the newest record per key.")
+    compact_delete_retention_ms: int = _setting(
+        _DAY_MS, _NON_NEGATIVE, "How long compaction keeps a tombstone (a keyed record without a value)."
+    )
+
+    # -- replication and membership --
+    replica_lag_time_max_ms: int = _setting(
+        15_000, _POSITIVE, "A follower behind the leader for longer than this leaves the ISR."
+    )
+    replica_fetch_wait_max_ms: int = _setting(
+        500, _POSITIVE, "Longest a follower's fetch waits at the leader for new data (long poll)."
+    )
+    broker_lease_ttl_ms: int = _setting(
+        10_000,
+        _int_kind(1000),
+        "TTL of the etcd lease that proves this broker alive; the controller fails it over after it lapses "
+        "(etcd rounds it up to whole seconds).",
+    )
+    shutdown_timeout_ms: int = _setting(
+        15_000, _POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."
+    )
+
+    def __post_init__(self) -> None:
+        # Every value goes through its key's kind, also when the class is built directly: checked, and
+        # normalised (a list becomes a tuple, a str path a Path) so that the object really is immutable.
+        for each in dataclasses.fields(self):
+            value = getattr(self, each.name)
+            try:
+                object.__setattr__(self, each.name, each.metadata["kind"].parse(value))
+            except _Bad as bad:
+                raise BadConfigValueError(each.name, "BrokerConfig arguments", value, bad.expected) from None
+        if self.max_message_bytes > self.segment_max_bytes:
+            raise BadConfigValueError(
+                "max_message_bytes",
+                "the combined configuration",
+                self.max_message_bytes,
+                f"at most segment_max_bytes ({self.segment_max_bytes})",
+            )
+        if self.port and self.port == self.wire_port:
+            raise BadConfigValueError(
+                "wire_port", "the combined configuration", self.wire_port, "a port other than port"
+            )
+
+    @property
+    def advertised_host(self) -> str:
+        """The host put in metadata for others to connect to."""
+        return self.advertise_host or self.host
+
+    @property
+    def embedded_nats(self) -> bool:
+        return not self.nats_servers
+
+    @property
+    def embedded_etcd(self) -> bool:
+        return not self.etcd_endpoints
+
+
+_FIELDS: Final = {each.name: each for each in dataclasses.fields(BrokerConfig)}
+
+
+def config_keys() -> tuple[str, ...]:
+    """Every configuration key, in declaration order."""
+    return tuple(_FIELDS)
+
+
+def describe_keys() -> dict[str, str]:
+    """Key → what it is for, its default and what it accepts (for ``--help`` texts and documentation)."""
+    described = {}
+    for name, each in _FIELDS.items():
+        kind: _Kind = each.metadata["kind"]
+        described[name] = f"{each.metadata['doc']} Default: {_show(each.default)}. Accepts {kind.expected}."
+    return described
+
+
+def _show(default: object) -> str:
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, tuple):
+        return ",".join(default) or "empty"
+    return str(default)
+
+
+# ---- loading ----
+
+
+def load_config(
+    config_file: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> BrokerConfig:
+    """Layer the defaults, the TOML ``config_file``, ``TIDELOG_*`` variables of ``env`` (default: the process
+    environment) and ``flags`` (only the flags the user gave; ``None`` values count as not given).
+
+    The broker id is not resolved here (that touches the data directory): see :func:`ensure_broker_id`.
+    """
+    environment: Mapping[str, str] = os.environ if env is None else env
+    values: dict[str, object] = {}
+    if config_file is None and environment.get(CONFIG_FILE_ENV, "").strip():
+        config_file = Path(environment[CONFIG_FILE_ENV].strip()).expanduser()
+    if config_file is not None:
+        values.update(_from_toml(config_file))
+    values.update(_from_env(environment))
+    values.update(_from_flags(flags or {}))
+    return BrokerConfig(**values)  # type: ignore[arg-type]  # each value was parsed by its key's kind
+
+
+def _coerce(key: str, raw: object, source: str) -> object:
+    each = _FIELDS.get(key)
+    if each is None:
+        raise UnknownConfigKeyError(key, source, config_keys())
+    try:
+        return each.metadata["kind"].parse(raw)
+    except _Bad as bad:
+        raise BadConfigValueError(key, source, raw, bad.expected) from None
+
+
+def _from_toml(path: Path) -> dict[str, object]:
+    source = f"config file {path}"
+    try:
+        with path.open("rb") as file:
+            document: dict[str, Any] = tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+    return {key: _coerce(key, raw, source) for key, raw in document.items()}
+
+
+def _from_env(environment: Mapping[str, str]) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for name, raw in environment.items():
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV:
+            continue
+        key = name.removeprefix(ENV_PREFIX).lower()
+        if key not in _FIELDS:
+            allowed = (*(ENV_PREFIX + each.upper() for each in config_keys()), CONFIG_FILE_ENV)
+            raise UnknownConfigKeyError(name, "the environment", allowed, noun="variable")
+        values[key] = _coerce(key, raw, f"environment variable {name}")
+    return values
+
+
+def _from_flags(flags: Mapping[str, object]) -> dict[str, object]:
+    return {key: _coerce(key, raw, f"flag --{key.replace('_', '-')}") for key, raw in flags.items() if raw is not None}
+
+
+# ---- the persisted broker id ----
+
+
+def ensure_broker_id(config: BrokerConfig) -> BrokerConfig:
+    """Return ``config`` with its broker id settled against ``<data_dir>/broker-id``.
+
+    - no id configured: the stored id, or a new one that is stored now, so restarts keep the identity that etcd
+      metadata (replica lists, ISRs, leaders) refers to;
+    - an id configured and none stored: it is stored, so a later start without ``--id`` keeps it;
+    - an id configured that differs from the stored one: :class:`BrokerIdMismatchError`, since serving this
+      directory's replicas under another identity would make them count twice.
+    """
+    path = config.data_dir / BROKER_ID_FILE
+    stored = _read_broker_id(path)
+    if stored is not None:
+        if config.id is not None and config.id != stored:
+            raise BrokerIdMismatchError(config.id, stored, path)
+        return dataclasses.replace(config, id=stored)
+    broker_id = config.id if config.id is not None else secrets.token_hex(8)
+    _write_atomically(path, broker_id + "\n")
+    return dataclasses.replace(config, id=broker_id)
+
+
+def _read_broker_id(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    if _ID_PATTERN.fullmatch(text) is None:
+        raise ConfigError(f"{path} does not hold a valid broker id: {text[:80]!r}")
+    return text
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write, fsync, rename over, fsync the directory: a crash leaves either no file or the whole id."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.tmp")
+    with scratch.open("w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(scratch, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
