@@ -381,26 +381,58 @@ def iter_batches(buf: bytes | bytearray | memoryview, *, verify: bool = True) ->
         pos += header.size
 
 
+_DECOMPRESS_STEP = 128 * 1024  # output of unsized frames grows by this much at a time
+
+
 def _decompress(data: memoryview, codec: Codec, limit: int) -> bytes:
     try:
-        if codec is Codec.ZSTD:
-            size = zstandard.frame_content_size(data)
-            if size > limit:
-                raise CorruptBatchError(f"batch decompresses to {size} bytes, above the {limit} limit")
-            if size >= 0:
-                return zstandard.ZstdDecompressor().decompress(data)
-            reader = zstandard.ZstdDecompressor().stream_reader(bytes(data))
-            out: bytes = reader.read(limit + 1)
-        else:
-            decompressor = lz4.frame.LZ4FrameDecompressor()
-            out = decompressor.decompress(bytes(data), max_length=limit + 1)
+        return _unzstd(data, limit) if codec is Codec.ZSTD else _unlz4(data, limit)
     except CorruptBatchError:
         raise
     except Exception as exc:  # zstd and lz4 raise their own error types for damaged input
         raise CorruptBatchError(f"cannot decompress {codec.name} records: {exc}") from exc
-    if len(out) > limit:
-        raise CorruptBatchError(f"batch decompresses past the {limit} byte limit")
-    return out
+
+
+def _unzstd(data: memoryview, limit: int) -> bytes:
+    size = zstandard.frame_content_size(data)
+    if size > limit:
+        raise CorruptBatchError(f"batch decompresses to {size} bytes, above the {limit} limit")
+    if size >= 0:
+        # One allocation of exactly the declared size; zstd refuses content that differs from the declaration.
+        return zstandard.ZstdDecompressor().decompress(data)
+    # No declared size: stream in steps rather than reserving ``limit`` bytes up front for every batch.
+    step = min(_DECOMPRESS_STEP, limit + 1)
+    return _join_bounded(zstandard.ZstdDecompressor().read_to_iter(data, write_size=step), limit)
+
+
+def _unlz4(data: memoryview, limit: int) -> bytes:
+    decompressor = lz4.frame.LZ4FrameDecompressor()
+    step = min(_DECOMPRESS_STEP, limit + 1)
+
+    def steps() -> Iterator[bytes]:
+        # ``max_length`` is allocated in full by every call, so it is kept to one step, never the whole limit.
+        yield decompressor.decompress(bytes(data), max_length=step)
+        while not decompressor.eof:
+            if decompressor.needs_input:
+                raise CorruptBatchError("lz4 frame is truncated")
+            piece = decompressor.decompress(b"", max_length=step)
+            if not piece and not decompressor.eof:
+                raise CorruptBatchError("lz4 frame makes no progress")
+            yield piece
+
+    return _join_bounded(steps(), limit)
+
+
+def _join_bounded(pieces: Iterable[bytes], limit: int) -> bytes:
+    """Concatenate decompressed pieces, stopping as soon as they pass ``limit`` (a compression bomb)."""
+    out: list[bytes] = []
+    total = 0
+    for piece in pieces:
+        total += len(piece)
+        if total > limit:
+            raise CorruptBatchError(f"batch decompresses past the {limit} byte limit")
+        out.append(piece)
+    return b"".join(out)
 
 
 def decode_records(
@@ -435,6 +467,7 @@ def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> lis
     records: list[Record] = []
     p = 0
     total = len(data)
+    previous_delta = -1
     for _ in range(header.record_count):
         length, p = decode_varint(data, p, total)
         end = p + length
@@ -443,8 +476,11 @@ def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> lis
         p += 1  # attributes
         ts_delta, p = decode_varint(data, p, end)
         off_delta, p = decode_varint(data, p, end)
-        if not 0 <= off_delta <= header.last_offset_delta:
-            raise CorruptBatchError(f"record offset delta {off_delta} outside the batch")
+        # Strictly increasing: readers seek by offset and compaction keeps "the newest offset per key", both of
+        # which assume one record per offset, in order.
+        if not previous_delta < off_delta <= header.last_offset_delta:
+            raise CorruptBatchError(f"record offset delta {off_delta} out of order or outside the batch")
+        previous_delta = off_delta
         key, p = _read_bytes(data, p, end)
         value, p = _read_bytes(data, p, end)
         hcount, p = decode_varint(data, p, end)

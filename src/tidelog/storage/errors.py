@@ -7,7 +7,8 @@
      ├── CorruptSegmentError    a sealed segment failed validation; names the file and the offset range
      ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
      ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
-     └── LogClosedError         an operation on a closed log
+     ├── LogClosedError         an operation on a closed log
+     └── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
 
 Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
 """
@@ -63,3 +64,17 @@ class InvalidBatchError(StorageError):
 
 class LogClosedError(StorageError):
     """The log was closed."""
+
+
+class CheckpointError(StorageError):
+    """A checkpoint file that cannot be trusted: damaged, truncated, of another kind or version, or inconsistent.
+
+    Checkpoints are written atomically, so a torn file is not expected; one that fails validation means the
+    disk or an operator changed it, and guessing a high watermark or an epoch history could lose committed data
+    or serve uncommitted data. The caller decides (rebuild from the log, or refuse to open the partition).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
