@@ -1,0 +1,716 @@
+"""The partition log: one directory of segments behind one interface (append, read, truncate, roll, retain).
+
+Writing. :meth:`Log.append` takes one or more whole batches exactly as a client sent them. It validates each
+batch once (header sanity and CRC; per-batch work, records are never decoded) and assigns offsets by giving
+each batch a freshly packed 16-byte head (base offset, length, leader epoch: the CRC does not cover them).
+The run is written with one ``pwritev`` of those heads interleaved with the rest of the client's buffer, so
+the payload is never copied in Python. Batches that do not fit the active segment roll it; the split falls
+on batch boundaries. Then the append waits for the flush policy (:mod:`tidelog.storage.flush`): under
+``ALWAYS`` it returns only after a group fsync covers it. :meth:`Log.append_as_follower` writes batches that
+already carry offsets (replication) byte for byte.
+
+Ordering. One ``asyncio.Lock`` serializes everything that changes the log. An append takes its offsets and
+writes them with no ``await`` in between (taking a free lock does not suspend), so appends are ordered,
+never interleaved and never half-done, and an append cancelled while it waits for the lock writes nothing.
+A roll is synchronous too: the sealed segment is made durable by a background task (see
+:mod:`tidelog.storage.recovery` for the recovery point this maintains). Truncation, retention, compaction and
+close hold the lock across disk work in a worker thread, in a *shielded* task: if the caller is cancelled the
+operation still completes. Waiting for the fsync happens after the lock is released, which is what lets other
+appends join the same group commit.
+
+Reading. Readers never take the lock: reads are synchronous and run on the event loop thread between
+writes, and they stop at each segment's committed size. :meth:`Log.read` returns whole batches, CRC-checked
+every time. :meth:`Log.read_range` returns a file and byte range for ``os.sendfile``; its guarantee is that
+every byte in the range has passed its CRC *in this process* — when appended (the log validated the batch
+before writing it), when recovery scanned it, or on first serving (the range is read and checked once, and the
+segment remembers it). A read at an offset that compaction removed returns the next batch after it; a segment
+with nothing at or after the offset is skipped.
+
+Layout and recovery: :mod:`tidelog.storage.segment`, :mod:`tidelog.storage.recovery`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os
+import struct
+from bisect import bisect_right
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+from tidelog.clock import Clock, SystemClock
+from tidelog.storage.atomic import fsync_directory
+from tidelog.storage.batch import (
+    LEADER_EPOCH_POS,
+    LENGTH_FIELD_END,
+    BatchHeader,
+    check_batch,
+    decode_records,
+    iter_batches,
+)
+from tidelog.storage.compaction import CompactionResult, compact_segment_files
+from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.errors import (
+    CorruptBatchError,
+    InvalidBatchError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+)
+from tidelog.storage.flush import Flusher
+from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
+from tidelog.storage.retention import deletable_prefix
+from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, Placed, Planned, Segment, SegmentInfo
+
+T = TypeVar("T")
+MAX_LEADER_EPOCH = 2**31 - 1
+_HEAD = struct.Struct(">qii")  # the first 16 header bytes: base offset, batch length, leader epoch
+_Slicer = Callable[[int, int], list[Buffer]]  # (first batch, end batch) -> the buffers that write them
+assert _HEAD.size == LEADER_EPOCH_POS + 4  # the head ends where the leader epoch does
+
+
+def _frozen(data: Buffer) -> memoryview:
+    """A read-only byte view of ``data``: zero-copy for ``bytes``, one copy for anything mutable."""
+    view = memoryview(data)
+    if not view.readonly or view.format != "B" or view.ndim != 1:
+        view = memoryview(bytes(view))
+    return view
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where an append landed."""
+
+    base_offset: int
+    last_offset: int
+    batches: int
+    size: int
+    """Bytes written."""
+    max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileRange:
+    """Whole, CRC-verified batches ``[position, position + length)`` of a segment file, for ``os.sendfile``.
+
+    ``fd`` is a duplicate descriptor owned by this object: it stays valid (and keeps showing the same
+    bytes) even if the segment is deleted, truncated or compacted meanwhile. Close it (or use ``with``).
+    """
+
+    fd: int
+    path: Path
+    position: int
+    length: int
+    first_offset: int
+    next_offset: int
+    """The offset to read from next: one past the last batch in the range."""
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> FileRange:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+NEVER_SEAL_DELAY_MS = 30_000
+
+
+def _seal_delay_ms(config: LogConfig) -> int:
+    """How long after a roll the sealed segment is fsynced.
+
+    Under ``ALWAYS`` every byte was fsynced when appended: at once. Under ``INTERVAL`` the flush ticker
+    covers the sealed segment within one interval: after that, so the seal's fsync finds nothing left to
+    write. Under ``NEVER`` an immediate fsync of a whole segment competes with the appends still streaming
+    in (measured: about a third of the throughput while it runs); after 30 s the kernel's own write-back
+    (``dirty_expire_centisecs``, 30 s by default) has usually done the work. The recovery point lags by that
+    much, which only makes a crash recovery scan a few more segments.
+    """
+    if config.flush_policy is FlushPolicy.ALWAYS:
+        return 0
+    if config.flush_policy is FlushPolicy.INTERVAL:
+        return config.flush_interval_ms
+    return NEVER_SEAL_DELAY_MS
+
+
+def _seal(segment: Segment) -> None:
+    segment.sync()
+    segment.persist_indexes()
+
+
+def _persist_all(segments: list[Segment]) -> None:
+    for segment in segments:
+        segment.persist_indexes()
+
+
+def _forget_index_files(segments: list[Segment], directory: Path) -> None:
+    for segment in segments:
+        segment.forget_index_files()
+    fsync_directory(directory)
+
+
+def _reopen_sealed(directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
+    segment = Segment.open(directory, base_offset, index_interval_bytes)
+    try:
+        segment.rebuild(verify=True, keep_tail=True)
+        segment.persist_indexes()
+    except BaseException:
+        segment.close()
+        raise
+    segment.sealed = True
+    return segment
+
+
+class Log:
+    """One partition's commit log. Construct with :meth:`open` (or :meth:`open_async`)."""
+
+    def __init__(
+        self, directory: Path, config: LogConfig, clock: Clock, segments: list[Segment], report: RecoveryReport
+    ) -> None:
+        self._directory = directory
+        self._config = config
+        self._clock = clock
+        self._segments = segments  # offset order; the last one is active
+        self._recovery = report
+        self._lock = asyncio.Lock()
+        self._flusher = Flusher(config.flush_policy, config.flush_interval_ms, clock)
+        self._recovery_point = report.recovery_point
+        self._sealing: asyncio.Task[None] | None = None  # the latest background seal; each awaits the one before
+        self._expedite = asyncio.Event()  # set: pending seals stop waiting for their due time
+        self._seal_delay_ns = _seal_delay_ms(config) * 1_000_000
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None, *, clock: Clock | None = None) -> Log:
+        """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync."""
+        directory = Path(path)
+        config = LogConfig() if config is None else config
+        segments, report = recover(directory, config.index_interval_bytes)
+        return cls(directory, config, SystemClock() if clock is None else clock, segments, report)
+
+    @classmethod
+    async def open_async(
+        cls, path: str | os.PathLike[str], config: LogConfig | None = None, *, clock: Clock | None = None
+    ) -> Log:
+        """:meth:`open` in a worker thread, keeping recovery's disk work off the event loop."""
+        opener = functools.partial(cls.open, path, config, clock=clock)
+        return await asyncio.get_running_loop().run_in_executor(None, opener)
+
+    async def __aenter__(self) -> Log:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------------------------------ state
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def recovery(self) -> RecoveryReport:
+        """What recovery found when the log was opened."""
+        return self._recovery
+
+    @property
+    def flusher(self) -> Flusher:
+        """The flush coordinator (read-only use: ``fsync_rounds``, ``durable``, ``failed``)."""
+        return self._flusher
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset the log may hold (the base offset of its oldest segment)."""
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended record gets (log end offset)."""
+        return self._segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        last = len(self._segments) - 1
+        return [s.info(active=i == last) for i, s in enumerate(self._segments)]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self._directory} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        self._flusher.check()
+
+    # ------------------------------------------------------------------------------------------ appending
+
+    async def append(self, data: Buffer, leader_epoch: int, *, control: bool = False) -> AppendResult:
+        """Append client batches, assigning offsets from the log end; return where they landed.
+
+        Every batch must pass its CRC, hold at least one record with dense offset deltas, fit
+        ``max_batch_bytes``, and be a control batch exactly when ``control`` is set (control batches are
+        written by the broker, never accepted from clients as data). Any failure raises
+        :class:`CorruptBatchError` or :class:`InvalidBatchError` and stores nothing.
+
+        The payload is not copied: each batch is written as a freshly packed 16-byte head (base offset,
+        length, leader epoch) followed by the rest of ``data``. Mutable input is copied once first, so what
+        is written is what was validated.
+        """
+        if not 0 <= leader_epoch <= MAX_LEADER_EPOCH:
+            raise ValueError(f"leader_epoch must be between 0 and {MAX_LEADER_EPOCH}, got {leader_epoch}")
+        view = _frozen(data)
+        headers = self._validate(view, leader=True, control=control)
+        tails = []
+        position = 0
+        for header in headers:
+            end = position + header.batch_length + LENGTH_FIELD_END
+            tails.append(view[position + _HEAD.size : end])
+            position = end
+        pack = _HEAD.pack
+
+        def place() -> tuple[list[Placed], _Slicer]:
+            offset = self._segments[-1].next_offset
+            placed = []
+            parts: list[Buffer] = []
+            for header, tail in zip(headers, tails, strict=True):
+                length = header.batch_length
+                parts.append(pack(offset, length, leader_epoch))
+                parts.append(tail)
+                following = offset + header.last_offset_delta + 1
+                placed.append(Placed(offset, following, length + LENGTH_FIELD_END, header.max_timestamp))
+                offset = following
+            return placed, lambda i, j: parts[2 * i : 2 * j]
+
+        return await self._append(len(view), place)
+
+    async def append_as_follower(self, data: Buffer) -> AppendResult:
+        """Append batches that already carry their offsets and leader epochs (copied from a leader).
+
+        The first batch must start at or after the log end and each batch after the previous one: offsets may
+        skip forward (a compacted leader has gaps) but never overlap. Stored byte-for-byte.
+        """
+        view = _frozen(data)
+        headers = self._validate(view, leader=False, control=False)
+        starts = [0]
+        for header in headers:
+            starts.append(starts[-1] + header.size)
+
+        def place() -> tuple[list[Placed], _Slicer]:
+            expected = self._segments[-1].next_offset
+            placed = []
+            for header in headers:
+                if header.base_offset < expected:
+                    raise InvalidBatchError(
+                        f"batch at offset {header.base_offset} overlaps what the log holds (next offset {expected})"
+                    )
+                placed.append(Placed(header.base_offset, header.next_offset, header.size, header.max_timestamp))
+                expected = header.next_offset
+            return placed, lambda i, j: [view[starts[i] : starts[j]]]
+
+        return await self._append(len(view), place)
+
+    def _validate(self, data: Buffer, *, leader: bool, control: bool) -> list[BatchHeader]:
+        """Check every batch (header and CRC, one pass, no record decoding); return their headers."""
+        if not len(data):
+            raise InvalidBatchError("an append needs at least one batch; got no bytes")
+        limit = self._config.segment_max_bytes
+        if leader:
+            limit = min(limit, self._config.max_batch_bytes)
+        headers = []
+        for position, header in iter_batches(data):
+            if header.size > limit:
+                raise InvalidBatchError(f"batch at byte {position} is {header.size} bytes, above the limit of {limit}")
+            if leader:
+                if header.record_count == 0 or header.record_count != header.last_offset_delta + 1:
+                    raise InvalidBatchError(
+                        f"batch at byte {position} has {header.record_count} records for "
+                        f"{header.last_offset_delta + 1} offsets; a client batch needs one record per offset"
+                    )
+                if header.is_control != control:
+                    kind = "a control" if header.is_control else "a data"
+                    raise InvalidBatchError(
+                        f"batch at byte {position} is {kind} batch in a {'control' if control else 'data'} append"
+                    )
+            headers.append(header)
+        return headers
+
+    async def _append(self, size: int, place: Callable[[], tuple[list[Placed], _Slicer]]) -> AppendResult:
+        async with self._lock:  # uncontended, this does not suspend
+            self._check_writable()
+            placed, parts = place()  # offsets are taken under the lock...
+            seq = self._write_all(placed, parts)  # ...and written with no await in between: nothing interleaves
+        await self._flusher.after_write(seq)
+        return AppendResult(
+            placed[0].base_offset,
+            placed[-1].next_offset - 1,
+            len(placed),
+            size,
+            placed[0].max_timestamp if len(placed) == 1 else max(p.max_timestamp for p in placed),
+        )
+
+    def _write_all(self, placed: list[Placed], parts: _Slicer) -> int:
+        """Write placed batches, rolling on age, size or offset range; return the last write's sequence.
+
+        The common case is one ``pwritev`` into the active segment. A run that does not fit is split at batch
+        boundaries, each part into a fresh segment, so a batch never straddles two segments.
+        """
+        now = self._clock.now_ns()
+        if self._age_expired(now):
+            self._roll_now()
+        max_bytes = self._config.segment_max_bytes
+        active = self._segments[-1]
+        if len(placed) == 1 and (  # the usual append: one batch that fits
+            active.size + placed[0].size <= max_bytes
+            and placed[0].next_offset - 1 - active.base_offset <= MAX_RELATIVE_OFFSET
+        ):
+            active.append(parts(0, 1), placed, now)
+            return self._flusher.note_write(active)
+        seq = 0
+        i = 0
+        while i < len(placed):
+            active = self._segments[-1]
+            room = max_bytes - active.size
+            j = i
+            run = 0
+            while j < len(placed):
+                batch = placed[j]
+                if batch.next_offset - 1 - active.base_offset > MAX_RELATIVE_OFFSET:
+                    break
+                if run + batch.size > room and not (j == i and active.size == 0):
+                    break
+                run += batch.size
+                j += 1
+            if j == i:  # the next batch does not fit here: start a segment at its offset range
+                overflow = placed[i].next_offset - 1 - active.base_offset > MAX_RELATIVE_OFFSET
+                self._roll_now(placed[i].base_offset if overflow else None)
+                continue
+            active.append(parts(i, j), placed[i:j], now)
+            seq = self._flusher.note_write(active)
+            i = j
+        return seq
+
+    def _age_expired(self, now_ns: int) -> bool:
+        active = self._segments[-1]
+        first = active.first_append_ns
+        return bool(active.size) and first is not None and now_ns - first >= self._config.segment_max_age_ns
+
+    # ------------------------------------------------------------------------------------------ rolling
+
+    async def roll(self) -> None:
+        """Seal the active segment and start a new one (a no-op when the active segment is empty)."""
+        async with self._lock:
+            self._check_writable()
+            self._roll_now()
+
+    def _roll_now(self, base_offset: int | None = None) -> None:
+        """Seal the active segment and create the next one, without waiting for any disk work.
+
+        The sealed segment is made durable (data, then index files) by a background task, after which the
+        recovery point moves past it (when depends on the flush policy: :func:`_seal_delay_ms`). The new
+        file's directory entry is fsynced by the next flush round, before any append into it is
+        acknowledged under ``ALWAYS``.
+        """
+        old = self._segments[-1]
+        if base_offset is None:
+            if not old.size:
+                return
+            base_offset = old.next_offset
+        old.seal_prepare()
+        self._segments.append(Segment.create(self._directory, base_offset, self._config.index_interval_bytes))
+        self._flusher.note_directory(self._directory)
+        due = self._clock.monotonic_ns() + self._seal_delay_ns
+        self._sealing = asyncio.get_running_loop().create_task(self._seal(old, base_offset, due, self._sealing))
+
+    async def _seal(
+        self, segment: Segment, following_base: int, due_ns: int, previous: asyncio.Task[None] | None
+    ) -> None:
+        """Background: make a sealed segment durable, then advance the recovery point past it.
+
+        Seals run one after another (each awaits the previous), so the recovery point only ever moves over
+        segments that are all durable. The fsync waits until ``due_ns`` (on the log's clock) unless something
+        needs it sooner (:meth:`_settle`): see ``_seal_delay_ns``. A failure poisons the flusher: the log
+        then refuses appends.
+        """
+        if previous is not None:
+            await asyncio.wait([previous])
+        wait_ns = due_ns - self._clock.monotonic_ns()
+        if wait_ns > 0 and not self._expedite.is_set():
+            timer = asyncio.ensure_future(self._clock.sleep(wait_ns / 1e9))
+            expedite = asyncio.ensure_future(self._expedite.wait())
+            await asyncio.wait([timer, expedite], return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            expedite.cancel()
+        if self._flusher.failed is not None:
+            return
+        segment.pin()
+        try:
+            await self._flusher.run_blocking(_seal, segment)
+            if following_base > self._recovery_point and not segment.closed:
+                await self._flusher.run_blocking(write_recovery_point, self._directory, following_base)
+                self._recovery_point = following_base
+        except Exception as exc:
+            self._flusher.poison(exc)
+        finally:
+            segment.unpin()
+
+    async def _settle(self) -> None:
+        """Finish background seals now (call with the lock held, before deleting or rewriting segments)."""
+        if self._sealing is not None:
+            self._expedite.set()
+            await asyncio.wait([self._sealing])
+            self._sealing = None
+            self._expedite.clear()
+
+    async def _exclusive(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation`` under the lock in a shielded task (it completes even if the caller is cancelled)."""
+
+        async def locked() -> T:
+            async with self._lock:
+                self._check_open()
+                await self._settle()
+                return await operation()
+
+        return await asyncio.shield(locked())
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    def _locate(self, start_offset: int, max_bytes: int, max_offset: int | None) -> tuple[Segment, Planned] | None:
+        self._check_open()
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be at least 0, got {max_bytes}")
+        start, end = self.start_offset, self.end_offset
+        if not start <= start_offset <= end:
+            raise OffsetOutOfRangeError(start_offset, start, end)
+        limit = end if max_offset is None else min(max_offset, end)
+        if start_offset >= limit:
+            return None
+        first = bisect_right(self._segments, start_offset, key=lambda s: s.base_offset) - 1
+        for segment in self._segments[max(0, first) :]:
+            found = segment.find(start_offset)
+            if found is None:
+                continue  # nothing at or after the offset here (a compacted-away range): try the next segment
+            plan = segment.plan(found[0], max_bytes, limit)
+            return None if plan is None else (segment, plan)
+        return None
+
+    def read(self, start_offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        """Whole batches from the one containing ``start_offset`` (or the next one after it).
+
+        At least one batch even if it is larger than ``max_bytes``; then as many as fit. Only batches whose
+        last offset is below ``max_offset`` (an exclusive bound such as the high watermark) are returned.
+        Empty at the end. Raises :class:`OffsetOutOfRangeError` outside ``[start_offset, end_offset]`` and
+        :class:`CorruptSegmentError` rather than return a batch that fails its CRC.
+        """
+        located = self._locate(start_offset, max_bytes, max_offset)
+        if located is None:
+            return b""
+        segment, plan = located
+        return segment.read(plan)
+
+    def read_range(self, start_offset: int, max_bytes: int, max_offset: int | None = None) -> FileRange | None:
+        """Like :meth:`read`, but a file range to ``os.sendfile`` from; None when there is nothing to read."""
+        located = self._locate(start_offset, max_bytes, max_offset)
+        if located is None:
+            return None
+        segment, plan = located
+        segment.verify_range(plan)
+        return FileRange(
+            os.dup(segment.fd),
+            segment.path,
+            plan.position,
+            plan.end - plan.position,
+            plan.first_offset,
+            plan.next_offset,
+        )
+
+    def offset_for_timestamp(self, timestamp_ns: int) -> int | None:
+        """The first offset whose record timestamp is ≥ ``timestamp_ns``; None if there is none."""
+        self._check_open()
+        for segment in self._segments:
+            found = segment.batch_for_timestamp(timestamp_ns)
+            if found is None:
+                continue
+            position, header = found
+            data = segment.read(Planned(position, position + header.size, header.base_offset, header.next_offset))
+            try:
+                records = decode_records(data, 0, header=check_batch(data))
+            except CorruptBatchError as exc:
+                raise segment.corruption(position, header.base_offset, f"records: {exc}") from None
+            for record in records:  # one batch, off the hot path
+                if record.timestamp >= timestamp_ns:
+                    return record.offset
+            return header.base_offset
+        return None
+
+    # ------------------------------------------------------------------------------------------ removing
+
+    async def truncate_to(self, offset: int) -> None:
+        """Remove everything at or after ``offset``, deleting whole segments above it.
+
+        Batches go whole, so the end offset becomes one past the last batch kept: ``offset`` when it is a
+        batch boundary, lower when it falls inside a batch (or inside a range compaction emptied). That is
+        also what a reopen computes, so the end offset never changes across a restart.
+        """
+        seq = await self._exclusive(lambda: self._truncate_locked(offset))
+        if seq:
+            await self._flusher.after_write(seq)
+
+    async def _truncate_locked(self, offset: int) -> int:
+        if offset >= self.end_offset:
+            return 0
+        if offset < self.start_offset:
+            raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
+        removed = False
+        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+            segment = self._segments.pop()  # newest first: a crash midway leaves a shorter, contiguous log
+            self._flusher.forget(segment)
+            segment.delete()
+            removed = True
+        if removed:
+            await self._flusher.sync_directory(self._directory)
+        active = self._segments[-1]
+        if active.base_offset < self._recovery_point:  # it takes appends again: no longer known durable
+            await self._flusher.run_blocking(write_recovery_point, self._directory, active.base_offset)
+            self._recovery_point = active.base_offset
+        if active.base_offset >= offset:
+            active.truncate_at(0, active.base_offset)  # only when it is the last segment left
+        else:
+            active.truncate_to(offset)
+        active.sealed = False
+        return self._flusher.note_write(active)
+
+    async def delete_segments_before(self, offset: int) -> list[int]:
+        """Delete the sealed segments that lie wholly below ``offset``; return their base offsets.
+
+        The active segment is never deleted. The log's start offset becomes the oldest remaining base.
+        """
+        return await self._exclusive(lambda: self._delete_prefix_locked(offset))
+
+    async def _delete_prefix_locked(self, offset: int) -> list[int]:
+        deleted = []
+        while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+            segment = self._segments.pop(0)  # oldest first: a crash midway leaves a contiguous suffix
+            self._flusher.forget(segment)
+            segment.delete()
+            deleted.append(segment.base_offset)
+        if deleted:
+            await self._flusher.sync_directory(self._directory)
+        return deleted
+
+    async def apply_retention(self, now_ns: int | None = None, *, max_offset: int | None = None) -> list[int]:
+        """Delete the sealed segments the retention settings allow (:mod:`tidelog.storage.retention`)."""
+
+        async def run() -> list[int]:
+            now = self._clock.now_ns() if now_ns is None else now_ns
+            count = deletable_prefix(self.segments, self._config, now, self.end_offset, max_offset)
+            if not count:
+                return []
+            return await self._delete_prefix_locked(self._segments[count].base_offset)
+
+        return await self._exclusive(run)
+
+    async def compact(self, upto_offset: int, now_ns: int | None = None) -> CompactionResult | None:
+        """Key-compact the sealed segments wholly below ``upto_offset`` (the high watermark).
+
+        Runs :func:`~tidelog.storage.compaction.compact_segment_files` in a worker thread under the log's
+        lock, then reopens the rewritten segments and rebuilds their indexes. Readers keep reading the old
+        files (through their open descriptors) until the swap. None when no segment qualifies.
+        """
+        return await self._exclusive(lambda: self._compact_locked(upto_offset, now_ns))
+
+    async def _compact_locked(self, upto_offset: int, now_ns: int | None) -> CompactionResult | None:
+        segments = self._segments
+        candidates = [s for s, following in itertools.pairwise(segments) if following.base_offset <= upto_offset]
+        if not candidates:
+            return None
+        now = self._clock.now_ns() if now_ns is None else now_ns
+        interval = self._config.index_interval_bytes
+        # Index files go first: a crash after a rename below then finds no index, never a stale one.
+        await self._flusher.run_blocking(_forget_index_files, candidates, self._directory)
+        reopened: dict[int, Segment] = {}
+        try:
+            result = await self._flusher.run_blocking(
+                functools.partial(
+                    compact_segment_files,
+                    [s.path for s in candidates],
+                    upto_offset=upto_offset,
+                    now_ns=now,
+                    delete_retention_ns=self._config.delete_retention_ms * 1_000_000,
+                )
+            )
+            rewritten = set(result.rewritten)
+            for segment in candidates:
+                if segment.path in rewritten:
+                    fresh = await self._flusher.run_blocking(
+                        _reopen_sealed, self._directory, segment.base_offset, interval
+                    )
+                    reopened[segment.base_offset] = fresh
+        finally:
+            unchanged = [s for s in candidates if s.base_offset not in reopened]
+            if unchanged:
+                await self._flusher.run_blocking(_persist_all, unchanged)
+            for i, segment in enumerate(self._segments):
+                fresh_segment = reopened.get(segment.base_offset)
+                if fresh_segment is not None and segment in candidates:
+                    self._segments[i] = fresh_segment
+                    self._flusher.forget(segment)
+                    segment.close()
+        return result
+
+    # ------------------------------------------------------------------------------------------ flushing
+
+    async def flush(self) -> None:
+        """fsync everything appended so far, whatever the flush policy."""
+        self._check_writable()
+        await self._flusher.flush()
+
+    async def close(self) -> None:
+        """Flush, write indexes out, record a clean shutdown, and close every file. Idempotent."""
+        if self._closed:
+            return
+
+        async def locked() -> None:
+            async with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+                try:
+                    await self._settle()
+                    await self._flusher.close()
+                    await self._flusher.run_blocking(self._finish_close)
+                finally:
+                    for segment in self._segments:
+                        segment.close()
+
+        await asyncio.shield(locked())
+
+    def _finish_close(self) -> None:
+        """Blocking: persist every index, then the clean-shutdown marker (only after all else is durable)."""
+        for segment in self._segments:
+            segment.persist_indexes()
+        last = self._segments[-1]
+        write_clean_marker(self._directory, last.base_offset, last.size)
+
+    def __repr__(self) -> str:
+        return f"Log({self._directory}, offsets {self.start_offset}..{self.end_offset}, {len(self._segments)} segments)"

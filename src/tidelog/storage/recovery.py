@@ -1,0 +1,212 @@
+"""Opening a partition directory: decide what can be trusted, rescan what cannot, cut a torn tail.
+
+Two small files (checkpoint format, written atomically) say how much can be trusted:
+
+- ``recovery-point``: an offset below which every segment is durable, data and index files included. When a
+  roll seals a segment, a background task fsyncs it (the appender does not wait: a synchronous fsync of a
+  128 MiB segment would stall appends under the ``never`` policy; that policy even lets the kernel's own
+  write-back go first, see ``log._seal_delay_ms``) and then advances the recovery point to the next
+  segment's base (Kafka's recovery point). Truncation that reopens an older segment lowers it first.
+- ``clean-shutdown``: the last segment's base offset and size, written by ``Log.close`` after everything
+  was fsynced. Read and removed at open (the removal made durable before the log writes anything), so a
+  later crash is never mistaken for a clean stop. It spares a clean restart a read of the active segment.
+
+What recovery does, in order:
+
+1. Take the clean-shutdown marker; read the recovery point (missing or damaged: 0, which is always safe).
+2. Remove leftovers: ``*.cleaned`` (a compaction that did not reach its rename: the original is intact),
+   ``*.index.tmp`` / ``*.timeindex.tmp`` (an index rewrite that did not finish), and index files whose
+   ``.log`` is gone (a deletion that stopped half-way). Other files (checkpoints) are left alone.
+3. Trusted segments — all of them after a clean shutdown, else those below the recovery point except the
+   last: load their index files after sanity checks (entries increasing, positions inside the file, the last
+   entry naming the batch found there) and read only the headers after the last indexed batch. An index that
+   fails is rebuilt by scanning the segment with CRCs. A bad batch in a trusted segment is **not** cut: its
+   bytes stay and reads that reach it raise ``CorruptSegmentError`` naming the offsets.
+4. The others (the last segment, and any at or above the recovery point), in offset order: every batch is read
+   and CRC-checked. At the first batch that is torn, fails its CRC or goes back in offsets, that segment is cut
+   there (and fdatasynced) and every later segment deleted: what a crash can tear is data nobody was promised,
+   and the log must stay a clean prefix. The scanned segments are then fsynced and the recovery point moved
+   up to the last segment.
+
+After a process crash (SIGKILL) the page cache still holds everything, so nothing is cut; cuts happen after a
+power loss or kernel crash, or when the disk damaged data that was never fsynced.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidelog.storage.atomic import fsync_directory, write_atomically
+from tidelog.storage.checkpoint import decode_checkpoint, encode_checkpoint
+from tidelog.storage.compaction import CLEANED_SUFFIX
+from tidelog.storage.errors import CheckpointError
+from tidelog.storage.index import TMP_SUFFIX, DamagedIndexError
+from tidelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
+
+MARKER_FILE = "clean-shutdown"
+RECOVERY_POINT_FILE = "recovery-point"
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the directory found and did (for logs, metrics and tests)."""
+
+    clean_shutdown: bool = False
+    recovery_point: int = 0
+    """After recovery: every segment below this offset is durable."""
+    scanned: list[int] = field(default_factory=list)
+    """Base offsets of segments whose batches were all read and CRC-checked."""
+    rebuilt_indexes: list[int] = field(default_factory=list)
+    truncated_bytes: int = 0
+    """Bytes cut from the tail of the log (not counting deleted segments)."""
+    truncated_at: tuple[int, int] | None = None
+    """(segment base offset, position) where the log was cut."""
+    deleted_segments: list[int] = field(default_factory=list)
+    """Segments after a cut, deleted."""
+    corrupt_segments: list[int] = field(default_factory=list)
+    """Trusted segments holding a bad batch (kept; reads report it)."""
+    removed_files: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------- marker files
+
+
+def write_clean_marker(directory: Path, last_base: int, last_size: int) -> None:
+    """Record a clean shutdown (blocking; atomic and durable). Call only after every file is fsynced."""
+    write_atomically(directory / MARKER_FILE, encode_checkpoint(MARKER_FILE, 2, [(last_base, last_size)]))
+
+
+def write_recovery_point(directory: Path, offset: int) -> None:
+    """Record that every segment below ``offset`` is durable (blocking; atomic and durable)."""
+    write_atomically(directory / RECOVERY_POINT_FILE, encode_checkpoint(RECOVERY_POINT_FILE, 1, [(offset,)]))
+
+
+def _read_entry(path: Path, fields: int) -> tuple[int, ...] | None:
+    try:
+        entries = decode_checkpoint(path.read_bytes(), path.name, fields, path=str(path))
+    except (FileNotFoundError, CheckpointError):
+        return None
+    return entries[0] if len(entries) == 1 else None
+
+
+def _take_clean_marker(directory: Path) -> tuple[int, ...] | None:
+    """Read the marker, then remove it; a missing or damaged marker counts as no clean shutdown."""
+    path = directory / MARKER_FILE
+    entry = _read_entry(path, 2)
+    path.unlink(missing_ok=True)
+    return entry
+
+
+def _read_recovery_point(directory: Path) -> int:
+    entry = _read_entry(directory / RECOVERY_POINT_FILE, 1)
+    return 0 if entry is None else max(0, entry[0])
+
+
+# ----------------------------------------------------------------------------------------------- recovery
+
+
+def _base_of(name: str, suffix: str) -> int | None:
+    stem = name[: -len(suffix)]
+    return int(stem) if name.endswith(suffix) and len(stem) == 20 and stem.isdigit() else None
+
+
+def _remove_leftovers(directory: Path, bases: set[int], report: RecoveryReport) -> None:
+    for entry in os.scandir(directory):
+        name = entry.name
+        stray = name.endswith((CLEANED_SUFFIX, INDEX_SUFFIX + TMP_SUFFIX, TIMEINDEX_SUFFIX + TMP_SUFFIX))
+        if not stray:
+            for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+                base = _base_of(name, suffix)
+                if base is not None and base not in bases:
+                    stray = True
+        if stray and entry.is_file():
+            os.unlink(entry.path)
+            report.removed_files.append(name)
+
+
+def _load_trusted(segment: Segment, report: RecoveryReport) -> None:
+    """Trust a durable segment's indexes if they pass their checks, else rebuild them from its batches."""
+    try:
+        segment.load_indexes()
+    except DamagedIndexError:
+        result = segment.rebuild(verify=True, keep_tail=True)
+        report.rebuilt_indexes.append(segment.base_offset)
+        report.scanned.append(segment.base_offset)
+        if result.error is not None:
+            report.corrupt_segments.append(segment.base_offset)
+        segment.persist_indexes()
+        return
+    if segment.corrupt_from is not None:
+        report.corrupt_segments.append(segment.base_offset)
+
+
+def _scan(segment: Segment, report: RecoveryReport) -> bool:
+    """CRC-check every batch of an untrusted segment; cut it at the first bad one. True if it was cut."""
+    file_size = segment.size
+    result = segment.rebuild(verify=True, keep_tail=False)
+    report.scanned.append(segment.base_offset)
+    report.rebuilt_indexes.append(segment.base_offset)
+    segment.corrupt_from = None
+    if result.end == file_size:
+        return False
+    os.ftruncate(segment.fd, result.end)
+    report.truncated_bytes += file_size - result.end
+    report.truncated_at = (segment.base_offset, result.end)
+    return True
+
+
+def recover(directory: Path, index_interval_bytes: int) -> tuple[list[Segment], RecoveryReport]:
+    """Open every segment of ``directory`` (created if missing) in offset order, repairing as described above.
+
+    Blocking: reads, truncates and fsyncs. Always returns at least one segment; the last one is active.
+    """
+    report = RecoveryReport()
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = _take_clean_marker(directory)
+    recovery_point = _read_recovery_point(directory)
+    bases = sorted(b for b in (_base_of(name, LOG_SUFFIX) for name in os.listdir(directory)) if b is not None)
+    _remove_leftovers(directory, set(bases), report)
+    segments: list[Segment] = []
+    try:
+        if not bases:
+            segments.append(Segment.create(directory, 0, index_interval_bytes))
+        else:
+            segments.extend(Segment.open(directory, base, index_interval_bytes) for base in bases)
+            last = segments[-1]
+            report.clean_shutdown = marker == (last.base_offset, last.size)
+            _recover_segments(segments, recovery_point, report)
+        report.recovery_point = segments[-1].base_offset
+        if report.recovery_point != recovery_point:
+            write_recovery_point(directory, report.recovery_point)
+        fsync_directory(directory)
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    return segments, report
+
+
+def _recover_segments(segments: list[Segment], recovery_point: int, report: RecoveryReport) -> None:
+    scanned: list[Segment] = []
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if report.clean_shutdown or (segment.base_offset < recovery_point and not last):
+            _load_trusted(segment, report)
+        else:
+            scanned.append(segment)
+            if _scan(segment, report) and not last:
+                for later in reversed(segments[i + 1 :]):  # newest first, as truncation does
+                    later.delete()
+                    report.deleted_segments.insert(0, later.base_offset)
+                del segments[i + 1 :]
+                break
+        if segment.corrupt_from is not None and not last:
+            segment.next_offset = max(segment.next_offset, segments[i + 1].base_offset)
+    for segment in segments[:-1]:
+        segment.sealed = True
+    for segment in scanned:  # what was scanned is durable from here on, so the recovery point can move up
+        segment.sync()
+        if segment is not segments[-1]:
+            segment.persist_indexes()
