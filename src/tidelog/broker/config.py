@@ -58,6 +58,8 @@ __all__ = [
 
 ENV_PREFIX: Final = "TIDELOG_"
 CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
+CLIENT_ENV: Final = frozenset({"TIDELOG_BROKERS"})
+"""``TIDELOG_*`` variables read by the client commands, not the broker: the broker ignores them."""
 BROKER_ID_FILE: Final = "broker-id"
 
 _T = TypeVar("_T")
@@ -474,7 +476,7 @@ def _from_toml(path: Path) -> dict[str, object]:
 def _from_env(environment: Mapping[str, str]) -> dict[str, object]:
     values: dict[str, object] = {}
     for name, raw in environment.items():
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV:
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV or name in CLIENT_ENV:
             continue
         key = name.removeprefix(ENV_PREFIX).lower()
         if key not in _FIELDS:

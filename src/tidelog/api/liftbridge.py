@@ -1,0 +1,180 @@
+"""Mapping between tidelog records and Liftbridge's protobuf ``Message`` and ``Ack``.
+
+A record has a key, a value and headers; a Liftbridge ``Message`` also has a subject, a reply subject, an ack
+inbox, a correlation id and an ack policy. Those travel as *reserved headers* (names starting ``_tl.``), written
+only when they carry something, so a plain NATS message on a stream's own subject costs no extra bytes:
+
+=====================  ====================================================================
+``_tl.subject``        NATS subject the message arrived on, when it differs from the partition's
+``_tl.reply``          NATS reply subject
+``_tl.ack_inbox``      Liftbridge ack inbox
+``_tl.corr``           Liftbridge correlation id
+``_tl.ack``            Liftbridge ack policy (one byte: 0 LEADER, 1 ALL, 2 NONE), when not LEADER
+=====================  ====================================================================
+
+Clients may not send headers with the reserved prefix (:func:`check_user_headers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tidelog.api._gen import api_pb2
+from tidelog.api.envelope import MessageType, parse_envelope
+from tidelog.api.errors import InvalidArgumentError
+from tidelog.storage.batch import NewRecord, Record
+
+RESERVED_PREFIX = "_tl."
+SUBJECT = "_tl.subject"
+REPLY = "_tl.reply"
+ACK_INBOX = "_tl.ack_inbox"
+CORRELATION_ID = "_tl.corr"
+ACK_POLICY = "_tl.ack"
+
+_LEADER = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AckRequest:
+    """Where and how a NATS publisher asked to be acknowledged."""
+
+    ack_inbox: str
+    correlation_id: str
+    ack_policy: int
+    msg_subject: str
+
+
+def check_user_headers(headers: Iterable[str]) -> None:
+    """Refuse client headers that would collide with the reserved ones."""
+    for name in headers:
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidArgumentError(f"header name {name!r} uses the reserved prefix {RESERVED_PREFIX!r}")
+
+
+def record_for_publish(
+    *,
+    key: bytes | None,
+    value: bytes,
+    headers: Mapping[str, bytes],
+    timestamp: int,
+    subject: str = "",
+    partition_subject: str = "",
+    reply: str = "",
+    ack_inbox: str = "",
+    correlation_id: str = "",
+    ack_policy: int = _LEADER,
+) -> NewRecord:
+    """A record carrying a Liftbridge message's fields."""
+    hdrs: list[tuple[str, bytes]] = list(headers.items())
+    if subject and subject != partition_subject:
+        hdrs.append((SUBJECT, subject.encode()))
+    if reply:
+        hdrs.append((REPLY, reply.encode()))
+    if ack_inbox:
+        hdrs.append((ACK_INBOX, ack_inbox.encode()))
+    if correlation_id:
+        hdrs.append((CORRELATION_ID, correlation_id.encode()))
+    if ack_policy != _LEADER:
+        hdrs.append((ACK_POLICY, bytes((ack_policy,))))
+    return NewRecord(value=value, key=key or None, headers=hdrs, timestamp=timestamp)
+
+
+def record_from_nats(
+    subject: str,
+    reply: str,
+    data: bytes,
+    nats_headers: Mapping[str, str] | None,
+    partition_subject: str,
+    timestamp: int,
+) -> tuple[NewRecord, AckRequest | None]:
+    """Turn one NATS message into a record, decoding a Liftbridge envelope when there is one.
+
+    A message that is not a well-formed envelope (or whose protobuf does not parse) is stored whole as the
+    value: a NATS message is never dropped.
+    """
+    env = parse_envelope(data) if data[:1] == b"\xb9" else None
+    if env is not None and env.msg_type is MessageType.PUBLISH:
+        msg: api_pb2.Message | None = api_pb2.Message()
+        try:
+            msg.ParseFromString(bytes(env.payload))  # type: ignore[union-attr]
+        except Exception:
+            msg = None
+        if msg is not None:
+            user_headers = {k: v for k, v in msg.headers.items() if not k.startswith(RESERVED_PREFIX)}
+            record = record_for_publish(
+                key=msg.key,
+                value=msg.value,
+                headers=user_headers,
+                timestamp=timestamp,
+                subject=subject,
+                partition_subject=partition_subject,
+                reply=reply,
+                ack_inbox=msg.ackInbox,
+                correlation_id=msg.correlationId,
+                ack_policy=int(msg.ackPolicy),
+            )
+            ack = AckRequest(msg.ackInbox, msg.correlationId, int(msg.ackPolicy), subject) if msg.ackInbox else None
+            return record, ack
+    hdrs: list[tuple[str, bytes]] = []
+    if nats_headers:
+        hdrs = [(k, v.encode()) for k, v in nats_headers.items() if not k.startswith(RESERVED_PREFIX)]
+    if subject != partition_subject:
+        hdrs.append((SUBJECT, subject.encode()))
+    if reply:
+        hdrs.append((REPLY, reply.encode()))
+    return NewRecord(value=data, headers=hdrs, timestamp=timestamp), None
+
+
+def message_from_record(record: Record, stream: str, partition: int, partition_subject: str) -> api_pb2.Message:
+    """The Liftbridge ``Message`` a subscriber receives for ``record``."""
+    msg = api_pb2.Message(
+        offset=record.offset,
+        key=record.key or b"",
+        value=record.value or b"",
+        timestamp=record.timestamp,
+        stream=stream,
+        partition=partition,
+        subject=partition_subject,
+    )
+    for name, value in record.headers:
+        if not name.startswith(RESERVED_PREFIX):
+            msg.headers[name] = value
+        elif name == SUBJECT:
+            msg.subject = value.decode(errors="replace")
+        elif name == REPLY:
+            msg.replySubject = value.decode(errors="replace")
+        elif name == ACK_INBOX:
+            msg.ackInbox = value.decode(errors="replace")
+        elif name == CORRELATION_ID:
+            msg.correlationId = value.decode(errors="replace")
+        elif name == ACK_POLICY and value:
+            msg.ackPolicy = value[0]  # type: ignore[assignment]
+    return msg
+
+
+def build_ack(
+    *,
+    stream: str,
+    partition_subject: str,
+    msg_subject: str,
+    offset: int,
+    ack_inbox: str,
+    correlation_id: str,
+    ack_policy: int,
+    received_ns: int,
+    committed_ns: int,
+    error: int = 0,
+) -> api_pb2.Ack:
+    return api_pb2.Ack(
+        stream=stream,
+        partitionSubject=partition_subject,
+        msgSubject=msg_subject,
+        offset=offset,
+        ackInbox=ack_inbox,
+        correlationId=correlation_id,
+        ackPolicy=ack_policy,  # type: ignore[arg-type]
+        receptionTimestamp=received_ns,
+        commitTimestamp=committed_ns,
+        ackError=error,  # type: ignore[arg-type]
+    )

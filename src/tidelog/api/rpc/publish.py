@@ -1,0 +1,195 @@
+"""Publish, PublishAsync and PublishToSubject.
+
+``Publish`` answers once the request's ack policy is met, with the ``Ack`` carrying the offset, and within the
+request's deadline (or the broker's default ack timeout when it has none). A request that asks for an ack inbox
+also gets its ack published there, as Liftbridge does. ``NONE`` still stores the message before answering: it
+only means the response carries no ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tidelog.api._gen import api_pb2
+from tidelog.api.envelope import MessageType, encode_envelope, parse_envelope
+from tidelog.api.errors import (
+    IncorrectOffsetError,
+    MessageTooLargeError,
+    RequestTimeoutError,
+    TidelogError,
+    as_tidelog_error,
+)
+from tidelog.api.liftbridge import build_ack, check_user_headers, record_for_publish
+from tidelog.api.wire.messages import Acks
+from tidelog.broker.context import BrokerContext
+from tidelog.storage.batch import build_batch
+
+
+def _timeout(ctx: BrokerContext, grpc_context: Any) -> float:
+    remaining = grpc_context.time_remaining() if grpc_context is not None else None
+    return ctx.ack_timeout if remaining is None else max(0.0, remaining - 0.01)
+
+
+def _check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> None:
+    size = len(key) + len(value) + sum(len(k) + len(v) for k, v in headers.items())
+    if size > ctx.config.max_message_bytes:
+        raise MessageTooLargeError(
+            f"message of {size} bytes is above the broker's limit of {ctx.config.max_message_bytes} bytes"
+        )
+
+
+async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
+    """Store one message and acknowledge it per its ack policy."""
+    partition = ctx.manager.leader_of(request.stream, request.partition)
+    check_user_headers(request.headers.keys())
+    _check_size(ctx, request.key, request.value, request.headers)
+    if partition.stream.config.optimistic_concurrency_control and request.expectedOffset not in (-1,):
+        expected = request.expectedOffset
+        if expected != partition.log_end:
+            return api_pb2.PublishResponse(
+                correlationId=request.correlationId,
+                ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
+            )
+    record = record_for_publish(
+        key=request.key,
+        value=request.value,
+        headers=request.headers,
+        timestamp=time.time_ns(),
+        ack_inbox=request.ackInbox,
+        correlation_id=request.correlationId,
+        ack_policy=int(request.ackPolicy),
+    )
+    batch = build_batch([record], timestamp=record.timestamp or time.time_ns())
+    policy = Acks(int(request.ackPolicy))
+    appended = await partition.append(batch, Acks.ALL if policy is Acks.ALL else Acks.LEADER, timeout)
+    if policy is Acks.NONE:
+        return api_pb2.PublishResponse(correlationId=request.correlationId)
+    ack = _ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)
+    if request.ackInbox:
+        await ctx.nc.publish(request.ackInbox, encode_envelope(MessageType.ACK, ack.SerializeToString()))
+    return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
+
+
+def _ack(
+    partition: Any, request: api_pb2.PublishRequest, offset: int, received: int, committed: int, error: int = 0
+) -> api_pb2.Ack:
+    return build_ack(
+        stream=partition.stream.name,
+        partition_subject=partition.subject,
+        msg_subject=partition.subject,
+        offset=offset,
+        ack_inbox=request.ackInbox,
+        correlation_id=request.correlationId,
+        ack_policy=int(request.ackPolicy),
+        received_ns=received,
+        committed_ns=committed,
+        error=error,
+    )
+
+
+async def publish_async(
+    ctx: BrokerContext, requests: AsyncIterator[api_pb2.PublishRequest]
+) -> AsyncIterator[api_pb2.PublishResponse]:
+    """Pipelined publishes: every request is handled as it arrives; responses carry its correlation id.
+
+    Errors become ``asyncError`` responses instead of ending the stream, so one bad message does not cost the
+    client every message behind it.
+    """
+    responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(request: api_pb2.PublishRequest) -> None:
+        try:
+            response = await publish(ctx, request, ctx.ack_timeout)
+            if int(request.ackPolicy) != Acks.NONE:
+                await responses.put(response)
+        except Exception as exc:
+            err = as_tidelog_error(exc)
+            await responses.put(
+                api_pb2.PublishResponse(
+                    correlationId=request.correlationId,
+                    asyncError=api_pb2.PublishAsyncError(
+                        code=int(err.spec.async_code),  # type: ignore[arg-type]
+                        message=err.message,
+                    ),
+                )
+            )
+
+    async def read_all() -> None:
+        try:
+            async for request in requests:
+                task = asyncio.create_task(handle(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            await responses.put(None)
+
+    reader = asyncio.create_task(read_all())
+    try:
+        while (response := await responses.get()) is not None:
+            yield response
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+
+
+async def publish_to_subject(
+    ctx: BrokerContext, request: api_pb2.PublishToSubjectRequest, timeout: float
+) -> api_pb2.PublishToSubjectResponse:
+    """Publish a Liftbridge envelope to a NATS subject; wait for the stream's ack unless the policy is NONE."""
+    check_user_headers(request.headers.keys())
+    _check_size(ctx, request.key, request.value, request.headers)
+    policy = int(request.ackPolicy)
+    inbox = request.ackInbox
+    if policy != Acks.NONE and not inbox:
+        inbox = f"_INBOX.tidelog.{secrets.token_hex(8)}"
+    message = api_pb2.Message(
+        key=request.key,
+        value=request.value,
+        subject=request.subject,
+        ackInbox=inbox,
+        correlationId=request.correlationId,
+        ackPolicy=request.ackPolicy,
+    )
+    for k, v in request.headers.items():
+        message.headers[k] = v
+    payload = encode_envelope(MessageType.PUBLISH, message.SerializeToString())
+    if policy == Acks.NONE:
+        await ctx.nc.publish(request.subject, payload)
+        return api_pb2.PublishToSubjectResponse()
+    got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def on_ack(msg: Any) -> None:
+        if not got.done():
+            got.set_result(msg.data)
+
+    sub = await ctx.nc.subscribe(inbox, cb=on_ack, max_msgs=1)
+    try:
+        await ctx.nc.publish(request.subject, payload)
+        try:
+            data = await asyncio.wait_for(got, timeout)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"no stream acknowledged the message on subject {request.subject!r} within {timeout:.3f}s"
+            ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    env = parse_envelope(data)
+    ack = api_pb2.Ack()
+    if env is not None and env.msg_type is MessageType.ACK:
+        ack.ParseFromString(bytes(env.payload))
+    if ack.ackError == api_pb2.Ack.INCORRECT_OFFSET:
+        raise IncorrectOffsetError("the stream refused the message's expected offset")
+    return api_pb2.PublishToSubjectResponse(ack=ack)
+
+
+__all__ = ["TidelogError", "publish", "publish_async", "publish_to_subject"]

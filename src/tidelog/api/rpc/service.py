@@ -1,0 +1,144 @@
+"""The ``proto.API`` servicer: thin handlers that call the RPC family modules and map errors to statuses.
+
+Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
+gRPC status — looked up in :mod:`tidelog.api.errors`, so gRPC and the wire protocol answer the same condition
+with the same meaning. Cursor and consumer-group RPCs answer ``UNIMPLEMENTED`` until their own issue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tidelog.api._gen import api_pb2_grpc
+from tidelog.api.errors import InternalError, TidelogError, as_tidelog_error
+from tidelog.api.rpc import metadata, publish, subscribe
+from tidelog.broker.context import BrokerContext
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    err = as_tidelog_error(exc)
+    if isinstance(err, InternalError) and not isinstance(exc, TidelogError):
+        log.exception("internal error serving a gRPC request", exc_info=exc)
+    await context.abort(err.grpc_status, err.message)
+
+
+async def _guard(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        await _abort(context, exc)
+        raise AssertionError("unreachable: abort raises") from exc
+
+
+class LiftbridgeService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
+    """``proto.API`` over a :class:`BrokerContext`."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+
+    async def CreateStream(self, request: Any, context: Any) -> Any:
+        return await _guard(context, metadata.create_stream(self._ctx, request))
+
+    async def DeleteStream(self, request: Any, context: Any) -> Any:
+        return await _guard(context, metadata.delete_stream(self._ctx, request))
+
+    async def PauseStream(self, request: Any, context: Any) -> Any:
+        return await _guard(context, metadata.pause_stream(self._ctx, request))
+
+    async def SetStreamReadonly(self, request: Any, context: Any) -> Any:
+        return await _guard(context, metadata.set_stream_readonly(self._ctx, request))
+
+    async def FetchMetadata(self, request: Any, context: Any) -> Any:
+        return await _guard(context, metadata.fetch_metadata(self._ctx, request))
+
+    async def FetchPartitionMetadata(self, request: Any, context: Any) -> Any:
+        return await _guard(context, metadata.fetch_partition_metadata(self._ctx, request))
+
+    async def Publish(self, request: Any, context: Any) -> Any:
+        return await _guard(context, publish.publish(self._ctx, request, publish._timeout(self._ctx, context)))
+
+    async def PublishToSubject(self, request: Any, context: Any) -> Any:
+        timeout = publish._timeout(self._ctx, context)
+        return await _guard(context, publish.publish_to_subject(self._ctx, request, timeout))
+
+    async def PublishAsync(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for response in publish.publish_async(self._ctx, request_iterator):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            async for message in subscribe.subscribe(self._ctx, request):
+                yield message
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    async def _unimplemented(self, context: Any, what: str) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
+
+    async def SetCursor(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "SetCursor")
+
+    async def FetchCursor(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "FetchCursor")
+
+    async def JoinConsumerGroup(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "JoinConsumerGroup")
+
+    async def LeaveConsumerGroup(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "LeaveConsumerGroup")
+
+    async def FetchConsumerGroupAssignments(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "FetchConsumerGroupAssignments")
+
+    async def ReportConsumerGroupCoordinator(self, request: Any, context: Any) -> Any:
+        return await self._unimplemented(context, "ReportConsumerGroupCoordinator")
+
+
+class GrpcServer:
+    """The gRPC server: ``proto.API`` plus the standard health service."""
+
+    def __init__(self, ctx: BrokerContext, host: str, port: int) -> None:
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", ctx.config.max_message_bytes + 64 * 1024),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        api_pb2_grpc.add_APIServicer_to_server(LiftbridgeService(ctx), self._server)
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen for gRPC on {host}:{port}")
+
+    async def start(self) -> None:
+        await self._server.start()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._server.stop(grace)
+
+    async def _set_health(self, status: Any) -> None:
+        for service in ("", "proto.API"):
+            result = self.health.set(service, status)
+            if isinstance(result, Awaitable):
+                await result

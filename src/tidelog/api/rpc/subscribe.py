@@ -1,0 +1,99 @@
+"""Subscribe: Liftbridge's server-streaming read of one partition.
+
+The server first sends one empty ``Message`` (the handshake: the subscription is established), then committed
+messages from the start position, then waits at the tail for more. A stop position ends the stream with
+``RESOURCE_EXHAUSTED`` once reached. Reads move whole batches out of the log and decode records only here, at
+the edge, because this API sends one gRPC message per record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from tidelog.api._gen import api_pb2
+from tidelog.api.errors import InvalidArgumentError, StopReachedError
+from tidelog.api.liftbridge import message_from_record
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.partition import Partition
+from tidelog.storage.batch import decode_records, iter_batches
+
+READ_BYTES = 1024 * 1024
+_IDLE_WAIT = 30.0  # seconds between re-checks while waiting at the tail
+
+_Start = api_pb2.StartPosition
+_Stop = api_pb2.StopPosition
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Where a subscription ends: the last offset to send, or the last timestamp (inclusive)."""
+
+    offset: int | None = None
+    timestamp: int | None = None
+
+    def reached_before(self, offset: int, timestamp: int) -> bool:
+        """True when a record at ``offset``/``timestamp`` lies past the stop."""
+        if self.offset is not None and offset > self.offset:
+            return True
+        return self.timestamp is not None and timestamp > self.timestamp
+
+
+def start_offset(partition: Partition, request: api_pb2.SubscribeRequest) -> int:
+    """Resolve the start position to the first offset to send."""
+    hw = partition.high_watermark
+    start = partition.log_start
+    position = request.startPosition
+    if position == _Start.NEW_ONLY:
+        return hw
+    if position == _Start.EARLIEST:
+        return start
+    if position == _Start.LATEST:
+        return max(start, hw - 1)
+    if position == _Start.OFFSET:
+        if request.startOffset < 0:
+            raise InvalidArgumentError(f"startOffset must not be negative, got {request.startOffset}")
+        return min(max(request.startOffset, start), hw)
+    if position == _Start.TIMESTAMP:
+        return max(start, partition.offset_for_timestamp(request.startTimestamp))
+    raise InvalidArgumentError(f"unknown startPosition {position}")
+
+
+def stop_of(partition: Partition, request: api_pb2.SubscribeRequest) -> Stop:
+    position = request.stopPosition
+    if position == _Stop.STOP_ON_CANCEL:
+        return Stop()
+    if position == _Stop.STOP_OFFSET:
+        return Stop(offset=request.stopOffset)
+    if position == _Stop.STOP_LATEST:
+        return Stop(offset=partition.high_watermark - 1)
+    if position == _Stop.STOP_TIMESTAMP:
+        return Stop(timestamp=request.stopTimestamp)
+    raise InvalidArgumentError(f"unknown stopPosition {position}")
+
+
+async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
+    partition = ctx.manager.leader_of(request.stream, request.partition)
+    offset = start_offset(partition, request)
+    stop = stop_of(partition, request)
+    stream, pid, psubject = partition.stream.name, partition.record.id, partition.subject
+    yield api_pb2.Message()  # handshake
+    if stop.offset is not None and offset > stop.offset:
+        raise StopReachedError(f"stop offset {stop.offset} is before the start offset {offset}")
+    while True:
+        data = partition.read_committed(offset, READ_BYTES)
+        if not data:
+            await partition.wait_for_data(offset, _IDLE_WAIT)
+            continue
+        for pos, header in iter_batches(data):
+            if header.last_offset < offset:
+                continue
+            for record in decode_records(data, pos, header=header):
+                if record.offset < offset:
+                    continue
+                if stop.reached_before(record.offset, record.timestamp):
+                    raise StopReachedError(f"reached the stop position at offset {record.offset}")
+                yield message_from_record(record, stream, pid, psubject)
+                if stop.offset is not None and record.offset >= stop.offset:
+                    raise StopReachedError(f"reached stop offset {stop.offset}")
+            offset = header.next_offset

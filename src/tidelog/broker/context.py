@@ -1,0 +1,31 @@
+"""What the protocol servers need from the broker, in one object.
+
+The gRPC service and the wire server are thin: they translate requests and call into these domain types. Passing
+one context rather than the whole broker keeps that dependency explicit and lets tests assemble a broker from
+parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.manager import PartitionManager
+from tidelog.broker.streams import StreamAdmin
+from tidelog.metadata.mirror import MetadataMirror
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerContext:
+    broker_id: str
+    config: BrokerConfig
+    manager: PartitionManager
+    admin: StreamAdmin
+    mirror: MetadataMirror
+    nc: Any  # nats.aio.client.Client
+
+    @property
+    def ack_timeout(self) -> float:
+        """Seconds a publish waits for its ack policy when the request brings no deadline."""
+        return self.config.default_ack_timeout_ms / 1000

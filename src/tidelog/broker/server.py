@@ -1,0 +1,201 @@
+"""The broker process: the composition root that starts every part in order and stops them in reverse.
+
+Start: embedded NATS and etcd when none are configured → connect to both → mirror the metadata keyspace →
+partition manager (opens the partitions this broker leads, subscribes them to NATS) → register the broker under
+its etcd lease → gRPC (``proto.API`` + health) and the wire protocol server.
+
+Stop (SIGTERM/SIGINT): stop accepting new requests and let in-flight ones finish (gRPC grace), stop NATS
+ingest after appending what it already received, flush and close every log, deregister, close the clients,
+stop the embedded servers. Nothing acknowledged is lost, and no child process outlives the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import aetcd
+import nats
+
+from tidelog.api.rpc.service import GrpcServer
+from tidelog.api.wire.server import WireServer
+from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_endpoint
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.manager import PartitionManager
+from tidelog.broker.partition import Partition
+from tidelog.broker.streams import StreamAdmin
+from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
+from tidelog.metadata.store import MetadataStore
+from tidelog.storage.config import FlushPolicy, LogConfig
+
+log = logging.getLogger(__name__)
+
+
+def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
+    """A stream's log settings: its own overrides over the broker's defaults (0 in a limit means none)."""
+    o = stream.config
+
+    def pick(override: int | None, default: int) -> int:
+        return default if override is None else override
+
+    def limit(override: int | None, default: int) -> int | None:
+        value = pick(override, default)
+        return value or None
+
+    segment_max_bytes = pick(o.segment_max_bytes, config.segment_max_bytes)
+    return LogConfig(
+        segment_max_bytes=segment_max_bytes,
+        segment_max_age_ms=pick(o.segment_max_age_ms, config.segment_max_age_ms) or 2**62 // 1_000_000,
+        flush_policy=FlushPolicy(o.flush_policy or config.default_flush_policy),
+        flush_interval_ms=pick(o.flush_interval_ms, config.default_flush_interval_ms),
+        max_batch_bytes=min(segment_max_bytes, max(4 * 1024 * 1024, config.max_message_bytes * 2)),
+        retention_max_bytes=limit(o.retention_max_bytes, config.retention_max_bytes),
+        retention_max_age_ms=limit(o.retention_max_age_ms, config.retention_max_age_ms),
+        retention_max_messages=limit(o.retention_max_messages, config.retention_max_messages),
+        compact=bool(config.compact_enabled if o.compact_enabled is None else o.compact_enabled),
+        delete_retention_ms=config.compact_delete_retention_ms,
+    )
+
+
+class Broker:
+    """One tidelog broker. ``await start()``, then ``await stop()`` (or ``async with``)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = ensure_broker_id(config)
+        assert self.config.id is not None
+        self.id: str = self.config.id
+        self.embedded_nats: EmbeddedNats | None = None
+        self.embedded_etcd: EmbeddedEtcd | None = None
+        self.nc: Any = None
+        self.etcd: Any = None
+        self.mirror: MetadataMirror | None = None
+        self.store: MetadataStore | None = None
+        self.manager: PartitionManager | None = None
+        self.grpc: GrpcServer | None = None
+        self.wire: WireServer | None = None
+        self.context: BrokerContext | None = None
+        self._stopped = asyncio.Event()
+
+    @property
+    def nats_urls(self) -> list[str]:
+        if self.embedded_nats is not None:
+            return [self.embedded_nats.url]
+        return list(self.config.nats_servers)
+
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        if self.embedded_etcd is not None:
+            return self.embedded_etcd.endpoints
+        return list(self.config.etcd_endpoints)
+
+    async def start(self) -> None:
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            await self._start_backplane()
+            keys = Keys()
+            self.mirror = MetadataMirror(self.etcd, keys)
+            self.store = MetadataStore(self.etcd, keys)
+            self.manager = PartitionManager(
+                self.id,
+                cfg.data_dir,
+                self.nc,
+                lambda stream: log_config_for(cfg, stream),
+                ack_timeout=cfg.default_ack_timeout_ms / 1000,
+                on_resume=self._resume,
+            )
+            self.mirror.add_listener(self.manager.reconcile)
+            await self.mirror.start()
+            await self.manager.remove_orphans(self.mirror.snapshot)
+            admin = StreamAdmin(self.id, self.store, self.mirror)
+            self.context = BrokerContext(self.id, cfg, self.manager, admin, self.mirror, self.nc)
+            self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
+            self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
+            await self.wire.start()
+            record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, self.wire.port, time.time_ns())
+            await self.store.register_broker(record, max(1, cfg.broker_lease_ttl_ms // 1000))
+            await self.mirror.wait_for(lambda s: self.id in s.brokers, 10)
+            await self.grpc.start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info("broker %s: Liftbridge gRPC API on %s:%d", self.id, cfg.advertised_host, self.grpc.port)
+        log.info("broker %s: tidelog wire protocol on %s:%d", self.id, cfg.advertised_host, self.wire.port)
+        log.info(
+            "broker %s: NATS %s, etcd %s, data in %s",
+            self.id,
+            ",".join(self.nats_urls),
+            ",".join(self.etcd_endpoints),
+            cfg.data_dir.resolve(),
+        )
+
+    async def _start_backplane(self) -> None:
+        cfg = self.config
+        if cfg.embedded_nats:
+            self.embedded_nats = EmbeddedNats(
+                cfg.data_dir,
+                host="127.0.0.1",
+                port=cfg.embedded_nats_port,
+                max_payload=max(cfg.max_message_bytes + 64 * 1024, 1024 * 1024),
+            )
+        if cfg.embedded_etcd:
+            self.embedded_etcd = EmbeddedEtcd(cfg.data_dir, host="127.0.0.1", client_port=cfg.embedded_etcd_port)
+        await asyncio.gather(*(s.start() for s in (self.embedded_nats, self.embedded_etcd) if s is not None))
+        self.nc = await nats.connect(
+            self.nats_urls,
+            name=f"tidelog-broker-{self.id}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            pending_size=64 * 1024 * 1024,
+        )
+        host, port = parse_etcd_endpoint(self.etcd_endpoints[0])
+        self.etcd = aetcd.Client(host=host, port=port, timeout=10)
+        await self.etcd.connect()
+
+    async def _resume(self, partition: Partition) -> None:
+        """A write to a paused partition resumes it (Liftbridge's rule)."""
+        if self.context is not None:
+            await self.context.admin.set_paused(partition.stream.name, [partition.record.id], False)
+
+    async def stop(self) -> None:
+        """Graceful shutdown; safe to call more than once and after a failed start."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.config.shutdown_timeout_ms / 1000
+        if self.grpc is not None:
+            with contextlib.suppress(Exception):
+                await self.grpc.stop(grace=min(grace, 5.0))
+        if self.wire is not None:
+            with contextlib.suppress(Exception):
+                await self.wire.stop(grace=min(grace, 5.0))
+        if self.manager is not None:
+            await self.manager.close()
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                await self.store.deregister_broker()
+        if self.mirror is not None:
+            await self.mirror.stop()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        if self.etcd is not None:
+            with contextlib.suppress(Exception):
+                await self.etcd.close()
+        for server in (self.embedded_nats, self.embedded_etcd):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await server.stop()
+        log.info("broker %s stopped", self.id)
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

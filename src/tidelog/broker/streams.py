@@ -1,0 +1,185 @@
+"""Stream administration: create, delete, pause, resume and set read-only, with input validation.
+
+Each operation validates its input, writes metadata through a guarded etcd transaction, then waits until this
+broker's mirror has applied it (and the partition manager has acted on it), so a client that creates a stream
+can publish to it and subscribe to it as soon as the call returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from tidelog.api.errors import (
+    InvalidArgumentError,
+    StreamExistsError,
+    UnavailableError,
+    UnknownPartitionError,
+    UnknownStreamError,
+)
+from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.placement import place_replicas, resolve_replication_factor
+from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
+from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.store import CreateOutcome, MetadataStore
+
+log = logging.getLogger(__name__)
+
+MAX_PARTITIONS = 10_000
+_SUBJECT_TOKEN = re.compile(r"^[^\s.*>]+$")
+_APPLY_TIMEOUT = 10.0
+_CAS_ATTEMPTS = 8
+
+
+def validate_subject(subject: str) -> None:
+    """NATS subject rules: dot-separated non-empty tokens, ``*`` as a whole token, ``>`` only as the last."""
+    if not subject:
+        raise InvalidArgumentError("a stream needs a NATS subject")
+    tokens = subject.split(".")
+    for i, token in enumerate(tokens):
+        if token in ("*",) or (token == ">" and i == len(tokens) - 1):
+            continue
+        if not _SUBJECT_TOKEN.match(token):
+            raise InvalidArgumentError(
+                f"invalid NATS subject {subject!r}: token {token!r} must be non-empty without spaces, or be '*', "
+                "or be '>' as the last token"
+            )
+
+
+def validate_stream_name(name: str) -> None:
+    if not STREAM_NAME_RE.match(name):
+        raise InvalidArgumentError(f"invalid stream name {name!r}: use 1-249 letters, digits, '_', '-' or '.'")
+
+
+def validate_config(config: StreamConfig) -> None:
+    """Durations and sizes must be positive where set; the flush policy one of the three."""
+    for name in config.__struct_fields__:
+        value = getattr(config, name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise InvalidArgumentError(f"{name} must not be negative, got {value}")
+    if config.segment_max_bytes is not None and config.segment_max_bytes < 1024:
+        raise InvalidArgumentError(f"segment_max_bytes must be at least 1024, got {config.segment_max_bytes}")
+    if config.flush_policy is not None and config.flush_policy not in ("always", "interval", "never"):
+        raise InvalidArgumentError(f"flush_policy must be 'always', 'interval' or 'never', got {config.flush_policy!r}")
+
+
+class StreamAdmin:
+    """Validated metadata changes for streams and their partitions."""
+
+    def __init__(self, broker_id: str, store: MetadataStore, mirror: MetadataMirror) -> None:
+        self._broker_id = broker_id
+        self._store = store
+        self._mirror = mirror
+
+    async def create_stream(
+        self,
+        *,
+        name: str,
+        subject: str,
+        group: str = "",
+        partitions: int = 1,
+        replication_factor: int = 1,
+        config: StreamConfig | None = None,
+    ) -> StreamRecord:
+        """Create a stream; creating one that exists with the same subject succeeds and changes nothing."""
+        validate_stream_name(name)
+        validate_subject(subject)
+        if partitions == 0:
+            partitions = 1
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgumentError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+        config = config or StreamConfig()
+        validate_config(config)
+        snap = self._mirror.snapshot
+        brokers = sorted(snap.brokers) or [self._broker_id]
+        rf = resolve_replication_factor(replication_factor, len(brokers))
+        if config.min_isr is not None and config.min_isr > rf:
+            raise InvalidArgumentError(f"minIsr {config.min_isr} is above the replication factor {rf}")
+        load: dict[str, int] = {}
+        for p in snap.partitions.values():
+            for r in p.replicas:
+                load[r] = load.get(r, 0) + 1
+        record = StreamRecord(name, subject, group, partitions, rf, time.time_ns(), config)
+        parts = [
+            PartitionRecord(name, i, replicas, replicas[0], replicas)
+            for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load))
+        ]
+        outcome = await self._store.create_stream(record, parts)
+        if outcome is CreateOutcome.CONFLICT:
+            existing = self._mirror.snapshot.stream(name)
+            other = f" on subject {existing.subject!r}" if existing else ""
+            raise StreamExistsError(f"stream {name!r} already exists{other}")
+        snap = await self._wait(lambda s: _stream_ready(s, name), f"stream {name!r} to be created")
+        created = snap.streams[name]
+        if outcome is CreateOutcome.CREATED:
+            log.info("created stream %s on %r with %d partition(s)", name, subject, partitions)
+        return created
+
+    async def delete_stream(self, name: str) -> None:
+        if not await self._store.delete_stream(name):
+            raise UnknownStreamError(f"no stream named {name!r}")
+        await self._wait(
+            lambda s: name not in s.streams and not any(k[0] == name for k in s.partitions), f"stream {name!r} to go"
+        )
+        log.info("deleted stream %s", name)
+
+    async def set_paused(self, name: str, partitions: Sequence[int], paused: bool) -> None:
+        """Pause (or resume) the given partitions, all of them when ``partitions`` is empty."""
+        now = time.time_ns()
+        await self._update(
+            name,
+            partitions,
+            lambda p: msgspec.structs.replace(
+                p, paused=paused, paused_ns=now if paused else p.paused_ns, resumed_ns=p.resumed_ns if paused else now
+            ),
+        )
+
+    async def set_readonly(self, name: str, partitions: Sequence[int], readonly: bool) -> None:
+        now = time.time_ns()
+        await self._update(name, partitions, lambda p: msgspec.structs.replace(p, readonly=readonly, readonly_ns=now))
+
+    async def _update(
+        self, name: str, partitions: Sequence[int], change: Callable[[PartitionRecord], PartitionRecord]
+    ) -> None:
+        stream = self._mirror.snapshot.stream(name)
+        if stream is None:
+            raise UnknownStreamError(f"no stream named {name!r}")
+        ids = list(partitions) or list(range(stream.partitions))
+        for pid in ids:
+            if not 0 <= pid < stream.partitions:
+                raise UnknownPartitionError(f"stream {name!r} has partitions 0..{stream.partitions - 1}, not {pid}")
+        for pid in ids:
+            for _ in range(_CAS_ATTEMPTS):
+                current = self._mirror.snapshot.partition(name, pid)
+                if current is None:
+                    raise UnknownStreamError(f"stream {name!r} was deleted")
+                wanted = change(current)
+                if wanted == current or await self._store.update_partition(current, wanted):
+                    break
+                await self._wait(_changed_from(name, pid, current), "metadata to catch up")
+            else:
+                raise UnavailableError(f"partition {name}/{pid} kept changing; try again")
+            await self._wait(_is(name, pid, wanted), f"{name}/{pid} to update")
+
+    async def _wait(self, predicate: Callable[[MetadataSnapshot], bool], what: str) -> MetadataSnapshot:
+        try:
+            return await self._mirror.wait_for(predicate, _APPLY_TIMEOUT)
+        except TimeoutError:
+            raise UnavailableError(f"timed out waiting for {what}") from None
+
+
+def _stream_ready(snap: MetadataSnapshot, name: str) -> bool:
+    stream = snap.stream(name)
+    return stream is not None and len(snap.partitions_of(name)) == stream.partitions
+
+
+def _changed_from(name: str, pid: int, record: PartitionRecord) -> Callable[[MetadataSnapshot], bool]:
+    return lambda snap: snap.partition(name, pid) != record
+
+
+def _is(name: str, pid: int, record: PartitionRecord) -> Callable[[MetadataSnapshot], bool]:
+    return lambda snap: snap.partition(name, pid) == record

@@ -1,0 +1,45 @@
+"""Replica placement: which brokers hold each partition of a new stream, and which one leads.
+
+Replicas go on distinct brokers. Partitions are laid out round-robin from a starting broker chosen to be the one
+with the fewest partitions already, so streams created one after another spread their load (and their
+preferred leaders, the first replica of each partition) across the cluster instead of piling onto the
+alphabetically first broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tidelog.api.errors import InvalidArgumentError
+
+
+def resolve_replication_factor(requested: int, live_brokers: int) -> int:
+    """Liftbridge's rules: 0 means 1, -1 means every broker; more than the live brokers is an error."""
+    if requested == 0:
+        requested = 1
+    if requested == -1:
+        requested = live_brokers
+    if requested < 1:
+        raise InvalidArgumentError(f"replicationFactor must be -1, 0 or positive, not {requested}")
+    if requested > live_brokers:
+        raise InvalidArgumentError(
+            f"replicationFactor {requested} needs {requested} brokers but {live_brokers} "
+            f"{'is' if live_brokers == 1 else 'are'} alive"
+        )
+    return requested
+
+
+def place_replicas(
+    brokers: Sequence[str], partitions: int, replication_factor: int, load: Mapping[str, int] | None = None
+) -> list[tuple[str, ...]]:
+    """Replica lists for ``partitions`` partitions; the first replica of each is its preferred leader."""
+    if replication_factor > len(brokers):
+        raise InvalidArgumentError(f"cannot place {replication_factor} replicas on {len(brokers)} brokers")
+    ordered = sorted(brokers)
+    load = load or {}
+    start = min(range(len(ordered)), key=lambda i: (load.get(ordered[i], 0), i))
+    placements: list[tuple[str, ...]] = []
+    for p in range(partitions):
+        first = (start + p) % len(ordered)
+        placements.append(tuple(ordered[(first + r) % len(ordered)] for r in range(replication_factor)))
+    return placements

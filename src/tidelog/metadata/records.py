@@ -1,0 +1,132 @@
+"""Typed metadata records as stored in etcd, and the keys they live under.
+
+Every value in the keyspace is one msgspec-msgpack encoded record. Records are frozen: a change is a new record
+written by a guarded etcd transaction, and the broker's mirror swaps whole records, so readers never see a
+half-updated partition. Key layout under the cluster prefix (default ``/tidelog``)::
+
+    {prefix}/brokers/{broker_id}                 BrokerRecord      (attached to the broker's lease)
+    {prefix}/streams/{stream}                    StreamRecord
+    {prefix}/partitions/{stream}/{partition:08d} PartitionRecord
+
+Durations are milliseconds and timestamps nanoseconds since the Unix epoch, as in Liftbridge's API.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import msgspec
+
+STREAM_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_\-.]{1,249}$")
+"""Stream names become directory names and etcd key segments: no slashes, no wildcards, no spaces."""
+
+
+class StreamConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=False):
+    """Per-stream overrides of the broker defaults. ``None`` means "use the broker default"."""
+
+    retention_max_bytes: int | None = None
+    retention_max_messages: int | None = None
+    retention_max_age_ms: int | None = None
+    cleaner_interval_ms: int | None = None
+    segment_max_bytes: int | None = None
+    segment_max_age_ms: int | None = None
+    compact_enabled: bool | None = None
+    compact_max_goroutines: int | None = None
+    auto_pause_time_ms: int | None = None
+    auto_pause_disable_if_subscribers: bool | None = None
+    min_isr: int | None = None
+    optimistic_concurrency_control: bool | None = None
+    encryption: bool | None = None
+    flush_policy: str | None = None
+    flush_interval_ms: int | None = None
+
+
+class StreamRecord(msgspec.Struct, frozen=True):
+    """A stream: a name bound to a NATS subject, split into ``partitions`` partitions."""
+
+    name: str
+    subject: str
+    group: str
+    partitions: int
+    replication_factor: int
+    created_ns: int
+    config: StreamConfig = StreamConfig()
+
+    def partition_subject(self, partition: int) -> str:
+        """The NATS subject partition ``partition`` listens on: the stream's subject for 0, ``subject.i`` after."""
+        return self.subject if partition == 0 else f"{self.subject}.{partition}"
+
+
+class PartitionRecord(msgspec.Struct, frozen=True):
+    """One partition's placement and state.
+
+    ``leader_epoch`` grows by one on every leader change; followers truncate by it. ``paused`` partitions have
+    no open log or subscription until a publish resumes them; ``readonly`` ones refuse writes.
+    """
+
+    stream: str
+    id: int
+    replicas: tuple[str, ...]
+    leader: str
+    isr: tuple[str, ...]
+    leader_epoch: int = 0
+    paused: bool = False
+    paused_ns: int = 0
+    resumed_ns: int = 0
+    readonly: bool = False
+    readonly_ns: int = 0
+
+
+class BrokerRecord(msgspec.Struct, frozen=True):
+    """A live broker: where clients reach it. Its key is bound to the broker's etcd lease."""
+
+    id: str
+    host: str
+    port: int
+    wire_port: int
+    started_ns: int
+
+
+class Keys:
+    """Builds and parses the etcd keys of one cluster prefix."""
+
+    def __init__(self, prefix: str = "/tidelog") -> None:
+        self.prefix = prefix.rstrip("/")
+        self.brokers = f"{self.prefix}/brokers/"
+        self.streams = f"{self.prefix}/streams/"
+        self.partitions = f"{self.prefix}/partitions/"
+
+    def broker(self, broker_id: str) -> bytes:
+        return f"{self.brokers}{broker_id}".encode()
+
+    def stream(self, name: str) -> bytes:
+        return f"{self.streams}{name}".encode()
+
+    def partition(self, stream: str, partition: int) -> bytes:
+        return f"{self.partitions}{stream}/{partition:08d}".encode()
+
+    def partitions_of(self, stream: str) -> bytes:
+        return f"{self.partitions}{stream}/".encode()
+
+
+_encoder = msgspec.msgpack.Encoder()
+_stream_decoder = msgspec.msgpack.Decoder(StreamRecord)
+_partition_decoder = msgspec.msgpack.Decoder(PartitionRecord)
+_broker_decoder = msgspec.msgpack.Decoder(BrokerRecord)
+
+
+def encode(record: StreamRecord | PartitionRecord | BrokerRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_stream(data: bytes) -> StreamRecord:
+    return _stream_decoder.decode(data)
+
+
+def decode_partition(data: bytes) -> PartitionRecord:
+    return _partition_decoder.decode(data)
+
+
+def decode_broker(data: bytes) -> BrokerRecord:
+    return _broker_decoder.decode(data)

@@ -1,0 +1,123 @@
+"""Writes to the etcd keyspace, each one a guarded transaction.
+
+Reads go through the :class:`~tidelog.metadata.mirror.MetadataMirror`; this module only writes. Every write
+compares what it expects to find (nothing, or the exact previous record) so two brokers racing on the same key
+cannot both win, and a writer acting on a stale view fails instead of overwriting newer state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from tidelog.metadata.records import (
+    BrokerRecord,
+    Keys,
+    PartitionRecord,
+    StreamRecord,
+    decode_stream,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CreateOutcome(enum.Enum):
+    """What :meth:`MetadataStore.create_stream` found."""
+
+    CREATED = "created"
+    """The stream did not exist and now does."""
+    SAME_EXISTS = "same-exists"
+    """A stream with this name and subject already exists: creation is idempotent, nothing was written."""
+    CONFLICT = "conflict"
+    """A stream with this name exists with a different subject."""
+
+
+class MetadataStore:
+    """Guarded writes of stream, partition and broker records."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        self._lease: Any = None
+        self._keepalive: asyncio.Task[None] | None = None
+
+    async def create_stream(self, stream: StreamRecord, partitions: Sequence[PartitionRecord]) -> CreateOutcome:
+        """Create ``stream`` and its partitions in one transaction, unless the name is taken."""
+        tx = self._client.transactions
+        key = self._keys.stream(stream.name)
+        ok, responses = await self._client.transaction(
+            compare=[tx.version(key) == 0],
+            success=[tx.put(key, encode(stream))]
+            + [tx.put(self._keys.partition(p.stream, p.id), encode(p)) for p in partitions],
+            failure=[tx.get(key)],
+        )
+        if ok:
+            return CreateOutcome.CREATED
+        existing = responses[0][0][0] if responses and responses[0] else None
+        if existing is not None and decode_stream(existing).subject == stream.subject:
+            return CreateOutcome.SAME_EXISTS
+        return CreateOutcome.CONFLICT
+
+    async def delete_stream(self, name: str) -> bool:
+        """Delete a stream and its partitions; False when there was no such stream."""
+        tx = self._client.transactions
+        key = self._keys.stream(name)
+        prefix = self._keys.partitions_of(name)
+        ok, _ = await self._client.transaction(
+            compare=[tx.version(key) > 0],
+            success=[tx.delete(key), tx.delete(prefix, range_end=_prefix_end(prefix))],
+            failure=[],
+        )
+        return bool(ok)
+
+    async def update_partition(self, old: PartitionRecord, new: PartitionRecord) -> bool:
+        """Replace ``old`` with ``new`` only if etcd still holds exactly ``old``."""
+        tx = self._client.transactions
+        key = self._keys.partition(old.stream, old.id)
+        ok, _ = await self._client.transaction(
+            compare=[tx.value(key) == encode(old)],
+            success=[tx.put(key, encode(new))],
+            failure=[],
+        )
+        return bool(ok)
+
+    async def register_broker(self, record: BrokerRecord, ttl_seconds: int) -> None:
+        """Publish this broker under a lease that a background task keeps alive.
+
+        When the broker dies the lease expires and its key disappears: that is how the cluster learns of it.
+        """
+        self._lease = await self._client.lease(ttl_seconds)
+        await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
+        self._keepalive = asyncio.create_task(self._keep_alive(max(ttl_seconds / 3, 0.5)), name="broker-lease")
+
+    async def deregister_broker(self) -> None:
+        """Revoke the lease (removing the broker's key at once) and stop keeping it alive."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+            self._keepalive = None
+        if self._lease is not None:
+            with contextlib.suppress(Exception):
+                await self._lease.revoke()
+            self._lease = None
+
+    async def _keep_alive(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._lease.refresh()
+            except Exception:  # etcd briefly unreachable: keep trying until the lease is really gone
+                log.warning("could not refresh the broker lease", exc_info=True)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The etcd range end that covers every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    end[-1] += 1
+    return bytes(end)

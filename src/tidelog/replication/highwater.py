@@ -1,0 +1,80 @@
+"""Leader-side high watermark: what is committed, and who is waiting for it.
+
+The high watermark (HW) is the offset *after* the last committed record: every offset below it is stored on
+every in-sync replica (and, with flush ``always``, fsynced there), so readers see only offsets below the HW.
+HW = the lowest log end offset across the ISR; with one replica it is simply the leader's durable log end.
+
+Producers with acks ``ALL`` wait for the HW to pass their last offset; consumers long-poll for it to move.
+Waiters sit in a heap keyed by the offset they need, so an advance wakes exactly those it satisfies rather than
+every waiter on the partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Iterable
+
+
+class HighWatermark:
+    """Tracks the ISR's log end offsets and the HW they imply."""
+
+    def __init__(self, leader_id: str, isr: Iterable[str], initial_hw: int) -> None:
+        self._leader_id = leader_id
+        self._ends: dict[str, int] = {replica: initial_hw for replica in isr}
+        self._ends.setdefault(leader_id, initial_hw)
+        self._hw = initial_hw
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    @property
+    def value(self) -> int:
+        return self._hw
+
+    def set_isr(self, isr: Iterable[str]) -> None:
+        """Replace the ISR (members keep their known log end; new ones start at the HW)."""
+        members = set(isr) | {self._leader_id}
+        self._ends = {r: self._ends.get(r, self._hw) for r in members}
+        self._recompute()
+
+    def replica_caught_up_to(self, replica: str, log_end: int) -> None:
+        """Record that ``replica`` has everything below ``log_end`` (the leader itself included)."""
+        if replica in self._ends and log_end > self._ends[replica]:
+            self._ends[replica] = log_end
+            self._recompute()
+
+    def _recompute(self) -> None:
+        hw = min(self._ends.values())
+        if hw <= self._hw:
+            return  # the HW never goes back
+        self._hw = hw
+        while self._waiters and self._waiters[0][0] < hw:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_committed(self, offset: int) -> None:
+        """Return once ``offset`` is below the HW (committed)."""
+        if offset < self._hw:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (offset, next(self._seq), fut))
+        await fut
+
+    async def wait_beyond(self, offset: int, timeout: float | None) -> bool:
+        """Wait until the HW is above ``offset`` (a record at ``offset`` is readable); False on timeout."""
+        if offset < self._hw:
+            return True
+        try:
+            await asyncio.wait_for(self.wait_committed(offset), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        """Wake every waiter with ``exc`` (the partition is closing or lost leadership)."""
+        waiters, self._waiters = self._waiters, []
+        for _, _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
