@@ -158,9 +158,15 @@ class Broker:
         await self.etcd.connect()
 
     async def _resume(self, partition: Partition) -> None:
-        """A write to a paused partition resumes it (Liftbridge's rule)."""
-        if self.context is not None:
-            await self.context.admin.set_paused(partition.stream.name, [partition.record.id], False)
+        """A write to a paused partition resumes it, or every paused partition of its stream when it was paused
+        with ``resumeAll`` (Liftbridge's rules)."""
+        if self.context is None or self.mirror is None:
+            return
+        name = partition.stream.name
+        ids = [partition.record.id]
+        if partition.record.resume_all:
+            ids = [p.id for p in self.mirror.snapshot.partitions_of(name) if p.paused] or ids
+        await self.context.admin.set_paused(name, ids, False)
 
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""

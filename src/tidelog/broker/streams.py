@@ -127,14 +127,22 @@ class StreamAdmin:
         )
         log.info("deleted stream %s", name)
 
-    async def set_paused(self, name: str, partitions: Sequence[int], paused: bool) -> None:
-        """Pause (or resume) the given partitions, all of them when ``partitions`` is empty."""
+    async def set_paused(self, name: str, partitions: Sequence[int], paused: bool, *, resume_all: bool = False) -> None:
+        """Pause (or resume) the given partitions, all of them when ``partitions`` is empty.
+
+        ``resume_all`` (Liftbridge's ``resumeAll``): a write to any of these partitions will resume every paused
+        partition of the stream, not only the one written to.
+        """
         now = time.time_ns()
         await self._update(
             name,
             partitions,
             lambda p: msgspec.structs.replace(
-                p, paused=paused, paused_ns=now if paused else p.paused_ns, resumed_ns=p.resumed_ns if paused else now
+                p,
+                paused=paused,
+                paused_ns=now if paused else p.paused_ns,
+                resumed_ns=p.resumed_ns if paused else now,
+                resume_all=resume_all and paused,
             ),
         )
 

@@ -61,8 +61,9 @@ class StreamRecord(msgspec.Struct, frozen=True):
 class PartitionRecord(msgspec.Struct, frozen=True):
     """One partition's placement and state.
 
-    ``leader_epoch`` grows by one on every leader change; followers truncate by it. ``paused`` partitions have
-    no open log or subscription until a publish resumes them; ``readonly`` ones refuse writes.
+    ``leader_epoch`` grows by one on every leader change; followers truncate by it. ``paused`` partitions are
+    resumed by the next write to them (and, when paused with ``resume_all``, so are their paused siblings);
+    ``readonly`` ones refuse writes.
     """
 
     stream: str
@@ -73,6 +74,7 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     leader_epoch: int = 0
     paused: bool = False
     paused_ns: int = 0
+    resume_all: bool = False
     resumed_ns: int = 0
     readonly: bool = False
     readonly_ns: int = 0

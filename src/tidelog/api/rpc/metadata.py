@@ -55,7 +55,7 @@ async def delete_stream(ctx: BrokerContext, request: api_pb2.DeleteStreamRequest
 
 
 async def pause_stream(ctx: BrokerContext, request: api_pb2.PauseStreamRequest) -> api_pb2.PauseStreamResponse:
-    await ctx.admin.set_paused(request.name, list(request.partitions), True)
+    await ctx.admin.set_paused(request.name, list(request.partitions), True, resume_all=request.resumeAll)
     return api_pb2.PauseStreamResponse()
 
 

@@ -1,0 +1,53 @@
+"""Input validation of stream administration: NATS subject rules, stream names, per-stream overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidelog.api.errors import InvalidArgumentError
+from tidelog.broker.streams import validate_config, validate_stream_name, validate_subject
+from tidelog.metadata.records import StreamConfig
+
+
+@pytest.mark.parametrize("subject", ["a", "a.b.c", "a.*", "*", ">", "a.>", "a.*.c", "*.*", "a-b_c.9", "ünï.cödé"])
+def test_valid_subjects(subject: str) -> None:
+    validate_subject(subject)
+
+
+@pytest.mark.parametrize(
+    "subject", ["", " ", "a b", "a\tb", ".", "a.", ".a", "a..b", ">.a", "a.>.b", "a*", "a.b*", "*a", "a>", "a.>b"]
+)
+def test_invalid_subjects(subject: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        validate_subject(subject)
+
+
+@pytest.mark.parametrize("name", ["a", "orders-2024.eu_west", "X" * 249])
+def test_valid_stream_names(name: str) -> None:
+    validate_stream_name(name)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "a b", "a*", "a>", "X" * 250, "\u00e9"])
+def test_invalid_stream_names(name: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        validate_stream_name(name)
+
+
+def test_valid_overrides() -> None:
+    validate_config(StreamConfig())
+    validate_config(StreamConfig(retention_max_age_ms=0, segment_max_bytes=1024, flush_policy="interval"))
+    validate_config(StreamConfig(compact_enabled=False, min_isr=1))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        StreamConfig(retention_max_bytes=-1),
+        StreamConfig(segment_max_age_ms=-5),
+        StreamConfig(segment_max_bytes=1023),
+        StreamConfig(flush_policy="sometimes"),
+    ],
+)
+def test_invalid_overrides(config: StreamConfig) -> None:
+    with pytest.raises(InvalidArgumentError):
+        validate_config(config)

@@ -1,0 +1,82 @@
+"""The leader's high watermark: the minimum log end across the ISR, never moving back, waking exactly its waiters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tidelog.replication.highwater import HighWatermark
+
+
+async def test_a_sole_leader_commits_what_it_writes() -> None:
+    hw = HighWatermark("a", ["a"], 0)
+    assert hw.value == 0
+    hw.replica_caught_up_to("a", 5)
+    assert hw.value == 5
+
+
+async def test_the_hw_is_the_lowest_log_end_in_the_isr() -> None:
+    hw = HighWatermark("a", ["a", "b", "c"], 10)
+    hw.replica_caught_up_to("a", 20)
+    assert hw.value == 10
+    hw.replica_caught_up_to("b", 15)
+    assert hw.value == 10
+    hw.replica_caught_up_to("c", 18)
+    assert hw.value == 15
+    hw.replica_caught_up_to("x", 100)  # not in the ISR: ignored
+    assert hw.value == 15
+
+
+async def test_the_hw_never_goes_back() -> None:
+    hw = HighWatermark("a", ["a", "b"], 0)
+    hw.replica_caught_up_to("a", 10)
+    hw.replica_caught_up_to("b", 10)
+    assert hw.value == 10
+    hw.replica_caught_up_to("b", 3)  # a stale report
+    hw.set_isr(["a", "b", "c"])  # a new member starts at the HW, not at 0
+    assert hw.value == 10
+
+
+async def test_shrinking_the_isr_commits_what_the_rest_has() -> None:
+    hw = HighWatermark("a", ["a", "b"], 0)
+    hw.replica_caught_up_to("a", 8)
+    assert hw.value == 0
+    hw.set_isr(["a"])
+    assert hw.value == 8
+    hw.set_isr([])  # the leader always counts
+    hw.replica_caught_up_to("a", 9)
+    assert hw.value == 9
+
+
+async def test_waiters_wake_exactly_when_their_offset_commits() -> None:
+    hw = HighWatermark("a", ["a"], 0)
+    waiting = {offset: asyncio.ensure_future(hw.wait_committed(offset)) for offset in (0, 2, 5)}
+    await asyncio.sleep(0)
+    hw.replica_caught_up_to("a", 3)  # offsets 0..2 committed
+    await asyncio.wait_for(asyncio.gather(waiting[0], waiting[2]), 5)
+    assert not waiting[5].done()
+    hw.replica_caught_up_to("a", 6)
+    await asyncio.wait_for(waiting[5], 5)
+
+
+async def test_already_committed_returns_at_once() -> None:
+    hw = HighWatermark("a", ["a"], 4)
+    await asyncio.wait_for(hw.wait_committed(3), 1)
+    assert await hw.wait_beyond(3, 0)
+
+
+async def test_wait_beyond_times_out() -> None:
+    hw = HighWatermark("a", ["a"], 0)
+    assert not await hw.wait_beyond(0, 0.01)
+    hw.replica_caught_up_to("a", 1)
+    assert await hw.wait_beyond(0, 0.01)
+
+
+async def test_failing_waiters_wakes_them_with_the_error() -> None:
+    hw = HighWatermark("a", ["a"], 0)
+    waiter = asyncio.ensure_future(hw.wait_committed(10))
+    await asyncio.sleep(0)
+    hw.fail_waiters(RuntimeError("closing"))
+    with pytest.raises(RuntimeError, match="closing"):
+        await asyncio.wait_for(waiter, 1)
