@@ -1,0 +1,610 @@
+"""Publish benchmark: a tidelog single broker against a NATS JetStream single server, in the same run.
+
+Run: ``.venv/bin/python -m benchmarks.publish [--quick]``. Both servers are started here, one after the other
+(never at the same time), each with its data in its own directory under one scratch directory on the same disk,
+and stopped by PID afterwards. tidelog runs as ``tidelog serve`` in its own process (with its embedded NATS and
+etcd), as JetStream does, so the broker never shares this process's event loop or GIL with the clients. The
+clients (nats-py and tidelog's) share one uvloop loop here (``--loop asyncio`` for the default one). Each run
+alternates which side goes first. Messages are distinct random values, the same list for both sides. The fsync
+produce measurements use fewer messages (``fsync_messages``) than the others, as JetStream then fsyncs each one.
+
+Durability modes (each side gets a fresh server per mode and run):
+
+- ``fsync``: tidelog ``default_flush_policy = "always"`` (fsync before the ack, one fsync per group of batches);
+  JetStream ``sync_interval: always`` (fsync on every write).
+- ``nofsync``: tidelog ``"never"``; JetStream's default (sync every two minutes).
+
+Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; ``ratio`` = tidelog ÷ JetStream):
+
+- ``produce_{size}_{mode}`` msg/s, every message acknowledged. tidelog: its client's batching producer.
+  JetStream: ``js.publish_async`` with up to 4000 acks outstanding (faster than windows of ``js.publish`` under
+  ``asyncio.gather``: a single future per message and no request-inbox bookkeeping), then every ack checked.
+- ``consume_{size}`` msg/s, reading back every message produced in the ``nofsync`` run, each message's value in
+  hand. tidelog: its consumer's ``fetch_batches()``, decoding every batch's records (``FetchedBatch.records()``,
+  faster than ``async for record in consumer``). JetStream: a pull consumer (``AckNone``) fed by pipelined pull
+  requests of 10 000 messages delivered to a callback subscription. nats-py's ``PullSubscription.fetch`` pops
+  every message through ``next_msg`` and manages only ~30k msg/s here; pulling into a callback is ~5x faster and
+  is the same pull consumer on the server. Both sides check the count and the bytes read.
+- ``consume_{size}_batches`` (informational, no target) msg/s: tidelog reading the same messages as whole
+  CRC-checked batches, counted from their headers without decoding a record; the peer is JetStream's
+  ``consume_{size}``, which has no such mode. It shows what record decoding costs the consumer.
+- ``latency_p50_{mode}``, ``latency_p99_{mode}`` µs, 1 KiB, one publish at a time: tidelog acks ``ALL`` with
+  ``linger_ms=0``; JetStream ``js.publish`` awaiting its ack. Ratio ≤ 1 is better.
+- ``nats_ingest_{size}`` msg/s from plain NATS publishes (one nats-py core publisher, the same code for both, with
+  a ``flush()`` every few hundred messages) to all of them committed: tidelog's partition high watermark
+  (``Admin.describe_stream``, LIST_OFFSETS at the leader), JetStream's ``stream_info`` message count, polled
+  every 5 ms once the publisher is done. A warm-up message first proves each side is subscribed.
+  Measured in the ``nofsync`` mode (JetStream's default durability; tidelog's ``never``).
+
+tidelog's producer uses ``--codec`` (default ``none``): on loopback with incompressible values, none, lz4 and
+zstd measured within noise of each other here, and none does the least work on both ends.
+
+Each value is the median over the runs. The last line is the summary with the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+
+from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from benchmarks._jetstream import JetStreamServer
+from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
+from tidelog.testing.ports import free_ports
+from tidelog.testing.process import ManagedProcess, all_of, tcp_probe
+
+BENCH = "publish"
+_LOOPBACK = "127.0.0.1"
+SIZES: dict[str, int] = {"100b": 100, "1k": 1024}
+MODES = ("fsync", "nofsync")
+LATENCY_LABEL = "1k"
+TARGETS = (
+    Target("produce_1k_fsync", ">=", 4),
+    Target("produce_1k_nofsync", ">=", 4),
+    Target("consume_1k", ">=", 3),
+    Target("latency_p50_fsync", "<=", 1),
+    Target("nats_ingest_1k", ">=", 0.8),
+)
+
+APPROACHES = {
+    "tidelog": "tidelog serve as a child process; Producer (acks ALL, batching, max_in_flight 8) awaiting every "
+    "record's future; Consumer.fetch_batches() decoding records; latency: one send_and_wait at a time "
+    "(linger 0, acks ALL); ingest: high watermark via Admin.describe_stream",
+    "jetstream": "nats-server -js, file storage; js.publish_async (4000 outstanding), every ack checked; pull "
+    "consumer (AckNone) with pipelined 10k-message pull requests into a callback subscription; latency: one "
+    "js.publish at a time; ingest: stream_info message count",
+}
+
+INGEST_FLUSH_EVERY = 500  # plain publisher: flush (PING/PONG) this often, so it never outruns the server's limits
+POLL_INTERVAL = 0.005  # seconds between committed-count polls
+JS_PUBLISH_WINDOW = 4000  # JetStream acks outstanding at once
+JS_PULL_BATCH = 10_000  # JetStream messages per pull request
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    runs: int
+    messages: int  # per nofsync produce, consume and ingest measurement
+    fsync_messages: int  # per fsync produce measurement (JetStream fsyncs every message: 1-4k msg/s here)
+    latency_samples: int
+    latency_warmup: int
+
+    def produce_count(self, mode: str) -> int:
+        return self.fsync_messages if mode == "fsync" else self.messages
+
+    @property
+    def latency_count(self) -> int:
+        return self.latency_warmup + self.latency_samples
+
+    @property
+    def max_count(self) -> int:
+        return max(self.messages, self.fsync_messages, self.latency_count)
+
+
+QUICK = Plan(runs=2, messages=20_000, fsync_messages=10_000, latency_samples=1000, latency_warmup=100)
+FULL = Plan(runs=3, messages=100_000, fsync_messages=30_000, latency_samples=4000, latency_warmup=200)
+
+
+def make_payloads(size: int, count: int) -> list[bytes]:
+    """``count`` distinct random values of ``size`` bytes: incompressible, also across the records of a batch
+    (one value repeated would hand a compressing codec a free ride). Both sides send the same list."""
+    pool = os.urandom(size * count)
+    return [pool[i : i + size] for i in range(0, size * count, size)]
+
+
+def deadline_for(count: int, floor: float = 60.0) -> float:
+    """A generous bound for moving ``count`` messages: 200 msg/s at worst, never under ``floor`` seconds."""
+    return max(floor, count / 200)
+
+
+async def poll_until(read: Callable[[], Awaitable[int]], target: int, timeout: float, what: str) -> None:
+    """Poll ``read()`` until it reaches ``target``; bounded by ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await read()
+        if value >= target:
+            return
+        if loop.time() >= deadline:
+            raise TimeoutError(f"{what}: {value} of {target} after {timeout:g}s")
+        await asyncio.sleep(POLL_INTERVAL)
+
+
+class PlainPublisher:
+    """Core NATS publishes (no acks) on one subject, with a ``flush()`` every ``flush_every`` messages: the
+    same code feeds both sides' NATS ingest."""
+
+    def __init__(self, nc: Any, flush_every: int = INGEST_FLUSH_EVERY) -> None:
+        self._nc = nc
+        self._flush_every = flush_every
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, url: str) -> AsyncIterator[PlainPublisher]:
+        nc = await nats.connect(url, name="bench-plain-publisher", pending_size=32 * 1024 * 1024)
+        try:
+            yield cls(nc)
+        finally:
+            await nc.close()
+
+    async def publish(self, subject: str, payloads: Sequence[bytes]) -> None:
+        nc, every = self._nc, self._flush_every
+        for i, payload in enumerate(payloads, 1):
+            await nc.publish(subject, payload)
+            if i % every == 0:
+                await nc.flush(timeout=30)
+        await nc.flush(timeout=30)
+
+
+async def measure_ingest(
+    url: str, subject: str, payloads: Sequence[bytes], committed: Callable[[], Awaitable[int]]
+) -> float:
+    """msg/s from the first plain publish to all ``payloads`` committed. One warm-up message first proves the
+    subscription is in place (a message published before it would be lost, and the wait would never end)."""
+    count = len(payloads)
+    async with PlainPublisher.connect(url) as publisher:
+        await publisher.publish(subject, payloads[:1])
+        await poll_until(committed, 1, 30, f"ingest warm-up on {subject}")
+        start = time.perf_counter()
+        await publisher.publish(subject, payloads)
+        await poll_until(committed, count + 1, deadline_for(count), f"ingest on {subject}")
+        return count / (time.perf_counter() - start)
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100)."""
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+class Side(Protocol):
+    """One server in one durability mode, with the measurements the benchmark makes on it."""
+
+    name: str
+    batch_reads: bool  # can count messages read without decoding them (consume(decode=False))
+
+    async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
+        """msg/s: every payload sent to a new stream and acknowledged."""
+        ...
+
+    async def consume(self, stream: str, count: int, size: int, *, decode: bool = True) -> float:
+        """msg/s: all ``count`` messages of ``stream`` (``size`` bytes each) read back; ``decode=False`` only where
+        ``batch_reads`` says the side can count messages without decoding them."""
+        ...
+
+    async def latencies(self, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+        """µs per publish, one at a time (the first ``warmup`` are left out)."""
+        ...
+
+    async def nats_ingest(self, stream: str, payloads: Sequence[bytes]) -> float:
+        """msg/s: plain NATS publishes on the stream's subject until all are committed."""
+        ...
+
+
+SideFactory = Callable[[str, Path, Codec], contextlib.AbstractAsyncContextManager[Side]]
+
+
+# ---- NATS JetStream ----
+
+
+class JetStreamSide:
+    name = "jetstream"
+    batch_reads = False
+
+    def __init__(self, server: JetStreamServer, nc: Any) -> None:
+        self.server = server
+        self.nc = nc
+        self.js = nc.jetstream(publish_async_max_pending=JS_PUBLISH_WINDOW, timeout=30)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, mode: str, data_dir: Path, codec: Codec) -> AsyncIterator[Side]:
+        """``codec`` is tidelog's producer setting: JetStream has nothing to set (streams are uncompressed)."""
+        async with JetStreamServer(data_dir, sync_always=mode == "fsync") as server:
+            log(f"jetstream ({mode}) pid {server.pid} on {server.url}")
+            nc = await nats.connect(server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024)
+            try:
+                yield cls(server, nc)
+            finally:
+                await nc.close()
+
+    async def _create(self, stream: str) -> None:
+        await self.js.add_stream(StreamConfig(name=stream, subjects=[stream], storage=StorageType.FILE))
+
+    async def _count(self, stream: str) -> int:
+        info = await self.js.stream_info(stream)
+        return int(info.state.messages)
+
+    async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
+        await self._create(stream)
+        js, count = self.js, len(payloads)
+        start = time.perf_counter()
+        futures = [await js.publish_async(stream, payload) for payload in payloads]
+        acks = await asyncio.wait_for(asyncio.gather(*futures), deadline_for(count))
+        elapsed = time.perf_counter() - start
+        if len(acks) != count or acks[-1].seq != count:
+            raise RuntimeError(f"jetstream {stream}: {len(acks)} acks, last seq {acks[-1].seq}, expected {count}")
+        return count / elapsed
+
+    async def consume(self, stream: str, count: int, size: int, *, decode: bool = True) -> float:
+        """Pull consumer, ``AckNone``: pipelined pull requests (the next one when half of the last has arrived)
+        delivered to a callback subscription."""
+        consumer = f"{stream}_reader"
+        await self.js.add_consumer(stream, ConsumerConfig(name=consumer, ack_policy=AckPolicy.NONE))
+        nc = self.nc
+        inbox = nc.new_inbox()
+        api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        done = asyncio.Event()
+        got = requested = received_bytes = 0
+
+        async def pull() -> None:
+            nonlocal requested
+            batch = min(JS_PULL_BATCH, count - requested)
+            if batch > 0:
+                requested += batch
+                request = json.dumps({"batch": batch, "expires": 30_000_000_000}).encode()
+                await nc.publish(api, request, reply=inbox)
+
+        async def on_message(msg: Any) -> None:
+            nonlocal got, received_bytes
+            if msg.headers and "Status" in msg.headers:
+                return  # 404/408/409 status: not a stream message
+            got += 1
+            received_bytes += len(msg.data)
+            if got >= count:
+                done.set()
+            elif requested - got <= JS_PULL_BATCH // 2:
+                await pull()
+
+        sub = await nc.subscribe(
+            inbox, cb=on_message, pending_msgs_limit=2 * JS_PULL_BATCH + 1000, pending_bytes_limit=512 * 1024 * 1024
+        )
+        try:
+            start = time.perf_counter()
+            await pull()
+            await asyncio.wait_for(done.wait(), deadline_for(count))
+            elapsed = time.perf_counter() - start
+        finally:
+            await sub.unsubscribe()
+            await self.js.delete_consumer(stream, consumer)
+        if received_bytes != count * size:
+            raise RuntimeError(f"jetstream {stream}: read {received_bytes} bytes, expected {count * size}")
+        return count / elapsed
+
+    async def latencies(self, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+        await self._create(stream)
+        js = self.js
+        out: list[float] = []
+        for i, payload in enumerate(payloads):
+            start = time.perf_counter_ns()
+            await js.publish(stream, payload)
+            if i >= warmup:
+                out.append((time.perf_counter_ns() - start) / 1000)
+        return out
+
+    async def nats_ingest(self, stream: str, payloads: Sequence[bytes]) -> float:
+        await self._create(stream)
+        return await measure_ingest(self.server.url, stream, payloads, lambda: self._count(stream))
+
+
+# ---- tidelog ----
+
+
+class TidelogServer:
+    """``tidelog serve`` as a child process (its own interpreter and event loop, as JetStream has its own process),
+    with the embedded NATS on a known port and the given default flush policy. Stopped by PID (SIGTERM)."""
+
+    def __init__(self, data_dir: Path, *, flush_policy: str, ready_within: float = 60.0) -> None:
+        self.data_dir = data_dir
+        self.flush_policy = flush_policy
+        self.ready_within = ready_within
+        self.grpc_port, self.wire_port, self.nats_port = free_ports(3, _LOOPBACK)
+        self._process: ManagedProcess | None = None
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{_LOOPBACK}:{self.nats_port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{_LOOPBACK}:{self.wire_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def _env(self) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("TIDELOG_")}
+        env.update(
+            TIDELOG_DEFAULT_FLUSH_POLICY=self.flush_policy,
+            TIDELOG_EMBEDDED_NATS_PORT=str(self.nats_port),
+            TIDELOG_LOG_LEVEL="warning",
+        )
+        return env
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        script = Path(sys.executable).with_name("tidelog")  # the venv's console script
+        argv = [str(script)] if script.exists() else [sys.executable, "-c", "from tidelog.cli.main import main; main()"]
+        argv += ["serve", "--data-dir", str(self.data_dir), "--port", str(self.grpc_port)]
+        argv += ["--wire-port", str(self.wire_port)]
+        self._process = ManagedProcess(argv, log_path=self.data_dir / "broker.log", name="tidelog", env=self._env())
+        # gRPC starts last, once the broker is registered and the wire protocol is listening.
+        ready = all_of(tcp_probe(_LOOPBACK, self.wire_port), tcp_probe(_LOOPBACK, self.grpc_port))
+        await self._process.start(ready, ready_within=self.ready_within)
+
+    async def stop(self) -> None:
+        if self._process is not None:
+            await self._process.stop(grace=30)
+
+    async def __aenter__(self) -> TidelogServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+class TidelogSide:
+    name = "tidelog"
+    batch_reads = True
+
+    def __init__(self, server: TidelogServer, cluster: Cluster, codec: Codec) -> None:
+        self.server = server
+        self.cluster = cluster
+        self.admin = Admin(cluster=cluster)
+        self.codec = codec
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, mode: str, data_dir: Path, codec: Codec) -> AsyncIterator[Side]:
+        policy = "always" if mode == "fsync" else "never"
+        async with TidelogServer(data_dir, flush_policy=policy) as server:
+            log(f"tidelog ({mode}, flush {policy}) pid {server.pid}, wire port {server.wire_port}, {server.nats_url}")
+            cluster = Cluster(server.bootstrap)
+            try:
+                yield cls(server, cluster, codec)
+            finally:
+                await cluster.close()
+
+    async def _create(self, stream: str) -> None:
+        await self.admin.create_stream(stream, stream)
+
+    async def _committed(self, stream: str) -> int:
+        """Messages committed in partition 0: its high watermark (exclusive: one past the last committed)."""
+        info = await self.admin.describe_stream(stream)
+        return int(info.partitions[0].high_watermark)
+
+    def _producer(self, **settings: Any) -> Producer:
+        return Producer(cluster=self.cluster, acks=Acks.ALL, compression=self.codec, **settings)
+
+    async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
+        await self._create(stream)
+        count = len(payloads)
+        producer = self._producer()
+        await producer.start()
+        try:
+            send = producer.send
+            start = time.perf_counter()
+            futures = [await send(stream, payload) for payload in payloads]
+            await asyncio.wait_for(producer.flush(), deadline_for(count))
+            elapsed = time.perf_counter() - start
+        finally:
+            await producer.close()
+        offsets = [future.result().offset for future in futures]  # raises if any record was refused
+        if offsets[-1] != count - 1:
+            raise RuntimeError(f"tidelog {stream}: last offset {offsets[-1]}, expected {count - 1}")
+        return count / elapsed
+
+    async def consume(self, stream: str, count: int, size: int, *, decode: bool = True) -> float:
+        """Decode every record of every fetched batch (the values are what is read back); without ``decode``,
+        count the records of each CRC-checked batch from its header."""
+        got = received_bytes = 0
+        start = time.perf_counter()
+        async with Consumer(stream=stream, cluster=self.cluster, start="earliest", stop_at_end=True) as consumer:
+            async with asyncio.timeout(deadline_for(count)):
+                async for batch in consumer.fetch_batches():
+                    if decode:
+                        records = batch.records()
+                        got += len(records)
+                        received_bytes += sum(len(record.value or b"") for record in records)
+                    else:
+                        got += batch.record_count
+        elapsed = time.perf_counter() - start
+        if not decode:
+            received_bytes = count * size  # not looked at; the batches' CRCs were checked
+        if got != count or received_bytes != count * size:
+            raise RuntimeError(f"tidelog {stream}: read {got} records, {received_bytes} bytes; expected {count}")
+        return count / elapsed
+
+    async def latencies(self, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+        await self._create(stream)
+        producer = self._producer(linger_ms=0)
+        await producer.start()
+        out: list[float] = []
+        try:
+            for i, payload in enumerate(payloads):
+                start = time.perf_counter_ns()
+                await producer.send_and_wait(stream, payload)
+                if i >= warmup:
+                    out.append((time.perf_counter_ns() - start) / 1000)
+        finally:
+            await producer.close()
+        return out
+
+    async def nats_ingest(self, stream: str, payloads: Sequence[bytes]) -> float:
+        await self._create(stream)
+        return await measure_ingest(self.server.nats_url, stream, payloads, lambda: self._committed(stream))
+
+
+# ---- the run ----
+
+SIDES: dict[str, SideFactory] = {"jetstream": JetStreamSide.open, "tidelog": TidelogSide.open}
+
+Samples = dict[tuple[str, str], list[float]]
+
+
+async def measure_side(
+    side: Side, mode: str, plan: Plan, payloads: Mapping[str, list[bytes]], samples: Samples
+) -> None:
+    for label, size in SIZES.items():
+        stream = f"produce_{label}_{mode}"
+        count = plan.produce_count(mode)
+        rate = await side.produce(stream, payloads[label][:count])
+        samples[side.name, f"produce_{label}_{mode}"].append(rate)
+        log(f"  {side.name} produce_{label}_{mode}: {rate:,.0f} msg/s ({count} messages)")
+        if mode == "nofsync":
+            rate = await side.consume(stream, count, size)
+            samples[side.name, f"consume_{label}"].append(rate)
+            log(f"  {side.name} consume_{label}: {rate:,.0f} msg/s")
+            if side.batch_reads:
+                rate = await side.consume(stream, count, size, decode=False)
+                samples[side.name, f"consume_{label}_batches"].append(rate)
+                log(f"  {side.name} consume_{label}_batches: {rate:,.0f} msg/s")
+    lat = await side.latencies(f"latency_{mode}", payloads[LATENCY_LABEL][: plan.latency_count], plan.latency_warmup)
+    p50, p99 = percentile(lat, 50), percentile(lat, 99)
+    samples[side.name, f"latency_p50_{mode}"].append(p50)
+    samples[side.name, f"latency_p99_{mode}"].append(p99)
+    log(f"  {side.name} latency {mode}: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs")
+    if mode == "nofsync":
+        for label in SIZES:
+            rate = await side.nats_ingest(f"ingest_{label}", payloads[label][: plan.messages])
+            samples[side.name, f"nats_ingest_{label}"].append(rate)
+            log(f"  {side.name} nats_ingest_{label}: {rate:,.0f} msg/s")
+
+
+async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Samples:
+    samples: Samples = defaultdict(list)
+    payloads = {label: make_payloads(size, plan.max_count) for label, size in SIZES.items()}
+    for run_no in range(plan.runs):
+        # Alternate which side goes first, so drift on a shared machine does not always favour the same one.
+        order = list(sides) if run_no % 2 == 0 else list(reversed(sides))
+        for mode in MODES:
+            for name in order:
+                log(f"run {run_no + 1}/{plan.runs}, {mode}: {name}")
+                async with SIDES[name](mode, root / f"run{run_no}-{mode}-{name}", codec) as side:
+                    await measure_side(side, mode, plan, payloads, samples)
+    return samples
+
+
+def metric_names() -> list[tuple[str, str]]:
+    names: list[tuple[str, str]] = []
+    for mode in MODES:
+        names += [(f"produce_{label}_{mode}", "msg/s") for label in SIZES]
+    names += [(f"consume_{label}", "msg/s") for label in SIZES]
+    names += [(f"consume_{label}_batches", "msg/s") for label in SIZES]
+    for mode in MODES:
+        names += [(f"latency_p50_{mode}", "µs"), (f"latency_p99_{mode}", "µs")]
+    names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
+    return names
+
+
+def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
+    rows: list[Row] = []
+    for metric, unit in metric_names():
+        ours = samples.get(("tidelog", metric))
+        theirs = samples.get(("jetstream", metric.removesuffix("_batches")))  # JetStream has one way to consume
+        if ours:
+            rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
+        elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value
+            rows.append(Row(BENCH, metric, median(theirs), unit))
+    return rows
+
+
+def run_loop(kind: str, main: Coroutine[Any, Any, Samples]) -> Samples:
+    if kind == "uvloop":
+        import uvloop
+
+        result: Samples = uvloop.run(main)
+        return result
+    return asyncio.run(main)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.publish", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (under ~2 minutes)")
+    parser.add_argument("--runs", type=int, help="runs per metric (medians are taken over them)")
+    parser.add_argument("--messages", type=int, help="messages per nofsync measurement")
+    parser.add_argument("--fsync-messages", type=int, help="messages per fsync produce measurement")
+    parser.add_argument(
+        "--codec", choices=[codec.name.lower() for codec in Codec], default="none", help="tidelog producer codec"
+    )
+    parser.add_argument(
+        "--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop of the benchmark's clients"
+    )
+    parser.add_argument("--sides", default="jetstream,tidelog", help="comma-separated sides (development)")
+    args = parser.parse_args(argv)
+    codec = Codec[args.codec.upper()]
+    base = QUICK if args.quick else FULL
+    plan = Plan(
+        runs=args.runs or base.runs,
+        messages=args.messages or base.messages,
+        fsync_messages=args.fsync_messages or base.fsync_messages,
+        latency_samples=base.latency_samples,
+        latency_warmup=base.latency_warmup,
+    )
+    sides = [name.strip() for name in args.sides.split(",") if name.strip()]
+    if unknown := set(sides) - set(SIDES):
+        parser.error(f"unknown sides: {', '.join(sorted(unknown))}")
+    log(f"plan: {plan}, sides: {sides}, tidelog codec: {codec.name.lower()}, loop: {args.loop}")
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    with scratch_dir("tidelog-bench-publish-") as root:
+        samples = run_loop(args.loop, run(plan, sides, root, codec))
+    rows = rows_from(samples, sides)
+    for row in rows:
+        emit(row.document())
+    emit(
+        summary(
+            BENCH,
+            rows,
+            TARGETS,
+            runs=plan.runs,
+            messages=plan.messages,
+            fsync_messages=plan.fsync_messages,
+            latency_samples=plan.latency_samples,
+            tidelog_codec=codec.name.lower(),
+            approaches=APPROACHES,
+            seconds=round(time.monotonic() - started, 1),
+            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],  # before, after: how shared the box was
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
