@@ -1,1 +1,59 @@
-"""The tidelog client: asyncio producer, consumer and admin over the wire protocol, with a sync facade."""
+"""The tidelog client: asyncio producer, consumer and admin over the wire protocol, with a sync facade.
+
+Essential types (implementation modules are private to this package; import from here):
+
+- :class:`Producer` — ``await producer.send(stream, value, key=...)`` returns a future of
+  :class:`RecordMetadata`; batching (per partition, by size, count and linger) and pipelined sending happen
+  behind it.
+- :class:`Consumer` — ``async for record in consumer`` (:class:`ConsumerRecord`), or
+  ``consumer.fetch_batches()`` (:class:`FetchedBatch`) to handle whole batches without decoding records;
+  starts at ``"earliest"``, ``"latest"``, an offset or :class:`AtTimestamp`.
+- :class:`Admin` — create, delete, list and describe streams; cluster metadata.
+- :class:`Cluster` — bootstrap, connections and cached metadata; pass one to several objects to share them.
+- :class:`TidelogClient`, :class:`SyncProducer`, :class:`SyncConsumer`, :class:`SyncAdmin` — the same from
+  plain threads (an event loop runs in a background thread).
+
+Failures surface as :class:`~tidelog.api.errors.TidelogError` subclasses (``UnknownStreamError``,
+``NotLeaderError``…); a lost connection is :class:`ConnectionClosedError`, a retriable ``UnavailableError``.
+"""
+
+from tidelog.api.errors import TidelogError
+from tidelog.api.wire.messages import Acks
+from tidelog.client.accumulator import RecordMetadata
+from tidelog.client.admin import Admin
+from tidelog.client.cluster import Cluster
+from tidelog.client.connection import Connection, ConnectionClosedError, Response
+from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPosition
+from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Partitioner, RoundRobinPartitioner
+from tidelog.client.producer import Producer
+from tidelog.client.records import ConsumerRecord, FetchedBatch
+from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
+from tidelog.storage.batch import Codec
+
+__all__ = [
+    "Acks",
+    "Admin",
+    "AtTimestamp",
+    "Cluster",
+    "Codec",
+    "Connection",
+    "ConnectionClosedError",
+    "Consumer",
+    "ConsumerRecord",
+    "DefaultPartitioner",
+    "FetchedBatch",
+    "KeyPartitioner",
+    "LoopThread",
+    "OffsetReset",
+    "Partitioner",
+    "Producer",
+    "RecordMetadata",
+    "Response",
+    "RoundRobinPartitioner",
+    "StartPosition",
+    "SyncAdmin",
+    "SyncConsumer",
+    "SyncProducer",
+    "TidelogClient",
+    "TidelogError",
+]

@@ -26,6 +26,8 @@ from tidelog.api.wire.messages import (
     FetchResponse,
     Header,
     Isolation,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
     ListStreamsRequest,
     ListStreamsResponse,
     MetadataRequest,
@@ -33,6 +35,8 @@ from tidelog.api.wire.messages import (
     PartitionInfo,
     ProduceRequest,
     ProduceResponse,
+    SetStreamStateRequest,
+    SetStreamStateResponse,
     StreamInfo,
     StreamSummary,
     UnsupportedOpError,
@@ -89,6 +93,17 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         ListStreamsResponse,
         st.lists(st.builds(StreamSummary, text, text, partition, st.integers(-1, INT32_MAX)), max_size=3).map(tuple),
     ),
+    ListOffsetsRequest: st.builds(ListOffsetsRequest, names, partition, st.integers(-1, INT64_MAX)),
+    ListOffsetsResponse: st.builds(ListOffsetsResponse, offset, offset, offset, offset_or_none),
+    SetStreamStateRequest: st.builds(
+        SetStreamStateRequest,
+        names,
+        st.lists(partition, max_size=3).map(tuple),
+        st.none() | st.booleans(),
+        st.none() | st.booleans(),
+        millis,
+    ),
+    SetStreamStateResponse: st.just(SetStreamStateResponse()),
 }
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))
 

@@ -68,10 +68,12 @@ class Op(enum.IntEnum):
     PRODUCE = 1
     FETCH = 2
     APPEND = 3  # reserved: transactional append (Gazette, seed 002)
+    LIST_OFFSETS = 4  # a partition's bounds and the offset at a timestamp
     METADATA = 16
     CREATE_STREAM = 17
     DELETE_STREAM = 18
     LIST_STREAMS = 19
+    SET_STREAM_STATE = 20  # pause, resume, read-only
     REPLICA_FETCH = 32  # reserved: broker-to-broker pull replication
 
 

@@ -22,6 +22,8 @@ Which header goes with which frame::
     CREATE_STREAM   CreateStreamRequest   CreateStreamResponse
     DELETE_STREAM   DeleteStreamRequest   DeleteStreamResponse
     LIST_STREAMS    ListStreamsRequest    ListStreamsResponse
+    LIST_OFFSETS    ListOffsetsRequest    ListOffsetsResponse
+    SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
 
 A response that has something useful to say besides the failure carries an ``error`` field instead: a produce
@@ -149,6 +151,7 @@ class PartitionInfo(Header, frozen=True):
     log_end: Offset  # exclusive: the newest offset is log_end - 1
     readonly: bool = False
     paused: bool = False
+    log_start: Offset = 0  # the oldest offset the log may hold (appended after the first release)
 
 
 class StreamInfo(Header, frozen=True):
@@ -208,6 +211,45 @@ class ListStreamsResponse(Header, frozen=True):
     streams: tuple[StreamSummary, ...]
 
 
+class SetStreamStateRequest(Header, frozen=True):
+    """Pause or resume, and set or clear read-only, on partitions of a stream (every partition when
+    ``partitions`` is empty). ``None`` leaves a flag as it is. A paused partition resumes on its next write."""
+
+    name: Name
+    partitions: tuple[PartitionId, ...] = ()
+    paused: bool | None = None
+    readonly: bool | None = None
+    timeout_ms: Millis = 10_000
+
+
+class SetStreamStateResponse(Header, frozen=True):
+    pass
+
+
+# -- offsets ------------------------------------------------------------------------------------------------------
+
+
+class ListOffsetsRequest(Header, frozen=True):
+    """Where a reader may start: the partition's bounds, and the offset at a point in time (Kafka's ListOffsets).
+
+    A consumer resolves ``earliest`` (``log_start``), ``latest`` (``high_watermark``) or a timestamp with one
+    round trip before its first fetch, so the fetch itself stays a plain offset read."""
+
+    stream: Name
+    partition: PartitionId
+    timestamp: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] = -1  # ns since the epoch; -1: no lookup
+
+
+class ListOffsetsResponse(Header, frozen=True):
+    """Bounds, exclusive as everywhere here; ``offset`` is the first committed offset whose timestamp is at or
+    after the requested one (the high watermark when none is), or -1 when no timestamp was asked."""
+
+    log_start: Offset
+    high_watermark: Offset
+    log_end: Offset
+    offset: OffsetOrNone = -1
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 
 HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
@@ -223,6 +265,10 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.DELETE_STREAM): DeleteStreamResponse,
     (Kind.REQUEST, Op.LIST_STREAMS): ListStreamsRequest,
     (Kind.RESPONSE, Op.LIST_STREAMS): ListStreamsResponse,
+    (Kind.REQUEST, Op.LIST_OFFSETS): ListOffsetsRequest,
+    (Kind.RESPONSE, Op.LIST_OFFSETS): ListOffsetsResponse,
+    (Kind.REQUEST, Op.SET_STREAM_STATE): SetStreamStateRequest,
+    (Kind.RESPONSE, Op.SET_STREAM_STATE): SetStreamStateResponse,
 }
 _ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
 

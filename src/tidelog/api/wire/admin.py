@@ -1,0 +1,160 @@
+"""The administration family of the wire protocol: METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS and
+SET_STREAM_STATE (pause, resume, read-only).
+
+Metadata comes from this broker's mirror of the etcd keyspace (:class:`~tidelog.metadata.mirror.MetadataMirror`),
+so any broker answers it; watermarks are only known to a partition's leader, so a partition led elsewhere reports
+zeros there and the client asks its leader (``Admin.describe_stream`` does). Changes go through
+:class:`~tidelog.broker.streams.StreamAdmin`, which validates them, writes etcd and waits until this broker has
+applied them: a client may produce to a stream as soon as its CREATE_STREAM is answered.
+
+Per-stream settings travel as strings by name (``CreateStreamRequest.config``) so that a new setting never
+changes the header. A name may be written as the field of
+:class:`~tidelog.metadata.records.StreamConfig` (``retention_max_bytes``), dotted or dashed
+(``retention.max.bytes``) or in Liftbridge's camel case (``retentionMaxBytes``); values are converted to the
+field's type, and an unknown name or a bad value is INVALID_ARGUMENT rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+
+import msgspec
+
+from tidelog.api.errors import InvalidArgumentError, TidelogError, UnknownStreamError
+from tidelog.api.wire.frames import Op
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
+from tidelog.api.wire.messages import (
+    BrokerInfo,
+    CreateStreamRequest,
+    CreateStreamResponse,
+    DeleteStreamRequest,
+    DeleteStreamResponse,
+    ListStreamsRequest,
+    ListStreamsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionInfo,
+    SetStreamStateRequest,
+    SetStreamStateResponse,
+    StreamInfo,
+    StreamSummary,
+    encode_message,
+)
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.partition import Partition
+from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
+
+_CONFIG_FIELDS = frozenset(StreamConfig.__struct_fields__)
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def stream_config(overrides: Mapping[str, str]) -> StreamConfig:
+    """Parse ``name → string value`` overrides into a :class:`StreamConfig` (see the module docstring)."""
+    values: dict[str, str] = {}
+    for name, value in overrides.items():
+        field = _CAMEL_BOUNDARY.sub("_", name).replace(".", "_").replace("-", "_").lower()
+        if field not in _CONFIG_FIELDS:
+            raise InvalidArgumentError(f"unknown stream setting {name!r}; known: {', '.join(sorted(_CONFIG_FIELDS))}")
+        values[field] = value
+    try:
+        return msgspec.convert(values, StreamConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgumentError(f"bad stream setting: {exc}") from None
+
+
+async def create_stream(env: HandlerEnv, correlation_id: int, request: CreateStreamRequest, _: memoryview) -> Reply:
+    config = stream_config(request.config)
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        await env.broker.admin.create_stream(
+            name=request.name,
+            subject=request.subject,
+            group=request.group,
+            partitions=request.partitions,
+            replication_factor=request.replication_factor,
+            config=config,
+        )
+    return Reply(encode_message(correlation_id, CreateStreamResponse()))
+
+
+async def delete_stream(env: HandlerEnv, correlation_id: int, request: DeleteStreamRequest, _: memoryview) -> Reply:
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        await env.broker.admin.delete_stream(request.name)
+    return Reply(encode_message(correlation_id, DeleteStreamResponse()))
+
+
+async def set_stream_state(
+    env: HandlerEnv, correlation_id: int, request: SetStreamStateRequest, _: memoryview
+) -> Reply:
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        if request.paused is not None:
+            await env.broker.admin.set_paused(request.name, request.partitions, request.paused)
+        if request.readonly is not None:
+            await env.broker.admin.set_readonly(request.name, request.partitions, request.readonly)
+    return Reply(encode_message(correlation_id, SetStreamStateResponse()))
+
+
+async def list_streams(env: HandlerEnv, correlation_id: int, request: ListStreamsRequest, _: memoryview) -> Reply:
+    streams = env.broker.mirror.snapshot.streams
+    summaries = tuple(
+        StreamSummary(s.name, s.subject, s.partitions, s.replication_factor)
+        for name, s in sorted(streams.items())
+        if name.startswith(request.prefix)
+    )
+    return Reply(encode_message(correlation_id, ListStreamsResponse(summaries)))
+
+
+async def metadata(env: HandlerEnv, correlation_id: int, request: MetadataRequest, _: memoryview) -> Reply:
+    return Reply(encode_message(correlation_id, build_metadata(env.broker, request.streams)))
+
+
+def build_metadata(ctx: BrokerContext, names: tuple[str, ...]) -> MetadataResponse:
+    """Brokers (with their wire ports) and the requested streams, every stream when ``names`` is empty."""
+    snap = ctx.mirror.snapshot
+    brokers = tuple(BrokerInfo(b.id, b.host, b.wire_port) for _, b in sorted(snap.brokers.items()))
+    streams: list[StreamInfo] = []
+    for name in names or tuple(sorted(snap.streams)):
+        stream = snap.stream(name)
+        if stream is None:
+            missing = UnknownStreamError(f"no stream named {name!r}").to_error_body()
+            streams.append(StreamInfo(name, "", (), missing))
+            continue
+        partitions = tuple(_partition_info(ctx, stream, p) for p in snap.partitions_of(name))
+        streams.append(StreamInfo(stream.name, stream.subject, partitions))
+    return MetadataResponse(brokers, tuple(streams))
+
+
+def _partition_info(ctx: BrokerContext, stream: StreamRecord, record: PartitionRecord) -> PartitionInfo:
+    local = _local(ctx, stream.name, record.id)
+    hw = end = start = 0
+    if local is not None:
+        hw, end, start = local.high_watermark, local.log_end, local.log_start
+    return PartitionInfo(
+        record.id,
+        record.leader or None,
+        tuple(record.replicas),
+        tuple(record.isr),
+        record.leader_epoch,
+        hw,
+        end,
+        record.readonly,
+        record.paused,
+        start,
+    )
+
+
+def _local(ctx: BrokerContext, stream: str, partition: int) -> Partition | None:
+    try:
+        return ctx.manager.leader_of(stream, partition)
+    except TidelogError:
+        return None
+
+
+ROUTES: dict[int, Route] = {
+    Op.METADATA: route(MetadataRequest, metadata),
+    Op.CREATE_STREAM: route(CreateStreamRequest, create_stream),
+    Op.DELETE_STREAM: route(DeleteStreamRequest, delete_stream),
+    Op.LIST_STREAMS: route(ListStreamsRequest, list_streams),
+    Op.SET_STREAM_STATE: route(SetStreamStateRequest, set_stream_state),
+}

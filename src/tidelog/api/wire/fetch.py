@@ -1,0 +1,110 @@
+"""The read family of the wire protocol: FETCH (batches from an offset, long-polling at the tail) and
+LIST_OFFSETS (where a reader may start).
+
+A fetch never decodes a record. It asks the log for whole batches from the one holding the requested offset,
+bounded by the high watermark (committed isolation: consumers never see more) and by ``max_bytes`` (soft: the
+first batch comes whole even if larger). On a plain TCP session the answer is a *file range*
+(:meth:`Log.read_range`) that the session sends with ``os.sendfile``, so the bytes go from the page cache to
+the socket without entering Python; over TLS the same batches are read into memory (:meth:`Log.read`).
+
+At the tail (nothing committed at the offset yet) the fetch long-polls: it waits on
+:meth:`Partition.wait_for_data` for at most ``max_wait_ms`` and answers as soon as a record at the offset is
+committed, or empty on timeout, or at once when the connection winds down (the server stopping, the client
+gone). ``min_bytes`` above 1 is accepted but treated as 1: the fetch answers as soon as anything is readable,
+which is what a tailing consumer wants. ``max_bytes`` is capped at :data:`MAX_FETCH_BYTES`, so a response
+always fits the client's frame limit.
+
+An offset outside ``[log_start, log_end]`` is not an error frame but a response carrying OFFSET_OUT_OF_RANGE
+*and* the bounds, so the consumer resets without another round trip. An offset in ``(hw, log_end]`` is valid:
+it is written but not yet committed, so the fetch waits for it like any tail read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tidelog.api.errors import OffsetOutOfRangeError
+from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, Op
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, frame_with_file, route
+from tidelog.api.wire.messages import (
+    FetchRequest,
+    FetchResponse,
+    Isolation,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    encode_message,
+)
+from tidelog.broker.partition import Partition
+
+MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
+"""Batches beyond this are left for the next fetch (one batch larger than it still comes whole)."""
+
+
+async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _payload: memoryview) -> Reply:
+    """Whole batches from ``request.offset``; see the module docstring for the rules."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    offset = request.offset
+    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    committed = request.isolation is Isolation.COMMITTED
+    if not partition.log_start <= offset <= partition.log_end:
+        return _out_of_range(correlation_id, partition, offset)
+    if committed and offset >= partition.high_watermark and request.max_wait_ms:
+        await _long_poll(env, partition, offset, request.max_wait_ms / 1000)
+    log = partition.log
+    limit = partition.high_watermark if committed else partition.log_end
+    if offset >= limit:
+        return Reply(encode_message(correlation_id, _bounds(partition)))
+    if env.zero_copy:
+        file = log.read_range(offset, max_bytes, max_offset=limit)
+        if file is None:
+            return Reply(encode_message(correlation_id, _bounds(partition)))
+        return frame_with_file(Op.FETCH, correlation_id, _bounds(partition), file)
+    data = log.read(offset, max_bytes, max_offset=limit)
+    return Reply(encode_message(correlation_id, _bounds(partition), data))
+
+
+async def _long_poll(env: HandlerEnv, partition: Partition, offset: int, timeout: float) -> None:
+    """Wait until a record at ``offset`` is committed, ``timeout`` passes, or the session winds down (the server
+    stops, or the client closed its side: nobody would wait for a long answer).
+
+    Only reached when the reader is at the tail, so the extra task per wait costs nothing on the busy path.
+    """
+    if env.winding_down.done():
+        return
+    waiter = asyncio.ensure_future(partition.wait_for_data(offset, timeout))
+    try:
+        await asyncio.wait((waiter, env.winding_down), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+    if waiter.done() and not waiter.cancelled():
+        waiter.result()  # re-raise a failure (the partition closing: UNAVAILABLE)
+
+
+def _bounds(partition: Partition) -> FetchResponse:
+    return FetchResponse(partition.high_watermark, partition.log_start, partition.log_end)
+
+
+def _out_of_range(correlation_id: int, partition: Partition, offset: int) -> Reply:
+    start, end = partition.log_start, partition.log_end
+    error = OffsetOutOfRangeError(f"offset {offset} of {partition.name} is outside the log's [{start}, {end}]")
+    response = FetchResponse(partition.high_watermark, start, end, error.to_error_body())
+    return Reply(encode_message(correlation_id, response))
+
+
+async def list_offsets(
+    env: HandlerEnv, correlation_id: int, request: ListOffsetsRequest, _payload: memoryview
+) -> Reply:
+    """The partition's bounds, and the first committed offset at or after ``request.timestamp`` when asked."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    offset = -1
+    if request.timestamp >= 0:
+        offset = max(partition.log_start, partition.offset_for_timestamp(request.timestamp))
+    response = ListOffsetsResponse(partition.log_start, partition.high_watermark, partition.log_end, offset)
+    return Reply(encode_message(correlation_id, response))
+
+
+ROUTES: dict[int, Route] = {
+    Op.FETCH: route(FetchRequest, fetch),
+    Op.LIST_OFFSETS: route(ListOffsetsRequest, list_offsets),
+}

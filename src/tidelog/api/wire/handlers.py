@@ -1,0 +1,124 @@
+"""Wire request handlers: what every handler shares, and the produce handler.
+
+A handler is a coroutine ``(env, correlation_id, request_header, payload) -> Reply``. It only turns a request
+into reply buffers or raises; the session (:mod:`tidelog.api.wire.session`) owns the socket, the order of
+replies, and turning exceptions into error frames through the one error table. Handlers are thin (Gazette's
+rule): the rules of writing and reading live in :class:`~tidelog.broker.partition.Partition`, stream
+administration in :class:`~tidelog.broker.streams.StreamAdmin`. One module per family: produce here, reads in
+:mod:`tidelog.api.wire.fetch`, administration and metadata in :mod:`tidelog.api.wire.admin`; the server
+(:mod:`tidelog.api.wire.server`) assembles the op → handler table from the three.
+
+Produce and the ack policies:
+
+- ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.append` returns, i.e. once the policy is met
+  (``ALL``: below the high watermark, which under flush ``always`` also means fsynced). Any failure, including
+  a TIMEOUT after the write, is an error frame.
+- ``NONE``: the partition is looked up first (an unknown stream or a follower still gets an error frame),
+  then the append is *started* and the response (offsets -1) is sent without waiting for the write. Appends
+  start in request order, so a producer's batches still land in the order it sent them; a failure after that
+  point (read-only partition, corrupt batch, full disk) is logged on the broker and never reported. That is
+  Kafka's ``acks=0`` contract, except that a frame still comes back: correlation ids and the in-order reply
+  queue work the same for every policy, and the producer learns about unknown streams at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
+from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
+from tidelog.broker.context import BrokerContext
+from tidelog.storage.log import FileRange
+
+log = logging.getLogger(__name__)
+
+# -- what handlers share ----------------------------------------------------------------------------------------
+
+
+class Reply(NamedTuple):
+    """What a handler answers: frame buffers for ``writelines``, then optionally a file range.
+
+    When ``file`` is set, ``buffers`` hold a frame whose declared length already counts ``file.length`` payload
+    bytes (see :func:`frame_with_file`), and the session sends those bytes straight from the segment file
+    (``os.sendfile``). The session owns the range's descriptor from then on and closes it once sent, or when
+    the connection fails first.
+    """
+
+    buffers: list[BytesLike]
+    file: FileRange | None = None
+
+    def close(self) -> None:
+        """Release the file range, if any (a reply sent, or one that never will be)."""
+        if self.file is not None:
+            self.file.close()
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerEnv:
+    """What handlers may use besides the request: the broker, and what the server and session own."""
+
+    broker: BrokerContext
+    winding_down: asyncio.Future[None]  # resolved once the session takes no more requests: long-polls answer now
+    zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
+    background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
+
+
+H = TypeVar("H", bound=Header)
+Handler = Callable[[HandlerEnv, int, Any, memoryview], Coroutine[Any, Any, Reply]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The request header type of an op and the coroutine that serves it."""
+
+    request: type[Header]
+    handle: Handler
+
+
+def route(request: type[H], handle: Callable[[HandlerEnv, int, H, memoryview], Coroutine[Any, Any, Reply]]) -> Route:
+    """A :class:`Route`, checked by mypy to pair a header type with a handler taking exactly that type."""
+    return Route(request, handle)
+
+
+def frame_with_file(op: int, correlation_id: int, header: Header, file: FileRange) -> Reply:
+    """A response frame whose payload is ``file``'s byte range, sent later without passing through Python.
+
+    :func:`~tidelog.api.wire.frames.encode_frame` needs the payload in memory to count it; here only its
+    length is known, so the 16-byte prefix is packed with the same layout and that length.
+    """
+    encoded = encode_header(header)
+    length = BODY_FIXED_SIZE + len(encoded) + file.length
+    prefix = PREFIX.pack(length, WIRE_VERSION, Kind.RESPONSE, op, correlation_id, len(encoded))
+    return Reply([prefix, encoded], file)
+
+
+# -- produce ------------------------------------------------------------------------------------------------------
+
+_NO_OFFSETS = ProduceResponse(-1, -1)
+
+
+async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest, payload: memoryview) -> Reply:
+    """Append the payload's batches to the partition; answer once the ack policy is met (see module doc)."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
+    if request.acks is Acks.NONE:
+        task = asyncio.get_running_loop().create_task(partition.append(payload, request.acks, timeout))
+        env.background.add(task)
+        task.add_done_callback(_unacknowledged_done)
+        task.add_done_callback(env.background.discard)
+        return Reply(encode_message(correlation_id, _NO_OFFSETS))
+    appended = await partition.append(payload, request.acks, timeout)
+    return Reply(encode_message(correlation_id, ProduceResponse(appended.base_offset, appended.last_offset)))
+
+
+def _unacknowledged_done(task: asyncio.Task[Any]) -> None:
+    """Nobody awaits an acks-NONE append: without this its failure would vanish without a trace."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("unacknowledged produce (acks NONE) failed: %s", exc)
+
+
+ROUTES: dict[int, Route] = {Op.PRODUCE: route(ProduceRequest, produce)}

@@ -1,0 +1,143 @@
+"""The wire protocol server: accepts TCP (optionally TLS) connections and runs one session per connection.
+
+This module is the listener and its lifecycle only. What happens on a connection (pipelining, reply order,
+backpressure, error frames) is :mod:`tidelog.api.wire.session`; what each op does is
+:mod:`tidelog.api.wire.handlers` and the modules it gathers. The broker builds it from its
+:class:`~tidelog.broker.context.BrokerContext`::
+
+    wire = WireServer(ctx, host, port)   # port 0: any free port
+    await wire.start()                   # wire.port is the bound port from here on
+    ...
+    await wire.stop(grace=5.0)
+
+Stopping: the listener closes first (no new connections); every session stops reading, wakes its long-polling
+fetches to answer at once, and writes the replies it still owes. Whatever is unfinished after ``grace``
+seconds is cancelled and its connection closed. Appends started for ``acks=NONE`` produces are awaited within
+the same grace, since the log is closed right after this returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl as ssl_
+import time
+from typing import Any
+
+from tidelog.api.wire import admin, fetch, handlers
+from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
+from tidelog.api.wire.handlers import Route
+from tidelog.api.wire.session import Session
+from tidelog.broker.context import BrokerContext
+
+log = logging.getLogger(__name__)
+
+STREAM_LIMIT = 1024 * 1024  # StreamReader buffer before the transport stops reading: room for a large produce
+
+ROUTES: dict[int, Route] = {**handlers.ROUTES, **fetch.ROUTES, **admin.ROUTES}
+"""Every op this server answers, by family; anything else gets an UNSUPPORTED error frame."""
+
+
+class WireServer:
+    """Serves the tidelog wire protocol for one broker."""
+
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        host: str,
+        port: int,
+        *,
+        ssl: ssl_.SSLContext | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_in_flight: int = 256,
+        max_in_flight_bytes: int = 64 * 1024 * 1024,
+        zero_copy: bool = True,
+    ) -> None:
+        """``max_in_flight`` requests or ``max_in_flight_bytes`` of request bytes unanswered on one connection
+        make it stop reading until replies go out. ``zero_copy`` allows ``os.sendfile`` for fetches on
+        connections without TLS (it is always off with TLS, whose bytes must pass through Python)."""
+        self._ctx = ctx
+        self._host = host
+        self._requested_port = port
+        self._ssl = ssl
+        self._max_frame_bytes = max_frame_bytes
+        self._max_in_flight = max_in_flight
+        self._max_in_flight_bytes = max_in_flight_bytes
+        self._zero_copy = zero_copy and ssl is None and hasattr(os, "sendfile")
+        self._server: asyncio.Server | None = None
+        self._port = 0
+        self._sessions: dict[Session, asyncio.Task[Any]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._stopping: asyncio.Future[None] | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the kernel's choice when 0 was asked); 0 before :meth:`start`."""
+        return self._port
+
+    @property
+    def connections(self) -> int:
+        return len(self._sessions)
+
+    async def start(self) -> None:
+        self._stopping = asyncio.get_running_loop().create_future()
+        self._server = await asyncio.start_server(
+            self._accept, self._host, self._requested_port, ssl=self._ssl, limit=STREAM_LIMIT
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+        log.debug("wire server listening on %s:%d", self._host, self._port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._stopping is not None
+        if self._stopping.done():
+            writer.close()
+            return
+        session = Session(
+            self._ctx,
+            ROUTES,
+            reader,
+            writer,
+            zero_copy=self._zero_copy,
+            background=self._background,
+            max_frame_bytes=self._max_frame_bytes,
+            max_in_flight=self._max_in_flight,
+            max_in_flight_bytes=self._max_in_flight_bytes,
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions[session] = task
+        try:
+            await session.serve()
+        except Exception:
+            log.exception("wire session %s failed", session.peer)
+        finally:
+            self._sessions.pop(session, None)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, let in-flight requests finish for up to ``grace`` seconds, then close everything."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        deadline = time.monotonic() + grace
+        assert self._stopping is not None
+        if not self._stopping.done():
+            self._stopping.set_result(None)
+        server.close()
+        for session in list(self._sessions):
+            session.stop_reading()
+        tasks = list(self._sessions.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        for session in list(self._sessions):
+            session.abort()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._background:
+            _, late = await asyncio.wait(set(self._background), timeout=max(0.0, deadline - time.monotonic()))
+            for task in late:
+                task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
+        log.debug("wire server on port %d stopped", self._port)

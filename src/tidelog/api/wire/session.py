@@ -1,0 +1,243 @@
+"""One client connection of the wire server: frames in, handlers run concurrently, replies out in order.
+
+Two tasks per connection:
+
+- the **reader** cuts the byte stream into frames (:class:`FrameDecoder`, which refuses an oversized frame
+  from its length prefix alone), starts a handler task for each request *as it arrives*, and appends a
+  :class:`_Slot` for it to a FIFO. It stops reading while too many requests (``max_in_flight``) or too many
+  request bytes (``max_in_flight_bytes``) are unanswered: that is the connection's backpressure, passed on
+  to the client through TCP.
+- the **writer** takes slots from the FIFO in order, awaits each reply and writes it. Requests therefore run
+  in parallel (a produce waiting for its fsync does not hold up the next one, and appends start in arrival
+  order) while replies leave in request order, so a producer's acks come back in the order it sent batches.
+
+Winding down. When the peer closes its side (EOF), the stream breaks, or the server stops, no further request
+will come: long-polling fetches in progress answer at once (empty) instead of holding the connection open
+until their deadline, the replies still owed are written, and the connection closes.
+
+Errors. A handler's exception becomes an ERROR frame through the one error table, and the connection goes
+on; so do an unknown op (UNSUPPORTED), a non-request frame and a header that does not decode
+(INVALID_ARGUMENT). A :class:`FrameError` means the byte stream itself is lost: the replies already owed are
+written, then one ERROR frame (correlation id 0: the broken frame's own cannot be trusted), then the
+connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from tidelog.api.errors import (
+    MessageTooLargeError,
+    TidelogError,
+    UnavailableError,
+    UnsupportedError,
+    as_tidelog_error,
+)
+from tidelog.api.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
+from tidelog.api.wire.messages import decode_as, encode_error
+from tidelog.api.wire.zerocopy import send_range
+from tidelog.broker.context import BrokerContext
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 256 * 1024
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One request's place in the reply order."""
+
+    correlation_id: int
+    op: int
+    nbytes: int  # request bytes held until the reply is written (the backpressure budget)
+    reply: asyncio.Future[Reply]
+
+
+class Session:
+    """Serves one connection until the peer leaves, the stream breaks, or the server stops it."""
+
+    def __init__(
+        self,
+        broker: BrokerContext,
+        routes: dict[int, Route],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        zero_copy: bool,
+        background: set[asyncio.Task[Any]],
+        max_frame_bytes: int,
+        max_in_flight: int,
+        max_in_flight_bytes: int,
+    ) -> None:
+        self._winding_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._env = HandlerEnv(broker, self._winding_down, zero_copy, background)
+        self._routes = routes
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._max_in_flight = max_in_flight
+        self._max_in_flight_bytes = max_in_flight_bytes
+        self._slots: deque[_Slot] = deque()
+        self._held_bytes = 0
+        self._slot_added = asyncio.Event()
+        self._room = asyncio.Event()
+        self._no_more_slots = False
+        self._reader_task: asyncio.Task[None] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        sock = writer.get_extra_info("socket")
+        self._socket_fd: int = sock.fileno() if sock is not None else -1
+        self.peer = writer.get_extra_info("peername")
+
+    async def serve(self) -> None:
+        """Run until the connection is closed; never raises for anything the peer does."""
+        loop = asyncio.get_running_loop()
+        self._reader_task = loop.create_task(self._read_loop())
+        self._writer_task = loop.create_task(self._write_loop())
+        try:
+            await asyncio.wait((self._reader_task, self._writer_task), return_when=asyncio.ALL_COMPLETED)
+        finally:
+            self.abort()
+
+    def stop_reading(self) -> None:
+        """Take no further requests; the ones already read are answered, then the connection closes."""
+        self._wind_down()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+
+    def _wind_down(self) -> None:
+        """No more requests will come: long-polls in progress answer now instead of at their deadline."""
+        if not self._winding_down.done():
+            self._winding_down.set_result(None)
+
+    def abort(self) -> None:
+        """Close now: cancel unfinished handlers and the writer, release file ranges, close the transport."""
+        for task in (self._reader_task, self._writer_task):
+            if task is not None:
+                task.cancel()
+        while self._slots:
+            self._forget(self._slots.popleft())
+        self._writer.close()
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self._reader.read(READ_SIZE)
+                if not data:
+                    self._decoder.eof()
+                    return
+                for frame in self._decoder.feed(data):
+                    self._admit(frame)
+                while len(self._slots) >= self._max_in_flight or self._held_bytes > self._max_in_flight_bytes:
+                    self._room.clear()
+                    await self._room.wait()
+        except FrameError as exc:
+            log.info("wire connection %s: %s; closing it", self.peer, exc)
+            error = MessageTooLargeError(str(exc)) if isinstance(exc, FrameTooLargeError) else as_tidelog_error(exc)
+            self._push(0, 0, 0, _done(Reply(encode_error(0, 0, error.to_error_body()))))
+        except (ConnectionError, OSError) as exc:
+            log.debug("wire connection %s: read failed: %s", self.peer, exc)
+        finally:
+            self._no_more_slots = True
+            self._slot_added.set()
+            self._wind_down()
+
+    def _admit(self, frame: Frame) -> None:
+        """Start the handler of one request frame (or decide its error reply) and give it its slot."""
+        cid, op, nbytes = frame.correlation_id, frame.op, len(frame.header) + len(frame.payload)
+        try:
+            if frame.kind is not Kind.REQUEST:
+                raise ProtocolError(f"a client sends request frames, not {frame.kind.name.lower()} frames")
+            handler = self._routes.get(op)
+            if handler is None:
+                raise UnsupportedError(f"this broker does not serve op {op}")
+            header = decode_as(handler.request, frame.header)
+        except (ProtocolError, TidelogError) as exc:
+            self._push(cid, op, 0, _done(self._error_reply(cid, op, exc)))
+            return
+        task: asyncio.Task[Reply] = asyncio.get_running_loop().create_task(
+            handler.handle(self._env, cid, header, frame.payload)
+        )
+        self._push(cid, op, nbytes, task)
+
+    def _push(self, cid: int, op: int, nbytes: int, reply: asyncio.Future[Reply]) -> None:
+        self._slots.append(_Slot(cid, op, nbytes, reply))
+        self._held_bytes += nbytes
+        self._slot_added.set()
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                if not self._slots:
+                    if self._no_more_slots:
+                        break
+                    self._slot_added.clear()
+                    await self._slot_added.wait()
+                    continue
+                slot = self._slots[0]
+                try:
+                    reply = await slot.reply
+                except asyncio.CancelledError:
+                    if not slot.reply.cancelled():
+                        raise  # this writer was cancelled: abort() cleans up
+                    reply = self._error_reply(slot.correlation_id, slot.op, asyncio.CancelledError())
+                except Exception as exc:
+                    reply = self._error_reply(slot.correlation_id, slot.op, exc)
+                self._slots.popleft()
+                self._held_bytes -= slot.nbytes
+                self._room.set()
+                try:
+                    await self._send(reply)
+                finally:
+                    reply.close()
+            await self._writer.drain()
+        except (ConnectionError, OSError) as exc:
+            log.debug("wire connection %s: write failed: %s", self.peer, exc)
+        finally:
+            if self._reader_task is not None:
+                self._reader_task.cancel()  # nobody would answer what it reads
+
+    async def _send(self, reply: Reply) -> None:
+        self._writer.writelines(reply.buffers)
+        if reply.file is not None:
+            await send_range(self._writer, self._socket_fd, reply.file)
+        await self._writer.drain()
+
+    def _error_reply(self, cid: int, op: int, exc: BaseException) -> Reply:
+        if isinstance(exc, asyncio.CancelledError):  # a handler cancelled under it: the server is stopping
+            error: TidelogError = UnavailableError("the broker is shutting down")
+        else:
+            error = as_tidelog_error(exc)
+        if not isinstance(exc, TidelogError | ProtocolError | asyncio.CancelledError):
+            log.error("wire op %d from %s failed", op, self.peer, exc_info=exc)
+        return Reply(encode_error(cid, op, error.to_error_body()))
+
+    def _forget(self, slot: _Slot) -> None:
+        """Drop a slot that will never be written: stop its handler, release any file range it produced."""
+        reply = slot.reply
+        if not reply.done():
+            reply.cancel()
+            reply.add_done_callback(_close_reply)
+        else:
+            _close_reply(reply)
+
+
+def _done(reply: Reply) -> asyncio.Future[Reply]:
+    future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    future.set_result(reply)
+    return future
+
+
+def _close_reply(future: asyncio.Future[Reply]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        with contextlib.suppress(OSError):
+            future.result().close()

@@ -1,0 +1,213 @@
+"""The producer's accumulator: records become per-partition batches, encoded as they arrive.
+
+Each partition being produced to has a :class:`PartitionBuffer`: at most one *open* batch that records are
+appended to, then a FIFO of *ready* batches waiting for an in-flight slot. A batch is sealed (moved to ready)
+when it reaches ``batch_size`` bytes or ``max_records`` records; an open batch is also *due* once it has
+lingered ``linger_ms``, or when the producer is flushing. The sender (:mod:`tidelog.client.sender`) takes
+ready and due batches in order, so records of one partition are sent, and land, in the order of ``send()``.
+
+A record is encoded into its batch's :class:`~tidelog.storage.batch.BatchBuilder` inside ``append``: the
+per-record work of the producer is that call plus one future, and building the batch (join, compression,
+CRC) happens once per batch when the sender takes it.
+
+Everything here runs on the event loop thread and is synchronous; memory is accounted in encoded bytes so
+that the producer can make ``send()`` wait when ``buffer_memory`` is used up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from tidelog.storage.batch import HEADER_SIZE, BatchBuilder
+
+if TYPE_CHECKING:
+    from tidelog.client.connection import Connection
+
+
+class RecordMetadata(NamedTuple):
+    """Where a produced record landed. ``offset`` is -1 under ``Acks.NONE`` (the broker does not say).
+
+    A NamedTuple, not a dataclass: one is made per record acknowledged, and tuples are the cheapest to build.
+    """
+
+    stream: str
+    partition: int
+    offset: int
+    timestamp: int  # ns since the Unix epoch, as stored
+
+
+class ProducerBatch:
+    """One batch on its way: the builder, and one future per record, resolved when the broker answers."""
+
+    __slots__ = ("accounted", "attempts", "builder", "done", "due", "futures", "payload", "timestamps")
+
+    def __init__(self, first_timestamp: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.builder = BatchBuilder(first_timestamp)
+        self.futures: list[asyncio.Future[RecordMetadata]] = []
+        self.timestamps: list[int] = []
+        self.due = False  # lingered long enough (or flushing): send even if not full
+        self.done: asyncio.Future[None] = loop.create_future()  # resolved when every record has its outcome
+        self.payload: bytes | None = None  # the built batch, kept for a retry
+        self.attempts = 0
+        self.accounted = 0  # bytes of the record section counted in the accumulator's ``buffered``
+
+    @property
+    def nbytes(self) -> int:
+        return self.accounted + HEADER_SIZE
+
+    def complete(self, stream: str, partition: int, base_offset: int) -> None:
+        """Resolve every record's future with its offset (base + position; -1 when ``base_offset`` is -1)."""
+        new, cls = tuple.__new__, RecordMetadata  # RecordMetadata._make, minus a Python-level call per record
+        offset = base_offset
+        step = 1 if base_offset >= 0 else 0
+        for future, stamp in zip(self.futures, self.timestamps, strict=True):
+            if not future.done():
+                future.set_result(new(cls, (stream, partition, offset, stamp)))
+            offset += step
+        self._finish()
+
+    def fail(self, exc: BaseException) -> None:
+        """Fail every record's future with ``exc``."""
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(exc)
+        self._finish()
+
+    def _finish(self) -> None:
+        self.payload = None
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class PartitionBuffer:
+    """The batches of one partition: the open one, the ready ones, and how many requests are in flight."""
+
+    __slots__ = ("connection", "in_flight", "key", "linger", "open", "ready", "resolving", "retry")
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.key = key
+        self.open: ProducerBatch | None = None
+        self.ready: deque[ProducerBatch] = deque()
+        self.retry: deque[ProducerBatch] = deque()  # refused by the broker with nothing stored: resent first
+        self.in_flight = 0
+        self.linger: asyncio.Handle | None = None
+        self.connection: Connection | None = None  # the leader's connection; set and reset by the sender
+        self.resolving = False  # the sender is looking up the leader's connection
+
+    def take(self) -> ProducerBatch | None:
+        """The next batch to send, if one may go: retries first, then ready ones, then the open one if due.
+
+        While retries wait, nothing is sent until every earlier request has come back, so a resent batch
+        cannot land after one that was sent behind it.
+        """
+        if self.retry:
+            return None if self.in_flight else self.retry.popleft()
+        if self.ready:
+            return self.ready.popleft()
+        batch = self.open
+        if batch is not None and batch.due:
+            self.open = None
+            if self.linger is not None:
+                self.linger.cancel()
+                self.linger = None
+            return batch
+        return None
+
+
+class Accumulator:
+    """Per-partition batching with size, count and linger limits (see the module docstring).
+
+    ``wake(buffer)`` is called whenever ``buffer`` gets something to send: a batch sealed (synchronously, from
+    :meth:`append`) or an open batch due (from a loop callback). With ``linger_ms=0`` an open batch is due at
+    the next turn of the event loop rather than at once, so records sent in one burst still share a batch.
+    """
+
+    def __init__(
+        self, *, batch_size: int, max_records: int, linger_ms: float, wake: Callable[[PartitionBuffer], None]
+    ) -> None:
+        self.batch_size = batch_size
+        self.max_records = max_records
+        self.linger = linger_ms / 1000
+        self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
+        self.buffered = 0  # encoded bytes of batches not yet completed: what buffer_memory limits
+        self.incomplete: set[ProducerBatch] = set()
+        self.last = PartitionBuffer(("", 0))  # the buffer of the latest append (send_and_wait expedites it)
+        self._wake = wake
+        self._loop = asyncio.get_running_loop()
+
+    def append(
+        self,
+        stream: str,
+        partition: int,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp: int,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Encode one record into its partition's open batch; return the record's future."""
+        buffer = self.buffers.get((stream, partition))
+        if buffer is None:
+            buffer = self.buffers[(stream, partition)] = PartitionBuffer((stream, partition))
+        self.last = buffer
+        batch = buffer.open
+        if batch is None:
+            batch = self._open(buffer, timestamp)
+        size = batch.builder.append(value, key, headers, timestamp)
+        self.buffered += size - batch.accounted
+        batch.accounted = size
+        future: asyncio.Future[RecordMetadata] = self._loop.create_future()
+        futures = batch.futures
+        futures.append(future)
+        batch.timestamps.append(timestamp)
+        if size >= self.batch_size or len(futures) >= self.max_records:
+            self.seal(buffer)
+            self._wake(buffer)
+        return future
+
+    def _open(self, buffer: PartitionBuffer, timestamp: int) -> ProducerBatch:
+        """Start the open batch of ``buffer``, due after ``linger_ms`` (or on the next loop turn)."""
+        batch = buffer.open = ProducerBatch(timestamp, self._loop)
+        self.incomplete.add(batch)
+        self.buffered += HEADER_SIZE
+        batch.done.add_done_callback(functools.partial(self._release, batch))
+        if self.linger > 0:
+            buffer.linger = self._loop.call_later(self.linger, self._lingered, buffer, batch)
+        else:
+            buffer.linger = self._loop.call_soon(self._lingered, buffer, batch)
+        return batch
+
+    def seal(self, buffer: PartitionBuffer) -> None:
+        """Move the open batch, due from now on, to the ready queue."""
+        batch = buffer.open
+        if batch is None:
+            return
+        buffer.open = None
+        if buffer.linger is not None:
+            buffer.linger.cancel()
+            buffer.linger = None
+        batch.due = True
+        buffer.ready.append(batch)
+
+    def make_all_due(self) -> list[PartitionBuffer]:
+        """Flushing: every open batch may go now. Returns the buffers that have something to send."""
+        waiting = []
+        for buffer in self.buffers.values():
+            if buffer.open is not None:
+                self.seal(buffer)
+            if buffer.ready:
+                waiting.append(buffer)
+        return waiting
+
+    def _lingered(self, buffer: PartitionBuffer, batch: ProducerBatch) -> None:
+        if buffer.open is batch:
+            buffer.linger = None
+            batch.due = True
+            self._wake(buffer)
+
+    def _release(self, batch: ProducerBatch, _done: asyncio.Future[None]) -> None:
+        self.incomplete.discard(batch)
+        self.buffered -= batch.nbytes

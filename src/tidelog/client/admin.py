@@ -1,0 +1,165 @@
+"""The asyncio admin client: create, delete, list, describe, pause and set read-only streams; cluster metadata.
+
+::
+
+    async with Admin("127.0.0.1:9293") as admin:
+        await admin.create_stream("orders", "orders.>", partitions=3, config={"retention.max.bytes": 1 << 30})
+        info = await admin.describe_stream("orders")     # partitions with leader, ISR, watermarks
+
+Requests go to any broker; the broker forwards metadata changes to etcd and answers once it has applied them,
+so the stream can be used as soon as :meth:`Admin.create_stream` returns. Watermarks are only known to a
+partition's leader, so :meth:`Admin.describe_stream` asks each leader (LIST_OFFSETS) for its partition's
+bounds, concurrently. Results are the wire protocol's own frozen structs (:class:`StreamInfo`,
+:class:`PartitionInfo`, :class:`StreamSummary`, :class:`MetadataResponse`): offsets in them are *exclusive*
+(``high_watermark`` and ``log_end`` are one past the last committed and the last written record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+import msgspec
+
+from tidelog.api.wire.messages import (
+    CreateStreamRequest,
+    DeleteStreamRequest,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListStreamsRequest,
+    ListStreamsResponse,
+    MetadataResponse,
+    PartitionInfo,
+    SetStreamStateRequest,
+    StreamInfo,
+    StreamSummary,
+)
+from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
+
+ConfigValue = str | int | bool
+
+
+def _setting(value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class Admin:
+    """Stream administration and metadata over the wire protocol."""
+
+    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, *, cluster: Cluster | None = None) -> None:
+        """``cluster`` shares connections and metadata with other client objects (``close`` leaves it open)."""
+        self._owns_cluster = cluster is None
+        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    async def create_stream(
+        self,
+        name: str,
+        subject: str | None = None,
+        *,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        group: str = "",
+        config: Mapping[str, ConfigValue] | None = None,
+        timeout_ms: int = 10_000,
+    ) -> None:
+        """Create a stream on NATS subject ``subject`` (the stream's name when omitted).
+
+        ``replication_factor`` -1 means every broker. ``config`` overrides per-stream settings by name, e.g.
+        ``{"retention.max.bytes": 1 << 30, "flush.policy": "never", "compact.enabled": True}``. Raises
+        ``StreamExistsError`` when the name is taken, ``InvalidArgumentError`` for a bad name, subject or
+        setting.
+        """
+        request = CreateStreamRequest(
+            name,
+            subject or name,
+            partitions,
+            replication_factor,
+            group,
+            {key: _setting(value) for key, value in (config or {}).items()},
+            timeout_ms,
+        )
+        connection = await self._cluster.any_connection()
+        await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+        self._cluster.forget(name)
+
+    async def delete_stream(self, name: str, *, timeout_ms: int = 10_000) -> None:
+        """Delete a stream and its data on every broker; ``UnknownStreamError`` if there is none."""
+        connection = await self._cluster.any_connection()
+        await connection.request(
+            DeleteStreamRequest(name, timeout_ms), timeout=timeout_ms / 1000 + self._cluster.request_timeout
+        )
+        self._cluster.forget(name)
+
+    async def set_stream_state(
+        self,
+        name: str,
+        partitions: Sequence[int] = (),
+        *,
+        paused: bool | None = None,
+        readonly: bool | None = None,
+        timeout_ms: int = 10_000,
+    ) -> None:
+        """Pause or resume (``paused``) and set or clear read-only (``readonly``) on ``partitions`` of a stream,
+        all of them when none are given; a flag left ``None`` is not changed. A paused partition resumes on its
+        next write (Liftbridge's rule); a read-only one refuses writes with ``ReadonlyError``."""
+        request = SetStreamStateRequest(name, tuple(partitions), paused, readonly, timeout_ms)
+        connection = await self._cluster.any_connection()
+        await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+        self._cluster.forget(name)
+
+    async def list_streams(self, prefix: str = "") -> list[StreamSummary]:
+        """Every stream whose name starts with ``prefix``, by name."""
+        connection = await self._cluster.any_connection()
+        response = await connection.request(ListStreamsRequest(prefix), timeout=self._cluster.request_timeout)
+        assert isinstance(response.header, ListStreamsResponse)
+        return list(response.header.streams)
+
+    async def metadata(self, streams: Sequence[str] = ()) -> MetadataResponse:
+        """Brokers and streams as the answering broker sees them (watermarks only for partitions it leads)."""
+        return await self._cluster.metadata(streams)
+
+    async def describe_stream(self, name: str) -> StreamInfo:
+        """The stream with every partition's leader, replicas, ISR and bounds as its leader reports them.
+
+        A partition whose leader cannot be reached keeps the bounds the metadata broker gave (zeros when it
+        does not lead it); ``UnknownStreamError`` if the stream does not exist.
+        """
+        info = await self._cluster.stream(name, refresh=True)
+        partitions = await asyncio.gather(*(self._with_bounds(name, p) for p in info.partitions))
+        return msgspec.structs.replace(info, partitions=tuple(partitions))
+
+    async def _with_bounds(self, stream: str, partition: PartitionInfo) -> PartitionInfo:
+        if partition.leader is None:
+            return partition
+        try:
+            connection = await self._cluster.leader_connection(stream, partition.id)
+            response = await connection.request(
+                ListOffsetsRequest(stream, partition.id), timeout=self._cluster.request_timeout
+            )
+        except Exception:
+            return partition
+        bounds = response.header
+        assert isinstance(bounds, ListOffsetsResponse)
+        return msgspec.structs.replace(
+            partition, high_watermark=bounds.high_watermark, log_end=bounds.log_end, log_start=bounds.log_start
+        )
+
+    async def close(self) -> None:
+        if self._owns_cluster:
+            await self._cluster.close()
+
+    async def __aenter__(self) -> Admin:
+        await self._cluster.any_connection()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,275 @@
+"""The asyncio consumer: reads one stream's partitions from a start position, long-polling at the tail.
+
+::
+
+    async with Consumer("127.0.0.1:9293", "orders", start="earliest") as consumer:
+        async for record in consumer:                    # ConsumerRecord, decoded
+            ...
+        async for batch in consumer.fetch_batches():     # FetchedBatch: counted without decoding records
+            total += batch.record_count
+
+Start positions: ``"earliest"`` (the log start), ``"latest"`` (only records produced from now on: the high
+watermark, Kafka's meaning — Liftbridge's LATEST, the last existing record, is ``"latest"`` minus one), an
+``int`` offset, or :class:`AtTimestamp` (the first record at or after a time). They are resolved with one
+LIST_OFFSETS request per partition, so fetches are plain offset reads.
+
+How it reads. Each partition has its own connection to its leader (replies on a connection come back in
+request order, so one partition's long-poll must not delay another's data) and exactly one fetch in flight:
+as soon as a response arrives, the next fetch (from the offset after its last batch) is sent *before* the
+batches are handed to the caller, so the broker prepares the next response while Python decodes this one.
+Batches are CRC-checked on arrival (hardware CRC: cheap) and records are decoded only when asked for.
+
+Failures. Reads are idempotent, so a lost connection or NOT_LEADER is handled by refreshing metadata,
+reconnecting and fetching the same offset again. An offset outside the log (retention removed it) resets to
+``auto_offset_reset`` (``"earliest"``, ``"latest"``, or ``"error"`` to raise ``OffsetOutOfRangeError``). Other
+errors (the stream was deleted, …) are raised to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from tidelog.api.errors import TidelogError, from_error_body
+from tidelog.api.wire.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
+from tidelog.client.connection import Connection, Response
+from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AtTimestamp:
+    """Start at the first record whose timestamp (ns since the Unix epoch) is at or after ``ns``."""
+
+    ns: int
+
+
+StartPosition = Literal["earliest", "latest"] | int | AtTimestamp
+OffsetReset = Literal["earliest", "latest", "error"]
+
+
+class _Partition:
+    """One partition being read: where, over which connection, and the fetch in flight."""
+
+    __slots__ = ("at_end", "connection", "fetch", "high_watermark", "id", "position")
+
+    def __init__(self, partition: int) -> None:
+        self.id = partition
+        self.position = -1
+        self.high_watermark = 0
+        self.at_end = False  # the last response reached the high watermark
+        self.connection: Connection | None = None
+        self.fetch: asyncio.Future[Response] | None = None
+
+
+class Consumer:
+    """Reads the records of one stream (all partitions, or those given). See the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        stream: str = "",
+        *,
+        partitions: Sequence[int] | None = None,
+        start: StartPosition = "earliest",
+        cluster: Cluster | None = None,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 500,
+        auto_offset_reset: OffsetReset = "earliest",
+        stop_at_end: bool = False,
+        verify_crc: bool = True,
+        retry_backoff_ms: int = 100,
+    ) -> None:
+        """``stop_at_end`` ends iteration once every partition has been read up to the high watermark it
+        reported (a snapshot read, for scripts); otherwise iteration follows the tail forever."""
+        if not stream:
+            raise ValueError("a consumer reads one stream: pass its name")
+        self.stream = stream
+        self._owns_cluster = cluster is None
+        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._wanted = None if partitions is None else list(partitions)
+        self._start = start
+        self._max_bytes = max_bytes
+        self._max_wait_ms = max_wait_ms
+        self._reset = auto_offset_reset
+        self._stop_at_end = stop_at_end
+        self._verify = verify_crc
+        self._backoff = retry_backoff_ms / 1000
+        self._partitions: dict[int, _Partition] = {}
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Look up the partitions, connect to their leaders, resolve the start position, send first fetches."""
+        if self._started:
+            return
+        info = await self._cluster.stream(self.stream, refresh=True)
+        ids = [p.id for p in info.partitions] if self._wanted is None else self._wanted
+        self._partitions = {i: _Partition(i) for i in ids}
+        await asyncio.gather(*(self._connect(p) for p in self._partitions.values()))
+        await asyncio.gather(*(self._resolve_start(p, self._start) for p in self._partitions.values()))
+        for p in self._partitions.values():
+            self._send_fetch(p)
+        self._started = True
+
+    async def close(self) -> None:
+        for p in self._partitions.values():
+            fetch, p.fetch = p.fetch, None
+            if fetch is not None:
+                # The answer to the fetch in flight is no longer wanted; retrieving its outcome keeps asyncio
+                # from logging "exception never retrieved" when the connection closing fails it.
+                fetch.add_done_callback(_discard)
+                fetch.cancel()
+            if p.connection is not None:
+                await self._cluster.release(p.connection)
+                p.connection = None
+        if self._owns_cluster:
+            await self._cluster.close()
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- positions -----------------------------------------------------------------------------------------------
+
+    def position(self, partition: int) -> int:
+        """Where the next fetch of ``partition`` starts: one past the last batch handed out (or being handed out)."""
+        return self._partitions[partition].position
+
+    def high_watermark(self, partition: int) -> int:
+        """The partition's high watermark as of the latest response."""
+        return self._partitions[partition].high_watermark
+
+    @property
+    def partitions(self) -> list[int]:
+        return list(self._partitions)
+
+    # -- reading ------------------------------------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        return self.records()
+
+    async def records(self) -> AsyncIterator[ConsumerRecord]:
+        """Every record from the start position on, decoded (see :meth:`fetch_batches` for the fast path)."""
+        async for batch in self.fetch_batches():
+            for record in batch.records():
+                yield record
+
+    async def fetch_batches(self) -> AsyncIterator[FetchedBatch]:
+        """Every batch from the start position on; a batch's records are decoded only if asked for."""
+        while True:
+            batches = await self.poll()
+            if batches is None:
+                return
+            for batch in batches:
+                yield batch
+
+    async def poll(self) -> list[FetchedBatch] | None:
+        """Wait for the next fetch responses and return their batches (possibly none after a long-poll
+        timeout); None once every partition is at its end under ``stop_at_end``."""
+        await self.start()
+        if self._stop_at_end and all(p.at_end for p in self._partitions.values()):
+            return None
+        waiting = {p.fetch: p for p in self._partitions.values() if p.fetch is not None}
+        if not waiting:  # only under stop_at_end: a partition at its end sends no further fetch
+            return None
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        out: list[FetchedBatch] = []
+        for future in done:
+            out.extend(await self._take(waiting[future], future))
+        return out
+
+    async def _take(self, p: _Partition, future: asyncio.Future[Response]) -> list[FetchedBatch]:
+        """Turn one fetch response into batches and send the partition's next fetch."""
+        p.fetch = None
+        try:
+            response = future.result()
+        except TidelogError as exc:
+            if not exc.retriable:
+                raise
+            log.info("fetch of %s/%d failed (%s); reconnecting", self.stream, p.id, exc)
+            await asyncio.sleep(self._backoff)
+            await self._reconnect(p)
+            self._send_fetch(p)
+            return []
+        header = response.header
+        assert isinstance(header, FetchResponse)
+        p.high_watermark = header.high_watermark
+        if header.error is not None:
+            await self._out_of_range(p, header)
+            self._send_fetch(p)
+            return []
+        start = p.position
+        batches = batches_of(response.payload, self.stream, p.id, start, verify=self._verify)
+        if batches:
+            p.position = batches[-1].header.next_offset
+        p.at_end = p.position >= header.high_watermark
+        if not (self._stop_at_end and p.at_end):
+            self._send_fetch(p)
+        return batches
+
+    def _send_fetch(self, p: _Partition) -> None:
+        assert p.connection is not None
+        request = FetchRequest(self.stream, p.id, p.position, self._max_bytes, self._max_wait_ms)
+        try:
+            p.fetch = p.connection.send(request)
+        except TidelogError as exc:
+            failed: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            p.fetch = failed
+
+    async def _out_of_range(self, p: _Partition, header: FetchResponse) -> None:
+        assert header.error is not None
+        if self._reset == "error":
+            raise from_error_body(header.error)
+        target = header.log_start if self._reset == "earliest" else header.high_watermark
+        log.warning("offset %d of %s/%d is out of range; resetting to %d", p.position, self.stream, p.id, target)
+        p.position = target
+
+    async def _connect(self, p: _Partition, *, refresh: bool = False) -> None:
+        if refresh:
+            await self._cluster.stream(self.stream, refresh=True)
+        p.connection = await self._cluster.leader_connection(self.stream, p.id, dedicated=True)
+
+    async def _reconnect(self, p: _Partition) -> None:
+        if p.connection is not None:
+            await self._cluster.release(p.connection)
+            p.connection = None
+        await self._connect(p, refresh=True)
+
+    async def _resolve_start(self, p: _Partition, start: StartPosition) -> None:
+        assert p.connection is not None
+        timestamp = start.ns if isinstance(start, AtTimestamp) else -1
+        response = await p.connection.request(
+            ListOffsetsRequest(self.stream, p.id, timestamp), timeout=self._cluster.request_timeout
+        )
+        bounds = response.header
+        assert isinstance(bounds, ListOffsetsResponse)
+        p.high_watermark = bounds.high_watermark
+        if start == "earliest":
+            p.position = bounds.log_start
+        elif start == "latest":
+            p.position = bounds.high_watermark
+        elif isinstance(start, AtTimestamp):
+            p.position = bounds.offset
+        elif isinstance(start, int) and not isinstance(start, bool):
+            p.position = start
+        else:
+            raise ValueError(f"unknown start position {start!r}")
+
+
+def _discard(future: asyncio.Future[Response]) -> None:
+    if not future.cancelled():
+        future.exception()

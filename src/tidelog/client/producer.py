@@ -1,0 +1,204 @@
+"""The asyncio producer: ``send()`` returns at once with a future; batching and sending happen behind it.
+
+A thin facade (aiokafka's shape) over two parts:
+
+- the :class:`~tidelog.client.accumulator.Accumulator` encodes each record into its partition's open batch
+  (per-partition batches bounded by ``batch_size`` bytes, ``max_records`` records and ``linger_ms``);
+- the :class:`~tidelog.client.sender.Sender` keeps up to ``max_in_flight`` produce requests in flight per
+  partition on the leader's connection and resolves each record's future from the response.
+
+::
+
+    async with Producer("127.0.0.1:9293") as producer:
+        future = await producer.send("orders", b"payload", key=b"customer-7")
+        metadata = await future               # RecordMetadata(stream, partition, offset, timestamp)
+        await producer.send_and_wait("orders", b"another")
+
+Partitioning: an explicit ``partition`` wins; otherwise a keyed record goes to ``crc32(key) % partitions``
+(Liftbridge's rule, so keys land where Liftbridge clients put them) and keyless records go round robin
+(:class:`~tidelog.client.partitioner.DefaultPartitioner`).
+
+Choosing settings. ``acks=Acks.ALL`` (the default) resolves a record's future once it is committed;
+``Acks.NONE`` resolves it once the broker has the request, with offset -1. ``compression`` defaults to zstd
+level 1 as ARCHITECTURE says; on loopback or a fast LAN ``Codec.NONE`` is faster because the CPU, not the
+network, is the limit (see the report in ``benchmarks/``). Throughput comes from large batches and several
+requests in flight: with flush ``always`` every request waits for an fsync, and those of one partition share
+one (group commit) only when several are in flight.
+
+``send()`` waits (the only time it suspends, apart from the first metadata lookup of a stream) when
+``buffer_memory`` bytes are already waiting for acknowledgement: that is the producer's backpressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+from tidelog.api.wire.messages import Acks
+from tidelog.client.accumulator import Accumulator, RecordMetadata
+from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
+from tidelog.client.partitioner import DefaultPartitioner, Partitioner
+from tidelog.client.sender import Sender
+from tidelog.storage.batch import Codec
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class Producer:
+    """Produces records to tidelog streams over the wire protocol (see the module docstring)."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        *,
+        cluster: Cluster | None = None,
+        acks: Acks = Acks.ALL,
+        compression: Codec = Codec.ZSTD,
+        batch_size: int = 512 * 1024,
+        max_records: int = 65_536,
+        linger_ms: float = 0.0,
+        max_in_flight: int = 8,
+        buffer_memory: int = 64 * 1024 * 1024,
+        ack_timeout_ms: int = 0,
+        retries: int = 3,
+        retry_backoff_ms: int = 100,
+        partitioner: Partitioner | None = None,
+    ) -> None:
+        """``cluster`` shares connections and metadata with other client objects (then ``bootstrap`` is
+        unused and :meth:`close` leaves the cluster open). ``ack_timeout_ms`` 0 uses the broker's default.
+        ``linger_ms`` 0 still batches the records sent within one turn of the event loop."""
+        if batch_size < 1 or max_records < 1 or max_in_flight < 1 or buffer_memory < 1:
+            raise ValueError("batch_size, max_records, max_in_flight and buffer_memory must be positive")
+        self._owns_cluster = cluster is None
+        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._acks = Acks(acks)
+        self._codec = Codec(compression)
+        self._batch_size = batch_size
+        self._max_records = max_records
+        self._linger_ms = linger_ms
+        self._max_in_flight = max_in_flight
+        self._buffer_memory = buffer_memory
+        self._ack_timeout_ms = ack_timeout_ms
+        self._retries = retries
+        self._retry_backoff_ms = retry_backoff_ms
+        self._partitioner: Partitioner = DefaultPartitioner() if partitioner is None else partitioner
+        self._accumulator: Accumulator | None = None
+        self._sender: Sender | None = None
+        self._closed = False
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    async def start(self) -> None:
+        """Set up on the running loop and reach a broker (fails fast when none is reachable)."""
+        if self._sender is not None:
+            return
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+        self._sender = Sender(
+            self._cluster,
+            acks=self._acks,
+            ack_timeout_ms=self._ack_timeout_ms,
+            codec=self._codec,
+            max_in_flight=self._max_in_flight,
+            retries=self._retries,
+            retry_backoff_ms=self._retry_backoff_ms,
+        )
+        self._accumulator = Accumulator(
+            batch_size=self._batch_size,
+            max_records=self._max_records,
+            linger_ms=self._linger_ms,
+            wake=self._sender.wake,
+        )
+        await self._cluster.any_connection()
+
+    async def send(
+        self,
+        stream: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Queue one record; return the future of its :class:`RecordMetadata` without waiting for the broker.
+
+        ``timestamp`` is ns since the Unix epoch (now, when omitted). The future fails with the broker's
+        :class:`~tidelog.api.errors.TidelogError` (e.g. ``UnknownStreamError``) if the record is refused.
+        """
+        accumulator = self._accumulator
+        if accumulator is None:
+            await self.start()
+            accumulator = self._accumulator
+            assert accumulator is not None
+        if partition is None:
+            info = self._cluster.cached_stream(stream) or await self._cluster.stream(stream)
+            count = len(info.partitions)
+            partition = self._partitioner.partition(stream, key, count) if count > 1 else 0
+        if accumulator.buffered >= self._buffer_memory:
+            await self._wait_for_memory(accumulator)
+        return accumulator.append(
+            stream, partition, value, key, headers or (), time.time_ns() if timestamp is None else timestamp
+        )
+
+    async def send_and_wait(
+        self,
+        stream: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> RecordMetadata:
+        """:meth:`send` one record and wait for its acknowledgement; its batch goes at once (no linger), the
+        batches of other partitions are left to fill up."""
+        future = await self.send(stream, value, key, headers, partition, timestamp)
+        accumulator, sender = self._accumulator, self._sender
+        assert accumulator is not None and sender is not None
+        buffer = accumulator.last  # nothing ran between the append in send() and here
+        accumulator.seal(buffer)
+        sender.wake(buffer)
+        return await future
+
+    async def _wait_for_memory(self, accumulator: Accumulator) -> None:
+        """Wait until batches complete and release enough of ``buffer_memory`` (open batches still linger or
+        fill up: sealing them early would only make smaller batches)."""
+        while accumulator.buffered >= self._buffer_memory and accumulator.incomplete:
+            await asyncio.wait([b.done for b in accumulator.incomplete], return_when=asyncio.FIRST_COMPLETED)
+
+    async def flush(self) -> None:
+        """Send every queued record now and wait until each one has its outcome (none raises here)."""
+        accumulator = self._accumulator
+        if accumulator is None:
+            return
+        assert self._sender is not None
+        pending = [batch.done for batch in accumulator.incomplete]
+        for buffer in accumulator.make_all_due():
+            self._sender.wake(buffer)
+        if pending:
+            await asyncio.gather(*pending)
+
+    async def close(self) -> None:
+        """Flush, then release connections (the cluster's too, unless it was passed in)."""
+        if self._closed:
+            return
+        try:
+            await self.flush()
+            if self._sender is not None:
+                await self._sender.close()
+        finally:
+            self._closed = True
+            if self._owns_cluster:
+                await self._cluster.close()
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

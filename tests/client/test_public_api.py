@@ -1,0 +1,58 @@
+"""``tidelog.client`` exports a curated set of names; this guards it (httpx's habit)."""
+
+from __future__ import annotations
+
+import tidelog.client
+
+EXPECTED = {
+    "Acks",
+    "Admin",
+    "AtTimestamp",
+    "Cluster",
+    "Codec",
+    "Connection",
+    "ConnectionClosedError",
+    "Consumer",
+    "ConsumerRecord",
+    "DefaultPartitioner",
+    "FetchedBatch",
+    "KeyPartitioner",
+    "LoopThread",
+    "OffsetReset",
+    "Partitioner",
+    "Producer",
+    "RecordMetadata",
+    "Response",
+    "RoundRobinPartitioner",
+    "StartPosition",
+    "SyncAdmin",
+    "SyncConsumer",
+    "SyncProducer",
+    "TidelogClient",
+    "TidelogError",
+}
+
+
+def test_all_is_exactly_the_curated_set() -> None:
+    assert set(tidelog.client.__all__) == EXPECTED
+    assert len(tidelog.client.__all__) == len(EXPECTED)  # no duplicates
+    assert tidelog.client.__all__ == sorted(tidelog.client.__all__)
+
+
+def test_every_exported_name_exists_and_nothing_else_public_leaks() -> None:
+    for name in tidelog.client.__all__:
+        assert getattr(tidelog.client, name) is not None
+    public = {n for n in vars(tidelog.client) if not n.startswith("_")}
+    modules = {
+        "accumulator",
+        "admin",
+        "cluster",
+        "connection",
+        "consumer",
+        "partitioner",
+        "producer",
+        "records",
+        "sender",
+        "sync",
+    }
+    assert public - modules == EXPECTED
