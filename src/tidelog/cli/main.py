@@ -1,0 +1,27 @@
+"""The ``tidelog`` command: ``serve`` and the client commands (streams, publish, subscribe)."""
+
+from __future__ import annotations
+
+import click
+
+from tidelog import __version__
+from tidelog.cli.publish import publish
+from tidelog.cli.serve import serve
+from tidelog.cli.streams import stream
+from tidelog.cli.subscribe import subscribe
+
+
+@click.group()
+@click.version_option(__version__, prog_name="tidelog")
+def cli() -> None:
+    """tidelog: a durable, replicated log for NATS."""
+
+
+cli.add_command(serve)
+cli.add_command(stream)
+cli.add_command(publish)
+cli.add_command(subscribe)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,93 @@
+"""``tidelog publish``: send values given as arguments, or one per line of standard input."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from tidelog.api.wire.messages import Acks
+from tidelog.cli.common import async_command, bootstrap, brokers_option
+from tidelog.client import Producer
+
+console = Console(stderr=True)
+PROGRESS_FROM = 100  # show a progress bar from this many messages on
+
+
+def _headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--header")
+        out.append((name, value.encode()))
+    return out
+
+
+def _values(values: tuple[str, ...]) -> Iterator[bytes]:
+    if values:
+        yield from (v.encode() for v in values)
+    else:
+        for line in sys.stdin.buffer:
+            yield line.rstrip(b"\r\n")
+
+
+@click.command("publish")
+@click.argument("stream")
+@click.argument("values", nargs=-1)
+@click.option("--key", "-k", default=None, help="Key of every message (partitions by key).")
+@click.option("--header", "-H", "headers", multiple=True, help="NAME=VALUE header (repeatable).")
+@click.option("--partition", "-p", type=click.IntRange(0), default=None, help="Partition (default: by key).")
+@click.option("--acks", type=click.Choice(["all", "leader", "none"]), default="all", show_default=True)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@brokers_option
+@async_command
+async def publish(
+    stream: str,
+    values: tuple[str, ...],
+    key: str | None,
+    headers: tuple[str, ...],
+    partition: int | None,
+    acks: str,
+    quiet: bool,
+    brokers: str,
+) -> None:
+    """Publish VALUES (or standard input, one message per line) to STREAM."""
+    hdrs = _headers(headers)
+    key_bytes = key.encode() if key is not None else None
+    total = len(values) or None
+    async with Producer(bootstrap(brokers), acks=Acks[acks.upper()]) as producer:
+        futures = []
+        show = not quiet and (total is None or total >= PROGRESS_FROM) and console.is_terminal
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("publishing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not show,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("publish", total=total)
+
+            def done(_: object) -> None:
+                progress.advance(task)
+
+            for value in _values(values):
+                future = await producer.send(stream, value, key=key_bytes, headers=hdrs, partition=partition)
+                future.add_done_callback(done)
+                futures.append(future)
+            await producer.flush()
+            results = await asyncio.gather(*futures)
+    if not quiet:
+        if len(results) == 1:
+            r = results[0]
+            console.print(f"published to {stream} partition {r.partition} at offset {r.offset}")
+        else:
+            parts = sorted({r.partition for r in results})
+            console.print(f"published {len(results)} messages to {stream} (partitions {', '.join(map(str, parts))})")
