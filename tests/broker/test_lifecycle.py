@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,34 +17,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ManagedProcess, ReadinessProbe, pid_alive, tcp_probe, wait_pid_exit
+from tidelog.testing.process import ManagedProcess, pid_alive, tcp_probe, wait_pid_exit
+from tidelog.testing.serve_process import TIDELOG, serving
 
 from .helpers import BOUND, bounded, create_stream, publish, read_until_stop, values
 
 pytestmark = pytest.mark.slow
 
-TIDELOG = Path(sys.executable).parent / "tidelog"
 START_WITHIN = 60.0  # Python start-up plus etcd and nats-server on a loaded machine
 STOP_WITHIN = 20.0
-
-
-def serving(port: int) -> ReadinessProbe:
-    """Ready once the broker's gRPC health service reports ``proto.API`` as SERVING."""
-
-    async def probe() -> bool:
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                request = health_pb2.HealthCheckRequest(service="proto.API")
-                response = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=1.0)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
-
-    return probe
 
 
 def clean_env(**settings: str) -> dict[str, str]:
