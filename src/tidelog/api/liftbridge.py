@@ -17,7 +17,7 @@ Clients may not send headers with the reserved prefix (:func:`check_user_headers
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidelog.api._gen import api_pb2
@@ -84,14 +84,15 @@ def record_from_nats(
     subject: str,
     reply: str,
     data: bytes,
-    nats_headers: Mapping[str, str] | None,
+    nats_headers: Sequence[tuple[str, bytes]],
     partition_subject: str,
     timestamp: int,
 ) -> tuple[NewRecord, AckRequest | None]:
     """Turn one NATS message into a record, decoding a Liftbridge envelope when there is one.
 
     A message that is not a well-formed envelope (or whose protobuf does not parse) is stored whole as the
-    value: a NATS message is never dropped.
+    value: a NATS message is never dropped. ``nats_headers`` are the message's NATS headers in order (a name may
+    repeat); those with the reserved prefix are left out, and an envelope's own headers replace them.
     """
     env = parse_envelope(data) if data[:1] == b"\xb9" else None
     if env is not None and env.msg_type is MessageType.PUBLISH:
@@ -116,9 +117,7 @@ def record_from_nats(
             )
             ack = AckRequest(msg.ackInbox, msg.correlationId, int(msg.ackPolicy), subject) if msg.ackInbox else None
             return record, ack
-    hdrs: list[tuple[str, bytes]] = []
-    if nats_headers:
-        hdrs = [(k, v.encode()) for k, v in nats_headers.items() if not k.startswith(RESERVED_PREFIX)]
+    hdrs = [(k, v) for k, v in nats_headers if not k.startswith(RESERVED_PREFIX)]
     if subject != partition_subject:
         hdrs.append((SUBJECT, subject.encode()))
     if reply:

@@ -1,88 +1,136 @@
 """NATS ingest: the partition leader's subscription to its subject, appending what arrives in batches.
 
-The NATS callback does almost nothing — it queues the message and wakes the ingest loop. The loop takes
-everything queued since its last turn (up to a record and byte limit), turns it into *one* record batch and
-appends it; while that append waits for its fsync the next messages are already being gathered, and up to
-``max_inflight`` appends overlap, so one fsync (group commit in the log) covers many batches under load. A
-message is never appended on its own unless it arrived alone. A batch never exceeds what the partition's log
-accepts in one batch (its ``max_batch_bytes``, at most a segment): a batch the log refused would lose every
-message in it.
+How a message travels, and what each step costs (the broker's event loop is the bottleneck, so per-message Python
+and per-byte copies are what count; on this class of machine copying a kilobyte costs about as much as parsing it):
 
-Acks go to the Liftbridge ack inbox of enveloped messages per their policy: ``LEADER`` once the batch is in the
-leader's log, ``ALL`` once it is committed, ``NONE`` never. Plain NATS messages carry no ack inbox.
+1. **Receive** — :class:`~tidelog.broker.nats_reader.NatsReader`, a subscriber connection of this partition's own,
+   parses each socket read in one pass and calls :meth:`NatsIngest._on_read` once per read, the payloads as views
+   of the read (not copies). nats-py cost about 8 µs of Python per message here (profiled: its parser, a ``Msg``
+   object, a queue and a task wake-up each); the reader well under one. nats-py remains the way in for URLs the
+   reader does not speak (``tls://``, websockets) and for tests that stand in for the NATS client.
+2. **Encode** — :class:`~tidelog.broker.ingest_batch.IngestEncoder` turns the read into record batches at once, all
+   in one buffer (byte-identical to :func:`~tidelog.storage.batch.build_batch`; a plain message is a few table
+   lookups and concatenations, its payload copied once, into the buffer). The messages of one read share its
+   reception time, plus 1 ns per message so that timestamps stay distinct and increasing (see that module).
+   Batches respect the log's batch limit (``max_batch_bytes``, at most a segment): a batch the log refused would
+   lose every message in it.
+3. **Append** — the read's buffer goes straight to :meth:`~tidelog.broker.partition.Partition.append` in a task of
+   its own, as a read-only view the log does not copy, as long as fewer than ``max_inflight`` appends are in
+   flight. Beyond that, reads wait, and the next free slot takes all of them (up to ``max_append_bytes``) in one
+   append — that is when appends wait for an fsync, and one fsync (group commit in the log) then covers everything
+   that piled up. Appends start in the order the reads arrived, and the log writes each before it suspends, so
+   records keep NATS's order.
+4. **Ack** — to the Liftbridge ack inbox of enveloped messages per their policy: ``LEADER`` once the batch is in
+   the leader's log, ``ALL`` once it is committed, ``NONE`` never. Plain NATS messages carry no ack inbox. Acks
+   are published through the broker's nats-py client.
+
+**Bounded memory.** What was received but is not yet stored is bounded by ``max_pending_bytes``: past it the reader
+stops reading the socket until appends catch up (to half), and NATS buffers for us — up to its own limit, beyond
+which it drops the connection as a slow consumer (NATS core semantics; see the reader's notes).
+
+**Stop** unsubscribes, stores everything the server had already sent (the reader drains up to a PONG after the
+UNSUB), and waits for the appends in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-import time
+from collections.abc import Sequence
 from typing import Any
 
 from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.api.errors import TidelogError
-from tidelog.api.liftbridge import AckRequest, build_ack, record_from_nats
+from tidelog.api.liftbridge import AckRequest, build_ack
 from tidelog.api.wire.messages import Acks
+from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message
+from tidelog.broker.nats_connection import UnsupportedServerError, supports
+from tidelog.broker.nats_reader import NatsReader
 from tidelog.broker.partition import Partition
-from tidelog.storage.batch import HEADER_SIZE, NewRecord, build_batch
+from tidelog.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 
-_Pending = tuple[str, str, bytes, Any, int]
-
-_RECORD_OVERHEAD = 128
-"""Bytes a record may need beyond its payload, subject and reply: varint framing, reserved header names."""
-
-
-def _encoded_size_bound(subject: str, reply: str, data: bytes, headers: Any) -> int:
-    """An upper bound on the bytes one NATS message takes as a record (an envelope only ever shrinks)."""
-    size = len(data) + len(subject) + len(reply) + _RECORD_OVERHEAD
-    if headers:
-        size += sum(len(k) + len(v) + 20 for k, v in headers.items())
-    return size
+MiB = 1024 * 1024
 
 
 class NatsIngest:
-    """Feeds one partition from its NATS subject."""
+    """Feeds one partition from its NATS subject.
+
+    ``urls`` are the broker's NATS servers, for the ingest's own connection; without them (or when the reader
+    cannot use them) it subscribes through ``nc``, the broker's nats-py client.
+    """
 
     def __init__(
         self,
         nc: Any,
         partition: Partition,
         *,
+        urls: Sequence[str] = (),
+        clock: Clock | None = None,
         max_batch_records: int = 4096,
-        max_batch_bytes: int = 4 * 1024 * 1024,
+        max_batch_bytes: int = 4 * MiB,
+        max_append_bytes: int = 8 * MiB,
         max_inflight: int = 4,
+        max_pending_bytes: int = 64 * MiB,
         ack_timeout: float = 5.0,
+        reader_options: dict[str, Any] | None = None,
     ) -> None:
         self._nc = nc
         self._partition = partition
-        self._max_records = max_batch_records
+        self._urls = list(urls)
+        self._clock: Clock = clock or SystemClock()
         log_config = partition.log.config
         log_limit = min(log_config.max_batch_bytes, log_config.segment_max_bytes)
-        self._max_bytes = min(max_batch_bytes, log_limit) - HEADER_SIZE
-        self._slots = asyncio.Semaphore(max_inflight)
+        self._encoder = IngestEncoder(
+            partition.subject, max_batch_bytes=min(max_batch_bytes, log_limit), max_batch_records=max_batch_records
+        )
+        self._max_append_bytes = max_append_bytes
+        self._max_inflight = max_inflight
+        self._max_pending_bytes = max_pending_bytes
         self._ack_timeout = ack_timeout
-        self._pending: list[_Pending] = []
-        self._wake = asyncio.Event()
-        self._sub: Any = None
-        self._loop_task: asyncio.Task[None] | None = None
+        self._reader_options = reader_options or {}
+        self._pending: collections.deque[Encoded] = collections.deque()  # reads encoded, waiting for a slot
+        self._pending_bytes = 0  # encoded and not yet stored: waiting or in flight
+        self._next_timestamp = 0  # the earliest timestamp the next message may get (keeps them increasing)
         self._inflight: set[asyncio.Task[None]] = set()
-        self._stopping = False
+        self.reader: NatsReader | None = None
+        self._sub: Any = None  # the nats-py subscription, when that is the way in
+        self._received: list[Message] = []  # nats-py deliveries of the current loop turn
         self.appended = 0
         self.failed = 0
+        self.pauses = 0  # times reading was paused because too much waited to be stored
+
+    # ------------------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        stream = self._partition.stream
+        partition = self._partition
+        if self._urls and supports(self._urls):
+            reader = NatsReader(
+                self._urls,
+                partition.subject,
+                self._on_read,
+                queue=partition.stream.group or None,
+                name=f"tidelog-ingest-{partition.name}",
+                clock=self._clock,
+                **self._reader_options,
+            )
+            try:
+                await reader.start()
+            except UnsupportedServerError as exc:
+                log.info("NATS ingest %s: %s; subscribing through nats-py instead", partition.name, exc)
+            else:
+                self.reader = reader
+                return
         self._sub = await self._nc.subscribe(
-            self._partition.subject,
-            queue=stream.group,
-            cb=self._on_message,
+            partition.subject,
+            queue=partition.stream.group,
+            cb=self._on_nats_py_message,
             pending_msgs_limit=1_000_000,
-            pending_bytes_limit=512 * 1024 * 1024,
+            pending_bytes_limit=512 * MiB,
         )
-        self._loop_task = asyncio.create_task(self._run(), name=f"ingest-{self._partition.name}")
         # Wait until the NATS server has processed the subscription: a client that creates a stream and then
         # publishes to its subject at once must not lose what it published before our SUB took effect. Twice,
         # because nats-py writes a flush's PING straight to the socket while the SUB still waits in its pending
@@ -91,86 +139,124 @@ class NatsIngest:
         await self._nc.flush()
         await self._nc.flush()
 
-    async def _on_message(self, msg: Any) -> None:
-        self._pending.append((msg.subject, msg.reply, msg.data, msg.headers, time.time_ns()))
-        self._wake.set()
-
     async def stop(self) -> None:
-        """Unsubscribe, append what was already received, and wait for in-flight appends."""
+        """Unsubscribe, append what was already received, and wait for the appends."""
+        if self.reader is not None:
+            await self.reader.stop()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        self._stopping = True
-        self._wake.set()
-        if self._loop_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-        if self._inflight:
+        self._take_received()
+        while self._inflight:  # an append that ends starts the next one, if reads are waiting
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                chunk = self._take()
-                await self._slots.acquire()
-                task = asyncio.create_task(self._append(chunk))
-                self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
-            if self._stopping:
-                return
+    # ------------------------------------------------------------------------------------------ receiving
 
-    def _take(self) -> list[_Pending]:
-        """The oldest pending messages that fit one batch (at least one, which fits: NATS caps its size)."""
+    def _on_read(self, messages: Sequence[Message], received_ns: int) -> None:
+        """One read's messages: encode them now, and append them as soon as a slot is free."""
+        timestamp = max(received_ns, self._next_timestamp)
+        encoded = self._encoder.encode(messages, timestamp)
+        records = encoded.records
+        self._next_timestamp = timestamp + records
+        if encoded.too_large:
+            self.failed += len(encoded.too_large)
+            log.warning(
+                "NATS ingest %s: %d messages (up to %d bytes) are larger than this log's batch limit; not stored",
+                self._partition.name,
+                len(encoded.too_large),
+                max(encoded.too_large),
+            )
+        if not records:
+            return
+        self._pending_bytes += len(encoded.data)
+        self._pending.append(encoded)
+        self._start_appends()
+        reader = self.reader
+        if reader is not None and self._pending_bytes > self._max_pending_bytes and not reader.paused:
+            log.info(
+                "NATS ingest %s: %d MiB received and not yet stored; pausing reads",
+                self._partition.name,
+                self._pending_bytes // MiB,
+            )
+            reader.pause_reading()
+            self.pauses += 1
+
+    async def _on_nats_py_message(self, msg: Any) -> None:
+        """nats-py path: collect this loop turn's messages and encode them together, as one read."""
+        if not msg.reply and not msg.headers and msg.subject == self._partition.subject:
+            self._received.append(memoryview(msg.data))
+        else:
+            headers = [(k, v.encode()) for k, v in msg.headers.items()] if msg.headers else []
+            self._received.append(Decoded(msg.subject, msg.reply, msg.data, headers))
+        if len(self._received) == 1:
+            asyncio.get_running_loop().call_soon(self._take_received)
+
+    def _take_received(self) -> None:
+        received, self._received = self._received, []
+        if received:
+            self._on_read(received, self._clock.now_ns())
+
+    # ------------------------------------------------------------------------------------------ storing
+
+    def _start_appends(self) -> None:
+        """Start an append for what waits, while there are free slots (in order: tasks run as they were made)."""
         pending = self._pending
-        count = 0
-        size = 0
-        limit = min(len(pending), self._max_records)
-        while count < limit:
-            subject, reply, data, headers, _ = pending[count]
-            size += _encoded_size_bound(subject, reply, data, headers)
-            if size > self._max_bytes and count > 0:
-                break
-            count += 1
-        chunk = pending[:count]
-        del pending[:count]
-        return chunk
+        while pending and len(self._inflight) < self._max_inflight:
+            group = [pending.popleft()]
+            size = len(group[0].data)
+            while pending and size + len(pending[0].data) <= self._max_append_bytes:
+                size += len(pending[0].data)
+                group.append(pending.popleft())
+            task = asyncio.get_running_loop().create_task(self._append(group))
+            self._inflight.add(task)
+            task.add_done_callback(self._append_done)
 
-    async def _append(self, chunk: list[_Pending]) -> None:
+    def _append_done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._start_appends()
+
+    async def _append(self, group: list[Encoded]) -> None:
+        size = sum(len(read.data) for read in group)
+        count = sum(read.records for read in group)
+        partition = self._partition
         try:
-            partition = self._partition
-            psubject = partition.subject
-            records: list[NewRecord] = []
-            acks: list[tuple[int, AckRequest]] = []
-            for i, (subject, reply, data, headers, ts) in enumerate(chunk):
-                record, ack = record_from_nats(subject, reply, data, headers, psubject, ts)
-                records.append(record)
-                if ack is not None and ack.ack_policy != Acks.NONE:
-                    acks.append((i, ack))
-            batch = build_batch(records, timestamp=chunk[0][4])
+            # One read's buffer goes to the log as it is: read-only, so the log need not copy it (nothing writes
+            # to it after encoding). Reads that waited for a slot are joined: one copy, one append.
+            data = memoryview(group[0].data).toreadonly() if len(group) == 1 else b"".join(r.data for r in group)
             try:
-                appended = await partition.append(batch, Acks.LEADER, self._ack_timeout)
+                appended = await partition.append(data, Acks.LEADER, self._ack_timeout)
             except TidelogError as exc:
-                self.failed += len(chunk)
-                log.warning("could not store %d NATS messages on %s: %s", len(chunk), partition.name, exc)
+                self.failed += count
+                log.warning("could not store %d NATS messages on %s: %s", count, partition.name, exc)
                 return
-            self.appended += len(chunk)
+            finally:
+                self._stored(size)
+            self.appended += count
+            acks: list[tuple[int, AckRequest]] = []
+            first = 0
+            for read in group:
+                acks += ((first + i, ack) for i, ack in read.acks)
+                first += read.records
             if acks:
                 await self._send_acks(appended.base_offset, appended.received_ns, acks)
         except Exception:
-            self.failed += len(chunk)
-            log.exception("NATS ingest failed on %s", self._partition.name)
-        finally:
-            self._slots.release()
+            self.failed += count
+            log.exception("NATS ingest failed on %s", partition.name)
+
+    def _stored(self, size: int) -> None:
+        self._pending_bytes -= size
+        reader = self.reader
+        if reader is not None and reader.paused and self._pending_bytes <= self._max_pending_bytes // 2:
+            log.info("NATS ingest %s: caught up; reading again", self._partition.name)
+            reader.resume_reading()
 
     async def _send_acks(self, base_offset: int, received_ns: int, acks: list[tuple[int, AckRequest]]) -> None:
         partition = self._partition
         if any(a.ack_policy == Acks.ALL for _, a in acks):
             last = base_offset + max(i for i, a in acks if a.ack_policy == Acks.ALL)
             await partition.wait_committed(last, self._ack_timeout)
-        committed = time.time_ns()
+        committed = self._clock.now_ns()
         for i, ack in acks:
             message = build_ack(
                 stream=partition.stream.name,

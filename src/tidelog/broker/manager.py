@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,12 @@ class PartitionManager:
         *,
         ack_timeout: float,
         on_resume: ResumeHook | None = None,
+        nats_urls: Sequence[str] = (),
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
         self._nc = nc
+        self._nats_urls = list(nats_urls)  # for each ingest's own NATS connection (see broker.ingest)
         self._log_config_for = log_config_for
         self._ack_timeout = ack_timeout
         self._on_resume = on_resume
@@ -112,7 +114,7 @@ class PartitionManager:
         min_isr = stream.config.min_isr or max(1, stream.replication_factor - 1)
         partition = Partition(stream, record, log_, self.broker_id, min_isr=min_isr, on_resume=self._on_resume)
         self._partitions[(stream.name, record.id)] = partition
-        ingest = NatsIngest(self._nc, partition, ack_timeout=self._ack_timeout)
+        ingest = NatsIngest(self._nc, partition, urls=self._nats_urls, ack_timeout=self._ack_timeout)
         try:
             await ingest.start()
         except Exception:

@@ -108,6 +108,7 @@ class Broker:
                 lambda stream: log_config_for(cfg, stream),
                 ack_timeout=cfg.default_ack_timeout_ms / 1000,
                 on_resume=self._resume,
+                nats_urls=self.nats_urls,
             )
             self.mirror.add_listener(self.manager.reconcile)
             await self.mirror.start()
