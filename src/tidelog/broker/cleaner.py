@@ -27,6 +27,8 @@ class LogCleaner:
         self._interval = interval
         self._clock = clock or SystemClock()
         self._task: asyncio.Task[None] | None = None
+        self._passes = 0
+        self._passed = asyncio.Condition()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="log-cleaner")
@@ -42,6 +44,15 @@ class LogCleaner:
         while True:
             await self._clock.sleep(self._interval)
             await self.clean_once()
+            async with self._passed:
+                self._passes += 1
+                self._passed.notify_all()
+
+    async def wait_for_passes(self, count: int) -> None:
+        """Wait until the background loop has completed ``count`` more passes (for tests and tools)."""
+        async with self._passed:
+            target = self._passes + count
+            await self._passed.wait_for(lambda: self._passes >= target)
 
     async def clean_once(self) -> tuple[int, int]:
         """Clean every partition once; return (segments deleted by retention, segments rewritten by compaction)."""

@@ -22,6 +22,7 @@ import nats
 
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
+from tidelog.broker.cleaner import LogCleaner
 from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
@@ -79,6 +80,7 @@ class Broker:
         self.grpc: GrpcServer | None = None
         self.wire: WireServer | None = None
         self.context: BrokerContext | None = None
+        self.cleaner: LogCleaner | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -113,6 +115,8 @@ class Broker:
             self.mirror.add_listener(self.manager.reconcile)
             await self.mirror.start()
             await self.manager.remove_orphans(self.mirror.snapshot)
+            self.cleaner = LogCleaner(self.manager.partitions, cfg.cleaner_interval_ms / 1000)
+            self.cleaner.start()
             admin = StreamAdmin(self.id, self.store, self.mirror)
             self.context = BrokerContext(self.id, cfg, self.manager, admin, self.mirror, self.nc)
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
@@ -181,6 +185,8 @@ class Broker:
         if self.wire is not None:
             with contextlib.suppress(Exception):
                 await self.wire.stop(grace=min(grace, 5.0))
+        if self.cleaner is not None:
+            await self.cleaner.stop()
         if self.manager is not None:
             await self.manager.close()
         if self.store is not None:
