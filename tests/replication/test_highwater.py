@@ -80,3 +80,14 @@ async def test_failing_waiters_wakes_them_with_the_error() -> None:
     hw.fail_waiters(RuntimeError("closing"))
     with pytest.raises(RuntimeError, match="closing"):
         await asyncio.wait_for(waiter, 1)
+
+
+async def test_wait_beyond_without_a_timeout_waits_for_the_advance() -> None:
+    hw = HighWatermark("a", ["a"], 0)
+    waiter = asyncio.ensure_future(hw.wait_beyond(2, None))
+    await asyncio.sleep(0)
+    hw.replica_caught_up_to("a", 2)
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    hw.replica_caught_up_to("a", 3)
+    assert await asyncio.wait_for(waiter, 5)

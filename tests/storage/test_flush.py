@@ -11,34 +11,56 @@ import pytest
 
 from tidelog.clock import ManualClock, SystemClock
 from tidelog.storage.config import FlushPolicy
-from tidelog.storage.flush import Flusher, FlushFailedError
+from tidelog.storage.flush import INLINE_MAX_BYTES, Flusher, FlushFailedError, RoundState
 from tidelog.storage.log import Log
 from tidelog.storage.recovery import MARKER_FILE
 
 from .logutil import make_batch, small_config
 
+BIG = INLINE_MAX_BYTES + 1
+"""A write this large is never synced inline: tests that block a round in its fsync use it (an inline fsync
+would block the event loop itself)."""
+
 
 class FakeTarget:
-    """A syncable that records its fsyncs; optionally blocks in the first one until ``gate`` opens."""
+    """A syncable that records its fsyncs (and the threads they ran on); optionally blocks in the first one
+    until ``gate`` opens, fails, or takes ``took`` seconds of ``clock`` time each (a slow disk, deterministically).
+    """
 
-    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+    def __init__(
+        self,
+        gate: threading.Event | None = None,
+        fail: bool = False,
+        clock: ManualClock | None = None,
+        took: list[float] | None = None,
+    ) -> None:
         self.gate = gate
         self.fail = fail
+        self.clock = clock
+        self.took = took if took is not None else []
         self.started = threading.Event()
         self.synced = threading.Event()
         self.syncs = 0
-        self.threads: set[int] = set()
+        self.threads: list[int] = []
         self.pins = 0
 
     def sync(self) -> None:
-        self.threads.add(threading.get_ident())
+        self.threads.append(threading.get_ident())
         self.started.set()
         if self.gate is not None:
             self.gate.wait(timeout=10)
         if self.fail:
             raise OSError(5, "Input/output error")
+        if self.clock is not None and self.took:
+            self.clock.advance(self.took.pop(0))
         self.syncs += 1
         self.synced.set()
+
+    @property
+    def inline(self) -> list[bool]:
+        """For each fsync so far: did it run on this (the event loop's) thread?"""
+        here = threading.get_ident()
+        return [thread == here for thread in self.threads]
 
     def pin(self) -> None:
         self.pins += 1
@@ -60,7 +82,7 @@ async def test_appenders_arriving_during_an_fsync_share_the_next_one() -> None:
     gate = threading.Event()
     target = FakeTarget(gate)
     flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
-    first = asyncio.ensure_future(flusher.wait_durable(flusher.note_write(target)))
+    first = asyncio.ensure_future(flusher.wait_durable(flusher.note_write(target, BIG)))
     assert await asyncio.to_thread(target.started.wait, 10)  # round 1 is in its fsync
     later = [asyncio.ensure_future(flusher.wait_durable(flusher.note_write(target))) for _ in range(10)]
     await asyncio.sleep(0)
@@ -68,22 +90,105 @@ async def test_appenders_arriving_during_an_fsync_share_the_next_one() -> None:
     gate.set()
     await asyncio.gather(first, *later)
     assert flusher.fsync_rounds == 2 and target.syncs == 2
+    assert target.inline == [False, False]  # a round in flight: the next one goes to the worker too
     assert flusher.durable == flusher.written == 11
     assert target.pins == 0
+    assert flusher.state is RoundState.IDLE
 
 
-async def test_fsync_never_runs_on_the_event_loop_thread() -> None:
+async def test_a_lone_append_is_synced_inline_before_its_wait_returns() -> None:
     target = FakeTarget()
     flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
-    await flusher.after_write(flusher.note_write(target))
-    assert target.syncs == 1 and threading.get_ident() not in target.threads
+    seq = flusher.note_write(target, 1024)
+    await flusher.after_write(seq)
+    assert target.syncs == 1 and target.inline == [True]
+    assert flusher.durable == seq and flusher.inline_rounds == flusher.fsync_rounds == 1
+    assert target.pins == 0 and flusher.state is RoundState.IDLE
 
 
-async def test_a_failed_fsync_fails_waiters_and_stays_failed() -> None:
+async def test_a_large_unsynced_write_goes_to_the_worker() -> None:
+    target = FakeTarget()
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
+    await flusher.after_write(flusher.note_write(target, BIG))
+    assert target.inline == [False] and flusher.inline_rounds == 0 and flusher.durable == 1
+
+
+async def test_a_burst_in_one_loop_turn_shares_one_worker_round() -> None:
+    """The first append of the turn syncs inline; the rest of the turn's appends share one worker round."""
+    target = FakeTarget()
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
+
+    async def append() -> None:
+        await flusher.after_write(flusher.note_write(target, 100))
+
+    await asyncio.gather(*(append() for _ in range(20)))
+    assert target.inline == [True, False]
+    assert flusher.fsync_rounds == 2 and flusher.durable == 20
+
+
+async def test_a_slow_fsync_sends_the_next_rounds_to_the_worker_until_fsyncs_are_fast_again() -> None:
+    clock = ManualClock()
+    target = FakeTarget(clock=clock, took=[0.050])  # the first fsync stalls 50 ms, the others take no time
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, clock, cpu_ns=lambda: 0)  # an otherwise idle loop
+    for _ in range(12):
+        await flusher.after_write(flusher.note_write(target, 100))
+        await asyncio.sleep(0)  # the next append comes in a later turn of the loop, as a client's would
+    assert target.syncs == 12 and flusher.durable == 12
+    # 50 ms weighs 6.25 ms in the moving average; each fast worker round takes it down by 1/8, and under
+    # 2 ms after ten of them the flusher goes back to syncing inline.
+    assert target.inline == [True] + [False] * 9 + [True, True]
+
+
+async def test_a_busy_loop_keeps_fsyncs_on_the_worker() -> None:
+    """Inline only while the loop's thread was mostly idle since the last look, and never while a worker round
+    of any log on the loop is in flight."""
+    clock = ManualClock()
+    cpu = [0]  # the loop thread's CPU time, as the test says it went
+
+    def flusher() -> Flusher:
+        return Flusher(FlushPolicy.ALWAYS, 1000, clock, cpu_ns=lambda: cpu[0])
+
+    def busy(wall_ms: float, cpu_ms: float) -> None:
+        clock.advance(wall_ms / 1000)
+        cpu[0] += int(cpu_ms * 1_000_000)
+
+    a, b = FakeTarget(), FakeTarget()
+    fa, fb = flusher(), flusher()
+    await fa.after_write(fa.note_write(a, 100))
+    await asyncio.sleep(0)
+    busy(1, 0.2)  # 20 % busy: another log's lone append syncs inline too
+    await fb.after_write(fb.note_write(b, 100))
+    await asyncio.sleep(0)
+    busy(1, 0.9)  # 90 % busy
+    await fa.after_write(fa.note_write(a, 100))
+    await asyncio.sleep(0)
+    busy(1, 0.5)
+    await fa.after_write(fa.note_write(a, 100))
+    assert a.inline == [True, False, True] and b.inline == [True]
+
+    gate = threading.Event()
+    blocked = FakeTarget(gate)
+    fc = flusher()
+    slow_round = asyncio.ensure_future(fc.after_write(fc.note_write(blocked, BIG)))
+    assert await asyncio.to_thread(blocked.started.wait, 10)  # a worker round of another log is in flight
+    await asyncio.sleep(0)
+    busy(10, 0)
+    await fb.after_write(fb.note_write(b, 100))
+    assert b.inline == [True, False]
+    gate.set()
+    await slow_round
+    await asyncio.sleep(0)
+    busy(10, 0)
+    await fb.after_write(fb.note_write(b, 100))
+    assert b.inline == [True, False, True]
+
+
+@pytest.mark.parametrize("size", [100, BIG], ids=["inline", "worker"])
+async def test_a_failed_fsync_fails_waiters_and_stays_failed(size: int) -> None:
     target = FakeTarget(fail=True)
     flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
     with pytest.raises(FlushFailedError):
-        await flusher.after_write(flusher.note_write(target))
+        await flusher.after_write(flusher.note_write(target, size))
     with pytest.raises(FlushFailedError):
         flusher.check()
     with pytest.raises(FlushFailedError):
@@ -122,11 +227,52 @@ async def test_concurrent_log_appends_share_fsyncs(tmp_path: Path) -> None:
     log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS, segment_max_bytes=10**6))
     results = await asyncio.gather(*(log.append(make_batch(2, tag=str(i)), 1) for i in range(50)))
     assert len(results) == 50
-    assert log.flusher.fsync_rounds <= 2  # all 50 are written before the first round starts
+    # The first syncs inline (nobody else waits yet); the other 49, appended in the same turn, share one round.
+    assert log.flusher.fsync_rounds == 2 and log.flusher.inline_rounds == 1
     assert log.flusher.durable == log.flusher.written
     for _ in range(3):  # one appender at a time: one fsync each
         await log.append(make_batch(1), 1)
-    assert log.flusher.fsync_rounds <= 5
+    assert log.flusher.fsync_rounds == 5
+    await log.close()
+
+
+async def test_appenders_woken_together_share_their_next_round(tmp_path: Path) -> None:
+    log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS, segment_max_bytes=10**6))
+
+    async def appender(i: int) -> None:
+        for n in range(5):
+            await log.append(make_batch(1, tag=f"{i}-{n}"), 1)
+
+    await asyncio.gather(*(appender(i) for i in range(16)))
+    # Round 1 (inline) and 2 (the rest of the first turn) cover the first appends; after that each round wakes
+    # all 16 appenders at once, and their next appends share one round: about one round per wave, never one
+    # per append.
+    assert log.flusher.written == 80 and log.flusher.durable == 80
+    assert log.flusher.inline_rounds == 1 and log.flusher.fsync_rounds <= 7
+    await log.close()
+
+
+async def test_a_lone_log_append_is_on_disk_and_fsynced_when_append_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS, segment_max_bytes=10**6))
+    await log.append(make_batch(2), 1)
+    synced: list[tuple[tuple[int, int], int]] = []  # (file identity, its size when synced)
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        real(fd)
+        stat = os.fstat(fd)
+        synced.append(((stat.st_dev, stat.st_ino), stat.st_size))
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    active = os.stat(log.segments[-1].path)
+    for n in range(6):  # inline or on the worker, as the loop's load has it: the same guarantee
+        if n % 2:
+            await asyncio.sleep(0)
+        await log.append(make_batch(3, tag=str(n)), 1)
+        assert len(synced) == n + 1  # one fsync per lone append, made before append returned...
+        assert synced[-1] == ((active.st_dev, active.st_ino), log.size_bytes)  # ...after its bytes were written
     await log.close()
 
 

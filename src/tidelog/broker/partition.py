@@ -138,8 +138,11 @@ class Partition:
 
     async def wait_committed(self, offset: int, timeout: float) -> None:
         """Wait until ``offset`` is committed; TIMEOUT error otherwise."""
+        if offset < self._hw.value:
+            return  # already committed (always, with one replica): no timer, no future
         try:
-            await asyncio.wait_for(self._hw.wait_committed(offset), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: that wraps the wait in a task of its own
+                await self._hw.wait_committed(offset)
         except TimeoutError:
             raise RequestTimeoutError(
                 f"offset {offset} of {self.name} was not committed within {timeout:.3f}s"

@@ -67,7 +67,8 @@ class HighWatermark:
         if offset < self._hw:
             return True
         try:
-            await asyncio.wait_for(self.wait_committed(offset), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: that wraps the wait in a task of its own
+                await self.wait_committed(offset)
         except TimeoutError:
             return False
         return True

@@ -4,35 +4,71 @@ Every write to a segment is numbered (a *write sequence*, :meth:`Flusher.note_wr
 dirty. ``durable`` is the highest sequence known to be on stable storage.
 
 Group commit (``FlushPolicy.ALWAYS``): an appender that needs durability waits for ``durable`` to reach its
-sequence. If no fsync is running, the first waiter starts one; it snapshots ``target = written`` and the set
-of dirty segments, runs ``fdatasync`` on each in a worker thread, then (back on the loop) sets
-``durable = target`` and wakes every waiter at or below it. Appenders that write while that fsync runs cannot
-be sure it covered them, so they wait for the next round, which starts as soon as the current one ends and
-covers all of them at once.
-Under load, one fsync therefore acknowledges every batch appended since the previous one; with a single
-appender it costs one fsync per append, as a plain write-then-fsync loop would.
+sequence. A *round* snapshots ``target = written`` and the set of dirty segments, runs ``fdatasync`` on each,
+then sets ``durable = target`` and wakes every waiter at or below it. Appenders that write while a round runs
+cannot be sure it covered them, so they wait for the next round, which starts as soon as the current one ends
+and covers all of them at once. Under load, one fsync therefore acknowledges every batch appended since the
+previous one; with a single appender it costs one fsync per append, as a plain write-then-fsync loop would.
+
+Where the fsync runs. A round normally runs in a worker thread, so the event loop goes on serving while the
+disk works. But for a lone append the thread hop *is* the latency: waking a worker, handing it the GIL and
+waking the loop again cost more than the fsync blocks the loop (``benchmarks/append_latency.py``, 1 KiB,
+here: 290–330 µs per append through the worker against 190–220 µs for write + fdatasync in one thread), and
+on a busy machine each of those wake-ups also waits for the scheduler. So a round runs *inline*, on the loop
+thread, when nothing else could use the loop meanwhile and blocking it is cheap:
+
+- the flusher is idle (no round scheduled or running) and the policy is ``ALWAYS``: the append asking is the
+  only one waiting, so there is nobody to group with and no fsync to overlap with;
+- what it syncs is small: one segment, no directory, at most :data:`INLINE_MAX_BYTES`;
+- this flusher's fsyncs have been fast: their moving average is under :data:`INLINE_MAX_SYNC_NS`. A slow or
+  stalling disk sends rounds to the worker, whose timings bring inline back once the disk recovers. (Not
+  lower: on a CPU-contended machine the wait to be scheduled after an fsync inflates its time to 1–4 ms now
+  and then, and the worker, with its two extra wake-ups, is then slower still.)
+- the loop is idle enough (:class:`_LoopShare`, one per loop, shared by its flushers): no worker round of any
+  log is scheduled or running on it; no inline fsync ran in this turn of the loop and no round just woke
+  several appenders (their appends, already scheduled, then share one worker round: a burst costs one fsync
+  however fast the disk); and the loop's thread has been on the CPU at most :data:`INLINE_MAX_LOOP_LOAD` of
+  the time since the last look. A lone client leaves the loop idle while its ack and its next request
+  travel (measured here: 55–70 % busy, serving it included); a loop that is busy (ingest encoding batches
+  back to back, other partitions' appends queued behind this one, many clients: 90–100 %) keeps its fsyncs on
+  the worker and overlaps them with its work.
+
+The worst an inline fsync does to the loop is therefore one small fsync (~0.2 ms, or a stall the moving
+average has not seen yet) at a moment when the loop had little else to do. A round that does not run inline is
+*scheduled* (``call_soon``) rather than started at once, so every append of the current loop turn joins it.
+Under load rounds stay on the worker, back to back, as before.
+
+The worker threads are a job queue and bare threads (:class:`_SyncThreads`), not a ``ThreadPoolExecutor``: a
+round needs no ``concurrent.futures.Future`` (the thread reports back with one ``call_soon_threadsafe``), and
+the executor's future, work item and idle semaphore are Python-level locks taken under the GIL on both threads
+(py-spy: about 45 µs of CPU per round).
 
 ``fdatasync`` rather than ``fsync``: it flushes the data and the metadata needed to read it back (the file
 size), skipping timestamps. A round also fsyncs the directory when a segment file was created since the last
 one (:meth:`Flusher.note_directory`), so an acknowledged append never sits in a file whose name could vanish.
-
-No fsync ever runs on the event loop thread. A segment is *pinned* while a worker thread syncs it, so a
-concurrent truncation or retention can close it without the thread touching a closed descriptor.
+A segment is *pinned* while a worker thread syncs it, so a concurrent truncation or retention can close it
+without the thread touching a closed descriptor (an inline fsync needs no pin: nothing else runs meanwhile).
 
 If an fsync fails, the kernel may already have dropped the dirty pages, so a retry could "succeed" without
 the data (the 2018 "fsyncgate" lesson). The flusher therefore fails every waiter and stays failed: the log
 refuses further appends and must be reopened, which rescans its tail.
 
 ``INTERVAL`` runs :meth:`Flusher.flush` every ``flush_interval_ms`` on the injected clock; ``NEVER`` leaves
-write-back to the kernel. Both still flush on :meth:`Flusher.flush` and at close.
+write-back to the kernel. Both still flush on :meth:`Flusher.flush` and at close, always on the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import enum
 import functools
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -43,6 +79,18 @@ from tidelog.storage.config import FlushPolicy
 from tidelog.storage.errors import StorageError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+INLINE_MAX_BYTES = 256 * 1024
+"""The most unsynced bytes an inline fsync may write (measured here: 1 KiB–256 KiB take 200–300 µs, 1 MiB 630)."""
+INLINE_MAX_SYNC_NS = 2_000_000
+"""Inline fsyncs only while the flusher's fsyncs average (EWMA) under 2 ms."""
+INLINE_MAX_LOOP_LOAD = 0.8
+"""Inline fsyncs only while the loop's thread has been on the CPU at most 80 % of the time since the last look."""
+SYNC_EWMA_WEIGHT = 0.125
+"""Weight of the latest fsync in the moving average: one 4 ms hiccup does not leave inline (0.2 ms fsyncs),
+one 50 ms stall sends the next ~10 rounds to the worker."""
+SYNC_THREADS = 8
 
 
 class FlushFailedError(StorageError):
@@ -50,11 +98,25 @@ class FlushFailedError(StorageError):
 
 
 class Syncable(Protocol):
-    """What the flusher syncs: a segment (fdatasync in a thread, pinned meanwhile)."""
+    """What the flusher syncs: a segment (fdatasync, pinned while a worker thread has it)."""
 
     def sync(self) -> None: ...
     def pin(self) -> None: ...
     def unpin(self) -> None: ...
+
+
+class RoundState(enum.Enum):
+    """Where a flusher's group commit stands. Waiters exist only in ``SCHEDULED`` and ``SYNCING``."""
+
+    IDLE = "idle"
+    """No round scheduled or running: the next waiter may fsync inline, or schedules a round."""
+    SCHEDULED = "scheduled"
+    """A worker round starts at the loop's next turn; waiters arriving meanwhile join it."""
+    SYNCING = "syncing"
+    """A worker thread is syncing; waiters arriving meanwhile wait for the round after it."""
+
+
+# ---------------------------------------------------------------------------------------------- worker threads
 
 
 def _sync_all(targets: Iterable[Syncable], directories: Iterable[Path]) -> None:
@@ -64,55 +126,163 @@ def _sync_all(targets: Iterable[Syncable], directories: Iterable[Path]) -> None:
         fsync_directory(directory)
 
 
-_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-_POOL_THREADS = 8
+class _SyncThreads:
+    """The threads that run worker rounds, shared by every log of the process: started as needed, at most
+    ``limit``, each taking jobs from one queue. Daemon threads: a log flushes at close, so none is ever left
+    holding an unacknowledged round that matters when the process exits."""
+
+    def __init__(self, limit: int) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting for a job that no submitted job has claimed yet
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+                return
+            if self._threads >= self._limit:
+                return  # all busy: the job waits in the queue for the first one free
+            self._threads += 1
+            name = f"tidelog-fsync-{self._threads}"
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def _work(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            try:
+                job()
+            except Exception:  # a round reports its own failures: this would be a bug, not a failed fsync
+                log.exception("fsync worker job failed")
+            with self._lock:
+                self._idle += 1
 
 
-def _fsync_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads that run group fsyncs, shared by every log of the process (created on first use).
+_THREADS = _SyncThreads(SYNC_THREADS)
 
-    Separate from the loop's default executor so that slow work there (compaction, seals of large segments)
-    never delays an acknowledgement, and used through ``submit`` directly: one wake-up of the loop per round.
-    """
-    global _POOL
-    if _POOL is None:
-        _POOL = concurrent.futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="tidelog-fsync")
-    return _POOL
+
+def _reset_after_fork() -> None:  # a forked child has none of the parent's threads
+    global _THREADS
+    _THREADS = _SyncThreads(SYNC_THREADS)
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _round_in_thread(
     loop: asyncio.AbstractEventLoop,
-    report: Callable[[int, list[Syncable], BaseException | None], None],
+    report: Callable[[int, list[Syncable], BaseException | None, int], None],
+    clock: Clock,
     target: int,
     targets: list[Syncable],
     directories: list[Path],
 ) -> None:
     error: BaseException | None = None
+    started = clock.monotonic_ns()
     try:
         _sync_all(targets, directories)
     except BaseException as exc:
         error = exc
+    elapsed = clock.monotonic_ns() - started
     with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile: nobody is left to tell
-        loop.call_soon_threadsafe(report, target, targets, error)
+        loop.call_soon_threadsafe(report, target, targets, error, elapsed)
+
+
+# ---------------------------------------------------------------------------------------------- the loop's share
+
+
+class _LoopShare:
+    """What one event loop is doing, as far as inline fsyncs are concerned; shared by every flusher on it.
+
+    The loop's *load* is the share of wall time its thread spent on the CPU between two looks (at each inline
+    decision and at the end of each inline fsync): time blocked in ``epoll`` (or in an fsync) does not count.
+    Every flusher on a loop is expected to read the same clock (a mix could only ever cost or allow an inline
+    fsync: never a guarantee).
+    """
+
+    __slots__ = ("cpu_ns", "rounds", "turn_taken", "wall_ns")
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        """Worker rounds scheduled or running on this loop, all flushers together."""
+        self.turn_taken = False
+        """An inline fsync ran, or a round woke several appenders, in this turn of the loop."""
+        self.wall_ns: int | None = None
+        """Clock reading at the latest look (None: never looked)."""
+        self.cpu_ns = 0
+        """The loop thread's CPU time at the latest look."""
+
+    def allows(self, wall_ns: int, cpu_ns: int) -> bool:
+        """May a flusher sync inline now? Takes a look at the load (the next one measures from here)."""
+        if self.rounds or self.turn_taken:
+            return False
+        quiet = self.wall_ns is None or cpu_ns - self.cpu_ns <= INLINE_MAX_LOOP_LOAD * (wall_ns - self.wall_ns)
+        self.wall_ns, self.cpu_ns = wall_ns, cpu_ns
+        return quiet
+
+    def spend(self, loop: asyncio.AbstractEventLoop, wall_ns: int, cpu_ns: int) -> None:
+        """An inline fsync ended: the load is measured from here, and this turn of the loop has had its one."""
+        self.wall_ns, self.cpu_ns = wall_ns, cpu_ns
+        self.take_turn(loop)
+
+    def take_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        """No inline fsync until everything already scheduled on the loop has run."""
+        if not self.turn_taken:
+            self.turn_taken = True
+            loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self.turn_taken = False
+
+
+_SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopShare] = weakref.WeakKeyDictionary()
+
+
+def _share_of(loop: asyncio.AbstractEventLoop) -> _LoopShare:
+    share = _SHARES.get(loop)
+    if share is None:
+        share = _SHARES[loop] = _LoopShare()
+    return share
+
+
+# ---------------------------------------------------------------------------------------------- the flusher
 
 
 class Flusher:
-    """Flush policy and group commit for one log. All methods run on the event loop thread."""
+    """Flush policy and group commit for one log. All methods run on the event loop thread.
 
-    def __init__(self, policy: FlushPolicy, interval_ms: int, clock: Clock) -> None:
+    ``clock`` times the fsyncs and the loop's load; ``cpu_ns`` reads the calling thread's CPU time (tests pass
+    their own to describe a busy or an idle loop).
+    """
+
+    def __init__(
+        self, policy: FlushPolicy, interval_ms: int, clock: Clock, *, cpu_ns: Callable[[], int] = time.thread_time_ns
+    ) -> None:
         self.policy = policy
         self._interval_s = interval_ms / 1000
         self._clock = clock
+        self._cpu_ns = cpu_ns  # CPU time of the calling (event loop) thread: a measurement, not a timer
         self.written = 0
         """Sequence of the latest write."""
         self.durable = 0
         """Every write with a sequence at or below this is on stable storage."""
         self.fsync_rounds = 0
-        """Completed group fsync rounds (for tests and metrics)."""
+        """Completed group fsync rounds, inline ones included (for tests and metrics)."""
+        self.inline_rounds = 0
+        """Completed rounds that ran inline on the loop thread (for tests and metrics)."""
+        self.sync_ewma_ns = 0.0
+        """Moving average of this flusher's fsync rounds, in ns of its clock (inline and worker)."""
         self._dirty: dict[Syncable, None] = {}  # insertion-ordered set
+        self._dirty_bytes = 0  # written since the last round's snapshot
         self._dirty_directories: set[Path] = set()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._in_flight = False
+        self._state = RoundState.IDLE
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._share = _LoopShare()  # the share of the loop the flusher runs on (looked up when idle)
         self._ticker: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self._closed = False
@@ -121,14 +291,19 @@ class Flusher:
     def failed(self) -> BaseException | None:
         return self._failed
 
+    @property
+    def state(self) -> RoundState:
+        return self._state
+
     def check(self) -> None:
         """Raise FlushFailedError if an earlier fsync failed."""
         if self._failed is not None:
             raise FlushFailedError(f"an fsync failed; reopen the log: {self._failed}") from self._failed
 
-    def note_write(self, target: Syncable) -> int:
-        """Record a write to ``target``; returns its sequence. Starts the interval ticker on first use."""
+    def note_write(self, target: Syncable, size: int = 0) -> int:
+        """Record a write of ``size`` bytes to ``target``; returns its sequence. Starts the interval ticker."""
         self._dirty[target] = None
+        self._dirty_bytes += size
         self.written += 1
         if self.policy is FlushPolicy.INTERVAL and self._ticker is None and not self._closed:
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
@@ -150,7 +325,7 @@ class Flusher:
 
     async def after_write(self, seq: int) -> None:
         """What an append waits for before acknowledging: an fsync covering ``seq`` under ALWAYS, else nothing."""
-        if self.policy is FlushPolicy.ALWAYS:
+        if self.policy is FlushPolicy.ALWAYS and seq > self.durable:
             await self.wait_durable(seq)
 
     async def flush(self) -> None:
@@ -158,16 +333,58 @@ class Flusher:
         await self.wait_durable(self.written)
 
     async def wait_durable(self, seq: int) -> None:
-        """Return once a group fsync has covered write ``seq`` (joining the running round or the next one)."""
+        """Return once a group fsync has covered write ``seq``: inline when the flusher is idle and the loop can
+        afford it (module docstring), else joining the scheduled or next worker round."""
         self.check()
         if seq <= self.durable:
             return
         loop = asyncio.get_running_loop()
+        if self._state is RoundState.IDLE:
+            if loop is not self._loop:
+                self._loop, self._share = loop, _share_of(loop)
+            if self._may_sync_inline():
+                self._sync_inline(loop)  # durable = written >= seq, or raises
+                return
+            self._state = RoundState.SCHEDULED
+            self._share.rounds += 1
+            loop.call_soon(self._start_round, loop)
         future: asyncio.Future[None] = loop.create_future()
         self._waiters.append((seq, future))
-        if not self._in_flight:
-            self._start_round(loop)
         await future
+
+    # -- inline rounds ---------------------------------------------------------------------------------------
+
+    def _may_sync_inline(self) -> bool:
+        return (
+            self.policy is FlushPolicy.ALWAYS
+            and len(self._dirty) == 1
+            and not self._dirty_directories
+            and self._dirty_bytes <= INLINE_MAX_BYTES
+            and self.sync_ewma_ns < INLINE_MAX_SYNC_NS
+            and self._share.allows(self._clock.monotonic_ns(), self._cpu_ns())
+        )
+
+    def _sync_inline(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Sync the one dirty segment on the loop thread (idle flusher: nobody else is waiting)."""
+        target = self.written
+        (segment,) = self._dirty
+        clock = self._clock
+        started = clock.monotonic_ns()
+        try:
+            segment.sync()
+        except Exception as exc:
+            self._fail(exc)
+            raise FlushFailedError(f"fsync failed: {exc}") from exc
+        ended = clock.monotonic_ns()
+        self._share.spend(loop, ended, self._cpu_ns())
+        self._dirty.clear()
+        self._dirty_bytes = 0
+        self._note_sync_time(ended - started)
+        self.inline_rounds += 1
+        self.fsync_rounds += 1
+        self.durable = target
+
+    # -- worker rounds ---------------------------------------------------------------------------------------
 
     def _start_round(self, loop: asyncio.AbstractEventLoop) -> None:
         """Snapshot what is written and dirty, and fsync it in a worker thread.
@@ -180,38 +397,62 @@ class Flusher:
         targets = list(self._dirty)
         directories = list(self._dirty_directories)
         self._dirty.clear()
+        self._dirty_bytes = 0
         self._dirty_directories.clear()
         for each in targets:
             each.pin()
-        self._in_flight = True
-        _fsync_pool().submit(_round_in_thread, loop, self._end_round, target, targets, directories)
+        self._state = RoundState.SYNCING
+        _THREADS.submit(
+            functools.partial(_round_in_thread, loop, self._end_round, self._clock, target, targets, directories)
+        )
 
-    def _end_round(self, target: int, targets: list[Syncable], error: BaseException | None) -> None:
+    def _end_round(self, target: int, targets: list[Syncable], error: BaseException | None, elapsed_ns: int) -> None:
         """On the loop: release the targets, then wake (or fail) every waiter the round covered."""
         for each in targets:
             each.unpin()
-        self._in_flight = False
         if error is not None:
-            self._failed = error
-            failure = FlushFailedError(f"fsync failed: {error}")
-            for _, future in self._waiters:
-                if not future.done():
-                    future.set_exception(failure)
-            self._waiters.clear()
+            self._to_idle()
+            self._fail(error)
             return
+        self._note_sync_time(elapsed_ns)
         self.fsync_rounds += 1
         self.durable = max(self.durable, target)
         still: list[tuple[int, asyncio.Future[None]]] = []
+        woken = 0
         for seq, future in self._waiters:
             if future.done():
                 continue
             if seq <= target:
                 future.set_result(None)
+                woken += 1
             else:
                 still.append((seq, future))
         self._waiters = still
+        loop = asyncio.get_running_loop()
+        if woken > 1:  # a wave of appenders resumes next: their appends share one round, none goes inline
+            self._share.take_turn(loop)
         if still:  # writes made while this round ran: the next round covers all of them at once
-            self._start_round(asyncio.get_running_loop())
+            self._start_round(loop)
+        else:
+            self._to_idle()
+
+    def _to_idle(self) -> None:
+        self._state = RoundState.IDLE
+        self._share.rounds -= 1
+
+    # -- both ------------------------------------------------------------------------------------------------
+
+    def _note_sync_time(self, elapsed_ns: int) -> None:
+        self.sync_ewma_ns += SYNC_EWMA_WEIGHT * (elapsed_ns - self.sync_ewma_ns)
+
+    def _fail(self, error: BaseException) -> None:
+        """An fsync failed: stay failed, and fail every waiter."""
+        self._failed = error
+        failure = FlushFailedError(f"fsync failed: {error}")
+        for _, future in self._waiters:
+            if not future.done():
+                future.set_exception(failure)
+        self._waiters.clear()
 
     async def run_blocking(self, fn: Callable[..., T], *args: object) -> T:
         """Run blocking disk work (fsync, index writes, file rewrites) in a worker thread.

@@ -6,8 +6,9 @@ each batch a freshly packed 16-byte head (base offset, length, leader epoch: the
 The run is written with one ``pwritev`` of those heads interleaved with the rest of the client's buffer, so
 the payload is never copied in Python. Batches that do not fit the active segment roll it; the split falls
 on batch boundaries. Then the append waits for the flush policy (:mod:`tidelog.storage.flush`): under
-``ALWAYS`` it returns only after a group fsync covers it. :meth:`Log.append_as_follower` writes batches that
-already carry offsets (replication) byte for byte.
+``ALWAYS`` it returns only after a group fsync covers it (for a lone append on a quiet loop, an fsync made
+right there on the loop thread). :meth:`Log.append_as_follower` writes batches that already carry offsets
+(replication) byte for byte.
 
 Ordering. One ``asyncio.Lock`` serializes everything that changes the log. An append takes its offsets and
 writes them with no ``await`` in between (taking a free lock does not suspend), so appends are ordered,
@@ -385,7 +386,7 @@ class Log:
             and placed[0].next_offset - 1 - active.base_offset <= MAX_RELATIVE_OFFSET
         ):
             active.append(parts(0, 1), placed, now)
-            return self._flusher.note_write(active)
+            return self._flusher.note_write(active, placed[0].size)
         seq = 0
         i = 0
         while i < len(placed):
@@ -406,7 +407,7 @@ class Log:
                 self._roll_now(placed[i].base_offset if overflow else None)
                 continue
             active.append(parts(i, j), placed[i:j], now)
-            seq = self._flusher.note_write(active)
+            seq = self._flusher.note_write(active, run)
             i = j
         return seq
 
