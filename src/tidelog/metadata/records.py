@@ -7,6 +7,8 @@ half-updated partition. Key layout under the cluster prefix (default ``/tidelog`
     {prefix}/brokers/{broker_id}                 BrokerRecord      (attached to the broker's lease)
     {prefix}/streams/{stream}                    StreamRecord
     {prefix}/partitions/{stream}/{partition:08d} PartitionRecord
+    {prefix}/controller                          ControllerRecord  (attached to the controller's lease)
+    {prefix}/controller-epoch                    the controller epoch, a msgpack integer
 
 Durations are milliseconds and timestamps nanoseconds since the Unix epoch, as in Liftbridge's API.
 """
@@ -111,6 +113,14 @@ class Keys:
     def partitions_of(self, stream: str) -> bytes:
         return f"{self.partitions}{stream}/".encode()
 
+    def controller(self) -> bytes:
+        """The key whose holder is the controller; it lives only as long as that broker's lease."""
+        return f"{self.prefix}/controller".encode()
+
+    def controller_epoch(self) -> bytes:
+        """The last controller epoch handed out; it only grows, and outlives every controller."""
+        return f"{self.prefix}/controller-epoch".encode()
+
 
 _encoder = msgspec.msgpack.Encoder()
 _stream_decoder = msgspec.msgpack.Decoder(StreamRecord)
@@ -132,3 +142,36 @@ def decode_partition(data: bytes) -> PartitionRecord:
 
 def decode_broker(data: bytes) -> BrokerRecord:
     return _broker_decoder.decode(data)
+
+
+class ControllerRecord(msgspec.Struct, frozen=True):
+    """The controller: which broker holds the controller key, and for which controller epoch.
+
+    Every election writes a new epoch, so a (broker, epoch) pair names exactly one term: comparing the key's value
+    with a term's record is enough to know that the term still holds.
+    """
+
+    broker_id: str
+    epoch: int
+
+
+_controller_decoder = msgspec.msgpack.Decoder(ControllerRecord)
+_epoch_decoder = msgspec.msgpack.Decoder(int)
+
+
+def encode_controller(record: ControllerRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_controller(data: bytes) -> ControllerRecord:
+    return _controller_decoder.decode(data)
+
+
+def encode_controller_epoch(epoch: int) -> bytes:
+    """msgpack encodes an integer in its shortest form only, so equal epochs give equal bytes: etcd may compare
+    them byte for byte in a transaction guard."""
+    return _encoder.encode(epoch)
+
+
+def decode_controller_epoch(data: bytes) -> int:
+    return _epoch_decoder.decode(data)

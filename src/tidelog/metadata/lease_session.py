@@ -1,0 +1,111 @@
+"""An etcd lease kept alive while its holder runs, that says when it is gone (etcd's ``concurrency.Session``).
+
+Keys written with the session's lease live exactly as long as the lease: when the holder dies, is paused, or is
+cut off from etcd for longer than the TTL, etcd deletes them on its own, atomically, and every watcher sees the
+deletion. A background task refreshes the lease every third of its TTL through the injected clock.
+
+A session only ever moves from alive to lost. It is lost when etcd answers a refresh with a TTL of zero (etcd's
+way of saying "no such lease": it expired, or somebody revoked it) or when an operation that used the lease was
+refused with "requested lease not found" (:meth:`LeaseSession.mark_lost`). A failed refresh, a timeout or a
+refused connection does *not* lose the session: etcd may well still hold the lease, and the keys are what count.
+A lost session stays lost; its holder opens a new one.
+
+Nothing here is relied on for safety. "My refresh succeeded a moment ago" says nothing about whether the lease
+is still alive now, so the controller never acts on it; see :mod:`tidelog.metadata.fenced_writer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tidelog.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+LEASE_NOT_FOUND = "requested lease not found"
+"""What etcd says, in the error's text, about a put or transaction that names a lease it no longer has."""
+
+
+def is_lease_not_found(error: BaseException) -> bool:
+    """Whether ``error`` is etcd refusing an operation because the lease it named is gone."""
+    return LEASE_NOT_FOUND in str(error)
+
+
+class LeaseSession:
+    """One etcd lease and the task that keeps it alive."""
+
+    def __init__(self, client: Any, ttl_seconds: int, *, clock: Clock | None = None, name: str = "lease") -> None:
+        if ttl_seconds < 1:
+            raise ValueError(f"ttl_seconds must be at least 1, got {ttl_seconds}")
+        self._client = client
+        self._requested_ttl = ttl_seconds
+        self._clock = clock or SystemClock()
+        self._name = name
+        self._lease: Any = None  # the aetcd Lease; None until open()
+        self._ttl = ttl_seconds  # as granted: etcd raises TTLs below its minimum
+        self._keepalive: asyncio.Task[None] | None = None
+        self._closing = False  # ends the keep-alive loop even if a library swallows its cancellation
+        self._lost = asyncio.Event()
+
+    @property
+    def id(self) -> int:
+        """The lease id, for ``put(..., lease=...)``."""
+        if self._lease is None:
+            raise RuntimeError("the session is not open")
+        return int(self._lease.id)
+
+    @property
+    def ttl(self) -> int:
+        """The TTL etcd granted, in seconds."""
+        return self._ttl
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    async def wait_lost(self) -> None:
+        """Return once the session is lost."""
+        await self._lost.wait()
+
+    async def open(self) -> None:
+        """Grant the lease and start keeping it alive."""
+        if self._lease is not None:
+            raise RuntimeError("the session is already open")
+        self._lease = await self._client.lease(self._requested_ttl)
+        self._ttl = int(self._lease.ttl) or self._requested_ttl
+        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"{self._name}-keepalive")
+
+    def mark_lost(self) -> None:
+        """Record that etcd no longer has the lease (an operation naming it was refused)."""
+        if not self._lost.is_set():
+            log.info("%s: lease %x is gone", self._name, self._lease.id if self._lease is not None else 0)
+            self._lost.set()
+
+    async def close(self, *, revoke: bool = True) -> None:
+        """Stop keeping the lease alive and, unless ``revoke`` is false, revoke it: its keys go at once."""
+        self._closing = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            await asyncio.wait({self._keepalive})  # not `await`: a cancellation of close() itself must propagate
+            self._keepalive = None
+        if revoke and self._lease is not None and not self.lost:
+            try:
+                await self._lease.revoke()
+            except Exception:  # unreachable etcd: the lease will expire by itself
+                log.warning("%s: could not revoke lease %x", self._name, self._lease.id, exc_info=True)
+        self._lost.set()
+
+    async def _keep_alive(self) -> None:
+        interval = max(self._ttl / 3, 0.1)
+        while not self._closing:
+            await self._clock.sleep(interval)
+            try:
+                reply = await self._lease.refresh()
+            except Exception:  # etcd briefly unreachable: the lease may well still be alive, keep trying
+                log.warning("%s: could not refresh lease %x", self._name, self._lease.id, exc_info=True)
+                continue
+            if reply is None or int(reply.TTL) <= 0:
+                self.mark_lost()
+                return
