@@ -93,7 +93,9 @@ class MetadataStore:
         """
         self._lease = await self._client.lease(ttl_seconds)
         await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
-        self._keepalive = asyncio.create_task(self._keep_alive(max(ttl_seconds / 3, 0.5)), name="broker-lease")
+        self._keepalive = asyncio.create_task(
+            self._keep_alive(record, ttl_seconds, max(ttl_seconds / 3, 0.5)), name="broker-lease"
+        )
 
     async def deregister_broker(self) -> None:
         """Revoke the lease (removing the broker's key at once) and stop keeping it alive."""
@@ -107,11 +109,17 @@ class MetadataStore:
                 await self._lease.revoke()
             self._lease = None
 
-    async def _keep_alive(self, interval: float) -> None:
+    async def _keep_alive(self, record: BrokerRecord, ttl_seconds: int, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self._lease.refresh()
+                reply = await self._lease.refresh()
+                if reply is not None and getattr(reply, "TTL", 1) <= 0:
+                    # The lease lapsed (this broker was paused or cut off longer than its TTL) and etcd removed
+                    # the registration with it; register again under a new lease rather than stay invisible.
+                    log.warning("broker lease expired; registering %s again", record.id)
+                    self._lease = await self._client.lease(ttl_seconds)
+                    await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
             except Exception:  # etcd briefly unreachable: keep trying until the lease is really gone
                 log.warning("could not refresh the broker lease", exc_info=True)
 
