@@ -137,3 +137,82 @@ async def test_an_unreachable_address_is_a_connection_error() -> None:
 
     with pytest.raises(ConnectionClosedError):
         await Connection.open("127.0.0.1", free_port(), connect_timeout=BOUND)
+
+
+class _Transport:
+    """Stands in for a socket transport: records writes, notes an abort."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.aborted = False
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.written.append(b"".join(parts))
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        pass
+
+
+def _deliver(connection: Connection, data: bytes, step: int) -> None:
+    """Hand ``data`` to the connection as a socket would: into its buffers, at most ``step`` bytes per read."""
+    position = 0
+    while position < len(data):
+        buffer = connection.get_buffer(-1)
+        n = min(step, len(buffer), len(data) - position)
+        buffer[:n] = data[position : position + n]
+        connection.buffer_updated(n)
+        position += n
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096, 65536, 300_000, 10_000_000])
+async def test_responses_split_anywhere_arrive_whole_and_byte_identical(step: int) -> None:
+    """Small frames (through the scratch buffer) and large ones (read into their own buffer), cut at any point."""
+    connection = Connection("test", max_frame_bytes=8 * 1024 * 1024, max_in_flight=64)
+    transport = _Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    sizes = [0, 10, 40_000, 3, 1_500_000, 31 * 1024, 32 * 1024, 300_000, 5]
+    if step == 1:
+        sizes = [0, 10, 40_000, 3, 33_000, 5]  # byte by byte: keep it quick
+    payloads = [bytes((i * 31 + j) % 251 for j in range(size)) for i, size in enumerate(sizes)]
+    futures = [connection.send(ListStreamsRequest()) for _ in payloads]
+    stream = b"".join(
+        b"".join(encode_message(cid, listing(f"s{cid}"), payload)) for cid, payload in enumerate(payloads, 1)
+    )
+    _deliver(connection, stream, step)
+    for cid, (future, payload) in enumerate(zip(futures, payloads, strict=True), 1):
+        response = future.result()
+        assert response.header.streams[0].name == f"s{cid}"  # type: ignore[attr-defined]
+        assert bytes(response.payload) == payload
+        assert response.payload.readonly
+    assert connection.in_flight == 0
+    assert not transport.aborted
+
+
+async def test_a_frame_over_the_limit_breaks_the_connection_before_it_is_buffered() -> None:
+    connection = Connection("test", max_frame_bytes=64 * 1024, max_in_flight=4)
+    transport = _Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    future = connection.send(ListStreamsRequest())
+    frame = b"".join(encode_message(1, listing("s"), bytes(100_000)))
+    _deliver(connection, frame[:8], 8)
+    assert transport.aborted
+    with pytest.raises(ConnectionClosedError, match="exceeds the limit"):
+        future.result()
+    _deliver(connection, frame[8:100], 100)  # whatever still arrives is ignored
+    assert connection.closed
+
+
+async def test_a_large_frame_with_a_bad_version_breaks_the_connection() -> None:
+    connection = Connection("test", max_frame_bytes=1024 * 1024, max_in_flight=4)
+    transport = _Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    future = connection.send(ListStreamsRequest())
+    frame = bytearray(b"".join(encode_message(1, listing("s"), bytes(100_000))))
+    frame[4] = 99  # the wire version
+    _deliver(connection, bytes(frame), 65536)
+    assert transport.aborted
+    with pytest.raises(ConnectionClosedError, match="version"):
+        future.result()

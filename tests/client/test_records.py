@@ -54,6 +54,16 @@ def test_producer_stamped_timestamps_and_large_values() -> None:
     assert [tuple(r) for r in fetched(data).records()] == reference(data)
 
 
+def test_timestamp_deltas_of_every_varint_length() -> None:
+    """The timestamp delta's varint is decoded unrolled up to five bytes, then by a loop: every length, both signs."""
+    deltas = [0, 1, -1, 63, -64, 64, 8191, 8192, 1 << 20, 1 << 27, 1 << 34, -(1 << 34), 1 << 40, 1 << 55, 1 << 62]
+    deltas += [(1 << shift) - 1 for shift in range(1, 63, 7)] + [-(1 << shift) for shift in range(1, 63, 7)]
+    new = [NewRecord(b"v%d" % i, timestamp=NOW + delta) for i, delta in enumerate(deltas)]
+    data = build_batch(new, timestamp=NOW)
+    assert [tuple(r) for r in fetched(data).records()] == reference(data)
+    assert [r.timestamp for r in fetched(data).records()] == [NOW + delta for delta in deltas]
+
+
 def test_records_before_the_start_offset_are_left_out() -> None:
     data = bytearray(build_batch([NewRecord(b"%d" % i) for i in range(10)], timestamp=NOW))
     assign_offsets(data, 0, 100, 0)

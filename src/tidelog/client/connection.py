@@ -1,9 +1,14 @@
 """One TCP connection to a broker's wire port: pipelined requests matched to responses by correlation id.
 
-The connection is an ``asyncio.Protocol`` rather than a stream pair with a reader task: bytes arrive in
-``data_received``, go straight into the :class:`~tidelog.api.wire.frames.FrameDecoder`, and each completed
-frame resolves the future of its request in the same callback. That is one hop fewer per response than a
-reader task waking up, and responses to a deep pipeline are handled in one pass over each chunk.
+The connection is an ``asyncio.BufferedProtocol`` rather than a stream pair with a reader task: the transport
+reads into buffers this side hands it (``get_buffer``), and each completed frame resolves the future of its
+request in the same callback (``buffer_updated``). That is one hop fewer per response than a reader task waking
+up, and responses to a deep pipeline are handled in one pass over each read. Small frames are read into a
+reused scratch buffer and copied out once; a large frame (a fetch response of up to megabytes) gets a buffer of
+exactly its declared length as soon as its length prefix is in, and the socket is read straight into it, so it
+is never joined from chunks nor copied. The length is checked against ``max_frame_bytes`` first; unlike the
+:class:`~tidelog.api.wire.frames.FrameDecoder`, whose buffer only grows as bytes arrive, a large frame's buffer is
+allocated whole at once, so a broker that declares a frame and never sends it costs up to ``max_frame_bytes``.
 
 Requests:
 
@@ -31,8 +36,23 @@ from collections.abc import Sequence
 from typing import NamedTuple, cast
 
 from tidelog.api.errors import RequestTimeoutError, TidelogError, UnavailableError, as_tidelog_error, from_error_body
-from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, MAX_U32, BytesLike, Frame, FrameDecoder, FrameError, Kind
+from tidelog.api.wire.frames import (
+    BODY_FIXED_SIZE,
+    DEFAULT_MAX_FRAME_BYTES,
+    LENGTH,
+    LENGTH_SIZE,
+    MAX_U32,
+    BytesLike,
+    Frame,
+    FrameError,
+    Kind,
+    check_frame_length,
+    parse_frame_body,
+)
 from tidelog.api.wire.messages import ErrorBody, Header, decode_as, decode_frame_header, encode_message
+
+_SCRATCH_BYTES = 256 * 1024  # what one read may fill while no large frame is pending
+_DIRECT_BYTES = 32 * 1024  # a frame this long or longer is read into a buffer of its own
 
 
 class ConnectionClosedError(UnavailableError):
@@ -46,12 +66,19 @@ class Response(NamedTuple):
     payload: memoryview
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     """A pipelined wire-protocol connection. Open with :meth:`open`; close with :meth:`close`."""
 
     def __init__(self, address: str, *, max_frame_bytes: int, max_in_flight: int) -> None:
         self.address = address
-        self._decoder = FrameDecoder(max_frame_bytes)
+        if not BODY_FIXED_SIZE <= max_frame_bytes <= MAX_U32:
+            raise ValueError(f"max_frame_bytes must be within {BODY_FIXED_SIZE}..{MAX_U32}, not {max_frame_bytes}")
+        self._max_frame_bytes = max_frame_bytes
+        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self._scratch_used = 0  # the start of a small frame (or of a length prefix) not complete yet
+        self._direct: memoryview | None = None  # the body of a large frame being read, and how much of it is in
+        self._direct_used = 0
+        self._unreadable = False
         self._max_in_flight = max_in_flight
         self._pending: dict[int, asyncio.Future[Response]] = {}
         self._next_id = 1  # 0 is never used: the server's error frame for a broken stream carries it
@@ -152,18 +179,76 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without inheriting from it: no isinstance check.
         self._transport = cast(asyncio.Transport, transport)
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            frames = self._decoder.feed(data)
-        except FrameError as exc:
-            self._fail_all(ConnectionClosedError(f"{self.address} sent an unreadable byte stream: {exc}"))
-            if self._transport is not None:
-                self._transport.abort()
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        if direct is not None:
+            return direct[self._direct_used :]
+        return self._scratch[self._scratch_used :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._unreadable:
             return
-        for frame in frames:
+        direct = self._direct
+        if direct is not None:
+            used = self._direct_used + nbytes
+            if used < len(direct):
+                self._direct_used = used
+                return
+            self._direct = None
+            self._direct_used = 0
+            frames = [direct.toreadonly()]
+        else:
+            try:
+                frames = self._cut_scratch(self._scratch_used + nbytes)
+            except FrameError as exc:
+                self._unreadable = True
+                self._fail_all(ConnectionClosedError(f"{self.address} sent an unreadable byte stream: {exc}"))
+                if self._transport is not None:
+                    self._transport.abort()
+                return
+        for body in frames:
+            try:
+                frame = parse_frame_body(body)
+            except FrameError as exc:
+                self._unreadable = True
+                self._fail_all(ConnectionClosedError(f"{self.address} sent an unreadable byte stream: {exc}"))
+                if self._transport is not None:
+                    self._transport.abort()
+                return
             self._resolve(frame)
         if self._room is not None and not self._room.done() and len(self._pending) < self._max_in_flight:
             self._room.set_result(None)
+
+    def _cut_scratch(self, end: int) -> list[memoryview]:
+        """The bodies of the frames complete in ``scratch[:end]``, each copied out of it; keeps the rest.
+
+        A large frame that has begun moves to a buffer of its own (``_direct``) that later reads fill directly.
+        """
+        scratch = self._scratch
+        bodies: list[memoryview] = []
+        position = 0
+        while end - position >= LENGTH_SIZE:
+            (length,) = LENGTH.unpack_from(scratch, position)
+            check_frame_length(length, self._max_frame_bytes)
+            start = position + LENGTH_SIZE
+            stop = start + length
+            if stop <= end:
+                bodies.append(memoryview(scratch[start:stop].tobytes()))
+                position = stop
+                continue
+            if length >= _DIRECT_BYTES:
+                direct = memoryview(bytearray(length))
+                have = end - start
+                direct[:have] = scratch[start:end]
+                self._direct = direct
+                self._direct_used = have
+                position = end
+            break
+        left = end - position
+        if left and position:
+            scratch[:left] = scratch[position:end]
+        self._scratch_used = left
+        return bodies
 
     def _resolve(self, frame: Frame) -> None:
         future = self._pending.pop(frame.correlation_id, None)
