@@ -278,3 +278,36 @@ async def test_a_client_that_leaves_does_not_keep_its_long_poll_waiting(served: 
     await asyncio.wait_for(waiting.wait(), BOUND)
     peer.writer.close()
     await asyncio.wait_for(finished.wait(), BOUND)  # long before the ten minutes it asked for
+
+
+async def test_replies_ready_while_an_earlier_one_is_still_being_sent_wait_their_turn(served: Served) -> None:
+    # One request at a time: each reply is ready while its slot is first, so the handler writes it itself.
+    peer = await Peer.connect(served.port)
+    for cid in (1, 2, 3):
+        peer.send(cid, ProduceRequest("s", 0, Acks.ALL), batch(b"one-%d" % cid))
+        _, got, header, _ = await peer.next()
+        assert got == cid and isinstance(header, ProduceResponse) and header.base_offset == cid - 1
+    peer.close()
+    # A large fetch to a slow reader is still being written when the produces behind it are answered: those
+    # replies must not overtake it (nor each other), whichever path writes them.
+    value = bytes(range(256)) * 4096  # 1 MiB: 8 of them are more than the kernel buffers of a slow reader
+    for i in range(8):
+        await served.partition.append(batch(value, b"%d" % i), Acks.LEADER, 5.0)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", served.port))
+    sock.setblocking(False)
+    slow = await Peer.connect(served.port, sock=sock)
+    slow.send(10, FetchRequest("s", 0, 3, max_bytes=64 * 1024 * 1024))
+    await asyncio.sleep(0.2)  # nothing read yet: the fetch's reply is stuck in the middle of being sent
+    for cid in range(11, 61):
+        slow.send(cid, ProduceRequest("s", 0, Acks.ALL), batch(b"r%d" % cid))
+    _, cid, header, received = await slow.next()
+    assert cid == 10 and isinstance(header, FetchResponse)
+    batches = list(iter_batches(received))
+    assert [h.base_offset for _, h in batches] == list(range(3, 19, 2))
+    assert [r.value for r in decode_records(received, batches[-1][0])] == [value, b"7"]
+    answers = [await slow.next() for _ in range(50)]
+    assert [a[1] for a in answers] == list(range(11, 61))
+    assert [a[2].base_offset for a in answers] == list(range(19, 69))  # type: ignore[attr-defined]
+    slow.close()
