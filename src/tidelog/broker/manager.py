@@ -63,6 +63,10 @@ class PartitionManager:
 
     # ------------------------------------------------------------------------------------------ lookups
 
+    def local(self, stream: str, partition: int) -> Partition | None:
+        """The partition if this broker leads it, else None (for reports that cover every partition)."""
+        return self._partitions.get((stream, partition))
+
     def leader_of(self, stream: str, partition: int) -> Partition:
         """The partition if this broker leads it; the precise error otherwise."""
         found = self._partitions.get((stream, partition))

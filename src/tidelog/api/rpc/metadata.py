@@ -99,16 +99,9 @@ def stream_metadata(ctx: BrokerContext, stream: StreamRecord) -> api_pb2.StreamM
     snap = ctx.mirror.snapshot
     out = api_pb2.StreamMetadata(name=stream.name, subject=stream.subject, creationTimestamp=stream.created_ns)
     for record in snap.partitions_of(stream.name):
-        local = _local(ctx, record)
+        local = ctx.manager.local(record.stream, record.id)
         out.partitions[record.id].CopyFrom(partition_metadata(record, local))
     return out
-
-
-def _local(ctx: BrokerContext, record: PartitionRecord) -> Partition | None:
-    try:
-        return ctx.manager.leader_of(record.stream, record.id)
-    except Exception:
-        return None
 
 
 async def fetch_metadata(ctx: BrokerContext, request: api_pb2.FetchMetadataRequest) -> api_pb2.FetchMetadataResponse:

@@ -21,7 +21,6 @@ from tidelog.api.errors import (
     IncorrectOffsetError,
     MessageTooLargeError,
     RequestTimeoutError,
-    TidelogError,
     as_tidelog_error,
 )
 from tidelog.api.liftbridge import build_ack, check_user_headers, record_for_publish
@@ -30,7 +29,8 @@ from tidelog.broker.context import BrokerContext
 from tidelog.storage.batch import build_batch
 
 
-def _timeout(ctx: BrokerContext, grpc_context: Any) -> float:
+def request_timeout(ctx: BrokerContext, grpc_context: Any) -> float:
+    """Seconds left of the call's deadline (a little less, to answer in time), or the broker's ack timeout."""
     remaining = grpc_context.time_remaining() if grpc_context is not None else None
     return ctx.ack_timeout if remaining is None else max(0.0, remaining - 0.01)
 
@@ -190,6 +190,3 @@ async def publish_to_subject(
     if ack.ackError == api_pb2.Ack.INCORRECT_OFFSET:
         raise IncorrectOffsetError("the stream refused the message's expected offset")
     return api_pb2.PublishToSubjectResponse(ack=ack)
-
-
-__all__ = ["TidelogError", "publish", "publish_async", "publish_to_subject"]

@@ -66,10 +66,10 @@ class LiftbridgeService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         return await _guard(context, metadata.fetch_partition_metadata(self._ctx, request))
 
     async def Publish(self, request: Any, context: Any) -> Any:
-        return await _guard(context, publish.publish(self._ctx, request, publish._timeout(self._ctx, context)))
+        return await _guard(context, publish.publish(self._ctx, request, publish.request_timeout(self._ctx, context)))
 
     async def PublishToSubject(self, request: Any, context: Any) -> Any:
-        timeout = publish._timeout(self._ctx, context)
+        timeout = publish.request_timeout(self._ctx, context)
         return await _guard(context, publish.publish_to_subject(self._ctx, request, timeout))
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -123,7 +123,7 @@ class GrpcServer:
             ]
         )
         api_pb2_grpc.add_APIServicer_to_server(LiftbridgeService(ctx), self._server)
-        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
@@ -139,6 +139,4 @@ class GrpcServer:
 
     async def _set_health(self, status: Any) -> None:
         for service in ("", "proto.API"):
-            result = self.health.set(service, status)
-            if isinstance(result, Awaitable):
-                await result
+            await self.health.set(service, status)

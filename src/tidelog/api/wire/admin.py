@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from tidelog.api.errors import InvalidArgumentError, TidelogError, UnknownStreamError
+from tidelog.api.errors import InvalidArgumentError, UnknownStreamError
 from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.api.wire.messages import (
@@ -43,7 +43,6 @@ from tidelog.api.wire.messages import (
     encode_message,
 )
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 
 _CONFIG_FIELDS = frozenset(StreamConfig.__struct_fields__)
@@ -126,7 +125,7 @@ def build_metadata(ctx: BrokerContext, names: tuple[str, ...]) -> MetadataRespon
 
 
 def _partition_info(ctx: BrokerContext, stream: StreamRecord, record: PartitionRecord) -> PartitionInfo:
-    local = _local(ctx, stream.name, record.id)
+    local = ctx.manager.local(stream.name, record.id)
     hw = end = start = 0
     if local is not None:
         hw, end, start = local.high_watermark, local.log_end, local.log_start
@@ -142,13 +141,6 @@ def _partition_info(ctx: BrokerContext, stream: StreamRecord, record: PartitionR
         record.paused,
         start,
     )
-
-
-def _local(ctx: BrokerContext, stream: str, partition: int) -> Partition | None:
-    try:
-        return ctx.manager.leader_of(stream, partition)
-    except TidelogError:
-        return None
 
 
 ROUTES: dict[int, Route] = {
