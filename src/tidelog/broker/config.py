@@ -290,6 +290,11 @@ class BrokerConfig:
     )
     port: int = _setting(9292, _PORT, "gRPC port of the Liftbridge API and the health service (0: any free port).")
     wire_port: int = _setting(9293, _PORT, "Port of the tidelog wire protocol (0: any free port).")
+    advertise_wire_port: int = _setting(
+        0,
+        _PORT,
+        "Wire port clients and other brokers are told to connect to (behind NAT or a proxy). 0: the wire port.",
+    )
     data_dir: Path = _setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
         Path("./tidelog-data"),
         _path_kind(),
@@ -359,6 +364,12 @@ class BrokerConfig:
         _int_kind(1000),
         "TTL of the etcd lease that proves this broker alive; the controller fails it over after it lapses "
         "(etcd rounds it up to whole seconds).",
+    )
+    leader_balance_interval_ms: int = _setting(
+        30_000,
+        _POSITIVE,
+        "How often the controller moves leadership back to each partition's preferred replica (the first one) "
+        "once that replica is back in the ISR.",
     )
     shutdown_timeout_ms: int = _setting(
         15_000, _POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."

@@ -8,12 +8,16 @@ parts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.streams import StreamAdmin
 from tidelog.metadata.mirror import MetadataMirror
+
+if TYPE_CHECKING:
+    from tidelog.broker.controller_link import ControllerLink
+    from tidelog.broker.peers import Peers
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +28,8 @@ class BrokerContext:
     admin: StreamAdmin
     mirror: MetadataMirror
     nc: Any  # nats.aio.client.Client
+    link: ControllerLink | None = None  # the way to the controller (None: a broker assembled without one)
+    peers: Peers | None = None  # connections to the other brokers, for forwarding
 
     @property
     def ack_timeout(self) -> float:

@@ -1,11 +1,20 @@
 """The partition manager: makes what this broker runs match what the metadata says it should.
 
-It listens to the :class:`~tidelog.metadata.mirror.MetadataMirror`. For every partition this broker leads it
-opens the log, builds a :class:`~tidelog.broker.partition.Partition` and starts NATS ingest; for every
-partition that disappeared (its stream was deleted) it stops ingest, closes the log and deletes the data; for a
-changed record (paused, read-only, ISR) it hands the new record to the partition. Requests never open or close
-partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk state follows
-one source of truth whatever protocol the change came through.
+It listens to the :class:`~tidelog.metadata.mirror.MetadataMirror`. Every partition with this broker among its
+replicas has its log open here, in one of two roles:
+
+- **leader**: a :class:`~tidelog.broker.partition.Partition` (writes, the high watermark, the ISR) and NATS
+  ingest;
+- **follower**: a :class:`~tidelog.replication.follower.ReplicaFetcher` pulling from the leader named in the
+  metadata, restarted whenever the leader or its epoch changes (and idle while the partition has no live
+  leader).
+
+A role change keeps the log open: a follower promoted to leader starts from the high watermark it learnt as a
+follower (nothing above it was known committed), a deposed leader stops its ingest and writers before it starts
+fetching. A partition that disappeared (its stream was deleted) has its data deleted; for a changed record
+(paused, read-only, ISR) the leader gets the new record. Requests never open or close partitions themselves:
+they change metadata and wait for the manager to act on it, so the on-disk state follows one source of truth
+whatever protocol the change came through.
 
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
 means a stream deleted while this broker was down and then created again under the same name never adopts the
@@ -23,9 +32,11 @@ from typing import Any
 
 from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
 from tidelog.broker.ingest import NatsIngest
-from tidelog.broker.partition import Partition
+from tidelog.broker.partition import AlterIsr, Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
+from tidelog.replication.follower import ReplicaFetcher
+from tidelog.replication.hw_checkpoint import read_hw_checkpoint, write_hw_checkpoint
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
 
@@ -33,6 +44,28 @@ log = logging.getLogger(__name__)
 
 LogConfigFactory = Callable[[StreamRecord], LogConfig]
 ResumeHook = Callable[[Partition], Any]
+UnreachableHook = Callable[[str], Any]
+"""Called with the id of a leader a follower could not connect to (a hint for the controller)."""
+
+
+class _Follower:
+    """A partition this broker follows: its log, and the fetcher (None while there is no live leader)."""
+
+    __slots__ = ("checkpointed", "fetcher", "leader", "log", "record", "stream")
+
+    def __init__(self, stream: StreamRecord, record: PartitionRecord, log_: Log) -> None:
+        self.stream = stream
+        self.record = record
+        self.log = log_
+        self.fetcher: ReplicaFetcher | None = None
+        self.leader: tuple[str, int, str] | None = None  # (leader id, leader epoch, wire address) fetched from
+        self.checkpointed = -1
+
+    @property
+    def high_watermark(self) -> int:
+        if self.fetcher is not None:
+            return self.fetcher.high_watermark
+        return read_hw_checkpoint(self.log)
 
 
 class PartitionManager:
@@ -48,6 +81,10 @@ class PartitionManager:
         ack_timeout: float,
         on_resume: ResumeHook | None = None,
         nats_urls: Sequence[str] = (),
+        alter_isr: AlterIsr | None = None,
+        on_leader_unreachable: UnreachableHook | None = None,
+        replica_lag_time_max: float = 15.0,
+        replica_fetch_wait_max_ms: int = 500,
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
@@ -56,10 +93,16 @@ class PartitionManager:
         self._log_config_for = log_config_for
         self._ack_timeout = ack_timeout
         self._on_resume = on_resume
+        self._alter_isr = alter_isr
+        self._on_leader_unreachable = on_leader_unreachable
+        self._lag_max = replica_lag_time_max
+        self._fetch_wait_ms = replica_fetch_wait_max_ms
         self._partitions: dict[PartitionKey, Partition] = {}
+        self._followers: dict[PartitionKey, _Follower] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
+        self._checkpointer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -84,6 +127,11 @@ class PartitionManager:
     def partitions(self) -> list[Partition]:
         return list(self._partitions.values())
 
+    def follower_log(self, stream: str, partition: int) -> tuple[Log, int] | None:
+        """The log and high watermark of a partition this broker follows, else None."""
+        f = self._followers.get((stream, partition))
+        return None if f is None else (f.log, f.high_watermark)
+
     def path_of(self, stream: StreamRecord, partition: int) -> Path:
         return self._root / f"{stream.name}@{stream.created_ns}" / str(partition)
 
@@ -93,30 +141,71 @@ class PartitionManager:
         """Mirror listener: bring the running partitions in line with ``new``."""
         async with self._lock:
             self._snapshot = new
-            wanted = {
+            if self._checkpointer is None:
+                self._checkpointer = asyncio.create_task(self._checkpoint_followers(), name="follower-hw")
+            mine = {
                 (p.stream, p.id): p
                 for p in new.partitions.values()
-                if p.leader == self.broker_id and p.stream in new.streams
+                if self.broker_id in p.replicas and p.stream in new.streams
             }
-            for key in [k for k in self._partitions if k not in wanted]:
+            for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
                 await self._stop(key, delete=key[0] not in new.streams)
-            for key, record in wanted.items():
-                running = self._partitions.get(key)
-                if running is None:
-                    await self._start(new.streams[key[0]], record)
-                elif running.record != record:
-                    running.update_record(record)
+            for key, record in mine.items():
+                stream = new.streams[key[0]]
+                if record.leader == self.broker_id:
+                    running = self._partitions.get(key)
+                    if running is None:
+                        await self._lead(stream, record)
+                    elif running.record.leader_epoch != record.leader_epoch:
+                        # Re-elected: a new term starts from fresh follower state, on the same open log.
+                        await self._stop(key, delete=False, keep_log=True)
+                        await self._lead(stream, record, reuse=(running.log, running.high_watermark))
+                    elif running.record != record:
+                        running.update_record(record)
+                else:
+                    await self._follow(stream, record, new)
 
-    async def _start(self, stream: StreamRecord, record: PartitionRecord) -> None:
-        path = self.path_of(stream, record.id)
-        config = self._log_config_for(stream)
+    async def _open_log(self, stream: StreamRecord, partition: int) -> Log | None:
+        path = self.path_of(stream, partition)
         try:
-            log_ = await Log.open_async(path, config)
+            return await Log.open_async(path, self._log_config_for(stream))
         except Exception:
-            log.exception("cannot open partition %s/%d at %s", stream.name, record.id, path)
+            log.exception("cannot open partition %s/%d at %s", stream.name, partition, path)
+            return None
+
+    async def _take_log(self, stream: StreamRecord, record: PartitionRecord) -> tuple[Log, int | None] | None:
+        """The partition's log, open already (from a previous role) or opened now, and the HW to start from."""
+        key = (stream.name, record.id)
+        follower = self._followers.pop(key, None)
+        if follower is not None:
+            if follower.fetcher is not None:
+                await follower.fetcher.stop()
+            return follower.log, follower.high_watermark
+        log_ = await self._open_log(stream, record.id)
+        if log_ is None:
+            return None
+        replicated = len(record.replicas) > 1
+        return log_, read_hw_checkpoint(log_) if replicated else None
+
+    async def _lead(
+        self, stream: StreamRecord, record: PartitionRecord, *, reuse: tuple[Log, int] | None = None
+    ) -> None:
+        taken = reuse or await self._take_log(stream, record)
+        if taken is None:
             return
+        log_, initial_hw = taken
         min_isr = stream.config.min_isr or max(1, stream.replication_factor - 1)
-        partition = Partition(stream, record, log_, self.broker_id, min_isr=min_isr, on_resume=self._on_resume)
+        partition = Partition(
+            stream,
+            record,
+            log_,
+            self.broker_id,
+            min_isr=min_isr,
+            on_resume=self._on_resume,
+            initial_hw=initial_hw if len(record.replicas) > 1 else None,
+            alter_isr=self._alter_isr,
+            replica_lag_time_max=self._lag_max,
+        )
         self._partitions[(stream.name, record.id)] = partition
         ingest = NatsIngest(self._nc, partition, urls=self._nats_urls, ack_timeout=self._ack_timeout)
         try:
@@ -126,30 +215,114 @@ class PartitionManager:
         else:
             self._ingests[(stream.name, record.id)] = ingest
         log.info(
-            "leading %s on NATS subject %r (log %d..%d)",
+            "leading %s (epoch %d) on NATS subject %r (log %d..%d, HW %d)",
             partition.name,
+            record.leader_epoch,
             partition.subject,
             log_.start_offset,
             log_.end_offset,
+            partition.high_watermark,
         )
 
-    async def _stop(self, key: PartitionKey, *, delete: bool) -> None:
+    async def _follow(self, stream: StreamRecord, record: PartitionRecord, snap: MetadataSnapshot) -> None:
+        """Be a follower of ``record``'s leader: demote a local leader first, (re)start the fetcher when the
+        leader, its epoch or its address changed, idle while the leader is not alive."""
+        key = (stream.name, record.id)
+        follower = self._followers.get(key)
+        if follower is None:
+            partition = self._partitions.get(key)
+            if partition is not None:
+                await self._stop(key, delete=False, keep_log=True)
+                log_: Log | None = partition.log
+                hw = partition.high_watermark
+            else:
+                log_ = await self._open_log(stream, record.id)
+                hw = -1
+            if log_ is None:
+                return
+            follower = _Follower(stream, record, log_)
+            if hw >= 0:
+                await write_hw_checkpoint(log_.directory, hw)
+            self._followers[key] = follower
+        follower.record = record
+        broker = snap.brokers.get(record.leader) if record.leader else None
+        wanted = None if broker is None else (record.leader, record.leader_epoch, f"{broker.host}:{broker.wire_port}")
+        if wanted == follower.leader:
+            return
+        if follower.fetcher is not None:
+            await follower.fetcher.stop()
+            follower.fetcher = None
+        follower.leader = wanted
+        if wanted is None:
+            log.info("following %s/%d: no live leader (%r) for now", stream.name, record.id, record.leader)
+            return
+        leader_id, epoch, address = wanted
+        fetcher = ReplicaFetcher(
+            follower.log,
+            stream.name,
+            record.id,
+            self.broker_id,
+            leader_id,
+            epoch,
+            address,
+            max_wait_ms=self._fetch_wait_ms,
+            initial_hw=follower.high_watermark,
+            on_leader_unreachable=self._unreachable_hook(leader_id),
+        )
+        follower.fetcher = fetcher
+        await fetcher.start()
+        log.info("following %s/%d from %s at %s (epoch %d)", stream.name, record.id, leader_id, address, epoch)
+
+    def _unreachable_hook(self, leader_id: str) -> Callable[[], Any] | None:
+        hook = self._on_leader_unreachable
+        if hook is None:
+            return None
+
+        async def report() -> None:
+            await hook(leader_id)
+
+        return report
+
+    async def _checkpoint_followers(self) -> None:
+        """Persist each follower's high watermark once a second while it moves."""
+        while True:
+            await asyncio.sleep(1.0)
+            for follower in list(self._followers.values()):
+                if follower.fetcher is None:
+                    continue
+                hw = follower.fetcher.high_watermark
+                if hw != follower.checkpointed:
+                    try:
+                        await write_hw_checkpoint(follower.log.directory, hw)
+                        follower.checkpointed = hw
+                    except Exception:
+                        log.warning("cannot checkpoint the HW of %s", follower.log.directory, exc_info=True)
+
+    async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:
         ingest = self._ingests.pop(key, None)
         if ingest is not None:
             await ingest.stop()
         partition = self._partitions.pop(key, None)
-        if partition is None:
-            return
-        await partition.close()
-        if delete:
-            path = partition.log.directory
+        follower = self._followers.pop(key, None)
+        log_: Log | None = None
+        if partition is not None:
+            await partition.close(close_log=not keep_log)
+            log_ = partition.log
+            log.info("stopped leading %s", partition.name)
+        if follower is not None:
+            if follower.fetcher is not None:
+                await follower.fetcher.stop()
+            log_ = follower.log
+            if not keep_log:
+                await follower.log.close()
+        if delete and log_ is not None:
+            await log_.close()
+            path = log_.directory
             await asyncio.to_thread(shutil.rmtree, path, True)
             parent = path.parent
             if parent.exists() and not any(parent.iterdir()):
                 parent.rmdir()
-            log.info("deleted partition %s", partition.name)
-        else:
-            log.info("stopped leading %s", partition.name)
+            log.info("deleted partition %s/%d", *key)
 
     async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
         """Delete stream directories of streams that no longer exist (deleted while this broker was down)."""
@@ -163,9 +336,21 @@ class PartitionManager:
         return removed
 
     async def close(self) -> None:
-        """Stop ingest first (no new writes), then flush and close every log."""
+        """Stop ingest first (no new writes), then the fetchers, then flush and close every log."""
         async with self._lock:
+            if self._checkpointer is not None:
+                self._checkpointer.cancel()
             ingests, self._ingests = self._ingests, {}
             await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
             partitions, self._partitions = self._partitions, {}
             await asyncio.gather(*(p.close() for p in partitions.values()), return_exceptions=True)
+            followers, self._followers = self._followers, {}
+            await asyncio.gather(*(f.fetcher.stop() for f in followers.values() if f.fetcher), return_exceptions=True)
+            await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
+
+
+async def _close_follower(follower: _Follower) -> None:
+    """Checkpoint what the follower knows is committed, then close its log."""
+    hw = follower.high_watermark
+    await write_hw_checkpoint(follower.log.directory, hw)
+    await follower.log.close()

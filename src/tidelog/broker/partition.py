@@ -9,6 +9,13 @@ in one type is what keeps the guarantees the same whichever protocol a client sp
   ``always`` that also means fsynced);
 - readers never see an offset at or above the high watermark;
 - a read-only partition refuses writes and stores nothing; a paused one resumes on the first write.
+
+Replication, leader side: followers fetch with :meth:`Partition.replica_fetched` (their fetch offset is their
+acknowledgement and feeds the high watermark) and long-poll on the log end, not the HW, with
+:meth:`Partition.wait_for_log_end`, so they copy a batch while the leader is still fsyncing it. The partition
+keeps the ISR honest: a follower that stops keeping up is proposed for removal, a caught-up one for re-entry,
+both through the controller (``alter_isr``); the HW tracker only takes a new ISR once it is in the metadata,
+so the HW never passes data a departing follower lacks before it has left (Rama's ordering).
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from tidelog.api.errors import (
 )
 from tidelog.api.wire.messages import Acks
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
+from tidelog.replication.hw_checkpoint import write_hw_checkpoint
+from tidelog.replication.offset_waiters import OffsetWaiters
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -44,6 +54,8 @@ class Appended:
 
 
 ResumeHook = Callable[["Partition"], Awaitable[None]]
+AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
+"""Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
 
 
 class Partition:
@@ -58,6 +70,9 @@ class Partition:
         *,
         min_isr: int,
         on_resume: ResumeHook | None = None,
+        initial_hw: int | None = None,
+        alter_isr: AlterIsr | None = None,
+        replica_lag_time_max: float = 15.0,
     ) -> None:
         self.stream = stream
         self.record = record
@@ -65,10 +80,30 @@ class Partition:
         self.broker_id = broker_id
         self.min_isr = min_isr
         self._on_resume = on_resume
-        self._hw = HighWatermark(broker_id, record.isr or (broker_id,), log_.end_offset)
+        self._alter_isr = alter_isr
+        self._lag_max_ns = int(replica_lag_time_max * 1e9)
+        # With no followers everything written is committed. A leader with followers starts from the HW it
+        # knew (checkpointed as a follower or an earlier leader): what lies above was never known committed,
+        # and becomes visible only once the ISR has it again.
+        start_hw = log_.end_offset if initial_hw is None else min(initial_hw, log_.end_offset)
+        self._hw = HighWatermark(broker_id, record.isr or (broker_id,), start_hw)
+        self._hw.replica_caught_up_to(broker_id, log_.end_offset)
+        self._log_end = OffsetWaiters(log_.end_offset)
+        self.followers = Followers(broker_id, record.replicas, time.monotonic_ns())
+        self._epoch_start = log_.end_offset  # the first offset of this leadership (Kafka's ISR-join rule)
+        self._isr_change: asyncio.Task[None] | None = None
+        self._checkpointed = -1
+        self._tasks: list[asyncio.Task[None]] = []
+        log_.add_write_listener(self._log_end.advance)
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
+        if len(record.replicas) > 1:
+            self._tasks.append(asyncio.create_task(self._maintain(), name=f"isr-{self.name}"))
+
+    @property
+    def replicated(self) -> bool:
+        return len(self.record.replicas) > 1
 
     # ------------------------------------------------------------------------------------------ identity
 
@@ -96,7 +131,61 @@ class Partition:
     def update_record(self, record: PartitionRecord) -> None:
         """Take a newer metadata record (paused/readonly flags, ISR)."""
         self.record = record
+        self.followers.set_replicas(record.replicas, time.monotonic_ns())
         self._hw.set_isr(record.isr or (self.broker_id,))
+
+    # ------------------------------------------------------------------------------------------ replication
+
+    def replica_fetched(self, replica: str, offset: int) -> bool:
+        """A follower fetches at ``offset``: it holds everything below. False when it is no replica of ours."""
+        if not self.followers.fetched(replica, offset, self.log.end_offset, time.monotonic_ns()):
+            return False
+        self._hw.replica_caught_up_to(replica, offset)
+        if replica not in self.record.isr and self._isr_change is None and not self._closed:
+            ready = self.followers.ready_to_join(self.record.isr, self._hw.value, self._epoch_start)
+            if replica in ready:
+                self._propose_isr((*self.record.isr, replica))
+        return True
+
+    async def wait_for_log_end(self, offset: int, timeout: float) -> bool:
+        """Long-poll for followers: wait until the log holds ``offset`` (written, maybe not yet fsynced)."""
+        return await self._log_end.wait_beyond(offset, timeout)
+
+    def _propose_isr(self, isr: tuple[str, ...]) -> None:
+        """Ask the controller for a new ISR, one request at a time; the change applies when it reaches the
+        metadata (:meth:`update_record`), not when asked."""
+        if self._alter_isr is None or self._isr_change is not None:
+            return
+        record = self.record
+
+        async def run() -> None:
+            try:
+                await self._alter_isr(record, isr)  # type: ignore[misc]
+            except Exception as exc:  # the controller refused (stale epoch) or was unreachable: retry later
+                log.warning("ISR change of %s to %s failed: %s", self.name, ",".join(isr), exc)
+            finally:
+                self._isr_change = None
+
+        log.info("%s: proposing ISR %s (was %s)", self.name, ",".join(isr), ",".join(record.isr))
+        self._isr_change = asyncio.create_task(run(), name=f"alter-isr-{self.name}")
+
+    async def _maintain(self) -> None:
+        """Shrink the ISR of lagging followers and checkpoint the HW, on a timer."""
+        period = min(1.0, self._lag_max_ns / 2e9)
+        while not self._closed:
+            await asyncio.sleep(period)
+            lagging = self.followers.lagging(self.record.isr, time.monotonic_ns(), self._lag_max_ns)
+            if lagging and self._isr_change is None:
+                log.warning("%s: followers %s fell behind; removing them from the ISR", self.name, lagging)
+                self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
+            await self.checkpoint_hw()
+
+    async def checkpoint_hw(self) -> None:
+        """Persist the HW when it moved (a restarted replica must not serve above what was known committed)."""
+        hw = self._hw.value
+        if hw != self._checkpointed:
+            await write_hw_checkpoint(self.log.directory, hw)
+            self._checkpointed = hw
 
     # ------------------------------------------------------------------------------------------ writes
 
@@ -160,10 +249,24 @@ class Partition:
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
-    async def close(self) -> None:
-        """Stop serving: wake waiters with UNAVAILABLE, flush and close the log."""
+    async def close(self, *, close_log: bool = True) -> None:
+        """Stop serving: wake waiters with UNAVAILABLE; flush and close the log unless it stays open for the
+        partition's next role (a leader becoming a follower keeps its log)."""
         if self._closed:
             return
         self._closed = True
-        self._hw.fail_waiters(UnavailableError(f"partition {self.name} is closing"))
-        await self.log.close()
+        self.log.remove_write_listener(self._log_end.advance)
+        tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        error = UnavailableError(f"partition {self.name} is closing or changing leader")
+        self._hw.fail_waiters(error)
+        self._log_end.fail_waiters(error)
+        if self.replicated:
+            try:
+                await self.checkpoint_hw()
+            except Exception:
+                log.warning("could not checkpoint the HW of %s", self.name, exc_info=True)
+        if close_log:
+            await self.log.close()

@@ -1,12 +1,14 @@
 """The broker process: the composition root that starts every part in order and stops them in reverse.
 
 Start: embedded NATS and etcd when none are configured → connect to both → mirror the metadata keyspace →
-partition manager (opens the partitions this broker leads, subscribes them to NATS) → register the broker under
-its etcd lease → gRPC (``proto.API`` + health) and the wire protocol server.
+partition manager (opens this broker's replicas: leads some, follows others) → the wire protocol server →
+register the broker under its etcd lease → campaign for controller → gRPC (``proto.API`` + health).
 
-Stop (SIGTERM/SIGINT): stop accepting new requests and let in-flight ones finish (gRPC grace), stop NATS
-ingest after appending what it already received, flush and close every log, deregister, close the clients,
-stop the embedded servers. Nothing acknowledged is lost, and no child process outlives the broker.
+Stop (SIGTERM/SIGINT): controlled shutdown first — the controller moves this broker's leaderships to other ISR
+members and takes it out of the ISRs, so clients fail over without waiting for a lease to lapse — then stop
+accepting new requests and let in-flight ones finish (gRPC grace), resign as controller, stop NATS ingest after
+appending what it already received, flush and close every log, deregister, close the clients, stop the embedded
+servers. Nothing acknowledged is lost, and no child process outlives the broker.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ from tidelog.api.wire.server import WireServer
 from tidelog.broker.cleaner import LogCleaner
 from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partition import Partition
+from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
+from tidelog.metadata.controller import Controller
+from tidelog.metadata.controller_election import ControllerElection
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
 from tidelog.metadata.store import MetadataStore
@@ -81,6 +87,10 @@ class Broker:
         self.wire: WireServer | None = None
         self.context: BrokerContext | None = None
         self.cleaner: LogCleaner | None = None
+        self.peers: Peers | None = None
+        self.election: ControllerElection | None = None
+        self.controller: Controller | None = None
+        self.link: ControllerLink | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -101,8 +111,30 @@ class Broker:
         try:
             await self._start_backplane()
             keys = Keys()
-            self.mirror = MetadataMirror(self.etcd, keys)
+            mirror = self.mirror = MetadataMirror(self.etcd, keys)
             self.store = MetadataStore(self.etcd, keys)
+            self.peers = Peers(lambda: mirror.snapshot)
+            ttl = max(1, cfg.broker_lease_ttl_ms // 1000)
+            # The election calls the controller and the controller asks the election whether its term holds:
+            # the callbacks close over the broker so either can be built first.
+            self.election = ControllerElection(
+                self.etcd,
+                keys,
+                self.id,
+                ttl_seconds=ttl,
+                on_elected=lambda term: self._controller().on_elected(term),
+                on_deposed=lambda term, reason: self._controller().on_deposed(term, reason),
+            )
+            self.controller = Controller(
+                self.id,
+                self.etcd,
+                keys,
+                mirror,
+                self.election,
+                unclean_default=cfg.default_unclean_leader_election,
+                balance_interval=cfg.leader_balance_interval_ms / 1000,
+            )
+            self.link = ControllerLink(self.id, self.election, self.controller, self.peers)
             self.manager = PartitionManager(
                 self.id,
                 cfg.data_dir,
@@ -111,20 +143,29 @@ class Broker:
                 ack_timeout=cfg.default_ack_timeout_ms / 1000,
                 on_resume=self._resume,
                 nats_urls=self.nats_urls,
+                alter_isr=self.link.alter_isr,
+                on_leader_unreachable=self.link.report_unreachable,
+                replica_lag_time_max=cfg.replica_lag_time_max_ms / 1000,
+                replica_fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms,
             )
-            self.mirror.add_listener(self.manager.reconcile)
-            await self.mirror.start()
-            await self.manager.remove_orphans(self.mirror.snapshot)
+            mirror.add_listener(self.manager.reconcile)
+            await mirror.start()
+            await self.manager.remove_orphans(mirror.snapshot)
             self.cleaner = LogCleaner(self.manager.partitions, cfg.cleaner_interval_ms / 1000)
             self.cleaner.start()
-            admin = StreamAdmin(self.id, self.store, self.mirror)
-            self.context = BrokerContext(self.id, cfg, self.manager, admin, self.mirror, self.nc)
+            admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
+            self.context = BrokerContext(
+                self.id, cfg, self.manager, admin, mirror, self.nc, link=self.link, peers=self.peers
+            )
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
             await self.wire.start()
-            record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, self.wire.port, time.time_ns())
-            await self.store.register_broker(record, max(1, cfg.broker_lease_ttl_ms // 1000))
-            await self.mirror.wait_for(lambda s: self.id in s.brokers, 10)
+            wire_port = cfg.advertise_wire_port or self.wire.port
+            record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns())
+            await self.store.register_broker(record, ttl)
+            await mirror.wait_for(lambda s: self.id in s.brokers, 10)
+            await self.election.start()
+            await self.election.wait_for(lambda e: e.controller_id is not None, 15)
             await self.grpc.start()
         except BaseException:
             await self.stop()
@@ -162,6 +203,10 @@ class Broker:
         self.etcd = aetcd.Client(host=host, port=port, timeout=10)
         await self.etcd.connect()
 
+    def _controller(self) -> Controller:
+        assert self.controller is not None
+        return self.controller
+
     async def _resume(self, partition: Partition) -> None:
         """A write to a paused partition resumes it, or every paused partition of its stream when it was paused
         with ``resumeAll`` (Liftbridge's rules)."""
@@ -179,16 +224,25 @@ class Broker:
             return
         self._stopped.set()
         grace = self.config.shutdown_timeout_ms / 1000
+        await self._hand_off_leadership(grace)
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop(grace=min(grace, 5.0))
         if self.wire is not None:
             with contextlib.suppress(Exception):
                 await self.wire.stop(grace=min(grace, 5.0))
+        if self.election is not None:
+            with contextlib.suppress(Exception):
+                await self.election.stop()  # resigns at once: the next controller need not wait for a TTL
+        if self.controller is not None:
+            with contextlib.suppress(Exception):
+                await self.controller.stop()
         if self.cleaner is not None:
             await self.cleaner.stop()
         if self.manager is not None:
             await self.manager.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.store is not None:
             with contextlib.suppress(Exception):
                 await self.store.deregister_broker()
@@ -205,6 +259,22 @@ class Broker:
                 with contextlib.suppress(Exception):
                     await server.stop()
         log.info("broker %s stopped", self.id)
+
+    async def _hand_off_leadership(self, grace: float) -> None:
+        """Controlled shutdown: have the controller move this broker's leaderships elsewhere, and wait (within
+        ``grace``) until this broker's own mirror shows it, so in-flight writes fail over instead of timing out."""
+        link, mirror, manager = self.link, self.mirror, self.manager
+        if link is None or mirror is None or manager is None or len(mirror.snapshot.brokers) < 2:
+            return
+        try:
+            async with asyncio.timeout(grace):
+                remaining = await link.controlled_shutdown(grace)
+                await mirror.wait_for(
+                    lambda s: sum(p.leader == self.id for p in s.partitions.values()) <= remaining, grace
+                )
+            log.info("broker %s: leadership handed off (%d partition(s) had no other ISR member)", self.id, remaining)
+        except Exception as exc:
+            log.warning("broker %s: controlled shutdown incomplete: %s", self.id, exc)
 
     async def __aenter__(self) -> Broker:
         await self.start()

@@ -1,8 +1,10 @@
 """Stream administration: create, delete, pause, resume and set read-only, with input validation.
 
-Each operation validates its input, writes metadata through a guarded etcd transaction, then waits until this
-broker's mirror has applied it (and the partition manager has acted on it), so a client that creates a stream
-can publish to it and subscribe to it as soon as the call returns.
+Each operation validates its input, has the controller write the metadata (a guarded etcd transaction fenced
+by the controller epoch: in process when this broker is the controller, forwarded over the wire protocol
+otherwise), then waits until this broker's mirror has applied it (and the partition manager has acted on it),
+so a client that creates a stream can publish to it and subscribe to it as soon as the call returns, whichever
+broker it asked.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -21,11 +24,16 @@ from tidelog.api.errors import (
     UnknownPartitionError,
     UnknownStreamError,
 )
+from tidelog.api.wire.messages import CreateStreamRequest, DeleteStreamRequest, SetStreamStateRequest
+from tidelog.broker.controller_link import call_controller
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.placement import place_replicas, resolve_replication_factor
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
-from tidelog.metadata.store import CreateOutcome, MetadataStore
+from tidelog.metadata.store import CreateOutcome
+
+if TYPE_CHECKING:
+    from tidelog.broker.controller_link import ControllerLink
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +75,51 @@ def validate_config(config: StreamConfig) -> None:
         raise InvalidArgumentError(f"flush_policy must be 'always', 'interval' or 'never', got {config.flush_policy!r}")
 
 
+class MetadataWriter(Protocol):
+    """Guarded metadata writes: :class:`~tidelog.metadata.store.MetadataStore` (unfenced, for tests and tools)
+    or the controller (fenced by its epoch)."""
+
+    async def create_stream(self, stream: StreamRecord, partitions: Sequence[PartitionRecord]) -> CreateOutcome: ...
+
+    async def delete_stream(self, name: str) -> bool: ...
+
+    async def update_partition(self, old: PartitionRecord, new: PartitionRecord) -> bool: ...
+
+
+def config_strings(config: StreamConfig) -> dict[str, str]:
+    """A :class:`StreamConfig`'s settings as the wire protocol carries them (by name, as strings)."""
+    out: dict[str, str] = {}
+    for name in config.__struct_fields__:
+        value = getattr(config, name)
+        if value is not None:
+            out[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
 class StreamAdmin:
     """Validated metadata changes for streams and their partitions."""
 
-    def __init__(self, broker_id: str, store: MetadataStore, mirror: MetadataMirror) -> None:
+    def __init__(
+        self, broker_id: str, store: MetadataWriter, mirror: MetadataMirror, *, link: ControllerLink | None = None
+    ) -> None:
         self._broker_id = broker_id
         self._store = store
         self._mirror = mirror
+        self._link = link
+
+    def _writer(self, forwarded: bool) -> MetadataWriter | None:
+        """Who writes here: the local controller (or the plain store when there is no election), or None when
+        the request must be forwarded to the controller."""
+        if self._link is None:
+            return self._store
+        if self._link.is_local:
+            writer: MetadataWriter = self._link.controller
+            return writer
+        if forwarded:
+            raise UnavailableError(
+                f"broker {self._broker_id} is not the controller (the controller is {self._link.controller_id})"
+            )
+        return None
 
     async def create_stream(
         self,
@@ -84,6 +130,7 @@ class StreamAdmin:
         partitions: int = 1,
         replication_factor: int = 1,
         config: StreamConfig | None = None,
+        forwarded: bool = False,
     ) -> StreamRecord:
         """Create a stream; creating one that exists with the same subject succeeds and changes nothing."""
         validate_stream_name(name)
@@ -94,6 +141,15 @@ class StreamAdmin:
             raise InvalidArgumentError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
         config = config or StreamConfig()
         validate_config(config)
+        writer = self._writer(forwarded)
+        if writer is None:
+            assert self._link is not None
+            request = CreateStreamRequest(
+                name, subject, partitions, replication_factor, group, config_strings(config), forwarded=True
+            )
+            await self._link.forward(request, _APPLY_TIMEOUT)
+            snap = await self._wait(lambda s: _stream_ready(s, name), f"stream {name!r} to be created")
+            return snap.streams[name]
         snap = self._mirror.snapshot
         brokers = sorted(snap.brokers) or [self._broker_id]
         rf = resolve_replication_factor(replication_factor, len(brokers))
@@ -108,7 +164,7 @@ class StreamAdmin:
             PartitionRecord(name, i, replicas, replicas[0], replicas)
             for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load))
         ]
-        outcome = await self._store.create_stream(record, parts)
+        outcome = await call_controller(writer.create_stream(record, parts))
         if outcome is CreateOutcome.CONFLICT:
             existing = self._mirror.snapshot.stream(name)
             other = f" on subject {existing.subject!r}" if existing else ""
@@ -119,20 +175,40 @@ class StreamAdmin:
             log.info("created stream %s on %r with %d partition(s)", name, subject, partitions)
         return created
 
-    async def delete_stream(self, name: str) -> None:
-        if not await self._store.delete_stream(name):
+    async def delete_stream(self, name: str, *, forwarded: bool = False) -> None:
+        writer = self._writer(forwarded)
+        if writer is None:
+            assert self._link is not None
+            if self._mirror.snapshot.stream(name) is None:
+                raise UnknownStreamError(f"no stream named {name!r}")
+            await self._link.forward(DeleteStreamRequest(name, forwarded=True), _APPLY_TIMEOUT)
+        elif not await call_controller(writer.delete_stream(name)):
             raise UnknownStreamError(f"no stream named {name!r}")
         await self._wait(
             lambda s: name not in s.streams and not any(k[0] == name for k in s.partitions), f"stream {name!r} to go"
         )
         log.info("deleted stream %s", name)
 
-    async def set_paused(self, name: str, partitions: Sequence[int], paused: bool, *, resume_all: bool = False) -> None:
+    async def set_paused(
+        self,
+        name: str,
+        partitions: Sequence[int],
+        paused: bool,
+        *,
+        resume_all: bool = False,
+        forwarded: bool = False,
+    ) -> None:
         """Pause (or resume) the given partitions, all of them when ``partitions`` is empty.
 
         ``resume_all`` (Liftbridge's ``resumeAll``): a write to any of these partitions will resume every paused
         partition of the stream, not only the one written to.
         """
+        if self._writer(forwarded) is None:
+            request = SetStreamStateRequest(
+                name, tuple(partitions), paused=paused, forwarded=True, resume_all=resume_all
+            )
+            await self._forward_update(request, name, partitions, lambda p: p.paused == paused)
+            return
         now = time.time_ns()
         await self._update(
             name,
@@ -146,13 +222,17 @@ class StreamAdmin:
             ),
         )
 
-    async def set_readonly(self, name: str, partitions: Sequence[int], readonly: bool) -> None:
+    async def set_readonly(
+        self, name: str, partitions: Sequence[int], readonly: bool, *, forwarded: bool = False
+    ) -> None:
+        if self._writer(forwarded) is None:
+            request = SetStreamStateRequest(name, tuple(partitions), readonly=readonly, forwarded=True)
+            await self._forward_update(request, name, partitions, lambda p: p.readonly == readonly)
+            return
         now = time.time_ns()
         await self._update(name, partitions, lambda p: msgspec.structs.replace(p, readonly=readonly, readonly_ns=now))
 
-    async def _update(
-        self, name: str, partitions: Sequence[int], change: Callable[[PartitionRecord], PartitionRecord]
-    ) -> None:
+    def _partition_ids(self, name: str, partitions: Sequence[int]) -> list[int]:
         stream = self._mirror.snapshot.stream(name)
         if stream is None:
             raise UnknownStreamError(f"no stream named {name!r}")
@@ -160,13 +240,39 @@ class StreamAdmin:
         for pid in ids:
             if not 0 <= pid < stream.partitions:
                 raise UnknownPartitionError(f"stream {name!r} has partitions 0..{stream.partitions - 1}, not {pid}")
+        return ids
+
+    async def _forward_update(
+        self,
+        request: SetStreamStateRequest,
+        name: str,
+        partitions: Sequence[int],
+        applied: Callable[[PartitionRecord], bool],
+    ) -> None:
+        """Have the controller make a partition change, then wait until this broker's mirror shows it."""
+        assert self._link is not None
+        ids = self._partition_ids(name, partitions)
+        await self._link.forward(request, _APPLY_TIMEOUT)
+
+        def done(snap: MetadataSnapshot) -> bool:
+            records = [snap.partition(name, pid) for pid in ids]
+            return all(r is None or applied(r) for r in records)
+
+        await self._wait(done, f"{name} to update")
+
+    async def _update(
+        self, name: str, partitions: Sequence[int], change: Callable[[PartitionRecord], PartitionRecord]
+    ) -> None:
+        ids = self._partition_ids(name, partitions)
+        writer = self._writer(True)
+        assert writer is not None
         for pid in ids:
             for _ in range(_CAS_ATTEMPTS):
                 current = self._mirror.snapshot.partition(name, pid)
                 if current is None:
                     raise UnknownStreamError(f"stream {name!r} was deleted")
                 wanted = change(current)
-                if wanted == current or await self._store.update_partition(current, wanted):
+                if wanted == current or await call_controller(writer.update_partition(current, wanted)):
                     break
                 await self._wait(_changed_from(name, pid, current), "metadata to catch up")
             else:

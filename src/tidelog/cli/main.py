@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from tidelog import __version__
+from tidelog.cli.cluster import register as register_cluster_commands
 from tidelog.cli.publish import publish
 from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
@@ -21,6 +22,7 @@ cli.add_command(serve)
 cli.add_command(stream)
 cli.add_command(publish)
 cli.add_command(subscribe)
+register_cluster_commands(cli)
 
 
 def main() -> None:

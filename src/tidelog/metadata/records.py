@@ -42,6 +42,9 @@ class StreamConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     encryption: bool | None = None
     flush_policy: str | None = None
     flush_interval_ms: int | None = None
+    unclean_leader_election: bool | None = None
+    """Whether the controller may elect a replica outside the ISR when no ISR member is alive (loses committed
+    records; Kafka's ``unclean.leader.election.enable``). ``None``: the broker default."""
 
 
 class StreamRecord(msgspec.Struct, frozen=True):

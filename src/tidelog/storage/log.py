@@ -56,6 +56,7 @@ from tidelog.storage.batch import (
 )
 from tidelog.storage.compaction import CompactionResult, compact_segment_files
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, EpochEndOffset, LeaderEpochCache
 from tidelog.storage.errors import (
     CorruptBatchError,
     InvalidBatchError,
@@ -186,6 +187,11 @@ class Log:
         self._expedite = asyncio.Event()  # set: pending seals stop waiting for their due time
         self._seal_delay_ns = _seal_delay_ms(config) * 1_000_000
         self._closed = False
+        # Leader epoch -> start offset (KIP-101/279). An entry may outlive the bytes it names when a crash came
+        # between writing the checkpoint and the batch, so what lies at or past the log end is dropped here.
+        self._epochs = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT_FILE)
+        self._epochs.truncate_from_end(self.end_offset)
+        self._write_listeners: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -252,6 +258,29 @@ class Log:
         return sum(s.size for s in self._segments)
 
     @property
+    def latest_epoch(self) -> int:
+        """The leader epoch of the newest batch (-1 while no epoch was ever recorded)."""
+        return self._epochs.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        """KIP-279: the largest epoch ≤ ``epoch`` this log knows and the offset where it ends (a follower
+        truncates to it before fetching from a new leader)."""
+        return self._epochs.end_offset_for_epoch(epoch, self.end_offset)
+
+    def add_write_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(end_offset)`` right after each write reaches the file, before it is fsynced.
+
+        Replica fetches wait on this rather than on the high watermark: followers copy a batch while the
+        leader is still syncing it, so the leader's fsync and the followers' overlap instead of adding up.
+        """
+        self._write_listeners.append(listener)
+
+    def remove_write_listener(self, listener: Callable[[int], None]) -> None:
+        """Stop calling ``listener`` (a partition this broker stopped leading keeps its log open)."""
+        if listener in self._write_listeners:
+            self._write_listeners.remove(listener)
+
+    @property
     def segments(self) -> list[SegmentInfo]:
         last = len(self._segments) - 1
         return [s.info(active=i == last) for i, s in enumerate(self._segments)]
@@ -292,6 +321,8 @@ class Log:
 
         def place() -> tuple[list[Placed], _Slicer]:
             offset = self._segments[-1].next_offset
+            if leader_epoch > self._epochs.latest_epoch:  # a new leader's first append: rare, a small file write
+                self._epochs.assign(leader_epoch, offset)
             placed = []
             parts: list[Buffer] = []
             for header, tail in zip(headers, tails, strict=True):
@@ -327,6 +358,9 @@ class Log:
                     )
                 placed.append(Placed(header.base_offset, header.next_offset, header.size, header.max_timestamp))
                 expected = header.next_offset
+            for header in headers:  # only once every batch is known to fit: nothing recorded for a refused append
+                if header.leader_epoch > self._epochs.latest_epoch:
+                    self._epochs.assign(header.leader_epoch, header.base_offset)
             return placed, lambda i, j: [view[starts[i] : starts[j]]]
 
         return await self._append(len(view), place)
@@ -361,6 +395,10 @@ class Log:
             self._check_writable()
             placed, parts = place()  # offsets are taken under the lock...
             seq = self._write_all(placed, parts)  # ...and written with no await in between: nothing interleaves
+        if self._write_listeners:
+            end = placed[-1].next_offset
+            for listener in self._write_listeners:
+                listener(end)
         await self._flusher.after_write(seq)
         return AppendResult(
             placed[0].base_offset,
@@ -599,6 +637,7 @@ class Log:
         else:
             active.truncate_to(offset)
         active.sealed = False
+        self._epochs.truncate_from_end(self.end_offset)
         return self._flusher.note_write(active)
 
     async def delete_segments_before(self, offset: int) -> list[int]:
@@ -617,6 +656,7 @@ class Log:
             deleted.append(segment.base_offset)
         if deleted:
             await self._flusher.sync_directory(self._directory)
+            self._epochs.truncate_from_start(self.start_offset)
         return deleted
 
     async def apply_retention(self, now_ns: int | None = None, *, max_offset: int | None = None) -> list[int]:

@@ -8,7 +8,9 @@ signal, the -1 meaning of empty offsets, acks per policy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -33,6 +35,7 @@ from tests.broker.helpers import (
 from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, parse_envelope
 from tidelog.broker.server import Broker
+from tidelog.metadata.records import BrokerRecord, Keys, encode
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -68,6 +71,20 @@ async def fill(stub: Stub, name: str, count: int, partition: int = 0) -> list[ap
     messages = await read_until_stop(stub, name, partition)
     assert values(messages) == [b"m%d" % i for i in range(count)]
     return messages
+
+
+@contextlib.asynccontextmanager
+async def ghost_broker(broker: Broker, name: str = "ghost") -> AsyncIterator[None]:
+    """A registered broker with no process behind it: a live ISR member that never fetches. Without the
+    registration the controller would take it out of the ISR at once, as it does with any dead follower."""
+    assert broker.etcd is not None
+    lease = await broker.etcd.lease(30)
+    record = BrokerRecord(name, "127.0.0.1", 1, 1, time.time_ns())
+    await broker.etcd.put(Keys().broker(name), encode(record), lease=lease)
+    try:
+        yield
+    finally:
+        await lease.revoke()
 
 
 async def set_isr(broker: Broker, stream: str, isr: tuple[str, ...]) -> None:
@@ -602,6 +619,11 @@ async def test_publish_expected_offset(stub: Stub, stream_name: str) -> None:
 async def test_publish_all_waits_for_the_isr_within_the_deadline(stub: Stub, broker: Broker, stream_name: str) -> None:
     """With a replica in the ISR that never catches up, nothing commits: LEADER is acked, ALL times out."""
     await create_stream(stub, stream_name)
+    async with ghost_broker(broker):
+        await _all_waits_for_the_isr(stub, broker, stream_name)
+
+
+async def _all_waits_for_the_isr(stub: Stub, broker: Broker, stream_name: str) -> None:
     await set_isr(broker, stream_name, (broker.id, "ghost"))
 
     assert (await publish(stub, stream_name, b"leader", ackPolicy=api_pb2.LEADER)).ack.offset == 0

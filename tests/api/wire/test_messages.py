@@ -16,11 +16,17 @@ from tidelog.api.wire.messages import (
     INT32_MAX,
     INT64_MAX,
     Acks,
+    AlterIsrRequest,
+    AlterIsrResponse,
     BrokerInfo,
+    ControlledShutdownRequest,
+    ControlledShutdownResponse,
     CreateStreamRequest,
     CreateStreamResponse,
     DeleteStreamRequest,
     DeleteStreamResponse,
+    EpochEndOffsetRequest,
+    EpochEndOffsetResponse,
     ErrorBody,
     FetchRequest,
     FetchResponse,
@@ -35,6 +41,10 @@ from tidelog.api.wire.messages import (
     PartitionInfo,
     ProduceRequest,
     ProduceResponse,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    ReportUnreachableRequest,
+    ReportUnreachableResponse,
     SetStreamStateRequest,
     SetStreamStateResponse,
     StreamInfo,
@@ -54,6 +64,8 @@ partition = st.integers(0, INT32_MAX)
 offset = st.integers(0, INT64_MAX)
 offset_or_none = st.integers(-1, INT64_MAX)
 millis = st.integers(0, INT32_MAX)
+epoch = st.integers(0, INT32_MAX)
+epoch_or_none = st.integers(-1, INT32_MAX)
 error_body = st.builds(ErrorBody, st.integers(0, INT32_MAX), text, st.booleans())
 maybe_error = st.none() | error_body
 ids = st.lists(text, max_size=3).map(tuple)
@@ -84,9 +96,10 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         text,
         st.dictionaries(text, text, max_size=3),
         millis,
+        st.booleans(),
     ),
     CreateStreamResponse: st.just(CreateStreamResponse()),
-    DeleteStreamRequest: st.builds(DeleteStreamRequest, names, millis),
+    DeleteStreamRequest: st.builds(DeleteStreamRequest, names, millis, st.booleans()),
     DeleteStreamResponse: st.just(DeleteStreamResponse()),
     ListStreamsRequest: st.builds(ListStreamsRequest, text),
     ListStreamsResponse: st.builds(
@@ -102,8 +115,20 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         st.none() | st.booleans(),
         st.none() | st.booleans(),
         millis,
+        st.booleans(),
+        st.booleans(),
     ),
     SetStreamStateResponse: st.just(SetStreamStateResponse()),
+    ReplicaFetchRequest: st.builds(ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis),
+    ReplicaFetchResponse: st.builds(ReplicaFetchResponse, offset, offset, offset, epoch, maybe_error),
+    EpochEndOffsetRequest: st.builds(EpochEndOffsetRequest, names, partition, names, epoch_or_none, epoch_or_none),
+    EpochEndOffsetResponse: st.builds(EpochEndOffsetResponse, epoch_or_none, offset_or_none, maybe_error),
+    AlterIsrRequest: st.builds(AlterIsrRequest, names, partition, names, epoch, ids),
+    AlterIsrResponse: st.builds(AlterIsrResponse, epoch, ids),
+    ReportUnreachableRequest: st.builds(ReportUnreachableRequest, names, names),
+    ReportUnreachableResponse: st.just(ReportUnreachableResponse()),
+    ControlledShutdownRequest: st.builds(ControlledShutdownRequest, names),
+    ControlledShutdownResponse: st.builds(ControlledShutdownResponse, st.integers(0, INT32_MAX)),
 }
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))
 
@@ -164,7 +189,7 @@ def test_older_and_newer_peers_interoperate() -> None:
 
 
 def test_unknown_and_reserved_ops_raise_unsupported() -> None:
-    for kind, op in [(Kind.REQUEST, 999), (Kind.REQUEST, Op.APPEND), (Kind.RESPONSE, Op.REPLICA_FETCH)]:
+    for kind, op in [(Kind.REQUEST, 999), (Kind.REQUEST, Op.APPEND), (Kind.RESPONSE, 999)]:
         with pytest.raises(UnsupportedOpError) as info:
             decode_header(kind, op, b"\x90")
         assert (info.value.kind, info.value.op) == (kind, op)

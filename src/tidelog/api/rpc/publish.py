@@ -4,6 +4,10 @@
 request's deadline (or the broker's default ack timeout when it has none). A request that asks for an ack inbox
 also gets its ack published there, as Liftbridge does. ``NONE`` still stores the message before answering: it
 only means the response carries no ack.
+
+A publish that reaches a broker which does not lead the partition is forwarded to the leader over the wire
+protocol (Liftbridge clients talking to one seed broker keep working through failovers); only an
+``expectedOffset`` publish is not, since its check belongs with the leader's log: it answers NOT_LEADER.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from tidelog.api.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.api.errors import (
     IncorrectOffsetError,
     MessageTooLargeError,
+    NotLeaderError,
     RequestTimeoutError,
     as_tidelog_error,
+    from_error_body,
 )
 from tidelog.api.liftbridge import build_ack, check_user_headers, record_for_publish
-from tidelog.api.wire.messages import Acks
+from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.broker.context import BrokerContext
 from tidelog.storage.batch import build_batch
 
@@ -45,7 +51,12 @@ def _check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> N
 
 async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
     """Store one message and acknowledge it per its ack policy."""
-    partition = ctx.manager.leader_of(request.stream, request.partition)
+    try:
+        partition = ctx.manager.leader_of(request.stream, request.partition)
+    except NotLeaderError:
+        if ctx.peers is None or request.expectedOffset not in (-1, 0):
+            raise
+        return await _forward(ctx, request, timeout)
     check_user_headers(request.headers.keys())
     _check_size(ctx, request.key, request.value, request.headers)
     if partition.stream.config.optimistic_concurrency_control and request.expectedOffset not in (-1,):
@@ -75,13 +86,62 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
 
+async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
+    """Publish through the partition's leader (this broker follows it or holds no replica)."""
+    check_user_headers(request.headers.keys())
+    _check_size(ctx, request.key, request.value, request.headers)
+    snap = ctx.mirror.snapshot
+    stream = snap.stream(request.stream)
+    meta = snap.partition(request.stream, request.partition)
+    if stream is None or meta is None or not meta.leader:
+        raise NotLeaderError(f"{request.stream}/{request.partition} has no leader right now")
+    now = time.time_ns()
+    record = record_for_publish(
+        key=request.key,
+        value=request.value,
+        headers=request.headers,
+        timestamp=now,
+        ack_inbox=request.ackInbox,
+        correlation_id=request.correlationId,
+        ack_policy=int(request.ackPolicy),
+    )
+    policy = Acks(int(request.ackPolicy))
+    acks = Acks.ALL if policy is Acks.ALL else Acks.LEADER
+    produce = ProduceRequest(request.stream, request.partition, acks, max(1, int(timeout * 1000)))
+    assert ctx.peers is not None
+    response = await ctx.peers.request(meta.leader, produce, build_batch([record], timestamp=now), timeout=timeout)
+    header = response.header
+    assert isinstance(header, ProduceResponse)
+    if header.error is not None:
+        raise from_error_body(header.error)
+    if policy is Acks.NONE:
+        return api_pb2.PublishResponse(correlationId=request.correlationId)
+    subject = stream.partition_subject(request.partition)
+    ack = _build(stream.name, subject, request, header.base_offset, now, time.time_ns())
+    if request.ackInbox:
+        await ctx.nc.publish(request.ackInbox, encode_envelope(MessageType.ACK, ack.SerializeToString()))
+    return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
+
+
 def _ack(
     partition: Any, request: api_pb2.PublishRequest, offset: int, received: int, committed: int, error: int = 0
 ) -> api_pb2.Ack:
+    return _build(partition.stream.name, partition.subject, request, offset, received, committed, error)
+
+
+def _build(
+    stream: str,
+    subject: str,
+    request: api_pb2.PublishRequest,
+    offset: int,
+    received: int,
+    committed: int,
+    error: int = 0,
+) -> api_pb2.Ack:
     return build_ack(
-        stream=partition.stream.name,
-        partition_subject=partition.subject,
-        msg_subject=partition.subject,
+        stream=stream,
+        partition_subject=subject,
+        msg_subject=subject,
         offset=offset,
         ack_inbox=request.ackInbox,
         correlation_id=request.correlationId,

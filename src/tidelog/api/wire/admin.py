@@ -73,13 +73,14 @@ async def create_stream(env: HandlerEnv, correlation_id: int, request: CreateStr
             partitions=request.partitions,
             replication_factor=request.replication_factor,
             config=config,
+            forwarded=request.forwarded,
         )
     return Reply(encode_message(correlation_id, CreateStreamResponse()))
 
 
 async def delete_stream(env: HandlerEnv, correlation_id: int, request: DeleteStreamRequest, _: memoryview) -> Reply:
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
-        await env.broker.admin.delete_stream(request.name)
+        await env.broker.admin.delete_stream(request.name, forwarded=request.forwarded)
     return Reply(encode_message(correlation_id, DeleteStreamResponse()))
 
 
@@ -88,9 +89,17 @@ async def set_stream_state(
 ) -> Reply:
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
         if request.paused is not None:
-            await env.broker.admin.set_paused(request.name, request.partitions, request.paused)
+            await env.broker.admin.set_paused(
+                request.name,
+                request.partitions,
+                request.paused,
+                resume_all=request.resume_all,
+                forwarded=request.forwarded,
+            )
         if request.readonly is not None:
-            await env.broker.admin.set_readonly(request.name, request.partitions, request.readonly)
+            await env.broker.admin.set_readonly(
+                request.name, request.partitions, request.readonly, forwarded=request.forwarded
+            )
     return Reply(encode_message(correlation_id, SetStreamStateResponse()))
 
 

@@ -24,6 +24,8 @@ Which header goes with which frame::
     LIST_STREAMS    ListStreamsRequest    ListStreamsResponse
     LIST_OFFSETS    ListOffsetsRequest    ListOffsetsResponse
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
+    REPLICA_FETCH   ReplicaFetchRequest   ReplicaFetchResponse   response: record batches (broker to broker)
+    EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
 
 A response that has something useful to say besides the failure carries an ``error`` field instead: a produce
@@ -181,6 +183,7 @@ class CreateStreamRequest(Header, frozen=True):
     group: str = ""  # NATS queue group the leaders subscribe with; empty for none
     config: dict[str, str] = {}
     timeout_ms: Millis = 10_000
+    forwarded: bool = False  # sent on by a broker to the controller: answer, never forward again
 
 
 class CreateStreamResponse(Header, frozen=True):
@@ -190,6 +193,7 @@ class CreateStreamResponse(Header, frozen=True):
 class DeleteStreamRequest(Header, frozen=True):
     name: Name
     timeout_ms: Millis = 10_000
+    forwarded: bool = False  # sent on by a broker to the controller: answer, never forward again
 
 
 class DeleteStreamResponse(Header, frozen=True):
@@ -220,6 +224,8 @@ class SetStreamStateRequest(Header, frozen=True):
     paused: bool | None = None
     readonly: bool | None = None
     timeout_ms: Millis = 10_000
+    forwarded: bool = False  # sent on by a broker to the controller: answer, never forward again
+    resume_all: bool = False  # with paused: a write to any of them resumes every paused partition
 
 
 class SetStreamStateResponse(Header, frozen=True):
@@ -250,6 +256,100 @@ class ListOffsetsResponse(Header, frozen=True):
     offset: OffsetOrNone = -1
 
 
+# -- control: broker to controller -------------------------------------------------------------------------------
+
+
+class AlterIsrRequest(Header, frozen=True):
+    """A leader asks for a new ISR; valid only for the leader of ``leader_epoch`` (the controller checks)."""
+
+    stream: Name
+    partition: PartitionId
+    leader_id: Name
+    leader_epoch: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+    isr: tuple[str, ...]
+
+
+class AlterIsrResponse(Header, frozen=True):
+    leader_epoch: int
+    isr: tuple[str, ...]
+
+
+class ReportUnreachableRequest(Header, frozen=True):
+    """A follower could not connect to ``broker_id``: a hint, which the controller verifies itself."""
+
+    reporter_id: Name
+    broker_id: Name
+
+
+class ReportUnreachableResponse(Header, frozen=True):
+    pass
+
+
+class ControlledShutdownRequest(Header, frozen=True):
+    """``broker_id`` is stopping: move its leaderships to other ISR members and take it out of the ISRs."""
+
+    broker_id: Name
+
+
+class ControlledShutdownResponse(Header, frozen=True):
+    remaining: int  # partitions it still leads (no other ISR member to take over)
+
+
+# -- replication: follower to leader -----------------------------------------------------------------------------
+
+LeaderEpoch = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+LeaderEpochOrNone = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]  # -1: undefined (no epoch known)
+
+
+class ReplicaFetchRequest(Header, frozen=True):
+    """A follower copies the leader's log from ``offset``, its log end: asking for it acknowledges everything
+    below (with flush ``always``, fsynced), which is what moves the leader's high watermark.
+
+    ``leader_epoch`` is the epoch the follower follows; the leader refuses any other, so a follower never
+    copies from a deposed leader, nor a leader counts acknowledgements meant for another leadership."""
+
+    stream: Name
+    partition: PartitionId
+    replica_id: Name  # the follower's broker id
+    offset: Offset
+    leader_epoch: LeaderEpoch
+    max_bytes: ByteCount = 1024 * 1024  # soft, as for FETCH: the first batch comes whole
+    max_wait_ms: Millis = 500  # long-poll at the log end (not the HW: followers copy uncommitted batches)
+
+
+class ReplicaFetchResponse(Header, frozen=True):
+    """The leader's bounds and epoch when the response was built; the payload holds batches up to the log end,
+    committed or not, exactly as stored (offsets and leader epochs included)."""
+
+    high_watermark: Offset
+    log_start: Offset
+    log_end: Offset
+    leader_epoch: LeaderEpoch
+    error: ErrorBody | None = None  # FENCED_LEADER_EPOCH, NOT_LEADER, OFFSET_OUT_OF_RANGE (with the bounds)
+
+
+class EpochEndOffsetRequest(Header, frozen=True):
+    """KIP-279's OffsetsForLeaderEpoch for one partition: where does ``leader_epoch`` end on the leader?
+
+    ``current_leader_epoch`` (KIP-320) is the leadership the follower believes in; a leader at another epoch
+    refuses, so a follower never truncates on the word of a deposed leader. -1 skips that check."""
+
+    stream: Name
+    partition: PartitionId
+    replica_id: Name
+    leader_epoch: LeaderEpochOrNone  # the follower's latest epoch
+    current_leader_epoch: LeaderEpochOrNone = -1
+
+
+class EpochEndOffsetResponse(Header, frozen=True):
+    """The largest epoch ≤ the one asked that the leader knows, and the offset where it ends on the leader;
+    ``(-1, -1)`` when it knows none (the follower then falls back to its high watermark)."""
+
+    leader_epoch: LeaderEpochOrNone
+    end_offset: OffsetOrNone
+    error: ErrorBody | None = None
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 
 HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
@@ -269,6 +369,16 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.LIST_OFFSETS): ListOffsetsResponse,
     (Kind.REQUEST, Op.SET_STREAM_STATE): SetStreamStateRequest,
     (Kind.RESPONSE, Op.SET_STREAM_STATE): SetStreamStateResponse,
+    (Kind.REQUEST, Op.ALTER_ISR): AlterIsrRequest,
+    (Kind.RESPONSE, Op.ALTER_ISR): AlterIsrResponse,
+    (Kind.REQUEST, Op.REPORT_UNREACHABLE): ReportUnreachableRequest,
+    (Kind.RESPONSE, Op.REPORT_UNREACHABLE): ReportUnreachableResponse,
+    (Kind.REQUEST, Op.CONTROLLED_SHUTDOWN): ControlledShutdownRequest,
+    (Kind.RESPONSE, Op.CONTROLLED_SHUTDOWN): ControlledShutdownResponse,
+    (Kind.REQUEST, Op.REPLICA_FETCH): ReplicaFetchRequest,
+    (Kind.RESPONSE, Op.REPLICA_FETCH): ReplicaFetchResponse,
+    (Kind.REQUEST, Op.EPOCH_END_OFFSET): EpochEndOffsetRequest,
+    (Kind.RESPONSE, Op.EPOCH_END_OFFSET): EpochEndOffsetResponse,
 }
 _ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
 

@@ -1,0 +1,147 @@
+"""The replication family of the wire protocol, leader side: REPLICA_FETCH and EPOCH_END_OFFSET.
+
+Followers pull. A follower's REPLICA_FETCH names the offset it wants next, which is its log end: that is its
+acknowledgement of everything below (with flush ``always``, fsynced before it asked), and the leader records it
+with :meth:`Partition.replica_fetched` *before* long-polling, so the high watermark moves as soon as the
+request arrives, not when the next batch does. The answer carries batches from that offset up to the log
+*end* (followers copy uncommitted batches too: that is what lets them acknowledge them), exactly as stored,
+plus the leader's high watermark, bounds and epoch. At the tail the fetch long-polls on
+:meth:`Partition.wait_for_log_end`, which is woken when a write reaches the file, before its fsync: the
+leader's fsync and the followers' copy overlap instead of adding up.
+
+What is refused, and how (errors inside the response, so the follower also learns the leader's epoch and
+bounds without another round trip; a broker that does not lead at all answers with an error frame, from
+:meth:`~tidelog.broker.manager.PartitionManager.leader_of`):
+
+- an older ``leader_epoch`` than the partition's: FENCED_LEADER_EPOCH (the follower's metadata is stale);
+- a newer one: NOT_LEADER (this leader is the stale one: a successor was elected and it has not heard yet);
+- a broker that is no replica of the partition: NOT_LEADER (Kafka's NOT_LEADER_OR_FOLLOWER: the two views of
+  the assignment disagree, and the one to refresh is whichever is older);
+- an offset outside ``[log_start, log_end]``: OFFSET_OUT_OF_RANGE with the bounds. Below the log start means
+  far-horizon catch-up; above the log end means the follower kept a tail the leader never had, and truncates.
+
+None of these record the follower's offset: a refused fetch acknowledges nothing.
+
+EPOCH_END_OFFSET answers KIP-279's question "where does my latest epoch end on your log?" from the leader's
+epoch cache (:meth:`Log.end_offset_for_epoch`); the follower truncates there before fetching (see
+:mod:`tidelog.replication.truncation`). It is fenced like a fetch when the follower names the leadership it
+believes in, so a follower never truncates on the word of a deposed leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
+from tidelog.api.wire.fetch import MAX_FETCH_BYTES
+from tidelog.api.wire.frames import Op
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, frame_with_file, route
+from tidelog.api.wire.messages import (
+    EpochEndOffsetRequest,
+    EpochEndOffsetResponse,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    encode_message,
+)
+from tidelog.broker.partition import Partition
+
+
+async def replica_fetch(
+    env: HandlerEnv, correlation_id: int, request: ReplicaFetchRequest, _payload: memoryview
+) -> Reply:
+    """Batches from ``request.offset`` up to the log end, long-polling at the tail; see the module docstring."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
+    if refusal is not None:
+        return _refuse(correlation_id, partition, refusal)
+    offset = request.offset
+    if not partition.log_start <= offset <= partition.log_end:
+        start, end = partition.log_start, partition.log_end
+        error = OffsetOutOfRangeError(
+            f"replica {request.replica_id} fetches {partition.name} at {offset}, outside the leader's [{start}, {end}]"
+        )
+        return _refuse(correlation_id, partition, error)
+    partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
+    if offset >= partition.log_end and request.max_wait_ms:
+        await _long_poll(env, partition, offset, request.max_wait_ms / 1000)
+    end = partition.log_end
+    if offset >= end:
+        return Reply(encode_message(correlation_id, _bounds(partition)))
+    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    log = partition.log
+    if env.zero_copy:
+        file = log.read_range(offset, max_bytes, max_offset=end)
+        if file is None:
+            return Reply(encode_message(correlation_id, _bounds(partition)))
+        return frame_with_file(Op.REPLICA_FETCH, correlation_id, _bounds(partition), file)
+    data = log.read(offset, max_bytes, max_offset=end)
+    return Reply(encode_message(correlation_id, _bounds(partition), data))
+
+
+async def epoch_end_offset(
+    env: HandlerEnv, correlation_id: int, request: EpochEndOffsetRequest, _payload: memoryview
+) -> Reply:
+    """Where ``request.leader_epoch`` ends on this leader's log (KIP-279), or ``(-1, -1)`` when unknown."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    epoch = partition.record.leader_epoch
+    if request.current_leader_epoch >= 0:
+        refusal = _check_follower(partition, request.replica_id, request.current_leader_epoch)
+        if refusal is not None:
+            body = refusal.to_error_body()
+            return Reply(encode_message(correlation_id, EpochEndOffsetResponse(epoch, -1, body)))
+    answer = partition.log.end_offset_for_epoch(request.leader_epoch)
+    response = EpochEndOffsetResponse(answer.epoch, answer.end_offset)
+    return Reply(encode_message(correlation_id, response))
+
+
+def _check_follower(partition: Partition, replica_id: str, leader_epoch: int) -> TidelogError | None:
+    """Why ``replica_id`` following at ``leader_epoch`` may not fetch from ``partition``; None when it may."""
+    epoch = partition.record.leader_epoch
+    if leader_epoch < epoch:
+        return FencedLeaderEpochError(
+            f"replica {replica_id} follows {partition.name} at leader epoch {leader_epoch}; it is {epoch} now"
+        )
+    if leader_epoch > epoch:
+        return NotLeaderError(
+            f"replica {replica_id} follows {partition.name} at leader epoch {leader_epoch}, "
+            f"newer than this leader's {epoch}: this broker's leadership is stale"
+        )
+    if partition.followers.state(replica_id) is None:
+        replicas = ",".join(partition.record.replicas)
+        return NotLeaderError(
+            f"broker {replica_id} is not a follower of {partition.name} at leader epoch {epoch} "
+            f"(replicas {replicas}): refresh metadata"
+        )
+    return None
+
+
+async def _long_poll(env: HandlerEnv, partition: Partition, offset: int, timeout: float) -> None:
+    """Wait until the log holds ``offset``, ``timeout`` passes, or the session winds down (server stopping or
+    follower gone), as :func:`tidelog.api.wire.fetch._long_poll` does for the high watermark."""
+    if env.winding_down.done():
+        return
+    waiter = asyncio.ensure_future(partition.wait_for_log_end(offset, timeout))
+    try:
+        await asyncio.wait((waiter, env.winding_down), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not waiter.done():
+            waiter.cancel()
+    if waiter.done() and not waiter.cancelled():
+        waiter.result()  # re-raise a failure (the partition closing: UNAVAILABLE)
+
+
+def _bounds(partition: Partition, error: TidelogError | None = None) -> ReplicaFetchResponse:
+    body = None if error is None else error.to_error_body()
+    return ReplicaFetchResponse(
+        partition.high_watermark, partition.log_start, partition.log_end, partition.record.leader_epoch, body
+    )
+
+
+def _refuse(correlation_id: int, partition: Partition, error: TidelogError) -> Reply:
+    return Reply(encode_message(correlation_id, _bounds(partition, error)))
+
+
+ROUTES: dict[int, Route] = {
+    Op.REPLICA_FETCH: route(ReplicaFetchRequest, replica_fetch),
+    Op.EPOCH_END_OFFSET: route(EpochEndOffsetRequest, epoch_end_offset),
+}

@@ -1,0 +1,158 @@
+"""This broker's way to the controller, wherever the controller runs.
+
+Every metadata change is made by the controller (its writes are fenced by the controller epoch). A broker that
+is the controller calls it in process; any other broker sends the request over the wire protocol to the broker
+the election names, marked ``forwarded`` so that a receiver which has just lost the election answers
+"not the controller" instead of forwarding again (a request never travels in circles). A request that finds
+no controller (mid-election) or a stale one is retried, with a short backoff, until its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from tidelog.api.errors import FencedLeaderEpochError, InvalidArgumentError, TidelogError, UnavailableError
+from tidelog.api.wire.messages import (
+    AlterIsrRequest,
+    ControlledShutdownRequest,
+    ControlledShutdownResponse,
+    Header,
+    ReportUnreachableRequest,
+)
+from tidelog.broker.peers import Peers
+from tidelog.metadata.controller_plans import AlterIsrError
+from tidelog.metadata.fenced_writer import ControllerError
+from tidelog.metadata.records import PartitionRecord
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+def as_client_error(exc: Exception) -> Exception:
+    """The wire error for a controller-side failure: not being (or no longer being) the controller is
+    retriable elsewhere; a refused ISR change says why, retriable when the controller's view may just lag."""
+    if isinstance(exc, AlterIsrError):
+        if exc.retriable:
+            return UnavailableError(str(exc))
+        if exc.reason.name in ("STALE_EPOCH", "NOT_LEADER"):
+            return FencedLeaderEpochError(str(exc))
+        return InvalidArgumentError(str(exc))
+    if isinstance(exc, ControllerError):
+        return UnavailableError(f"not the controller: {exc}")
+    return exc
+
+
+async def call_controller(call: Awaitable[T]) -> T:
+    """Await a call into the local controller, with its errors translated by :func:`as_client_error`."""
+    try:
+        return await call
+    except (AlterIsrError, ControllerError) as exc:
+        raise as_client_error(exc) from exc
+
+
+class Election(Protocol):
+    @property
+    def is_controller(self) -> bool: ...
+
+    @property
+    def controller_id(self) -> str | None: ...
+
+
+class ControllerLink:
+    """Calls the controller: locally when this broker holds the term, over the wire otherwise."""
+
+    def __init__(self, broker_id: str, election: Election, controller: Any, peers: Peers) -> None:
+        self.broker_id = broker_id
+        self._election = election
+        self.controller = controller  # tidelog.metadata.controller.Controller; usable while elected
+        self._peers = peers
+
+    @property
+    def is_local(self) -> bool:
+        """This broker is the controller and its controller duties have started (the election turns true a
+        moment before the controller has taken over; until then requests are retried)."""
+        return bool(self.controller.active)
+
+    @property
+    def controller_id(self) -> str | None:
+        return self._election.controller_id
+
+    async def _retrying(self, what: str, timeout: float, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run ``attempt`` until it succeeds, a non-retriable error, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        for tries in range(1_000):
+            try:
+                return await attempt()
+            except TidelogError as exc:
+                if not exc.retriable:
+                    raise
+                failure: Exception = exc
+            except (OSError, ConnectionError) as exc:
+                failure = exc
+            delay = RETRY_DELAYS[min(tries, len(RETRY_DELAYS) - 1)]
+            if time.monotonic() + delay >= deadline:
+                raise UnavailableError(f"could not {what} within {timeout:.1f}s: {failure}")
+            await asyncio.sleep(delay)
+        raise UnavailableError(f"could not {what}")  # pragma: no cover - bounded above by the deadline
+
+    def _remote(self) -> str:
+        controller = self._election.controller_id
+        if controller is None:
+            raise UnavailableError("no controller is elected right now")
+        if controller == self.broker_id:
+            raise UnavailableError("this broker is becoming the controller")
+        return controller
+
+    async def forward(self, header: Header, timeout: float) -> None:
+        """Send an administrative request on to the controller and wait for its answer."""
+
+        async def attempt() -> None:
+            await self._peers.request(self._remote(), header, timeout=timeout)
+
+        await self._retrying(f"reach the controller for {type(header).__name__}", timeout, attempt)
+
+    async def alter_isr(self, record: PartitionRecord, isr: tuple[str, ...], timeout: float = 5.0) -> None:
+        """Ask for ``record``'s ISR to become ``isr`` (this broker leads it at ``record.leader_epoch``)."""
+
+        async def attempt() -> None:
+            if self.is_local:
+                await call_controller(
+                    self.controller.alter_isr(record.stream, record.id, self.broker_id, record.leader_epoch, isr)
+                )
+                return
+            request = AlterIsrRequest(record.stream, record.id, self.broker_id, record.leader_epoch, isr)
+            await self._peers.request(self._remote(), request, timeout=timeout)
+
+        await self._retrying(f"change the ISR of {record.stream}/{record.id}", timeout, attempt)
+
+    async def report_unreachable(self, broker_id: str) -> None:
+        """Tell the controller this broker cannot connect to ``broker_id`` (best effort, never raises)."""
+        try:
+            if self.is_local:
+                await self.controller.report_unreachable(self.broker_id, broker_id)
+            else:
+                request = ReportUnreachableRequest(self.broker_id, broker_id)
+                await self._peers.request(self._remote(), request, timeout=2.0)
+        except Exception as exc:
+            log.debug("could not report %s unreachable: %s", broker_id, exc)
+
+    async def controlled_shutdown(self, timeout: float) -> int:
+        """Ask the controller to move this broker's leaderships away; the partitions it still leads."""
+
+        async def attempt() -> int:
+            if self.is_local:
+                return int(await call_controller(self.controller.controlled_shutdown(self.broker_id)))
+            response = await self._peers.request(
+                self._remote(), ControlledShutdownRequest(self.broker_id), timeout=timeout
+            )
+            header = response.header
+            assert isinstance(header, ControlledShutdownResponse)
+            return header.remaining
+
+        return await self._retrying("hand leadership off", timeout, attempt)

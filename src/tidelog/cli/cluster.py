@@ -1,0 +1,312 @@
+"""``tidelog dev-cluster`` (a local cluster in the foreground) and ``tidelog cluster status``.
+
+``cluster status`` reads etcd directly rather than asking a broker: etcd is the one source of truth for topology
+(ARCHITECTURE.md, "Control plane"), and it still answers when the brokers do not — which is when an operator
+most needs to see which brokers are alive, who the controller is and which partitions are under-replicated.
+Only the watermarks live on the brokers: each partition's leader is asked for them over the wire protocol
+(LIST_OFFSETS), concurrently and with a short timeout, and a leader that does not answer shows ``-``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tidelog.api.wire.messages import ListOffsetsRequest, ListOffsetsResponse
+from tidelog.broker.config import parse_etcd_endpoint
+from tidelog.client.connection import Connection
+from tidelog.metadata.records import (
+    BrokerRecord,
+    ControllerRecord,
+    Keys,
+    PartitionRecord,
+    decode_broker,
+    decode_controller,
+    decode_partition,
+)
+
+if TYPE_CHECKING:
+    from tidelog.testing.cluster import LocalCluster
+
+__all__ = ["cluster", "dev_cluster", "register"]
+
+console = Console()
+
+ETCD_ENV = "TIDELOG_ETCD_ENDPOINTS"
+ETCD_TIMEOUT = 5.0
+LEADER_TIMEOUT = 3.0  # per leader: connect plus its LIST_OFFSETS answers
+
+
+def register(cli: click.Group) -> None:
+    """Add ``cluster`` and ``dev-cluster`` to the ``tidelog`` command."""
+    cli.add_command(cluster)
+    cli.add_command(dev_cluster)
+
+
+# ---- cluster status ----
+
+
+@dataclass
+class ClusterView:
+    """The keyspace as read once, plus each partition's bounds as its leader reported them (if it answered)."""
+
+    brokers: dict[str, BrokerRecord] = field(default_factory=dict)
+    controller: ControllerRecord | None = None
+    partitions: list[PartitionRecord] = field(default_factory=list)
+    bounds: dict[tuple[str, int], ListOffsetsResponse] = field(default_factory=dict)
+
+    def under_replicated(self, partition: PartitionRecord) -> bool:
+        return len(partition.isr) < len(partition.replicas)
+
+
+async def read_cluster(endpoint: str, prefix: str = "/tidelog") -> ClusterView:
+    """Read brokers, controller and partitions from etcd at ``endpoint``, then ask leaders for bounds."""
+    import aetcd
+
+    keys = Keys(prefix)
+    host, port = parse_etcd_endpoint(endpoint)
+    client: Any = aetcd.Client(host=host, port=port, timeout=int(ETCD_TIMEOUT))
+    try:
+        async with asyncio.timeout(ETCD_TIMEOUT):
+            await client.connect()
+            found = await client.get_prefix(f"{keys.prefix}/".encode())
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), ETCD_TIMEOUT)
+    view = ClusterView()
+    controller_key = keys.controller()
+    for kv in found:
+        key, value = bytes(kv.key), bytes(kv.value)
+        if key == controller_key:
+            view.controller = decode_controller(value)
+        elif key.startswith(keys.brokers.encode()):
+            record = decode_broker(value)
+            view.brokers[record.id] = record
+        elif key.startswith(keys.partitions.encode()):
+            view.partitions.append(decode_partition(value))
+    view.partitions.sort(key=lambda p: (p.stream, p.id))
+    await _fetch_bounds(view)
+    return view
+
+
+async def _fetch_bounds(view: ClusterView) -> None:
+    by_leader: dict[str, list[PartitionRecord]] = defaultdict(list)
+    for partition in view.partitions:
+        if partition.leader in view.brokers:
+            by_leader[partition.leader].append(partition)
+    results = await asyncio.gather(
+        *(_leader_bounds(view.brokers[leader], partitions) for leader, partitions in by_leader.items())
+    )
+    for each in results:
+        view.bounds.update(each)
+
+
+async def _leader_bounds(
+    broker: BrokerRecord, partitions: list[PartitionRecord]
+) -> dict[tuple[str, int], ListOffsetsResponse]:
+    """What ``broker`` reports for the partitions it leads; nothing for those it does not answer about."""
+    bounds: dict[tuple[str, int], ListOffsetsResponse] = {}
+    try:
+        async with asyncio.timeout(LEADER_TIMEOUT):
+            connection = await Connection.open(broker.host, broker.wire_port, connect_timeout=LEADER_TIMEOUT)
+            try:
+                answers = await asyncio.gather(
+                    *(connection.request(ListOffsetsRequest(p.stream, p.id)) for p in partitions),
+                    return_exceptions=True,
+                )
+            finally:
+                await connection.close()
+    except Exception:  # unreachable, or too slow: its partitions show "-"
+        return bounds
+    for partition, answer in zip(partitions, answers, strict=True):
+        if not isinstance(answer, BaseException) and isinstance(answer.header, ListOffsetsResponse):
+            bounds[(partition.stream, partition.id)] = answer.header
+    return bounds
+
+
+def render(view: ClusterView) -> None:
+    controller = view.controller.broker_id if view.controller is not None else None
+    known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
+    brokers = Table("broker", "gRPC", "wire", "alive", "role", title="brokers", title_justify="left")
+    for broker_id in sorted(known):
+        record = view.brokers.get(broker_id)
+        role = "controller" if broker_id == controller else ""
+        if record is None:  # named by a partition but without a live lease
+            brokers.add_row(broker_id, "-", "-", "[bold red]no[/]", role)
+        else:
+            brokers.add_row(broker_id, f"{record.host}:{record.port}", f"{record.host}:{record.wire_port}", "yes", role)
+    console.print(brokers if known else "no brokers registered")
+    if view.controller is None:
+        console.print("controller: [bold red]none[/]")
+    else:
+        console.print(f"controller: [bold]{view.controller.broker_id}[/] (epoch {view.controller.epoch})")
+
+    if not view.partitions:
+        console.print("no partitions")
+        return
+    table = Table(
+        "stream", "partition", "leader", "replicas", "ISR", "leader epoch", "HW", "log end", "lag",
+        title="partitions", title_justify="left",
+    )  # fmt: skip
+    under = 0
+    for p in view.partitions:
+        bounds = view.bounds.get((p.stream, p.id))
+        short = view.under_replicated(p)
+        under += short
+        leader = p.leader if p.leader in view.brokers else f"[bold red]{p.leader or 'none'}[/]"
+        table.add_row(
+            p.stream,
+            str(p.id),
+            leader,
+            ",".join(p.replicas),
+            ",".join(p.isr),
+            str(p.leader_epoch),
+            str(bounds.high_watermark) if bounds else "-",
+            str(bounds.log_end) if bounds else "-",
+            str(bounds.log_end - bounds.high_watermark) if bounds else "-",
+            style="bold red" if short else None,
+        )
+    console.print(table)
+    if under:
+        console.print(f"[bold red]{under} under-replicated partition(s)[/] (ISR smaller than the replicas)")
+    console.print("lag: records the leader holds beyond the HW, not yet on every ISR replica")
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """Inspect a tidelog cluster."""
+
+
+@cluster.command("status")
+@click.option(
+    "--etcd-endpoints",
+    "-e",
+    default=lambda: os.environ.get(ETCD_ENV, ""),
+    show_default=f"${ETCD_ENV}",
+    help="Comma-separated etcd endpoints of the cluster (the first one is asked).",
+)
+@click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
+def status(etcd_endpoints: str, prefix: str) -> None:
+    """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
+    endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
+    if not endpoints:
+        raise click.UsageError(f"no etcd endpoints: pass --etcd-endpoints or set {ETCD_ENV}")
+    try:
+        parse_etcd_endpoint(endpoints[0])
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        view = asyncio.run(read_cluster(endpoints[0], prefix))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except Exception as exc:  # the etcd client's errors have no common base worth naming
+        raise click.ClickException(f"cannot read the cluster from etcd at {endpoints[0]}: {exc!r}") from None
+    render(view)
+
+
+# ---- dev-cluster ----
+
+
+@click.command("dev-cluster")
+@click.option("--brokers", "-n", type=click.IntRange(1, 32), default=3, show_default=True)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Keep the cluster's data and logs here (default: a temporary directory, removed on exit).",
+)
+@click.option(
+    "--base-port",
+    type=click.IntRange(1024, 65000),
+    default=None,
+    help="First of consecutive ports: broker I gets gRPC base+2I and wire base+2I+1, then NATS and etcd "
+    "(default: free ports).",
+)
+@click.option(
+    "--setting", "-s", "settings", multiple=True, metavar="KEY=VALUE", help="A broker setting, for every broker."
+)
+def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...]) -> None:
+    """Run a local cluster (one NATS, one etcd, N brokers) in the foreground until Ctrl-C."""
+    parsed: dict[str, str] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--setting takes KEY=VALUE, got {setting!r}")
+        parsed[key.strip()] = value.strip()
+    temporary = data_dir is None
+    root = Path(tempfile.mkdtemp(prefix="tidelog-dev-cluster-")) if data_dir is None else data_dir
+    try:
+        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port))
+    finally:
+        if temporary:
+            shutil.rmtree(root, ignore_errors=True)
+    raise SystemExit(code)
+
+
+async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None) -> int:
+    from tidelog.testing.cluster import LocalCluster
+    from tidelog.testing.process import ProcessStartError
+
+    local = LocalCluster(root, brokers, settings=settings, base_port=base_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:  # the children die with us (PR_SET_PDEATHSIG)
+            os._exit(130)
+        console.print(f"{signal.Signals(signum).name}: stopping the cluster")
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    console.print(f"starting {brokers} broker(s), NATS and etcd under {root} ...")
+    starting = asyncio.ensure_future(local.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # interrupted during start-up: cancelling stops what was started
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ProcessStartError):
+                await starting
+            return 130
+        try:
+            starting.result()
+        except ProcessStartError as exc:
+            console.print(f"[bold red]the cluster did not start[/]: {exc}")
+            return 1
+        _print_cluster(local)
+        await stopping
+        return 0
+    finally:
+        stopping.cancel()
+        await local.stop()
+        console.print("cluster stopped")
+
+
+def _print_cluster(local: LocalCluster) -> None:
+    table = Table("broker", "gRPC", "wire", "pid", "log", title="tidelog dev cluster", title_justify="left")
+    for b in local.brokers:
+        table.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid), str(b.process.log_path))
+    console.print(table)
+    console.print(f"NATS: {local.nats_url}")
+    console.print(f"etcd: {','.join(local.etcd_endpoints)}")
+    console.print(
+        f"export TIDELOG_BROKERS={','.join(local.bootstrap())} {ETCD_ENV}={','.join(local.etcd_endpoints)}",
+        soft_wrap=True,
+    )
+    console.print("ready; Ctrl-C to stop")

@@ -1,0 +1,507 @@
+"""The controller: the one broker (elected through etcd) that fails over, balances and changes partitions.
+
+While this broker's :class:`~tidelog.metadata.controller_election.ControllerElection` holds a term, the
+:class:`Controller` runs two tasks:
+
+- **reconcile**: on election and after every mirror change to brokers or partitions, it runs
+  :func:`~tidelog.metadata.controller_plans.plan_failover` (dead leaders replaced from the ISR, dead followers
+  out of the ISR) and writes the result. Changes arrive in bursts (a stream's creation is one watch event per
+  partition), so the task only sets a flag per change and plans once per wake-up, on the newest snapshot.
+- **balance**: every ``balance_interval`` seconds, after an initial delay that lets a returning broker catch up
+  and rejoin the ISR first, it runs :func:`~tidelog.metadata.controller_plans.plan_balance`.
+
+and answers the broker's requests (each raises :class:`NotControllerError` unless this broker is the
+controller, so that the caller forwards them): :meth:`Controller.alter_isr`,
+:meth:`Controller.controlled_shutdown`, :meth:`Controller.report_unreachable` and the stream writes
+:meth:`Controller.create_stream`, :meth:`Controller.delete_stream`, :meth:`Controller.update_partition`.
+
+**Every write is fenced and a compare-and-swap.** Each partition is written in its own
+:class:`~tidelog.metadata.fenced_writer.FencedWriter` transaction that also compares the partition key with the
+exact record the plan started from. The fence makes etcd refuse a deposed controller's writes, whatever it
+believes (a write refused that way ends the term: the election steps down and calls :meth:`on_deposed`); the
+compare makes a plan made from a stale view (the mirror lags etcd) fail instead of overwriting a newer record —
+the mirror then delivers the newer record and the plan is made again from it. Nothing here trusts timing.
+
+**Errors.** A fenced write ends the task that made it quietly. Any other etcd error is logged and the work is
+tried again after a backoff that doubles up to ``retry_max`` (or at the next tick, for balancing): no busy loop.
+
+**Shutting-down brokers** (see :meth:`Controller.controlled_shutdown`) are kept in memory only: the set is
+emptied when the term ends, and a broker leaves it when its registration key disappears or is rewritten (it
+exited, or came back). A broker in controlled shutdown that meets a new controller simply asks it again.
+
+**Wiring.** The constructor registers the controller as a listener of the mirror. The election and the
+controller refer to each other (the election calls the controller back; the controller's writers report
+refusals to the election), so the broker builds the controller first, passes :meth:`Controller.on_elected` and
+:meth:`Controller.on_deposed` to the election's constructor, then calls :meth:`Controller.attach` with the
+election before starting it; on shutdown it stops the election (which calls ``on_deposed``), then
+:meth:`Controller.stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidelog.clock import Clock, SystemClock
+from tidelog.metadata.controller_election import ControllerElection, DeposedReason
+from tidelog.metadata.controller_plans import (
+    AlterIsrError,
+    AlterIsrRejection,
+    AlterIsrRequest,
+    ChangeReason,
+    PartitionChange,
+    decide_alter_isr,
+    plan_balance,
+    plan_controlled_shutdown,
+    plan_failover,
+)
+from tidelog.metadata.fenced_writer import ControllerFencedError, ControllerTerm, FencedWriter, NotControllerError
+from tidelog.metadata.lease_session import is_lease_not_found
+from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.records import (
+    BrokerRecord,
+    Keys,
+    PartitionRecord,
+    StreamRecord,
+    decode_broker,
+    decode_partition,
+    decode_stream,
+    encode,
+)
+from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.store import CreateOutcome
+
+log = logging.getLogger(__name__)
+
+_ALTER_ATTEMPTS = 8  # compare-and-swap rounds before an AlterIsr gives up with a retriable CONFLICT
+
+
+class ProbeOutcome(enum.Enum):
+    """What :meth:`Controller.report_unreachable` found when it tried the broker's wire port."""
+
+    REVOKED = "revoked"
+    """The connection was refused: nothing listens there. The broker's lease was revoked, failover starts."""
+    REACHABLE = "reachable"
+    """Something accepted the connection: the reporter's trouble is its own (or the network's)."""
+    NO_ANSWER = "no-answer"
+    """The connect timed out or failed otherwise: the broker may be paused or cut off; its lease decides."""
+    NOT_REGISTERED = "not-registered"
+    """The broker is not registered (any more), or re-registered while it was probed: nothing to revoke."""
+
+
+class Controller:
+    """This broker's controller duties, active only while its election holds a term."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        client: Any,
+        keys: Keys,
+        mirror: MetadataMirror,
+        election: ControllerElection | None = None,
+        *,
+        unclean_default: bool = False,
+        balance_interval: float = 30.0,
+        balance_initial_delay: float | None = None,
+        retry_initial: float = 0.1,
+        retry_max: float = 5.0,
+        probe_timeout: float = 0.5,
+        write_concurrency: int = 32,
+        clock: Clock | None = None,
+    ) -> None:
+        """``election`` may be given later through :meth:`attach` (see the module docstring);
+        ``unclean_default`` is the broker default for streams that do not set ``unclean_leader_election``;
+        ``balance_initial_delay`` defaults to ``balance_interval``; ``write_concurrency`` bounds the partition
+        transactions in flight at once (a failover of many partitions should not take one round trip each)."""
+        self.broker_id = broker_id
+        self._client = client
+        self._keys = keys
+        self._election = election
+        self._unclean_default = unclean_default
+        self._balance_interval = balance_interval
+        self._balance_delay = balance_interval if balance_initial_delay is None else balance_initial_delay
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        self._probe_timeout = probe_timeout
+        self._write_concurrency = write_concurrency
+        self._clock = clock or SystemClock()
+        self._latest = mirror.snapshot  # the newest snapshot the mirror has announced (ahead of mirror.snapshot)
+        self._shutting_down: set[str] = set()
+        self._term: ControllerTerm | None = None  # from on_elected to on_deposed
+        self._writer: FencedWriter | None = None  # the writer of _term
+        self._dirty = asyncio.Event()  # the reconcile task has something new to look at
+        self._tasks: list[asyncio.Task[None]] = []
+        self._probes: dict[str, asyncio.Task[ProbeOutcome]] = {}  # in flight, so reports of one death share one
+        self._changed = asyncio.Event()  # replaced whenever `active` may have changed; see wait_for
+        mirror.add_listener(self._on_change)
+
+    def attach(self, election: ControllerElection) -> None:
+        """Bind the election whose terms this controller serves (when it was not given to the constructor)."""
+        if self._election is not None and self._election is not election:
+            raise RuntimeError(f"the controller of {self.broker_id} already serves another election")
+        self._election = election
+
+    # ---- views ----
+
+    @property
+    def active(self) -> bool:
+        """Whether this broker is the controller now (its writes are fenced whatever this says)."""
+        election = self._election
+        return self._term is not None and election is not None and election.term_is_current(self._term)
+
+    @property
+    def shutting_down(self) -> frozenset[str]:
+        """Brokers in controlled shutdown, as far as this controller knows."""
+        return frozenset(self._shutting_down)
+
+    async def wait_for(self, predicate: Callable[[Controller], bool], timeout: float | None = None) -> Controller:
+        """Wait until ``predicate(self)`` holds, e.g. ``lambda c: c.active``: the election's ``is_controller``
+        turns true before :meth:`on_elected` has run, this only after."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                await self._changed.wait()
+        return self
+
+    # ---- the election's callbacks ----
+
+    async def on_elected(self, term: ControllerTerm) -> None:
+        """Start the controller's tasks for ``term``. Pass to the election as ``on_elected``."""
+        if self._election is None:
+            raise RuntimeError(f"the controller of {self.broker_id} was elected before attach()")
+        await self._stop_tasks()
+        self._term = term
+        writer = FencedWriter(self._client, self._keys, term, owner=self._election)
+        self._writer = writer
+        self._shutting_down.clear()
+        self._dirty.set()
+        self._tasks = [
+            asyncio.create_task(self._reconcile_loop(writer), name=f"controller-reconcile-{term.epoch}"),
+            asyncio.create_task(self._balance_loop(writer), name=f"controller-balance-{term.epoch}"),
+        ]
+        self._notify()
+        log.info("controller %s: active for epoch %d", self.broker_id, term.epoch)
+
+    async def on_deposed(self, term: ControllerTerm, reason: DeposedReason) -> None:
+        """Stop the controller's tasks. Pass to the election as ``on_deposed``."""
+        if self._term != term:
+            return
+        await self.stop()
+        log.info("controller %s: inactive, epoch %d ended (%s)", self.broker_id, term.epoch, reason.value)
+
+    async def stop(self) -> None:
+        """Stop all work and forget the term (for broker shutdown; :meth:`on_deposed` does the same)."""
+        self._term, self._writer = None, None
+        self._shutting_down.clear()
+        self._notify()
+        await self._stop_tasks()
+
+    # ---- requests from brokers ----
+
+    async def alter_isr(
+        self, stream: str, partition: int, leader_id: str, leader_epoch: int, isr: Sequence[str]
+    ) -> PartitionRecord:
+        """Set a partition's ISR at its leader's request; returns the record as written.
+
+        Raises :class:`~tidelog.metadata.controller_plans.AlterIsrError` with the precise reason (see
+        :func:`~tidelog.metadata.controller_plans.decide_alter_isr`). A rejection is only final once checked
+        against etcd itself: the mirror may lag the sender's view (a leader elected a moment ago).
+        """
+        writer = self._current_writer()
+        request = AlterIsrRequest(stream, partition, leader_id, leader_epoch, tuple(isr))
+        key = self._keys.partition(stream, partition)
+        record = self._latest.partition(stream, partition)
+        fresh = False
+        for _ in range(_ALTER_ATTEMPTS):
+            snapshot = self._latest
+            try:
+                new = decide_alter_isr(record, request, snapshot.brokers.keys(), self._shutting_down)
+            except AlterIsrError:
+                if fresh:
+                    raise
+                record, fresh = await self._read_partition(key), True
+                continue
+            assert record is not None
+            if new == record:
+                return new
+            written, current = await self._cas(writer, key, record, new)
+            if written:
+                self._log_change(PartitionChange(record, new, ChangeReason.ALTER_ISR))
+                return new
+            record, fresh = current, True
+        raise AlterIsrError(AlterIsrRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
+
+    async def controlled_shutdown(self, broker_id: str) -> int:
+        """Hand off ``broker_id``'s leaderships and take it out of ISRs; return how many it still leads.
+
+        The broker calls this on SIGTERM, again until it returns 0 (or its shutdown timeout runs out), then exits.
+        From the first call on, the broker is not elected anywhere and cannot rejoin an ISR, until its
+        registration key disappears or changes. A partition whose hand-off lost a race counts as still led: the
+        next call retries it from fresher metadata.
+        """
+        writer = self._current_writer()
+        self._shutting_down.add(broker_id)
+        plan = plan_controlled_shutdown(self._latest, broker_id, self._shutting_down)
+        landed = await self._apply(writer, plan.changes)
+        missed = sum(
+            1
+            for change, ok in zip(plan.changes, landed, strict=True)
+            if not ok and change.reason is ChangeReason.SHUTDOWN_MOVE
+        )
+        return plan.still_leading + missed
+
+    async def create_stream(self, stream: StreamRecord, partitions: Sequence[PartitionRecord]) -> CreateOutcome:
+        """Create ``stream`` and its partitions in one fenced transaction, unless the name is taken.
+
+        Same outcomes as :meth:`~tidelog.metadata.store.MetadataStore.create_stream`: creating a stream that
+        exists on the same subject is idempotent, on another subject a conflict.
+        """
+        writer = self._current_writer()
+        tx = self._client.transactions
+        key = self._keys.stream(stream.name)
+        result = await writer.transaction(
+            compare=[tx.version(key) == 0],
+            success=[tx.put(key, encode(stream))]
+            + [tx.put(self._keys.partition(p.stream, p.id), encode(p)) for p in partitions],
+            failure=[tx.get(key)],
+        )
+        if result.committed:
+            return CreateOutcome.CREATED
+        existing = _value_of(result.responses[0])
+        if existing is not None and decode_stream(existing).subject == stream.subject:
+            return CreateOutcome.SAME_EXISTS
+        return CreateOutcome.CONFLICT
+
+    async def delete_stream(self, name: str) -> bool:
+        """Delete a stream and its partitions in one fenced transaction; False when there was no such stream."""
+        writer = self._current_writer()
+        tx = self._client.transactions
+        key = self._keys.stream(name)
+        prefix = self._keys.partitions_of(name)
+        result = await writer.transaction(
+            compare=[tx.version(key) > 0],
+            success=[tx.delete(key), tx.delete(prefix, range_end=_prefix_end(prefix))],
+        )
+        return result.committed
+
+    async def update_partition(self, old: PartitionRecord, new: PartitionRecord) -> bool:
+        """Replace ``old`` with ``new`` (pause, resume, read-only) only if etcd still holds ``old``."""
+        written, _ = await self._cas(self._current_writer(), self._keys.partition(old.stream, old.id), old, new)
+        return written
+
+    async def report_unreachable(self, reporter_id: str, broker_id: str) -> ProbeOutcome:
+        """A follower could not connect to ``broker_id`` (its leader): check, and if it is gone, say so at once.
+
+        The controller connects to the broker's advertised wire port itself. Only a *refused* connection counts:
+        it means no process listens on that port, so the broker that registered it is not running (a crashed or
+        killed broker; its lease would otherwise stay until its TTL runs out). A timeout proves nothing — a
+        paused (SIGSTOPped) process still has its socket and the kernel still completes connects to it; neither
+        does one follower's view, which is why the reporter is not believed. Revoking the lease deletes the
+        registration key, which starts failover exactly as the lease's expiry would, only sooner. It is safe
+        even if the judgement were wrong: a broker that is in fact alive notices its lease is gone and registers
+        again with a new one (``MetadataStore._keep_alive``), and failover only ever elects ISR members. The
+        lease revoked is the one the probed registration holds (read back and compared first), so a broker that
+        re-registered meanwhile keeps its new lease. Concurrent reports about one broker share one probe.
+        """
+        self._current_writer()
+        probe = self._probes.get(broker_id)
+        if probe is None:
+            probe = asyncio.create_task(self._probe(broker_id), name=f"controller-probe-{broker_id}")
+            self._probes[broker_id] = probe
+            probe.add_done_callback(lambda _: self._probes.pop(broker_id, None))
+        outcome = await asyncio.shield(probe)
+        log.info("controller %s: %s reported %s unreachable: %s", self.broker_id, reporter_id, broker_id, outcome.value)
+        return outcome
+
+    async def balance_now(self) -> int:
+        """Run the leadership balance once, now; returns how many leaderships moved."""
+        writer = self._current_writer()
+        changes = plan_balance(self._latest, self._shutting_down)
+        return sum(await self._apply(writer, changes))
+
+    # ---- tasks ----
+
+    async def _on_change(self, old: MetadataSnapshot, new: MetadataSnapshot) -> None:
+        """Mirror listener: remember the snapshot, wake the reconcile task. Must not block the mirror."""
+        self._latest = new
+        for broker in list(self._shutting_down):
+            if old.brokers.get(broker) != new.brokers.get(broker):
+                self._shutting_down.discard(broker)  # it exited, or it is back: either way no longer leaving
+        if old.brokers != new.brokers or old.partitions != new.partitions:
+            self._dirty.set()
+
+    async def _reconcile_loop(self, writer: FencedWriter) -> None:
+        backoff = self._retry_initial
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            changes = plan_failover(self._latest, self._shutting_down, self._unclean_default)
+            try:
+                await self._apply(writer, changes)
+            except ControllerFencedError:
+                return  # the election has seen it and will call on_deposed
+            except Exception as error:
+                log.warning(
+                    "controller %s: failover writes failed (%s); retrying in %.1fs", self.broker_id, error, backoff
+                )
+                self._dirty.set()
+                await self._clock.sleep(backoff)
+                backoff = min(backoff * 2, self._retry_max)
+                continue
+            backoff = self._retry_initial
+
+    async def _balance_loop(self, writer: FencedWriter) -> None:
+        await self._clock.sleep(self._balance_delay)
+        while True:
+            try:
+                await self._apply(writer, plan_balance(self._latest, self._shutting_down))
+            except ControllerFencedError:
+                return
+            except Exception as error:
+                log.warning(
+                    "controller %s: leadership balancing failed (%s); next try in %.1fs",
+                    self.broker_id,
+                    error,
+                    self._balance_interval,
+                )
+            await self._clock.sleep(self._balance_interval)
+
+    async def _stop_tasks(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)  # not gather: a cancellation of the caller itself must still propagate
+
+    # ---- writing ----
+
+    def _current_writer(self) -> FencedWriter:
+        """The writer of the current term, or :class:`NotControllerError` naming the controller to forward to."""
+        if self._writer is None or not self.active:
+            election = self._election
+            if election is None:
+                raise NotControllerError(self.broker_id, None, 0)
+            raise NotControllerError(self.broker_id, election.controller_id, election.epoch)
+        return self._writer
+
+    async def _apply(self, writer: FencedWriter, changes: Sequence[PartitionChange]) -> list[bool]:
+        """Write ``changes`` (at most ``write_concurrency`` at a time); whether each landed, in order."""
+        if not changes:
+            return []
+        landed = [False] * len(changes)
+        limit = asyncio.Semaphore(self._write_concurrency)
+
+        async def write(i: int, change: PartitionChange) -> None:
+            async with limit:
+                key = self._keys.partition(change.old.stream, change.old.id)
+                landed[i], _ = await self._cas(writer, key, change.old, change.new)
+            if landed[i]:
+                self._log_change(change)
+
+        outcomes = await asyncio.gather(*(write(i, c) for i, c in enumerate(changes)), return_exceptions=True)
+        errors = [e for e in outcomes if isinstance(e, BaseException)]
+        if errors:  # one error for the caller, not a group: a fenced write (the term is over) outranks the rest
+            raise min(errors, key=lambda e: not isinstance(e, ControllerFencedError))
+        return landed
+
+    async def _cas(
+        self, writer: FencedWriter, key: bytes, old: PartitionRecord, new: PartitionRecord
+    ) -> tuple[bool, PartitionRecord | None]:
+        """Replace ``old`` by ``new`` if etcd holds ``old``: (True, new), else (False, what etcd holds).
+
+        The comparison is on bytes, so it is made with ``encode(old)`` first; should etcd hold the same record
+        in other bytes (written by a version with fewer fields), it is retried once with those bytes.
+        """
+        tx = self._client.transactions
+        expected = encode(old)
+        for _ in range(2):
+            result = await writer.transaction(
+                compare=[tx.value(key) == expected], success=[tx.put(key, encode(new))], failure=[tx.get(key)]
+            )
+            if result.committed:
+                return True, new
+            found = _value_of(result.responses[0])
+            current = decode_partition(found) if found is not None else None
+            if current != old or found is None:
+                return False, current
+            expected = found
+        return False, old
+
+    async def _read_partition(self, key: bytes) -> PartitionRecord | None:
+        found = await self._client.get(key)
+        return decode_partition(bytes(found.value)) if found is not None else None
+
+    async def _probe(self, broker_id: str) -> ProbeOutcome:
+        record = self._latest.brokers.get(broker_id)
+        if record is None:
+            return ProbeOutcome.NOT_REGISTERED
+        outcome = await _try_connect(record, self._probe_timeout)
+        if outcome is not None:
+            return outcome
+        found = await self._client.get(self._keys.broker(broker_id))
+        if found is None or decode_broker(bytes(found.value)) != record or not found.lease:
+            return ProbeOutcome.NOT_REGISTERED
+        try:
+            await self._client.revoke_lease(int(found.lease))
+        except Exception as error:
+            if not is_lease_not_found(error):
+                raise
+            return ProbeOutcome.NOT_REGISTERED
+        log.warning(
+            "controller %s: %s refused connections on %s:%d; revoked its lease",
+            self.broker_id,
+            broker_id,
+            record.host,
+            record.wire_port,
+        )
+        return ProbeOutcome.REVOKED
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _log_change(self, change: PartitionChange) -> None:
+        old, new = change.old, change.new
+        log.info(
+            "controller %s: %s/%d %s: leader %s→%s epoch %d→%d isr %s→%s",
+            self.broker_id,
+            old.stream,
+            old.id,
+            change.reason.value,
+            old.leader or "-",
+            new.leader or "-",
+            old.leader_epoch,
+            new.leader_epoch,
+            list(old.isr),
+            list(new.isr),
+        )
+
+
+async def _try_connect(record: BrokerRecord, timeout: float) -> ProbeOutcome | None:
+    """Connect to the broker's wire port: None when the connection was refused, what it means otherwise."""
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(record.host, record.wire_port)
+    except ConnectionRefusedError:
+        return None
+    except (TimeoutError, OSError):
+        return ProbeOutcome.NO_ANSWER
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+    return ProbeOutcome.REACHABLE
+
+
+def _value_of(range_response: Any) -> bytes | None:
+    """The value a transaction's ``get`` of one key found, or None for no key."""
+    return bytes(range_response[0][0]) if range_response else None
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The etcd range end that covers every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    end[-1] += 1
+    return bytes(end)

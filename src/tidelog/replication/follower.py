@@ -1,0 +1,432 @@
+"""The follower side of replication: one task per followed partition that copies the leader's log.
+
+A :class:`ReplicaFetcher` is bound to one leadership (leader id, leader epoch, address). The broker starts one
+when it becomes a follower of a partition and stops it (and starts another) whenever the leader or its epoch
+changes; a fetcher never changes leader by itself. Its task is a small state machine, one handler per state::
+
+    CONNECTING ──▶ TRUNCATING ──▶ FETCHING ◀─┐
+        ▲              │              │      │ (each response: append, fsync, fetch again)
+        └──── BACKING_OFF ◀───────────┴──────┘
+                                      └──▶ PARKED (far-horizon catch-up needed)
+
+- **connecting**: a dedicated wire :class:`~tidelog.client.connection.Connection` to the leader.
+- **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
+  (the decision itself is :mod:`tidelog.replication.truncation`). Run after every (re)connection: it costs one
+  round trip and a leader may have changed its log while we could not see it.
+- **fetching**: REPLICA_FETCH at the log end, long-polling at the tail; append what comes back with
+  :meth:`Log.append_as_follower`, which returns once the log's flush policy is met (flush ``always``: fsynced),
+  and only then fetch again. The next fetch's offset is the acknowledgement the leader's high watermark waits
+  for, so nothing is acknowledged before it is durable here. One request in flight, no sleep on this path:
+  the leader's write wakes the long-poll, and the fsync here is followed by exactly one round trip.
+- **backing off**: after a failure, 50 ms doubling to 1 s, then back to where it failed (connecting when the
+  connection is gone, truncating when that never completed, fetching otherwise). The leader being unreachable
+  (connection refused or lost, or a request unanswered past its deadline) is reported once per outage through
+  ``on_leader_unreachable``; NOT_LEADER and FENCED_LEADER_EPOCH are simply retried: the metadata will move
+  the broker to stop this fetcher and start one for the new leadership.
+
+The follower's high watermark is ``min(leader HW seen, own log end)`` and never goes back (except when
+truncation cuts the log below it, which only an unclean leader election can cause).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tidelog.api.errors import ErrorCode, TidelogError, from_error_body
+from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, ProtocolError
+from tidelog.api.wire.messages import (
+    EpochEndOffsetRequest,
+    EpochEndOffsetResponse,
+    Header,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
+from tidelog.client.connection import Connection, ConnectionClosedError
+from tidelog.clock import Clock, SystemClock
+from tidelog.replication.truncation import truncation_step
+from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
+from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, LogClosedError
+from tidelog.storage.log import Log
+
+log = logging.getLogger(__name__)
+
+MIN_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+MAX_TRUNCATION_ROUNDS = 1000  # each round asks about a strictly older epoch: far more than any real history
+
+
+class FetcherState(enum.Enum):
+    CONNECTING = "connecting"
+    TRUNCATING = "truncating"
+    FETCHING = "fetching"
+    BACKING_OFF = "backing-off"
+    PARKED = "parked"  # behind the leader's log start: needs far-horizon catch-up, which fetching cannot do
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherStatus:
+    """A snapshot for ``cluster status``: where this replica stands against its leader."""
+
+    state: FetcherState
+    leader_id: str
+    leader_epoch: int
+    log_end: int
+    leader_log_end: int  # as of the last response; -1 before the first
+    high_watermark: int
+    caught_up: bool
+    last_error: str | None
+
+
+class CatchUpNeededError(Exception):
+    """The leader no longer holds the offsets this replica needs next: fetching cannot catch it up."""
+
+    def __init__(self, log_end: int, leader_start: int) -> None:
+        super().__init__(
+            f"far-horizon catch-up needed: this replica ends at {log_end}, the leader's log starts at {leader_start}"
+        )
+        self.log_end = log_end
+        self.leader_start = leader_start
+
+
+class ReplicaFetcher:
+    """Copies one partition from its leader into ``log``; see the module docstring."""
+
+    def __init__(
+        self,
+        log_: Log,
+        stream: str,
+        partition: int,
+        broker_id: str,
+        leader_id: str,
+        leader_epoch: int,
+        leader_address: str,
+        *,
+        initial_hw: int,
+        max_wait_ms: int = 500,
+        max_bytes: int = 1024 * 1024,
+        on_high_watermark: Callable[[int], None] | None = None,
+        on_leader_unreachable: Callable[[], Awaitable[None]] | None = None,
+        request_timeout: float = 5.0,
+        connect_timeout: float = 5.0,
+        clock: Clock | None = None,
+    ) -> None:
+        """``request_timeout`` bounds a response beyond the long-poll (``max_wait_ms``): a leader that accepts
+        connections but never answers (paused, wedged) counts as unreachable after it."""
+        self._log = log_
+        self.stream = stream
+        self.partition = partition
+        self.broker_id = broker_id
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self.leader_address = leader_address
+        self._host, self._port = split_address(leader_address)
+        self._max_wait_ms = max_wait_ms
+        self._max_bytes = max_bytes
+        self._on_high_watermark = on_high_watermark
+        self._on_leader_unreachable = on_leader_unreachable
+        self._fetch_timeout = max_wait_ms / 1000 + request_timeout
+        self._request_timeout = request_timeout
+        self._connect_timeout = connect_timeout
+        self._clock: Clock = clock or SystemClock()
+        self._hw = max(0, min(initial_hw, log_.end_offset))  # owned by the task once started; never decreases
+        self._leader_end = -1
+        self._state = FetcherState.CONNECTING
+        self._state_waiters: list[asyncio.Future[None]] = []
+        self._truncated = False  # truncation completed on the current connection
+        self._in_outage = False  # the leader was reported unreachable and has not answered since
+        self._backoff = MIN_BACKOFF
+        self._last_error: str | None = None
+        self._connection: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    # -- public ------------------------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return f"{self.stream}/{self.partition}"
+
+    @property
+    def high_watermark(self) -> int:
+        """The highest offset known committed here: ``min(leader HW seen, own log end)``."""
+        return self._hw
+
+    @property
+    def state(self) -> FetcherState:
+        return self._state
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether this replica held the leader's whole log at the last response."""
+        return self._state is FetcherState.FETCHING and 0 <= self._leader_end <= self._log.end_offset
+
+    def status(self) -> FetcherStatus:
+        return FetcherStatus(
+            self._state,
+            self.leader_id,
+            self.leader_epoch,
+            self._log.end_offset,
+            self._leader_end,
+            self._hw,
+            self.caught_up,
+            self._last_error,
+        )
+
+    async def wait_for_state(self, *states: FetcherState) -> FetcherState:
+        """Return once the fetcher is in one of ``states`` (at once when it is): wait on progress, never poll."""
+        while self._state not in states:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._state_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+        return self._state
+
+    async def start(self) -> None:
+        """Spawn the fetch task (once); returns at once."""
+        if self._task is None and not self._stopped:
+            self._task = asyncio.create_task(self._run(), name=f"replica-fetcher-{self.name}")
+
+    async def stop(self) -> None:
+        """Cancel the task, wait for it, close the connection. Idempotent; the log stays open (the caller's)."""
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+        await self._disconnect()
+        self._set_state(FetcherState.STOPPED)
+
+    # -- the state machine -------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        resume = FetcherState.CONNECTING
+        try:
+            while True:
+                self._set_state(resume)
+                try:
+                    if resume is FetcherState.CONNECTING:
+                        await self._on_connecting()
+                        resume = FetcherState.TRUNCATING
+                    elif resume is FetcherState.TRUNCATING:
+                        await self._on_truncating()
+                        resume = FetcherState.FETCHING
+                    else:
+                        await self._on_fetching()  # returns only by raising
+                except (ConnectionClosedError, TimeoutError) as exc:
+                    await self._leader_unreachable(exc)
+                    resume = FetcherState.CONNECTING
+                except TidelogError as exc:  # NOT_LEADER, FENCED, UNAVAILABLE…: the metadata will move us on
+                    self._note_failure(f"leader {self.leader_id} refused: {exc}", logging.INFO)
+                except (CorruptBatchError, InvalidBatchError, ProtocolError) as exc:
+                    self._note_failure(f"bad data from leader {self.leader_id}: {exc}", logging.ERROR)
+                    self._truncated = False  # re-establish where the logs agree before copying again
+                except CatchUpNeededError as exc:
+                    log.error("%s: %s; parked until the broker restarts this replica", self.name, exc)
+                    self._last_error = str(exc)
+                    self._set_state(FetcherState.PARKED)
+                    return
+                except LogClosedError:
+                    return  # the broker is closing the partition: nothing left to copy into
+                except Exception as exc:
+                    log.exception("%s: replica fetcher failed; reconnecting", self.name)
+                    self._last_error = f"{type(exc).__name__}: {exc}"
+                    await self._disconnect()
+                else:
+                    continue
+                resume = await self._on_backing_off()
+        finally:
+            await self._disconnect()
+            if self._state is not FetcherState.PARKED:
+                self._set_state(FetcherState.STOPPED)
+
+    async def _on_connecting(self) -> None:
+        self._truncated = False
+        self._connection = await Connection.open(
+            self._host,
+            self._port,
+            connect_timeout=self._connect_timeout,
+            max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
+            max_in_flight=4,
+        )
+
+    async def _on_truncating(self) -> None:
+        """Cut the log back to where it agrees with the leader's (see :mod:`tidelog.replication.truncation`)."""
+        log_ = self._log
+        for _ in range(MAX_TRUNCATION_ROUNDS):
+            if log_.end_offset <= log_.start_offset:
+                break  # nothing to cut
+            epoch = log_.latest_epoch
+            leader = UNDEFINED if epoch == UNDEFINED_EPOCH else await self._ask_epoch_end(epoch)
+            local = UNDEFINED if leader.epoch == UNDEFINED_EPOCH else log_.end_offset_for_epoch(leader.epoch)
+            step = truncation_step(leader, local, log_.end_offset, self._hw)
+            await self._truncate(step.offset, step.reason)
+            if step.complete:
+                break
+        else:
+            raise ProtocolError(f"epoch truncation of {self.name} did not settle in {MAX_TRUNCATION_ROUNDS} rounds")
+        self._truncated = True
+
+    async def _on_fetching(self) -> None:
+        """Fetch, append, fetch again, until something fails (the busy path: keep it free of extra awaits)."""
+        log_ = self._log
+        while True:
+            offset = log_.end_offset
+            request = ReplicaFetchRequest(
+                self.stream,
+                self.partition,
+                self.broker_id,
+                offset,
+                self.leader_epoch,
+                self._max_bytes,
+                self._max_wait_ms,
+            )
+            header, payload = await self._send(request, self._fetch_timeout)
+            response = _expect(header, ReplicaFetchResponse)
+            if response.error is not None:
+                await self._on_fetch_error(response, offset)
+                continue
+            self._reached_leader()
+            if payload:
+                await log_.append_as_follower(payload)  # returns once durable per the flush policy
+            self._leader_end = response.log_end
+            self._advance_hw(response.high_watermark)
+
+    async def _on_backing_off(self) -> FetcherState:
+        self._set_state(FetcherState.BACKING_OFF)
+        await self._clock.sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF)
+        if self._connection is None or self._connection.closed:
+            return FetcherState.CONNECTING
+        return FetcherState.FETCHING if self._truncated else FetcherState.TRUNCATING
+
+    def _set_state(self, state: FetcherState) -> None:
+        if state is self._state:
+            return
+        self._state = state
+        waiters, self._state_waiters = self._state_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- steps -------------------------------------------------------------------------------------------------
+
+    async def _ask_epoch_end(self, epoch: int) -> EpochEndOffset:
+        request = EpochEndOffsetRequest(self.stream, self.partition, self.broker_id, epoch, self.leader_epoch)
+        header, _ = await self._send(request, self._request_timeout)
+        response = _expect(header, EpochEndOffsetResponse)
+        if response.error is not None:
+            raise from_error_body(response.error)
+        self._reached_leader()
+        return EpochEndOffset(response.leader_epoch, response.end_offset)
+
+    async def _on_fetch_error(self, response: ReplicaFetchResponse, offset: int) -> None:
+        """An OFFSET_OUT_OF_RANGE is handled here; anything else is raised for the state machine."""
+        assert response.error is not None
+        if response.error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+            raise from_error_body(response.error)
+        self._reached_leader()
+        if offset < response.log_start:
+            await self._catch_up_from_start(response.log_start)
+        elif offset > response.log_end:
+            # Epoch truncation should have prevented this; cutting to the leader's end is safe regardless.
+            await self._truncate(response.log_end, f"the leader's log ends at {response.log_end}")
+        # otherwise the leader's bounds moved between its check and ours: just fetch again
+
+    async def _catch_up_from_start(self, leader_start: int) -> None:
+        """Far-horizon catch-up (seed 001): the leader deleted what this replica needs next.
+
+        The hook for copying the leader's sealed segments in rounds, then resetting the log to start at
+        ``leader_start``; until that exists the replica parks with a clear error."""
+        raise CatchUpNeededError(self._log.end_offset, leader_start)
+
+    async def _truncate(self, offset: int, reason: str) -> None:
+        log_ = self._log
+        target = max(offset, log_.start_offset)
+        if target >= log_.end_offset:
+            return
+        log.info("%s: truncating from %d to %d: %s", self.name, log_.end_offset, target, reason)
+        if target < self._hw:
+            log.warning("%s: truncating below the known high watermark %d (unclean election?)", self.name, self._hw)
+            self._hw = target
+        await log_.truncate_to(target)
+
+    def _advance_hw(self, leader_hw: int) -> None:
+        hw = min(leader_hw, self._log.end_offset)
+        if hw <= self._hw:
+            return
+        self._hw = hw
+        if self._on_high_watermark is not None:
+            try:
+                self._on_high_watermark(hw)
+            except Exception:
+                log.exception("%s: high-watermark callback failed", self.name)
+
+    # -- connection and failures -------------------------------------------------------------------------------
+
+    async def _send(self, request: Header, timeout: float) -> tuple[Header, memoryview]:
+        connection = self._connection
+        if connection is None:
+            raise ConnectionClosedError(f"not connected to leader {self.leader_id} at {self.leader_address}")
+        async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for
+            header, payload = await connection.send(request)
+        return header, payload
+
+    def _reached_leader(self) -> None:
+        """A response came back: any outage is over, and the next failure starts backing off from the bottom."""
+        self._in_outage = False
+        self._backoff = MIN_BACKOFF
+        self._last_error = None
+
+    async def _leader_unreachable(self, exc: BaseException) -> None:
+        """Drop the connection; report the outage the first time (a report per retry would flood the controller)."""
+        reason = str(exc) or "no response in time"
+        self._last_error = f"leader {self.leader_id} at {self.leader_address} unreachable: {reason}"
+        await self._disconnect()
+        if self._in_outage:
+            return
+        self._in_outage = True
+        log.warning("%s: %s", self.name, self._last_error)
+        if self._on_leader_unreachable is not None:
+            try:
+                await self._on_leader_unreachable()
+            except Exception:
+                log.exception("%s: reporting leader %s unreachable failed", self.name, self.leader_id)
+
+    def _note_failure(self, message: str, level: int) -> None:
+        """Log a failure once, not at every retry of the same one."""
+        if message != self._last_error:
+            log.log(level, "%s: %s", self.name, message)
+        self._last_error = message
+
+    async def _disconnect(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+
+H = TypeVar("H", bound=Header)
+
+
+def _expect(header: Header, cls: type[H]) -> H:
+    if not isinstance(header, cls):
+        raise ProtocolError(f"expected a {cls.__name__}, the leader answered a {type(header).__name__}")
+    return header
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) as ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"leader address {address!r} is not host:port")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,244 @@
+"""REPLICA_FETCH and EPOCH_END_OFFSET, leader side, over real sockets: a real ``Partition`` over a real ``Log``.
+
+Also the harness the follower's tests reuse (:class:`Leader`, :func:`start_leader`): a wire server whose stub
+manager leads one partition, replicas ``a`` (the leader) and ``b``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tidelog.api.errors import ErrorCode, UnknownStreamError
+from tidelog.api.wire.messages import (
+    Acks,
+    EpochEndOffsetRequest,
+    EpochEndOffsetResponse,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+)
+from tidelog.api.wire.server import WireServer
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.partition import Partition
+from tidelog.client.connection import Connection
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.storage.batch import NewRecord, build_batch, iter_batches
+from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.log import Log
+
+BOUND = 20.0
+NOW = 1_700_000_000_000_000_000
+
+
+def batch(*values: bytes) -> bytes:
+    return build_batch([NewRecord(v) for v in values], timestamp=NOW)
+
+
+@dataclass
+class StubManager:
+    """Leads exactly the partitions it holds; anything else is an unknown stream."""
+
+    partitions: dict[tuple[str, int], Partition] = field(default_factory=dict)
+
+    def leader_of(self, stream: str, partition: int) -> Partition:
+        found = self.partitions.get((stream, partition))
+        if found is None:
+            raise UnknownStreamError(f"no stream named {stream!r}")
+        return found
+
+
+@dataclass
+class Leader:
+    """Broker ``a`` leading ``s/0`` (replicas a, b) and serving it on a wire server; restartable."""
+
+    partition: Partition
+    ctx: BrokerContext
+    zero_copy: bool
+    server: WireServer | None = None
+    port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Log:
+        return self.partition.log
+
+    async def serve(self) -> None:
+        """Start (or restart, on the same port) the wire server."""
+        server = WireServer(self.ctx, "127.0.0.1", self.port, zero_copy=self.zero_copy)
+        await server.start()
+        self.server, self.port = server, server.port
+
+    async def stop_serving(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+            self.server = None
+
+    async def append(self, *values: bytes, acks: Acks = Acks.LEADER) -> int:
+        """Append one batch; its last offset."""
+        return (await self.partition.append(batch(*values), acks, BOUND)).last_offset
+
+    async def close(self) -> None:
+        await self.stop_serving()
+        await self.partition.close()
+
+
+async def start_leader(
+    log: Log, *, epoch: int = 0, isr: tuple[str, ...] = ("a", "b"), zero_copy: bool = True
+) -> Leader:
+    stream = StreamRecord("s", "s", "", 1, 2, NOW)
+    record = PartitionRecord("s", 0, ("a", "b"), "a", isr, leader_epoch=epoch)
+    partition = Partition(stream, record, log, "a", min_isr=1)
+    config = BrokerConfig(data_dir=log.directory.parent, port=0, wire_port=0)
+    manager = StubManager({("s", 0): partition})
+    ctx = BrokerContext("a", config, manager, admin=None, mirror=None, nc=None)  # type: ignore[arg-type]
+    leader = Leader(partition, ctx, zero_copy)
+    await leader.serve()
+    return leader
+
+
+def open_log(path: Path, flush: FlushPolicy = FlushPolicy.NEVER) -> Log:
+    return Log.open(path, LogConfig(flush_policy=flush))
+
+
+@pytest.fixture(params=[True, False], ids=["sendfile", "copy"])
+async def leader(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Leader]:
+    started = await start_leader(open_log(tmp_path / "leader"), epoch=3, zero_copy=request.param)
+    try:
+        yield started
+    finally:
+        await started.close()
+
+
+@pytest.fixture
+async def conn(leader: Leader) -> AsyncIterator[Connection]:
+    connection = await Connection.open("127.0.0.1", leader.port)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def replica_fetch(
+    conn: Connection, offset: int, *, epoch: int = 3, replica: str = "b", wait_ms: int = 0
+) -> tuple[ReplicaFetchResponse, bytes]:
+    response = await conn.request(
+        ReplicaFetchRequest("s", 0, replica, offset, epoch, max_wait_ms=wait_ms), timeout=BOUND
+    )
+    assert isinstance(response.header, ReplicaFetchResponse)
+    return response.header, bytes(response.payload)
+
+
+async def test_returns_batches_up_to_the_log_end_including_uncommitted_ones(leader: Leader, conn: Connection) -> None:
+    first, second = batch(b"x", b"y"), batch(b"z")
+    await leader.partition.append(first, Acks.LEADER, BOUND)
+    await leader.partition.append(second, Acks.LEADER, BOUND)
+    assert leader.partition.high_watermark == 0  # b has acknowledged nothing yet
+    header, payload = await replica_fetch(conn, 0)
+    assert header == ReplicaFetchResponse(0, 0, 3, 3)  # the fetch at 0 acknowledges nothing: HW stays 0
+    assert payload == leader.log.read(0, 1 << 20)
+    assert [h.base_offset for _, h in iter_batches(payload)] == [0, 2]
+    assert all(h.leader_epoch == 3 for _, h in iter_batches(payload))
+    header, payload = await replica_fetch(conn, 3)  # b now holds 0..2: its fetch at 3 commits them
+    assert (header.high_watermark, payload) == (3, b"")
+
+
+async def test_the_fetch_offset_is_the_acknowledgement_an_acks_all_append_waits_for(
+    leader: Leader, conn: Connection
+) -> None:
+    appending = asyncio.create_task(leader.append(b"v", acks=Acks.ALL))
+    header, payload = await replica_fetch(conn, 0, wait_ms=int(BOUND * 1000))
+    assert payload and not appending.done()
+    await asyncio.sleep(0)  # give the append every chance to finish wrongly
+    assert not appending.done()
+    header, _ = await replica_fetch(conn, 1)
+    assert header.high_watermark == 1
+    assert await asyncio.wait_for(appending, BOUND) == 0
+
+
+async def test_a_long_poll_at_the_tail_answers_as_soon_as_a_write_lands(leader: Leader, conn: Connection) -> None:
+    started = time.monotonic()
+    polling = asyncio.create_task(replica_fetch(conn, 0, wait_ms=int(BOUND * 1000)))
+    await asyncio.sleep(0.05)
+    assert not polling.done()
+    await leader.append(b"now")
+    header, payload = await asyncio.wait_for(polling, BOUND)
+    assert header.log_end == 1 and payload == leader.log.read(0, 1 << 20)
+    assert time.monotonic() - started < BOUND / 4
+
+
+async def test_a_long_poll_times_out_empty(leader: Leader, conn: Connection) -> None:
+    header, payload = await replica_fetch(conn, 0, wait_ms=30)
+    assert (header, payload) == (ReplicaFetchResponse(0, 0, 0, 3), b"")
+
+
+@pytest.mark.parametrize(
+    ("epoch", "code"), [(2, ErrorCode.FENCED_LEADER_EPOCH), (4, ErrorCode.NOT_LEADER)], ids=["older", "newer"]
+)
+async def test_another_leader_epoch_is_refused_and_acknowledges_nothing(
+    leader: Leader, conn: Connection, epoch: int, code: ErrorCode
+) -> None:
+    await leader.append(b"v")
+    header, payload = await replica_fetch(conn, 1, epoch=epoch)
+    assert header.error is not None and header.error.code == code and header.error.retriable
+    assert (header.leader_epoch, header.log_end, payload) == (3, 1, b"")
+    assert leader.partition.high_watermark == 0  # the fetch at 1 was not counted
+    state = leader.partition.followers.state("b")
+    assert state is not None and state.log_end == -1
+
+
+async def test_a_broker_that_is_no_replica_is_refused(leader: Leader, conn: Connection) -> None:
+    await leader.append(b"v")
+    header, payload = await replica_fetch(conn, 1, replica="z")
+    assert header.error is not None and header.error.code == ErrorCode.NOT_LEADER
+    assert "not a follower" in header.error.message and payload == b""
+    assert leader.partition.high_watermark == 0
+
+
+async def test_an_offset_outside_the_log_answers_out_of_range_with_the_bounds(leader: Leader, conn: Connection) -> None:
+    await leader.append(b"v", b"w")
+    header, payload = await replica_fetch(conn, 5)
+    assert header.error is not None and header.error.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert (header.log_start, header.log_end, payload) == (0, 2, b"")
+    assert leader.partition.high_watermark == 0
+
+
+async def test_an_unknown_stream_is_an_error_frame(conn: Connection) -> None:
+    with pytest.raises(UnknownStreamError):
+        await conn.request(ReplicaFetchRequest("nope", 0, "b", 0, 3), timeout=BOUND)
+
+
+async def test_epoch_end_offset_answers_from_the_leaders_epoch_cache(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "leader")
+    for epoch, count in [(0, 2), (2, 3)]:
+        for _ in range(count):
+            await log.append(batch(b"e%d" % epoch), leader_epoch=epoch)
+    leader = await start_leader(log, epoch=5)
+    connection = await Connection.open("127.0.0.1", leader.port)
+    try:
+
+        async def ask(epoch: int, current: int = -1) -> EpochEndOffsetResponse:
+            response = await connection.request(EpochEndOffsetRequest("s", 0, "b", epoch, current), timeout=BOUND)
+            assert isinstance(response.header, EpochEndOffsetResponse)
+            return response.header
+
+        assert await ask(0) == EpochEndOffsetResponse(0, 2)  # epoch 0 ends where epoch 2 starts
+        assert await ask(1) == EpochEndOffsetResponse(0, 2)  # never saw 1: the largest below it (KIP-279)
+        assert await ask(2) == EpochEndOffsetResponse(2, 5)  # the latest ends at the log end
+        assert await ask(4) == EpochEndOffsetResponse(-1, -1)  # above every epoch the log holds
+        assert await ask(-1) == EpochEndOffsetResponse(-1, -1)
+        assert await ask(2, current=5) == EpochEndOffsetResponse(2, 5)
+        fenced = await ask(2, current=4)
+        assert fenced.error is not None and fenced.error.code == ErrorCode.FENCED_LEADER_EPOCH
+        assert (fenced.leader_epoch, fenced.end_offset) == (5, -1)
+    finally:
+        await connection.close()
+        await leader.close()

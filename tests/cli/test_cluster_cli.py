@@ -1,0 +1,132 @@
+"""``tidelog cluster status`` against a running LocalCluster, and ``tidelog dev-cluster`` from start to Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tidelog.client import Admin
+from tidelog.testing.cluster import LocalCluster
+from tidelog.testing.ports import free_port
+from tidelog.testing.process import pid_alive, wait_pid_exit
+from tidelog.testing.serve_process import TIDELOG, clean_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+TIMEOUT = 60.0
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(tmp_path_factory.mktemp("status"), 2) as started:
+        yield started
+
+
+async def tidelog(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run one ``tidelog`` command off the event loop, with a wide terminal so tables are not cut."""
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(TIDELOG), *args], capture_output=True, text=True, timeout=TIMEOUT, env=clean_env(COLUMNS="200", **env)
+        )
+
+    return await asyncio.to_thread(run)
+
+
+async def test_status_shows_brokers_controller_and_partitions(cluster: LocalCluster) -> None:
+    async with Admin(cluster.bootstrap()) as admin:
+        await admin.create_stream("status-orders", "status.orders", partitions=2, replication_factor=1)
+        await admin.describe_stream("status-orders")  # leaders elected and serving
+
+    result = await tidelog("cluster", "status", TIDELOG_ETCD_ENDPOINTS=cluster.etcd_endpoints[0])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for handle in cluster.brokers:
+        row = _row(out, handle.id)
+        assert handle.grpc_address in row and handle.wire_address in row and "yes" in row
+    assert "controller:" in out
+    partitions = [line for line in out.splitlines() if "status-orders" in line]
+    assert len(partitions) == 2, out
+    for line in partitions:
+        cells = _cells(line)
+        assert cells[2] in {"b0", "b1"}  # leader
+        assert cells[6:9] == ["0", "0", "0"]  # HW, log end, lag: asked of the leader
+    assert "under-replicated" not in out
+
+
+async def test_status_flag_wins_and_unreachable_etcd_is_one_line() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = await tidelog("cluster", "status", "--etcd-endpoints", dead, TIDELOG_ETCD_ENDPOINTS="http://x:1/bad/")
+    assert result.returncode == 1
+    assert "cannot read the cluster from etcd" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_status_without_endpoints_is_a_usage_error() -> None:
+    result = await tidelog("cluster", "status")
+    assert result.returncode == 2
+    assert "TIDELOG_ETCD_ENDPOINTS" in result.stderr
+
+
+async def test_dev_cluster_runs_until_sigterm(tmp_path: Path) -> None:
+    data_dir = tmp_path / "dev"
+    process = await asyncio.create_subprocess_exec(
+        str(TIDELOG),
+        "dev-cluster",
+        "--brokers",
+        "1",
+        "--data-dir",
+        str(data_dir),
+        "--setting",
+        "broker_lease_ttl_ms=2000",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=clean_env(COLUMNS="300"),
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not lines or "Ctrl-C to stop" not in lines[-1]:
+                line = await process.stdout.readline()
+                assert line, "dev-cluster exited early:\n" + "".join(lines)
+                lines.append(line.decode())
+        out = "".join(lines)
+        row = _cells(_row(out, "b0"))
+        pid = int(row[3])
+        assert pid_alive(pid)
+        assert "NATS: nats://127.0.0.1:" in out and "etcd: http://127.0.0.1:" in out
+        etcd = re.search(r"etcd: (\S+)", out)
+        assert etcd is not None
+        status = await tidelog("cluster", "status", "--etcd-endpoints", etcd.group(1))
+        assert status.returncode == 0 and "b0" in status.stdout, status.stderr
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(TIMEOUT):
+            rest = await process.stdout.read()
+            code = await process.wait()
+    assert code == 0, "".join(lines) + rest.decode()
+    assert "cluster stopped" in rest.decode()
+    async with asyncio.timeout(TIMEOUT):
+        await wait_pid_exit(pid)
+    assert (data_dir / "b0" / "serve.log").exists()  # an explicit data dir is kept
+
+
+def _row(out: str, first_cell: str) -> str:
+    for line in out.splitlines():
+        cells = _cells(line)
+        if cells and cells[0] == first_cell:
+            return line
+    raise AssertionError(f"no row for {first_cell!r} in:\n{out}")
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("│┃").split("│")]
