@@ -1,4 +1,7 @@
-"""The log cleaner: applies retention and key compaction to every partition this broker leads, periodically.
+"""The log cleaner: applies retention and key compaction to every replica this broker holds, periodically.
+
+Leaders and followers clean their own copies independently (as Kafka's replicas do): each is bounded by the
+high watermark *it* knows, which on a follower is never above the leader's.
 
 Retention deletes whole sealed segments (by age, total bytes, message count); compaction keeps the newest record
 per key in sealed segments. Both are bounded by the partition's high watermark, so nothing a consumer has not
@@ -11,18 +14,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from tidelog.broker.partition import Partition
 from tidelog.clock import Clock, SystemClock
+from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
+
+
+class Cleanable(Protocol):
+    """What the cleaner needs of a replica (a led :class:`~tidelog.broker.partition.Partition` or a
+    :class:`~tidelog.broker.follower_replica.FollowerReplica`)."""
+
+    @property
+    def log(self) -> Log: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
 
 
 class LogCleaner:
     """Runs :meth:`clean_once` every ``interval`` seconds until stopped."""
 
-    def __init__(self, partitions: Callable[[], list[Partition]], interval: float, clock: Clock | None = None) -> None:
+    def __init__(
+        self, partitions: Callable[[], Sequence[Cleanable]], interval: float, clock: Clock | None = None
+    ) -> None:
         self._partitions = partitions
         self._interval = interval
         self._clock = clock or SystemClock()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
+from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import AlterIsr, Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
@@ -46,26 +47,6 @@ LogConfigFactory = Callable[[StreamRecord], LogConfig]
 ResumeHook = Callable[[Partition], Any]
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""
-
-
-class _Follower:
-    """A partition this broker follows: its log, and the fetcher (None while there is no live leader)."""
-
-    __slots__ = ("checkpointed", "fetcher", "leader", "log", "record", "stream")
-
-    def __init__(self, stream: StreamRecord, record: PartitionRecord, log_: Log) -> None:
-        self.stream = stream
-        self.record = record
-        self.log = log_
-        self.fetcher: ReplicaFetcher | None = None
-        self.leader: tuple[str, int, str] | None = None  # (leader id, leader epoch, wire address) fetched from
-        self.checkpointed = -1
-
-    @property
-    def high_watermark(self) -> int:
-        if self.fetcher is not None:
-            return self.fetcher.high_watermark
-        return read_hw_checkpoint(self.log)
 
 
 class PartitionManager:
@@ -98,7 +79,7 @@ class PartitionManager:
         self._lag_max = replica_lag_time_max
         self._fetch_wait_ms = replica_fetch_wait_max_ms
         self._partitions: dict[PartitionKey, Partition] = {}
-        self._followers: dict[PartitionKey, _Follower] = {}
+        self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
@@ -127,10 +108,22 @@ class PartitionManager:
     def partitions(self) -> list[Partition]:
         return list(self._partitions.values())
 
-    def follower_log(self, stream: str, partition: int) -> tuple[Log, int] | None:
-        """The log and high watermark of a partition this broker follows, else None."""
-        f = self._followers.get((stream, partition))
-        return None if f is None else (f.log, f.high_watermark)
+    def replicas(self) -> list[Partition | FollowerReplica]:
+        """Every partition this broker holds a copy of, led or followed."""
+        return [*self._partitions.values(), *self._followers.values()]
+
+    def follower(self, stream: str, partition: int) -> FollowerReplica | None:
+        """The partition if this broker follows it, else None."""
+        return self._followers.get((stream, partition))
+
+    def reader_of(self, stream: str, partition: int, *, isr_replica: bool = False) -> Partition | FollowerReplica:
+        """Where a subscriber reads: the leader, or with ``isr_replica`` (Liftbridge's ``readISRReplica``) this
+        broker's copy when it is in the ISR; the leader's precise error otherwise."""
+        if isr_replica:
+            follower = self._followers.get((stream, partition))
+            if follower is not None and self.broker_id in follower.record.isr:
+                return follower
+        return self.leader_of(stream, partition)
 
     def path_of(self, stream: StreamRecord, partition: int) -> Path:
         return self._root / f"{stream.name}@{stream.created_ns}" / str(partition)
@@ -180,7 +173,7 @@ class PartitionManager:
         if follower is not None:
             if follower.fetcher is not None:
                 await follower.fetcher.stop()
-            return follower.log, follower.high_watermark
+            return follower.log, follower.starting_high_watermark()
         log_ = await self._open_log(stream, record.id)
         if log_ is None:
             return None
@@ -240,9 +233,9 @@ class PartitionManager:
                 hw = -1
             if log_ is None:
                 return
-            follower = _Follower(stream, record, log_)
-            if hw >= 0:
+            if hw >= 0:  # the demoted leader's HW: what the follower may serve and start from
                 await write_hw_checkpoint(log_.directory, hw)
+            follower = FollowerReplica(stream, record, log_)
             self._followers[key] = follower
         follower.record = record
         broker = snap.brokers.get(record.leader) if record.leader else None
@@ -266,7 +259,8 @@ class PartitionManager:
             epoch,
             address,
             max_wait_ms=self._fetch_wait_ms,
-            initial_hw=follower.high_watermark,
+            initial_hw=follower.starting_high_watermark(),
+            on_high_watermark=follower.high_watermark_moved,
             on_leader_unreachable=self._unreachable_hook(leader_id),
         )
         follower.fetcher = fetcher
@@ -349,7 +343,7 @@ class PartitionManager:
             await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
 
 
-async def _close_follower(follower: _Follower) -> None:
+async def _close_follower(follower: FollowerReplica) -> None:
     """Checkpoint what the follower knows is committed, then close its log."""
     hw = follower.high_watermark
     await write_hw_checkpoint(follower.log.directory, hw)

@@ -151,7 +151,7 @@ class Broker:
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()
             await self.manager.remove_orphans(mirror.snapshot)
-            self.cleaner = LogCleaner(self.manager.partitions, cfg.cleaner_interval_ms / 1000)
+            self.cleaner = LogCleaner(self.manager.replicas, cfg.cleaner_interval_ms / 1000)
             self.cleaner.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
             self.context = BrokerContext(

@@ -15,6 +15,7 @@ from tidelog.api._gen import api_pb2
 from tidelog.api.errors import InvalidArgumentError, StopReachedError
 from tidelog.api.liftbridge import message_from_record
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.partition import Partition
 from tidelog.storage.batch import decode_records, iter_batches
 
@@ -39,7 +40,7 @@ class Stop:
         return self.timestamp is not None and timestamp > self.timestamp
 
 
-def start_offset(partition: Partition, request: api_pb2.SubscribeRequest) -> int:
+def start_offset(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRequest) -> int:
     """Resolve the start position to the first offset to send."""
     hw = partition.high_watermark
     start = partition.log_start
@@ -59,7 +60,7 @@ def start_offset(partition: Partition, request: api_pb2.SubscribeRequest) -> int
     raise InvalidArgumentError(f"unknown startPosition {position}")
 
 
-def stop_of(partition: Partition, request: api_pb2.SubscribeRequest) -> Stop:
+def stop_of(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRequest) -> Stop:
     position = request.stopPosition
     if position == _Stop.STOP_ON_CANCEL:
         return Stop()
@@ -73,7 +74,7 @@ def stop_of(partition: Partition, request: api_pb2.SubscribeRequest) -> Stop:
 
 
 async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
-    partition = ctx.manager.leader_of(request.stream, request.partition)
+    partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
     offset = start_offset(partition, request)
     stop = stop_of(partition, request)
     stream, pid, psubject = partition.stream.name, partition.record.id, partition.subject

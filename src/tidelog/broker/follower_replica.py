@@ -1,0 +1,78 @@
+"""A partition this broker follows: its log, its fetcher, and reads for ``readISRReplica`` subscribers.
+
+Liftbridge lets a subscriber read from any ISR member (``readISRReplica``) to spread read load. A follower
+serves such reads bounded by *its own* high watermark — the one its leader last told it — so a subscriber of a
+follower never sees anything that is not committed, only sees it a little later than at the leader. The
+follower's HW only grows while it is fetched from one leader; it may be lower after a restart (the checkpoint
+is written once a second), never above what was committed.
+"""
+
+from __future__ import annotations
+
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.replication.follower import ReplicaFetcher
+from tidelog.replication.hw_checkpoint import read_hw_checkpoint
+from tidelog.replication.offset_waiters import OffsetWaiters
+from tidelog.storage.log import Log
+
+
+class FollowerReplica:
+    """One followed partition. ``fetcher`` is None while the partition has no live leader."""
+
+    def __init__(self, stream: StreamRecord, record: PartitionRecord, log_: Log) -> None:
+        self.stream = stream
+        self.record = record
+        self.log = log_
+        self.fetcher: ReplicaFetcher | None = None
+        self.leader: tuple[str, int, str] | None = None  # (leader id, leader epoch, wire address) fetched from
+        self.checkpointed = -1
+        self._stored_hw = read_hw_checkpoint(log_)
+        self._hw = OffsetWaiters(self._stored_hw)
+
+    # -- what readers see (the same names as Partition's, so a subscription serves from either) --
+
+    @property
+    def name(self) -> str:
+        return f"{self.stream.name}/{self.record.id}"
+
+    @property
+    def subject(self) -> str:
+        return self.stream.partition_subject(self.record.id)
+
+    @property
+    def high_watermark(self) -> int:
+        return self._hw.position
+
+    @property
+    def log_start(self) -> int:
+        return self.log.start_offset
+
+    @property
+    def log_end(self) -> int:
+        return self.log.end_offset
+
+    def read_committed(self, offset: int, max_bytes: int) -> bytes:
+        hw = min(self._hw.position, self.log.end_offset)
+        if offset >= hw:
+            return b""
+        return self.log.read(offset, max_bytes, max_offset=hw)
+
+    async def wait_for_data(self, offset: int, timeout: float | None) -> bool:
+        return await self._hw.wait_beyond(offset, timeout)
+
+    def offset_for_timestamp(self, timestamp_ns: int) -> int:
+        found = self.log.offset_for_timestamp(timestamp_ns)
+        hw = self._hw.position
+        return hw if found is None or found > hw else found
+
+    # -- fed by the fetcher --
+
+    def high_watermark_moved(self, hw: int) -> None:
+        """The fetcher learnt a new HW from the leader."""
+        self._hw.advance(hw)
+
+    def starting_high_watermark(self) -> int:
+        """What a new fetcher (or a promotion to leader) may assume is committed."""
+        if self.fetcher is not None:
+            return max(self.fetcher.high_watermark, self._hw.position)
+        return self._hw.position
