@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from tests.api.wire.test_replica import BOUND, Leader, batch, open_log, start_leader
+from tidelog.api.wire import server as server_module
+from tidelog.api.wire.frames import Op
 from tidelog.api.wire.messages import Acks
 from tidelog.clock import ManualClock
 from tidelog.replication.follower import FetcherState, ReplicaFetcher, split_address
@@ -238,16 +240,34 @@ async def test_a_refused_fetcher_backs_off_and_copies_nothing(
     assert leader.partition.high_watermark == 0
 
 
-async def test_a_follower_behind_the_leaders_log_start_parks_for_far_horizon_catch_up(harness: Harness) -> None:
+async def test_a_follower_behind_the_leaders_log_start_copies_its_segments(harness: Harness) -> None:
+    leader = await harness.lead([(0, [b"old1", b"old2"])])
+    await leader.log.roll()
+    await leader.append(b"new")
+    await leader.log.roll()
+    await leader.append(b"active")
+    await leader.log.delete_segments_before(2)
+    assert leader.log.start_offset == 2
+    fetcher = await harness.fetch()
+    await until_log_end(harness.follower, 4)
+    assert harness.follower.start_offset == 2
+    assert harness.follower.read(2, 1 << 20) == leader.log.read(2, 1 << 20)
+    assert fetcher.catch_up_stats.resets == 1 and fetcher.status().segments_copied == 1
+
+
+async def test_a_leader_that_cannot_serve_segment_files_parks_a_follower_behind_its_start(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(server_module.ROUTES, Op.SEGMENT_LIST)  # a broker from before far-horizon catch-up
     leader = await harness.lead([(0, [b"old1", b"old2"])])
     await leader.log.roll()
     await leader.append(b"new")
     await leader.log.delete_segments_before(2)
-    assert leader.log.start_offset == 2
     fetcher = await harness.fetch()
     assert await asyncio.wait_for(fetcher.wait_for_state(FetcherState.PARKED), BOUND) is FetcherState.PARKED
     status = fetcher.status()
     assert status.last_error is not None and "far-horizon catch-up needed" in status.last_error
+    assert harness.follower.end_offset == 0
     await fetcher.stop()
     assert fetcher.state is FetcherState.STOPPED
 

@@ -359,6 +359,12 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = _setting(
         500, _POSITIVE, "Longest a follower's fetch waits at the leader for new data (long poll)."
     )
+    replica_copy_threshold_bytes: int = _setting(
+        256 * _MIB,
+        _NON_NEGATIVE,
+        "A follower this far behind (or behind the leader's log start) copies sealed segment files instead of "
+        "fetching batches (far-horizon catch-up). 0: copy only when behind the log start.",
+    )
     broker_lease_ttl_ms: int = _setting(
         10_000,
         _int_kind(1000),

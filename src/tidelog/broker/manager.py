@@ -66,6 +66,7 @@ class PartitionManager:
         on_leader_unreachable: UnreachableHook | None = None,
         replica_lag_time_max: float = 15.0,
         replica_fetch_wait_max_ms: int = 500,
+        replica_copy_threshold_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
@@ -78,6 +79,7 @@ class PartitionManager:
         self._on_leader_unreachable = on_leader_unreachable
         self._lag_max = replica_lag_time_max
         self._fetch_wait_ms = replica_fetch_wait_max_ms
+        self._copy_threshold = replica_copy_threshold_bytes
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
@@ -259,6 +261,7 @@ class PartitionManager:
             epoch,
             address,
             max_wait_ms=self._fetch_wait_ms,
+            copy_threshold_bytes=self._copy_threshold,
             initial_hw=follower.starting_high_watermark(),
             on_high_watermark=follower.high_watermark_moved,
             on_leader_unreachable=self._unreachable_hook(leader_id),

@@ -147,6 +147,7 @@ class Broker:
                 on_leader_unreachable=self.link.report_unreachable,
                 replica_lag_time_max=cfg.replica_lag_time_max_ms / 1000,
                 replica_fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms,
+                replica_copy_threshold_bytes=cfg.replica_copy_threshold_bytes,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()

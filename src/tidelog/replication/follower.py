@@ -5,9 +5,10 @@ when it becomes a follower of a partition and stops it (and starts another) when
 changes; a fetcher never changes leader by itself. Its task is a small state machine, one handler per state::
 
     CONNECTING ──▶ TRUNCATING ──▶ FETCHING ◀─┐
-        ▲              │              │      │ (each response: append, fsync, fetch again)
-        └──── BACKING_OFF ◀───────────┴──────┘
-                                      └──▶ PARKED (far-horizon catch-up needed)
+        ▲              │   │          │  ▲   │ (each response: append, fsync, fetch again)
+        │              │   └─▶ COPYING ◀─┘   │ (far-horizon catch-up: whole segment files, in rounds)
+        └──── BACKING_OFF ◀─────┴─────┴──────┘
+                                      └──▶ PARKED (a leader that cannot serve segment files)
 
 - **connecting**: a dedicated wire :class:`~tidelog.client.connection.Connection` to the leader.
 - **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
@@ -18,6 +19,11 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
   and only then fetch again. The next fetch's offset is the acknowledgement the leader's high watermark waits
   for, so nothing is acknowledged before it is durable here. One request in flight, no sleep on this path:
   the leader's write wakes the long-poll, and the fsync here is followed by exactly one round trip.
+- **copying**: far-horizon catch-up (seed 001, :mod:`tidelog.replication.catch_up`): copy the leader's sealed
+  segment files in rounds, then fetch again. Entered when a fetch answers OFFSET_OUT_OF_RANGE below the leader's
+  log start (retention deleted what we need next), or when more than ``copy_threshold_bytes`` of sealed
+  segments lie beyond our log end: checked after each truncation (every connection) and again each time that
+  many bytes were fetched without catching up, one SEGMENT_LIST round trip each time.
 - **backing off**: after a failure, 50 ms doubling to 1 s, then back to where it failed (connecting when the
   connection is gone, truncating when that never completed, fetching otherwise). The leader being unreachable
   (connection refused or lost, or a request unanswered past its deadline) is reported once per outage through
@@ -32,13 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tidelog.api.errors import ErrorCode, TidelogError, from_error_body
+from tidelog.api.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, ProtocolError
 from tidelog.api.wire.messages import (
     EpochEndOffsetRequest,
@@ -49,6 +56,15 @@ from tidelog.api.wire.messages import (
 )
 from tidelog.client.connection import Connection, ConnectionClosedError
 from tidelog.clock import Clock, SystemClock
+from tidelog.replication.catch_up import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_COPY_THRESHOLD_BYTES,
+    DEFAULT_MAX_ROUNDS,
+    CatchUpIncompleteError,
+    CatchUpStats,
+    CopyHooks,
+    SegmentCopier,
+)
 from tidelog.replication.truncation import truncation_step
 from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
 from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, LogClosedError
@@ -66,7 +82,8 @@ class FetcherState(enum.Enum):
     TRUNCATING = "truncating"
     FETCHING = "fetching"
     BACKING_OFF = "backing-off"
-    PARKED = "parked"  # behind the leader's log start: needs far-horizon catch-up, which fetching cannot do
+    COPYING = "copying"  # far-horizon catch-up: copying the leader's sealed segment files
+    PARKED = "parked"  # behind the leader's log start, and the leader cannot serve segment files
     STOPPED = "stopped"
 
 
@@ -82,10 +99,13 @@ class FetcherStatus:
     high_watermark: int
     caught_up: bool
     last_error: str | None
+    segments_copied: int = 0  # by far-horizon catch-up, since the fetcher started
+    copy_phases: int = 0
 
 
 class CatchUpNeededError(Exception):
-    """The leader no longer holds the offsets this replica needs next: fetching cannot catch it up."""
+    """The leader no longer holds the offsets this replica needs next, and cannot serve its segment files
+    (a broker from before far-horizon catch-up): neither fetching nor copying can catch this replica up."""
 
     def __init__(self, log_end: int, leader_start: int) -> None:
         super().__init__(
@@ -116,9 +136,18 @@ class ReplicaFetcher:
         request_timeout: float = 5.0,
         connect_timeout: float = 5.0,
         clock: Clock | None = None,
+        copy_threshold_bytes: int = DEFAULT_COPY_THRESHOLD_BYTES,
+        copy_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_copy_rounds: int = DEFAULT_MAX_ROUNDS,
+        copy_hooks: CopyHooks | None = None,
     ) -> None:
         """``request_timeout`` bounds a response beyond the long-poll (``max_wait_ms``): a leader that accepts
-        connections but never answers (paused, wedged) counts as unreachable after it."""
+        connections but never answers (paused, wedged) counts as unreachable after it.
+
+        ``copy_threshold_bytes``: copy sealed segment files rather than fetch when more than this many bytes of
+        them lie beyond our log end (0: only when the log ends below the leader's start). ``copy_chunk_bytes``
+        is the size of one SEGMENT_FETCH, ``max_copy_rounds`` bounds one catch-up (see
+        :mod:`tidelog.replication.catch_up`); ``copy_hooks`` are test seams."""
         self._log = log_
         self.stream = stream
         self.partition = partition
@@ -137,6 +166,7 @@ class ReplicaFetcher:
         self._clock: Clock = clock or SystemClock()
         self._hw = max(0, min(initial_hw, log_.end_offset))  # owned by the task once started; never decreases
         self._leader_end = -1
+        self._leader_start = 0  # as of the last out-of-range answer
         self._state = FetcherState.CONNECTING
         self._state_waiters: list[asyncio.Future[None]] = []
         self._truncated = False  # truncation completed on the current connection
@@ -146,6 +176,23 @@ class ReplicaFetcher:
         self._connection: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._copy_threshold = copy_threshold_bytes
+        self._copy_pending = False  # a catch-up was decided and has not completed: back-offs resume it
+        self._copy_supported = True  # False once the leader answered UNSUPPORTED (an older broker)
+        self._fetched_since_survey = 0  # bytes fetched since the lag was last measured
+        self._copier = SegmentCopier(
+            log_,
+            self._send,
+            stream,
+            partition,
+            broker_id,
+            leader_epoch,
+            request_timeout=request_timeout,
+            chunk_bytes=copy_chunk_bytes,
+            max_rounds=max_copy_rounds,
+            near_bytes=copy_threshold_bytes,
+            hooks=copy_hooks,
+        )
 
     # -- public ------------------------------------------------------------------------------------------------
 
@@ -167,7 +214,13 @@ class ReplicaFetcher:
         """Whether this replica held the leader's whole log at the last response."""
         return self._state is FetcherState.FETCHING and 0 <= self._leader_end <= self._log.end_offset
 
+    @property
+    def catch_up_stats(self) -> CatchUpStats:
+        """A copy of the far-horizon catch-up counters (phases, rounds, segments and bytes copied…)."""
+        return dataclasses.replace(self._copier.stats)
+
     def status(self) -> FetcherStatus:
+        stats = self._copier.stats
         return FetcherStatus(
             self._state,
             self.leader_id,
@@ -177,6 +230,8 @@ class ReplicaFetcher:
             self._hw,
             self.caught_up,
             self._last_error,
+            stats.segments,
+            stats.phases,
         )
 
     async def wait_for_state(self, *states: FetcherState) -> FetcherState:
@@ -219,9 +274,12 @@ class ReplicaFetcher:
                         resume = FetcherState.TRUNCATING
                     elif resume is FetcherState.TRUNCATING:
                         await self._on_truncating()
+                        resume = FetcherState.COPYING if await self._should_copy() else FetcherState.FETCHING
+                    elif resume is FetcherState.COPYING:
+                        await self._on_copying()
                         resume = FetcherState.FETCHING
                     else:
-                        await self._on_fetching()  # returns only by raising
+                        resume = await self._on_fetching()  # returns only to copy
                 except (ConnectionClosedError, TimeoutError) as exc:
                     await self._leader_unreachable(exc)
                     resume = FetcherState.CONNECTING
@@ -230,6 +288,8 @@ class ReplicaFetcher:
                 except (CorruptBatchError, InvalidBatchError, ProtocolError) as exc:
                     self._note_failure(f"bad data from leader {self.leader_id}: {exc}", logging.ERROR)
                     self._truncated = False  # re-establish where the logs agree before copying again
+                except CatchUpIncompleteError as exc:
+                    self._note_failure(str(exc), logging.WARNING)
                 except CatchUpNeededError as exc:
                     log.error("%s: %s; parked until the broker restarts this replica", self.name, exc)
                     self._last_error = str(exc)
@@ -276,8 +336,9 @@ class ReplicaFetcher:
             raise ProtocolError(f"epoch truncation of {self.name} did not settle in {MAX_TRUNCATION_ROUNDS} rounds")
         self._truncated = True
 
-    async def _on_fetching(self) -> None:
-        """Fetch, append, fetch again, until something fails (the busy path: keep it free of extra awaits)."""
+    async def _on_fetching(self) -> FetcherState:
+        """Fetch, append, fetch again, until something fails or catch-up is due (the busy path: keep it free of
+        extra awaits)."""
         log_ = self._log
         while True:
             offset = log_.end_offset
@@ -293,13 +354,58 @@ class ReplicaFetcher:
             header, payload = await self._send(request, self._fetch_timeout)
             response = _expect(header, ReplicaFetchResponse)
             if response.error is not None:
-                await self._on_fetch_error(response, offset)
+                if await self._on_fetch_error(response, offset):
+                    return FetcherState.COPYING
                 continue
             self._reached_leader()
             if payload:
                 await log_.append_as_follower(payload)  # returns once durable per the flush policy
+                self._fetched_since_survey += len(payload)
             self._leader_end = response.log_end
             self._advance_hw(response.high_watermark)
+            if self._copy_threshold and self._fetched_since_survey >= self._copy_threshold:
+                self._fetched_since_survey = 0  # that many bytes fetched: still far behind?
+                if response.log_end > log_.end_offset and await self._should_copy():
+                    return FetcherState.COPYING
+
+    async def _should_copy(self) -> bool:
+        """Whether far-horizon catch-up is due: more than ``copy_threshold_bytes`` of sealed segments beyond our
+        log end (a log ending below the leader's start is found by the fetch itself)."""
+        if not self._copy_threshold or not self._copy_supported:
+            return False
+        try:
+            listing, lag = await self._copier.survey()
+        except UnsupportedError:
+            self._copy_unsupported()
+            return False
+        self._reached_leader()
+        self._fetched_since_survey = 0
+        self._leader_start, self._leader_end = listing.log_start, listing.log_end
+        self._copy_pending = lag > self._copy_threshold or self._log.end_offset < listing.log_start
+        if self._copy_pending:
+            log.info("%s: %d bytes of sealed segments behind the leader: copying them", self.name, lag)
+        return self._copy_pending
+
+    async def _on_copying(self) -> None:
+        """Far-horizon catch-up: copy sealed segment files in rounds (:mod:`tidelog.replication.catch_up`)."""
+        self._copy_pending = True
+        if not self._copy_supported:
+            raise CatchUpNeededError(self._log.end_offset, self._leader_start)
+        self._copier.stats.phases += 1
+        try:
+            listing = await self._copier.run()
+        except UnsupportedError:
+            self._copy_unsupported()
+            raise CatchUpNeededError(self._log.end_offset, self._leader_start) from None
+        self._copy_pending = False
+        self._reached_leader()
+        self._leader_end = listing.log_end
+        self._advance_hw(listing.high_watermark)
+
+    def _copy_unsupported(self) -> None:
+        if self._copy_supported:
+            log.warning("%s: leader %s cannot serve segment files (an older broker?)", self.name, self.leader_id)
+        self._copy_supported = False
 
     async def _on_backing_off(self) -> FetcherState:
         self._set_state(FetcherState.BACKING_OFF)
@@ -307,7 +413,9 @@ class ReplicaFetcher:
         self._backoff = min(self._backoff * 2, MAX_BACKOFF)
         if self._connection is None or self._connection.closed:
             return FetcherState.CONNECTING
-        return FetcherState.FETCHING if self._truncated else FetcherState.TRUNCATING
+        if not self._truncated:
+            return FetcherState.TRUNCATING
+        return FetcherState.COPYING if self._copy_pending else FetcherState.FETCHING
 
     def _set_state(self, state: FetcherState) -> None:
         if state is self._state:
@@ -329,25 +437,21 @@ class ReplicaFetcher:
         self._reached_leader()
         return EpochEndOffset(response.leader_epoch, response.end_offset)
 
-    async def _on_fetch_error(self, response: ReplicaFetchResponse, offset: int) -> None:
-        """An OFFSET_OUT_OF_RANGE is handled here; anything else is raised for the state machine."""
+    async def _on_fetch_error(self, response: ReplicaFetchResponse, offset: int) -> bool:
+        """An OFFSET_OUT_OF_RANGE is handled here (True: below the leader's start, copy segment files);
+        anything else is raised for the state machine."""
         assert response.error is not None
         if response.error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
             raise from_error_body(response.error)
         self._reached_leader()
+        self._leader_start = response.log_start
         if offset < response.log_start:
-            await self._catch_up_from_start(response.log_start)
-        elif offset > response.log_end:
+            log.info("%s: log ends at %d, the leader's starts at %d: copying", self.name, offset, response.log_start)
+            return True
+        if offset > response.log_end:
             # Epoch truncation should have prevented this; cutting to the leader's end is safe regardless.
             await self._truncate(response.log_end, f"the leader's log ends at {response.log_end}")
-        # otherwise the leader's bounds moved between its check and ours: just fetch again
-
-    async def _catch_up_from_start(self, leader_start: int) -> None:
-        """Far-horizon catch-up (seed 001): the leader deleted what this replica needs next.
-
-        The hook for copying the leader's sealed segments in rounds, then resetting the log to start at
-        ``leader_start``; until that exists the replica parks with a clear error."""
-        raise CatchUpNeededError(self._log.end_offset, leader_start)
+        return False  # otherwise the leader's bounds moved between its check and ours: just fetch again
 
     async def _truncate(self, offset: int, reason: str) -> None:
         log_ = self._log

@@ -37,7 +37,7 @@ import functools
 import itertools
 import os
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +67,13 @@ from tidelog.storage.flush import Flusher
 from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, Placed, Planned, Segment, SegmentInfo
+from tidelog.storage.segment_install import (
+    StagedSegment,
+    check_installable,
+    discard_staging,
+    move_into_place,
+    seal_for_install,
+)
 
 T = TypeVar("T")
 MAX_LEADER_EPOCH = 2**31 - 1
@@ -157,6 +164,12 @@ def _forget_index_files(segments: list[Segment], directory: Path) -> None:
     fsync_directory(directory)
 
 
+def _durable_from(directory: Path, offset: int) -> None:
+    """Make a new segment's name durable, then move the recovery point to it."""
+    fsync_directory(directory)
+    write_recovery_point(directory, offset)
+
+
 def _reopen_sealed(directory: Path, base_offset: int, index_interval_bytes: int) -> Segment:
     segment = Segment.open(directory, base_offset, index_interval_bytes)
     try:
@@ -191,6 +204,7 @@ class Log:
         # between writing the checkpoint and the batch, so what lies at or past the log end is dropped here.
         self._epochs = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT_FILE)
         self._epochs.truncate_from_end(self.end_offset)
+        self._epochs.truncate_from_start(self.start_offset)  # a crash between deleting a prefix and this
         self._write_listeners: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------------------------------------ opening
@@ -200,6 +214,7 @@ class Log:
         """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync."""
         directory = Path(path)
         config = LogConfig() if config is None else config
+        discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log
         segments, report = recover(directory, config.index_interval_bytes)
         return cls(directory, config, SystemClock() if clock is None else clock, segments, report)
 
@@ -718,6 +733,101 @@ class Log:
                     self._flusher.forget(segment)
                     segment.close()
         return result
+
+    # ------------------------------------------------------------------------------------------ far-horizon catch-up
+
+    def sealed_segment_range(self, base_offset: int, position: int, max_bytes: int) -> tuple[FileRange, int] | None:
+        """Raw bytes of the *sealed* segment based at ``base_offset``, from ``position``, at most ``max_bytes``,
+        and the segment's size: what a follower copying whole segment files downloads. None when no sealed
+        segment has that base.
+
+        Not CRC-checked here (the copier checks every batch of the whole file); the range's ``first_offset``
+        and ``next_offset`` are the segment's.
+        """
+        self._check_open()
+        segments = self._segments
+        i = bisect_left(segments, base_offset, key=lambda s: s.base_offset)
+        if i >= len(segments) - 1 or segments[i].base_offset != base_offset:
+            return None  # unknown, deleted, or the active segment (which fetching copies)
+        segment = segments[i]
+        start = min(max(0, position), segment.size)
+        length = min(max(0, max_bytes), segment.size - start)
+        file = FileRange(os.dup(segment.fd), segment.path, start, length, segment.base_offset, segment.next_offset)
+        return file, segment.size
+
+    async def reset_to(self, offset: int) -> None:
+        """Delete every segment and the epoch history; start empty at ``offset`` (a follower whose log ends
+        below its leader's log start: nothing it holds can be extended). See
+        :mod:`tidelog.storage.segment_install` for what a crash leaves."""
+        if offset < 0:
+            raise ValueError(f"offset must not be negative, got {offset}")
+        await self._exclusive(lambda: self._reset_locked(offset))
+
+    async def _reset_locked(self, offset: int) -> None:
+        while self._segments:
+            segment = self._segments.pop()  # newest first: a crash midway leaves a shorter prefix
+            self._flusher.forget(segment)
+            segment.delete()
+        try:
+            self._segments.append(Segment.create(self._directory, offset, self._config.index_interval_bytes))
+            await self._flusher.sync_directory(self._directory)
+            self._epochs.clear()
+            await self._flusher.run_blocking(write_recovery_point, self._directory, offset)
+            self._recovery_point = offset
+        except BaseException as exc:
+            self._flusher.poison(exc)  # the files and this object may disagree: reopen the log
+            raise
+
+    async def install_segments(self, staged: list[StagedSegment]) -> None:
+        """Append whole segment files copied from the leader, checked by
+        :func:`~tidelog.storage.segment_install.verify_staged`; the first must start at (or, after a
+        compaction gap, past) the log end. Each is renamed into the directory, indexed, sealed, and its leader
+        epochs recorded; a new empty active segment follows them. Steps and crash safety:
+        :mod:`tidelog.storage.segment_install`."""
+        await self._exclusive(lambda: self._install_locked(staged))
+
+    async def _install_locked(self, staged: list[StagedSegment]) -> None:
+        check_installable(staged, self.end_offset, self.latest_epoch)
+        interval = self._config.index_interval_bytes
+        active = self._segments[-1]
+        empty = not active.size
+        installed: list[Segment] = []
+        try:
+            for item in staged:  # epochs first: entries past the log end are dropped when a log opens
+                for epoch, start in item.epochs:
+                    if epoch > self._epochs.latest_epoch:
+                        self._epochs.assign(epoch, start)
+            if not empty:
+                active.seal_prepare()
+                await self._flusher.run_blocking(seal_for_install, active)
+            replaceable = active.path if empty else None
+            try:
+                await self._flusher.run_blocking(
+                    move_into_place, self._directory, staged, interval, replaceable, installed
+                )
+            except BaseException as exc:
+                # The directory holds a valid prefix of the installation (what a crash would leave) but this
+                # object cannot tell how much is durable: keep the files readable, refuse appends until reopened.
+                self._flusher.poison(exc)
+                raise
+            finally:
+                if installed:
+                    if empty:
+                        self._segments.pop()
+                        self._flusher.forget(active)
+                        if installed[0].base_offset == active.base_offset:
+                            active.close()  # its file was replaced by the first installed one
+                        else:
+                            active.delete()
+                    self._segments.extend(installed)
+                else:
+                    active.sealed = False  # still the active segment
+            self._segments.append(Segment.create(self._directory, installed[-1].next_offset, interval))
+            following = self._segments[-1].base_offset
+            await self._flusher.run_blocking(_durable_from, self._directory, following)
+            self._recovery_point = following
+        finally:
+            self._epochs.truncate_from_end(self.end_offset)  # nothing recorded beyond what was installed
 
     # ------------------------------------------------------------------------------------------ flushing
 

@@ -45,6 +45,11 @@ from tidelog.api.wire.messages import (
     ReplicaFetchResponse,
     ReportUnreachableRequest,
     ReportUnreachableResponse,
+    SegmentFetchRequest,
+    SegmentFetchResponse,
+    SegmentListRequest,
+    SegmentListResponse,
+    SegmentSummary,
     SetStreamStateRequest,
     SetStreamStateResponse,
     StreamInfo,
@@ -129,6 +134,22 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     ReportUnreachableResponse: st.just(ReportUnreachableResponse()),
     ControlledShutdownRequest: st.builds(ControlledShutdownRequest, names),
     ControlledShutdownResponse: st.builds(ControlledShutdownResponse, st.integers(0, INT32_MAX)),
+    SegmentListRequest: st.builds(
+        SegmentListRequest, names, partition, names, offset, epoch, st.integers(1, INT32_MAX)
+    ),
+    SegmentListResponse: st.builds(
+        SegmentListResponse,
+        offset,
+        offset,
+        offset,
+        epoch,
+        st.lists(
+            st.builds(SegmentSummary, offset, offset, offset, st.none() | st.integers(-(2**63), INT64_MAX)), max_size=3
+        ).map(tuple),
+        maybe_error,
+    ),
+    SegmentFetchRequest: st.builds(SegmentFetchRequest, names, partition, names, epoch, offset, offset, millis, offset),
+    SegmentFetchResponse: st.builds(SegmentFetchResponse, offset, offset, offset, epoch, maybe_error),
 }
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))
 

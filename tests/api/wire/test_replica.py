@@ -21,6 +21,10 @@ from tidelog.api.wire.messages import (
     EpochEndOffsetResponse,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    SegmentFetchRequest,
+    SegmentFetchResponse,
+    SegmentListRequest,
+    SegmentListResponse,
 )
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.config import BrokerConfig
@@ -242,3 +246,83 @@ async def test_epoch_end_offset_answers_from_the_leaders_epoch_cache(tmp_path: P
     finally:
         await connection.close()
         await leader.close()
+
+
+# -- far-horizon catch-up: SEGMENT_LIST and SEGMENT_FETCH ---------------------------------------------------------
+
+
+async def sealed_segments(leader: Leader, count: int) -> None:
+    """Write ``count`` sealed segments of two batches each, then one batch into the active segment."""
+    for i in range(count):
+        await leader.append(b"s%d-a" % i)
+        await leader.append(b"s%d-b" % i, b"more")
+        await leader.log.roll()
+    await leader.append(b"active")
+
+
+async def segment_list(conn: Connection, offset: int, *, epoch: int = 3, replica: str = "b") -> SegmentListResponse:
+    response = await conn.request(SegmentListRequest("s", 0, replica, offset, epoch), timeout=BOUND)
+    assert isinstance(response.header, SegmentListResponse)
+    return response.header
+
+
+async def segment_fetch(
+    conn: Connection, base: int, position: int = 0, max_bytes: int = 1 << 20, *, file_id: int = 0, epoch: int = 3
+) -> tuple[SegmentFetchResponse, bytes]:
+    request = SegmentFetchRequest("s", 0, "b", epoch, base, position, max_bytes, file_id)
+    response = await conn.request(request, timeout=BOUND)
+    assert isinstance(response.header, SegmentFetchResponse)
+    return response.header, bytes(response.payload)
+
+
+async def test_segment_list_names_the_sealed_segments_from_an_offset(leader: Leader, conn: Connection) -> None:
+    await sealed_segments(leader, 3)
+    infos = leader.log.segments
+    listing = await segment_list(conn, 0)
+    assert [(s.base_offset, s.next_offset, s.size, s.max_timestamp) for s in listing.segments] == [
+        (i.base_offset, i.next_offset, i.size, i.max_timestamp) for i in infos[:-1]
+    ]
+    assert (listing.log_start, listing.log_end, listing.leader_epoch) == (0, 10, 3)
+    assert [s.base_offset for s in (await segment_list(conn, 4)).segments] == [3, 6]  # 4 lies inside [3, 6)
+    assert (await segment_list(conn, 9)).segments == ()  # the active segment is never listed
+    assert leader.partition.high_watermark == 0  # listing acknowledges nothing
+
+
+@pytest.mark.parametrize(("epoch", "replica"), [(2, "b"), (4, "b"), (3, "z")], ids=["older", "newer", "no-replica"])
+async def test_segment_requests_are_fenced_like_replica_fetch(
+    leader: Leader, conn: Connection, epoch: int, replica: str
+) -> None:
+    await sealed_segments(leader, 1)
+    listing = await segment_list(conn, 0, epoch=epoch, replica=replica)
+    assert listing.error is not None and listing.segments == ()
+    request = SegmentFetchRequest("s", 0, replica, epoch, 0, 0, 1 << 20)
+    response = await conn.request(request, timeout=BOUND)
+    assert isinstance(response.header, SegmentFetchResponse)
+    assert response.header.error is not None and response.header.error.code == listing.error.code
+    assert bytes(response.payload) == b""
+
+
+async def test_segment_fetch_serves_the_files_raw_bytes_in_chunks(leader: Leader, conn: Connection) -> None:
+    await sealed_segments(leader, 2)
+    info = leader.log.segments[1]
+    on_disk = info.path.read_bytes()
+    header, first = await segment_fetch(conn, info.base_offset, 0, 50)
+    assert (header.size, header.error, first) == (len(on_disk), None, on_disk[:50])
+    header2, rest = await segment_fetch(conn, info.base_offset, 50, 1 << 20, file_id=header.file_id)
+    assert first + rest == on_disk and header2.file_id == header.file_id
+    _, beyond = await segment_fetch(conn, info.base_offset, len(on_disk))
+    assert beyond == b""
+
+
+async def test_segment_fetch_of_a_deleted_active_or_rewritten_segment_is_out_of_range(
+    leader: Leader, conn: Connection
+) -> None:
+    await sealed_segments(leader, 2)
+    header, _ = await segment_fetch(conn, 0)
+    wrong_id, _ = await segment_fetch(conn, 0, 10, file_id=header.file_id + 1)  # as after a compaction
+    active, _ = await segment_fetch(conn, 6)
+    await leader.log.delete_segments_before(3)
+    deleted, payload = await segment_fetch(conn, 0, 10, file_id=header.file_id)
+    for response in (wrong_id, active, deleted):
+        assert response.error is not None and response.error.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert deleted.log_start == 3 and payload == b""

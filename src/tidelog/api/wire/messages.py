@@ -26,6 +26,8 @@ Which header goes with which frame::
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
     REPLICA_FETCH   ReplicaFetchRequest   ReplicaFetchResponse   response: record batches (broker to broker)
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
+    SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
+    SEGMENT_FETCH   SegmentFetchRequest   SegmentFetchResponse   response: raw bytes of a segment file
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
 
 A response that has something useful to say besides the failure carries an ``error`` field instead: a produce
@@ -350,6 +352,74 @@ class EpochEndOffsetResponse(Header, frozen=True):
     error: ErrorBody | None = None
 
 
+# -- far-horizon catch-up: follower to leader --------------------------------------------------------------------
+
+SegmentBytes = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+
+
+class SegmentListRequest(Header, frozen=True):
+    """List the leader's *sealed* segments holding offsets at or after ``offset`` (the follower's log end), in
+    offset order: what a follower too far behind copies as whole files (seed 001's far-horizon catch-up).
+
+    Fenced like REPLICA_FETCH: only a replica following ``leader_epoch`` is answered. The active segment is
+    never listed: fetching copies it."""
+
+    stream: Name
+    partition: PartitionId
+    replica_id: Name
+    offset: Offset
+    leader_epoch: LeaderEpoch
+    max_segments: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] = 1000
+
+
+class SegmentSummary(Header, frozen=True):
+    """One sealed segment: offsets ``[base_offset, next_offset)`` in ``size`` bytes."""
+
+    base_offset: Offset
+    next_offset: Offset
+    size: SegmentBytes
+    max_timestamp: int | None = None  # ns; None when it holds no batch
+
+
+class SegmentListResponse(Header, frozen=True):
+    """The leader's bounds and epoch (as a REPLICA_FETCH answer carries them) and the segments listed."""
+
+    high_watermark: Offset
+    log_start: Offset
+    log_end: Offset
+    leader_epoch: LeaderEpoch
+    segments: tuple[SegmentSummary, ...] = ()
+    error: ErrorBody | None = None  # FENCED_LEADER_EPOCH, NOT_LEADER
+
+
+class SegmentFetchRequest(Header, frozen=True):
+    """Raw bytes ``[position, position + max_bytes)`` of the sealed segment based at ``base_offset``.
+
+    ``file_id`` is the one the first answer for this segment named (0 on the first request): the leader refuses
+    when its file is another by now (compaction rewrote it), so a download never mixes two files."""
+
+    stream: Name
+    partition: PartitionId
+    replica_id: Name
+    leader_epoch: LeaderEpoch
+    base_offset: Offset
+    position: SegmentBytes
+    max_bytes: ByteCount = 4 * 1024 * 1024
+    file_id: SegmentBytes = 0
+
+
+class SegmentFetchResponse(Header, frozen=True):
+    """The segment's total ``size`` and ``file_id``; the payload holds the bytes asked for (fewer at the file's
+    end), exactly as stored and not checked by the leader: the follower checks every batch."""
+
+    size: SegmentBytes
+    file_id: SegmentBytes
+    log_start: Offset
+    leader_epoch: LeaderEpoch
+    error: ErrorBody | None = None  # OFFSET_OUT_OF_RANGE: no such sealed segment (retention deleted it), or
+    # its file changed; FENCED_LEADER_EPOCH, NOT_LEADER as for REPLICA_FETCH
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 
 HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
@@ -379,6 +449,10 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.REPLICA_FETCH): ReplicaFetchResponse,
     (Kind.REQUEST, Op.EPOCH_END_OFFSET): EpochEndOffsetRequest,
     (Kind.RESPONSE, Op.EPOCH_END_OFFSET): EpochEndOffsetResponse,
+    (Kind.REQUEST, Op.SEGMENT_LIST): SegmentListRequest,
+    (Kind.RESPONSE, Op.SEGMENT_LIST): SegmentListResponse,
+    (Kind.REQUEST, Op.SEGMENT_FETCH): SegmentFetchRequest,
+    (Kind.RESPONSE, Op.SEGMENT_FETCH): SegmentFetchResponse,
 }
 _ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
 

@@ -22,6 +22,15 @@ bounds without another round trip; a broker that does not lead at all answers wi
 
 None of these record the follower's offset: a refused fetch acknowledges nothing.
 
+SEGMENT_LIST and SEGMENT_FETCH serve far-horizon catch-up (:mod:`tidelog.replication.catch_up`): a follower
+that is behind the log start, or too many bytes behind, lists the sealed segments from its log end and copies
+them as whole files, in chunks. Only sealed segments: the active one changes under the reader and fetching
+covers it. A chunk is the segment file's raw bytes, sent with ``os.sendfile`` on plain TCP like a fetch,
+unchecked here (the follower checks every batch of the whole file). A segment that is no longer there
+(retention deleted it meanwhile) or whose file was replaced since the first chunk (compaction) is refused with
+OFFSET_OUT_OF_RANGE, and the follower starts its round again. Both are fenced like REPLICA_FETCH and record
+nothing: copying files is no acknowledgement.
+
 EPOCH_END_OFFSET answers KIP-279's question "where does my latest epoch end on your log?" from the leader's
 epoch cache (:meth:`Log.end_offset_for_epoch`); the follower truncates there before fetching (see
 :mod:`tidelog.replication.truncation`). It is fenced like a fetch when the follower names the leadership it
@@ -31,6 +40,7 @@ believes in, so a follower never truncates on the word of a deposed leader.
 from __future__ import annotations
 
 import asyncio
+import os
 
 from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
@@ -41,6 +51,11 @@ from tidelog.api.wire.messages import (
     EpochEndOffsetResponse,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    SegmentFetchRequest,
+    SegmentFetchResponse,
+    SegmentListRequest,
+    SegmentListResponse,
+    SegmentSummary,
     encode_message,
 )
 from tidelog.broker.partition import Partition
@@ -94,6 +109,70 @@ async def epoch_end_offset(
     return Reply(encode_message(correlation_id, response))
 
 
+async def segment_list(
+    env: HandlerEnv, correlation_id: int, request: SegmentListRequest, _payload: memoryview
+) -> Reply:
+    """The sealed segments holding offsets at or after ``request.offset``, oldest first; see the module docstring."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
+    if refusal is not None:
+        return Reply(encode_message(correlation_id, _listing(partition, (), refusal)))
+    sealed = partition.log.segments[:-1]
+    listed = tuple(
+        SegmentSummary(s.base_offset, s.next_offset, s.size, s.max_timestamp)
+        for s in sealed
+        if s.next_offset > request.offset
+    )[: request.max_segments]
+    return Reply(encode_message(correlation_id, _listing(partition, listed)))
+
+
+async def segment_fetch(
+    env: HandlerEnv, correlation_id: int, request: SegmentFetchRequest, _payload: memoryview
+) -> Reply:
+    """Raw bytes of one sealed segment file; see the module docstring."""
+    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    epoch = partition.record.leader_epoch
+    refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
+    if refusal is not None:
+        response = SegmentFetchResponse(0, 0, partition.log_start, epoch, refusal.to_error_body())
+        return Reply(encode_message(correlation_id, response))
+    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    found = partition.log.sealed_segment_range(request.base_offset, request.position, max_bytes)
+    if found is None:
+        return _segment_gone(correlation_id, partition, f"no sealed segment at {request.base_offset} (deleted?)")
+    file, size = found
+    file_id = os.fstat(file.fd).st_ino  # a compaction renames a new file into place: another inode
+    if request.file_id and request.file_id != file_id:
+        file.close()
+        return _segment_gone(correlation_id, partition, f"segment {request.base_offset} was rewritten meanwhile")
+    header = SegmentFetchResponse(size, file_id, partition.log_start, epoch)
+    if env.zero_copy:
+        return frame_with_file(Op.SEGMENT_FETCH, correlation_id, header, file)
+    with file:
+        data = await asyncio.to_thread(os.pread, file.fd, file.length, file.position)
+    return Reply(encode_message(correlation_id, header, data))
+
+
+def _segment_gone(correlation_id: int, partition: Partition, reason: str) -> Reply:
+    error = OffsetOutOfRangeError(f"{partition.name}: {reason}").to_error_body()
+    response = SegmentFetchResponse(0, 0, partition.log_start, partition.record.leader_epoch, error)
+    return Reply(encode_message(correlation_id, response))
+
+
+def _listing(
+    partition: Partition, segments: tuple[SegmentSummary, ...], error: TidelogError | None = None
+) -> SegmentListResponse:
+    body = None if error is None else error.to_error_body()
+    return SegmentListResponse(
+        partition.high_watermark,
+        partition.log_start,
+        partition.log_end,
+        partition.record.leader_epoch,
+        segments,
+        body,
+    )
+
+
 def _check_follower(partition: Partition, replica_id: str, leader_epoch: int) -> TidelogError | None:
     """Why ``replica_id`` following at ``leader_epoch`` may not fetch from ``partition``; None when it may."""
     epoch = partition.record.leader_epoch
@@ -144,4 +223,6 @@ def _refuse(correlation_id: int, partition: Partition, error: TidelogError) -> R
 ROUTES: dict[int, Route] = {
     Op.REPLICA_FETCH: route(ReplicaFetchRequest, replica_fetch),
     Op.EPOCH_END_OFFSET: route(EpochEndOffsetRequest, epoch_end_offset),
+    Op.SEGMENT_LIST: route(SegmentListRequest, segment_list),
+    Op.SEGMENT_FETCH: route(SegmentFetchRequest, segment_fetch),
 }
