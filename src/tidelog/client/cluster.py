@@ -18,7 +18,13 @@ import contextlib
 import ssl as ssl_
 from collections.abc import Sequence
 
-from tidelog.api.errors import UnavailableError, UnknownPartitionError, UnknownStreamError, from_error_body
+from tidelog.api.errors import (
+    TidelogError,
+    UnavailableError,
+    UnknownPartitionError,
+    UnknownStreamError,
+    from_error_body,
+)
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
 from tidelog.api.wire.messages import BrokerInfo, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
 from tidelog.client.connection import Connection, ConnectionClosedError
@@ -32,6 +38,10 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"expected host:port, got {address!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+LEADER_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4)
+"""Seconds between attempts to find and reach a partition's leader (about 0.75 s in all: a failover)."""
 
 
 class Cluster:
@@ -109,18 +119,32 @@ class Cluster:
         return info
 
     async def leader_connection(self, stream: str, partition: int, *, dedicated: bool = False) -> Connection:
-        """A connection to the leader of ``stream``/``partition``; a new, unshared one when ``dedicated``."""
-        info = await self.partition(stream, partition)
-        if info.leader is None:
-            info = await self.partition(stream, partition, refresh=True)
-        if info.leader is None:
-            raise UnavailableError(f"{stream}/{partition} has no leader right now")
-        broker = self.broker(info.leader)
-        if not dedicated:
-            return await self.connection(broker.host, broker.port)
-        connection = await self._open(broker.host, broker.port)
-        self._dedicated.add(connection)
-        return connection
+        """A connection to the leader of ``stream``/``partition``; a new, unshared one when ``dedicated``.
+
+        A leader that cannot be reached, or no leader at all, is usually a failover in progress: the cached
+        metadata is dropped and asked for again, a few times with a short backoff, before giving up.
+        """
+        failure: TidelogError | None = None
+        for attempt, delay in enumerate((*LEADER_RETRY_DELAYS, None)):
+            info = await self.partition(stream, partition, refresh=attempt > 0)
+            if info.leader is None:
+                failure = UnavailableError(f"{stream}/{partition} has no leader right now")
+            else:
+                try:
+                    broker = self.broker(info.leader)
+                    if not dedicated:
+                        return await self.connection(broker.host, broker.port)
+                    connection = await self._open(broker.host, broker.port)
+                    self._dedicated.add(connection)
+                    return connection
+                except (ConnectionClosedError, UnavailableError) as exc:
+                    failure = exc
+            self.forget(stream)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        assert failure is not None
+        raise failure
 
     async def release(self, connection: Connection) -> None:
         """Close a dedicated connection."""

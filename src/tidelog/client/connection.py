@@ -150,7 +150,10 @@ class Connection(asyncio.BufferedProtocol):
         if timeout is None:
             return await future
         try:
-            return await asyncio.wait_for(future, timeout)
+            # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives just as the
+            # response does, and a caller being stopped (a replica fetcher) would then run on.
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError:
             raise RequestTimeoutError(f"no response from {self.address} within {timeout:.3f}s") from None
 

@@ -61,6 +61,8 @@ class Sender:
         """Send what ``buffer`` may send now; look up its leader first if it has no live connection."""
         connection = buffer.connection
         if connection is None or connection.closed:
+            if connection is not None:  # the leader went away: its metadata is stale too
+                self._cluster.forget(buffer.key[0])
             buffer.connection = None
             if not buffer.resolving and (buffer.ready or buffer.retry or buffer.open is not None):
                 buffer.resolving = True

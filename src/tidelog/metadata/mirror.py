@@ -79,7 +79,8 @@ class MetadataMirror:
                 await self._changed.wait_for(lambda: predicate(self._snapshot))
                 return self._snapshot
 
-        return await asyncio.wait_for(wait(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: see client.connection.Connection.request
+            return await wait()
 
     async def _follow(self) -> None:
         async for event in self._watch:

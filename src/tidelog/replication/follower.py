@@ -255,9 +255,14 @@ class ReplicaFetcher:
         """Cancel the task, wait for it, close the connection. Idempotent; the log stays open (the caller's)."""
         self._stopped = True
         task, self._task = self._task, None
-        if task is not None and not task.done():
+        # Cancel until it is done: one cancellation can be lost inside a library call that completes at the
+        # same moment (asyncio.wait_for on Python 3.11), and a fetcher that ran on would hold up the caller
+        # (the partition manager, and with it every metadata change) forever. The loop also checks _stopped.
+        for _ in range(100):
+            if task is None or task.done():
+                break
             task.cancel()
-            await asyncio.wait((task,))
+            await asyncio.wait((task,), timeout=0.5)
         await self._disconnect()
         self._set_state(FetcherState.STOPPED)
 
@@ -266,7 +271,7 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         resume = FetcherState.CONNECTING
         try:
-            while True:
+            while not self._stopped:
                 self._set_state(resume)
                 try:
                     if resume is FetcherState.CONNECTING:
