@@ -5,6 +5,12 @@ is the controller calls it in process; any other broker sends the request over t
 the election names, marked ``forwarded`` so that a receiver which has just lost the election answers
 "not the controller" instead of forwarding again (a request never travels in circles). A request that finds
 no controller (mid-election) or a stale one is retried, with a short backoff, until its timeout.
+
+A dead controller is noticed the way a dead leader is: when the controller's wire port *refuses* connections
+(no process listens there; a paused one would still accept), any broker revokes the controller key's lease and
+the dead broker's registration lease. A new controller is then elected at once and fails the dead broker's
+partitions over, instead of everyone waiting for the leases to lapse. Wrong judgement cannot do harm: a live
+broker re-registers, and a live controller's next fenced write simply fails and it campaigns again.
 """
 
 from __future__ import annotations
@@ -24,9 +30,14 @@ from tidelog.api.wire.messages import (
     ReportUnreachableRequest,
 )
 from tidelog.broker.peers import Peers
+from tidelog.client.connection import ConnectionClosedError
+from tidelog.metadata.controller import probe_refused
 from tidelog.metadata.controller_plans import AlterIsrError
 from tidelog.metadata.fenced_writer import ControllerError
-from tidelog.metadata.records import PartitionRecord
+from tidelog.metadata.lease_session import is_lease_not_found
+from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_controller
+
+PROBE_TIMEOUT = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +78,22 @@ class Election(Protocol):
 class ControllerLink:
     """Calls the controller: locally when this broker holds the term, over the wire otherwise."""
 
-    def __init__(self, broker_id: str, election: Election, controller: Any, peers: Peers) -> None:
+    def __init__(
+        self,
+        broker_id: str,
+        election: Election,
+        controller: Any,
+        peers: Peers,
+        *,
+        etcd: Any = None,
+        keys: Keys | None = None,
+    ) -> None:
         self.broker_id = broker_id
         self._election = election
         self.controller = controller  # tidelog.metadata.controller.Controller; usable while elected
         self._peers = peers
+        self._etcd = etcd  # for revoking a dead controller's leases (None: never)
+        self._keys = keys or Keys()
 
     @property
     def is_local(self) -> bool:
@@ -136,11 +158,51 @@ class ControllerLink:
         try:
             if self.is_local:
                 await self.controller.report_unreachable(self.broker_id, broker_id)
-            else:
+                return
+            controller = self._remote()
+            if controller == broker_id:  # the unreachable leader is the controller itself
+                await self.check_controller(controller)
+                return
+            try:
                 request = ReportUnreachableRequest(self.broker_id, broker_id)
-                await self._peers.request(self._remote(), request, timeout=2.0)
+                await self._peers.request(controller, request, timeout=2.0)
+            except ConnectionClosedError:
+                await self.check_controller(controller)
         except Exception as exc:
             log.debug("could not report %s unreachable: %s", broker_id, exc)
+
+    async def check_controller(self, controller_id: str) -> bool:
+        """If ``controller_id``'s wire port refuses connections, revoke its controller and broker leases (see
+        the module docstring); True when something was revoked."""
+        if self._etcd is None:
+            return False
+        record = self._peers.broker_record(controller_id)
+        if record is None or await probe_refused(record, PROBE_TIMEOUT) is not None:
+            return False
+        revoked = False
+        held = await self._etcd.get(self._keys.controller())
+        if held is not None and held.lease and decode_controller(bytes(held.value)).broker_id == controller_id:
+            revoked |= await self._revoke(int(held.lease))
+        registered = await self._etcd.get(self._keys.broker(controller_id))
+        if registered is not None and registered.lease and decode_broker(bytes(registered.value)) == record:
+            revoked |= await self._revoke(int(registered.lease))
+        if revoked:
+            log.warning(
+                "controller %s refused connections on %s:%d; revoked its leases",
+                controller_id,
+                record.host,
+                record.wire_port,
+            )
+        return revoked
+
+    async def _revoke(self, lease: int) -> bool:
+        try:
+            await self._etcd.revoke_lease(lease)
+        except Exception as error:
+            if not is_lease_not_found(error):
+                raise
+            return False
+        return True
 
     async def controlled_shutdown(self, timeout: float) -> int:
         """Ask the controller to move this broker's leaderships away; the partitions it still leads."""

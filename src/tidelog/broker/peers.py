@@ -16,6 +16,7 @@ from tidelog.api.errors import UnavailableError
 from tidelog.api.wire.frames import BytesLike
 from tidelog.api.wire.messages import Header
 from tidelog.client.connection import Connection, Response
+from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 
 PEER_CONNECT_TIMEOUT = 2.0
@@ -28,6 +29,9 @@ class Peers:
         self._snapshot = snapshot
         self._connections: dict[str, tuple[str, Connection]] = {}
         self._opening: dict[str, asyncio.Future[Connection]] = {}
+
+    def broker_record(self, broker_id: str) -> BrokerRecord | None:
+        return self._snapshot().brokers.get(broker_id)
 
     def address_of(self, broker_id: str) -> str:
         broker = self._snapshot().brokers.get(broker_id)

@@ -134,7 +134,7 @@ class Broker:
                 unclean_default=cfg.default_unclean_leader_election,
                 balance_interval=cfg.leader_balance_interval_ms / 1000,
             )
-            self.link = ControllerLink(self.id, self.election, self.controller, self.peers)
+            self.link = ControllerLink(self.id, self.election, self.controller, self.peers, etcd=self.etcd, keys=keys)
             self.manager = PartitionManager(
                 self.id,
                 cfg.data_dir,

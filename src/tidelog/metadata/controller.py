@@ -438,7 +438,7 @@ class Controller:
         record = self._latest.brokers.get(broker_id)
         if record is None:
             return ProbeOutcome.NOT_REGISTERED
-        outcome = await _try_connect(record, self._probe_timeout)
+        outcome = await probe_refused(record, self._probe_timeout)
         if outcome is not None:
             return outcome
         found = await self._client.get(self._keys.broker(broker_id))
@@ -480,7 +480,24 @@ class Controller:
         )
 
 
-async def _try_connect(record: BrokerRecord, timeout: float) -> ProbeOutcome | None:
+PROBE_DELAYS = (0.0, 0.1, 0.25, 0.5)
+"""A dying process's listening socket may still complete a connect for a moment after its connections were
+reset (the kernel closes a killed process's descriptors one by one), so one successful connect right after a
+report proves little: the port is probed a few times over most of a second."""
+
+
+async def probe_refused(record: BrokerRecord, timeout: float) -> ProbeOutcome | None:
+    """None as soon as one of a few connects (:data:`PROBE_DELAYS`) is refused; else the last outcome."""
+    outcome: ProbeOutcome | None = ProbeOutcome.NO_ANSWER
+    for delay in PROBE_DELAYS:
+        await asyncio.sleep(delay)
+        outcome = await try_connect(record, timeout)
+        if outcome is None:
+            return None
+    return outcome
+
+
+async def try_connect(record: BrokerRecord, timeout: float) -> ProbeOutcome | None:
     """Connect to the broker's wire port: None when the connection was refused, what it means otherwise."""
     try:
         async with asyncio.timeout(timeout):
