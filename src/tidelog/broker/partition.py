@@ -95,6 +95,7 @@ class Partition:
         self._checkpointed = -1
         self._tasks: list[asyncio.Task[None]] = []
         log_.add_write_listener(self._log_end.advance)
+        log_.flusher.allow_inline = len(record.replicas) == 1  # see Flusher.allow_inline
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
@@ -256,6 +257,7 @@ class Partition:
             return
         self._closed = True
         self.log.remove_write_listener(self._log_end.advance)
+        self.log.flusher.allow_inline = True
         tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]
         for task in tasks:
             task.cancel()

@@ -274,6 +274,9 @@ class Flusher:
         """Completed group fsync rounds, inline ones included (for tests and metrics)."""
         self.inline_rounds = 0
         """Completed rounds that ran inline on the loop thread (for tests and metrics)."""
+        self.allow_inline = True
+        """False: every round runs on the worker. A replicated partition's leader sets it, so that followers
+        woken by a write fetch it while the leader's fsync runs, instead of after an fsync blocking the loop."""
         self.sync_ewma_ns = 0.0
         """Moving average of this flusher's fsync rounds, in ns of its clock (inline and worker)."""
         self._dirty: dict[Syncable, None] = {}  # insertion-ordered set
@@ -356,7 +359,8 @@ class Flusher:
 
     def _may_sync_inline(self) -> bool:
         return (
-            self.policy is FlushPolicy.ALWAYS
+            self.allow_inline
+            and self.policy is FlushPolicy.ALWAYS
             and len(self._dirty) == 1
             and not self._dirty_directories
             and self._dirty_bytes <= INLINE_MAX_BYTES

@@ -251,7 +251,7 @@ class Log:
 
     @property
     def flusher(self) -> Flusher:
-        """The flush coordinator (read-only use: ``fsync_rounds``, ``durable``, ``failed``)."""
+        """The flush coordinator (read: ``fsync_rounds``, ``durable``, ``failed``; set: ``allow_inline``)."""
         return self._flusher
 
     @property
