@@ -59,3 +59,14 @@ def test_streams_created_one_after_another_spread_their_leaders() -> None:
 def test_more_replicas_than_brokers_is_refused() -> None:
     with pytest.raises(InvalidArgumentError):
         place_replicas(["a", "b"], 1, 3)
+
+
+def test_streams_spread_their_preferred_leaders_when_every_broker_holds_every_partition() -> None:
+    brokers = ["b0", "b1", "b2"]
+    leaders: dict[str, int] = {}
+    firsts = []
+    for _ in range(3):
+        (replicas,) = place_replicas(brokers, 1, 3, {b: 1 for b in brokers}, leaders)
+        firsts.append(replicas[0])
+        leaders[replicas[0]] = leaders.get(replicas[0], 0) + 1
+    assert sorted(firsts) == brokers

@@ -156,13 +156,15 @@ class StreamAdmin:
         if config.min_isr is not None and config.min_isr > rf:
             raise InvalidArgumentError(f"minIsr {config.min_isr} is above the replication factor {rf}")
         load: dict[str, int] = {}
+        leaders: dict[str, int] = {}
         for p in snap.partitions.values():
+            leaders[p.replicas[0]] = leaders.get(p.replicas[0], 0) + 1
             for r in p.replicas:
                 load[r] = load.get(r, 0) + 1
         record = StreamRecord(name, subject, group, partitions, rf, time.time_ns(), config)
         parts = [
             PartitionRecord(name, i, replicas, replicas[0], replicas)
-            for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load))
+            for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load, leaders))
         ]
         outcome = await call_controller(writer.create_stream(record, parts))
         if outcome is CreateOutcome.CONFLICT:

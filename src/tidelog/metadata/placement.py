@@ -1,9 +1,10 @@
 """Replica placement: which brokers hold each partition of a new stream, and which one leads.
 
 Replicas go on distinct brokers. Partitions are laid out round-robin from a starting broker chosen to be the one
-with the fewest partitions already, so streams created one after another spread their load (and their
-preferred leaders, the first replica of each partition) across the cluster instead of piling onto the
-alphabetically first broker.
+that is the preferred leader (first replica) of the fewest partitions already, then the one holding the fewest
+replicas, so streams created one after another spread their leaders and their load across the cluster instead
+of piling onto the alphabetically first broker (with a replication factor equal to the number of brokers every
+broker holds every partition, and only the leader count tells them apart).
 """
 
 from __future__ import annotations
@@ -30,14 +31,22 @@ def resolve_replication_factor(requested: int, live_brokers: int) -> int:
 
 
 def place_replicas(
-    brokers: Sequence[str], partitions: int, replication_factor: int, load: Mapping[str, int] | None = None
+    brokers: Sequence[str],
+    partitions: int,
+    replication_factor: int,
+    load: Mapping[str, int] | None = None,
+    leaders: Mapping[str, int] | None = None,
 ) -> list[tuple[str, ...]]:
-    """Replica lists for ``partitions`` partitions; the first replica of each is its preferred leader."""
+    """Replica lists for ``partitions`` partitions; the first replica of each is its preferred leader.
+
+    ``leaders`` counts the partitions each broker is already the preferred leader of, ``load`` the replicas it
+    already holds."""
     if replication_factor > len(brokers):
         raise InvalidArgumentError(f"cannot place {replication_factor} replicas on {len(brokers)} brokers")
     ordered = sorted(brokers)
     load = load or {}
-    start = min(range(len(ordered)), key=lambda i: (load.get(ordered[i], 0), i))
+    leaders = leaders or {}
+    start = min(range(len(ordered)), key=lambda i: (leaders.get(ordered[i], 0), load.get(ordered[i], 0), i))
     placements: list[tuple[str, ...]] = []
     for p in range(partitions):
         first = (start + p) % len(ordered)
