@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tidelog.api.errors import (
     NotEnoughReplicasError,
@@ -148,9 +149,10 @@ class Partition:
                 self._propose_isr((*self.record.isr, replica))
         return True
 
-    async def wait_for_log_end(self, offset: int, timeout: float) -> bool:
-        """Long-poll for followers: wait until the log holds ``offset`` (written, maybe not yet fsynced)."""
-        return await self._log_end.wait_beyond(offset, timeout)
+    async def wait_for_log_end(self, offset: int, timeout: float, until: asyncio.Future[Any] | None = None) -> bool:
+        """Long-poll for followers: wait until the log holds ``offset`` (written, maybe not yet fsynced), at most
+        ``timeout`` seconds or until ``until`` resolves (the follower's session winds down); False if not."""
+        return await self._log_end.wait_beyond(offset, timeout, until=until)
 
     def _propose_isr(self, isr: tuple[str, ...]) -> None:
         """Ask the controller for a new ISR, one request at a time; the change applies when it reaches the

@@ -71,17 +71,27 @@ H = TypeVar("H", bound=Header)
 Handler = Callable[[HandlerEnv, int, Any, memoryview], Coroutine[Any, Any, Reply]]
 
 
+Admit = Callable[[HandlerEnv, Any], None]
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
-    """The request header type of an op and the coroutine that serves it."""
+    """The request header type of an op, the coroutine that serves it, and optionally what to do the moment
+    the request is read (``admit``), before its handler task first runs a turn of the loop later."""
 
     request: type[Header]
     handle: Handler
+    admit: Admit | None = None
 
 
-def route(request: type[H], handle: Callable[[HandlerEnv, int, H, memoryview], Coroutine[Any, Any, Reply]]) -> Route:
-    """A :class:`Route`, checked by mypy to pair a header type with a handler taking exactly that type."""
-    return Route(request, handle)
+def route(
+    request: type[H],
+    handle: Callable[[HandlerEnv, int, H, memoryview], Coroutine[Any, Any, Reply]],
+    admit: Callable[[HandlerEnv, H], None] | None = None,
+) -> Route:
+    """A :class:`Route`, checked by mypy to pair a header type with a handler (and an ``admit`` hook: it must
+    not raise, and the handler must not depend on it having run) taking exactly that type."""
+    return Route(request, handle, admit)
 
 
 def frame_with_file(op: int, correlation_id: int, header: Header, file: FileRange) -> Reply:

@@ -2,12 +2,15 @@
 
 Followers pull. A follower's REPLICA_FETCH names the offset it wants next, which is its log end: that is its
 acknowledgement of everything below (with flush ``always``, fsynced before it asked), and the leader records it
-with :meth:`Partition.replica_fetched` *before* long-polling, so the high watermark moves as soon as the
-request arrives, not when the next batch does. The answer carries batches from that offset up to the log
+with :meth:`Partition.replica_fetched` as the session reads the request (:func:`acknowledge`, the route's
+``admit`` hook), before the handler even runs, so the high watermark moves as soon as the request arrives,
+not when the next batch does. The answer carries batches from that offset up to the log
 *end* (followers copy uncommitted batches too: that is what lets them acknowledge them), exactly as stored,
 plus the leader's high watermark, bounds and epoch. At the tail the fetch long-polls on
 :meth:`Partition.wait_for_log_end`, which is woken when a write reaches the file, before its fsync: the
-leader's fsync and the followers' copy overlap instead of adding up.
+leader's fsync and the followers' copy overlap instead of adding up. The long-poll is one future awaited by
+the handler (no task of its own), and its reply goes out from the handler task (the session's fast path), so
+a write reaches both followers' sockets in the loop turn after it, one fetch right after the other.
 
 What is refused, and how (errors inside the response, so the follower also learns the leader's epoch and
 bounds without another round trip; a broker that does not lead at all answers with an error frame, from
@@ -77,8 +80,10 @@ async def replica_fetch(
         )
         return _refuse(correlation_id, partition, error)
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
-    if offset >= partition.log_end and request.max_wait_ms:
-        await _long_poll(env, partition, offset, request.max_wait_ms / 1000)
+    if offset >= partition.log_end and request.max_wait_ms and not env.winding_down.done():
+        # Until the log holds more, the wait times out, or the session winds down (server stopping or follower
+        # gone), as fetch._long_poll does for the high watermark; a partition closing raises UNAVAILABLE.
+        await partition.wait_for_log_end(offset, request.max_wait_ms / 1000, env.winding_down)
     end = partition.log_end
     if offset >= end:
         return Reply(encode_message(correlation_id, _bounds(partition)))
@@ -91,6 +96,24 @@ async def replica_fetch(
         return frame_with_file(Op.REPLICA_FETCH, correlation_id, _bounds(partition), file)
     data = log.read(offset, max_bytes, max_offset=end)
     return Reply(encode_message(correlation_id, _bounds(partition), data))
+
+
+def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
+    """Take a fetch's acknowledgement the moment the session reads it (the route's ``admit`` hook), a turn of
+    the loop before its handler task runs: the high watermark, and the acks-ALL produce waiting for it, move
+    that much sooner (1 KiB acks-ALL writes, 3 brokers on 2 cores: 30–50 µs from reading the fetch to its
+    handler). The same checks as :func:`replica_fetch`, which records it again (harmlessly) and answers any
+    refusal; a refused fetch acknowledges nothing."""
+    try:
+        partition = env.broker.manager.leader_of(request.stream, request.partition)
+    except TidelogError:
+        return
+    offset = request.offset
+    if (
+        _check_follower(partition, request.replica_id, request.leader_epoch) is None
+        and partition.log_start <= offset <= partition.log_end
+    ):
+        partition.replica_fetched(request.replica_id, offset)
 
 
 async def epoch_end_offset(
@@ -194,21 +217,6 @@ def _check_follower(partition: Partition, replica_id: str, leader_epoch: int) ->
     return None
 
 
-async def _long_poll(env: HandlerEnv, partition: Partition, offset: int, timeout: float) -> None:
-    """Wait until the log holds ``offset``, ``timeout`` passes, or the session winds down (server stopping or
-    follower gone), as :func:`tidelog.api.wire.fetch._long_poll` does for the high watermark."""
-    if env.winding_down.done():
-        return
-    waiter = asyncio.ensure_future(partition.wait_for_log_end(offset, timeout))
-    try:
-        await asyncio.wait((waiter, env.winding_down), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not waiter.done():
-            waiter.cancel()
-    if waiter.done() and not waiter.cancelled():
-        waiter.result()  # re-raise a failure (the partition closing: UNAVAILABLE)
-
-
 def _bounds(partition: Partition, error: TidelogError | None = None) -> ReplicaFetchResponse:
     body = None if error is None else error.to_error_body()
     return ReplicaFetchResponse(
@@ -221,7 +229,7 @@ def _refuse(correlation_id: int, partition: Partition, error: TidelogError) -> R
 
 
 ROUTES: dict[int, Route] = {
-    Op.REPLICA_FETCH: route(ReplicaFetchRequest, replica_fetch),
+    Op.REPLICA_FETCH: route(ReplicaFetchRequest, replica_fetch, acknowledge),
     Op.EPOCH_END_OFFSET: route(EpochEndOffsetRequest, epoch_end_offset),
     Op.SEGMENT_LIST: route(SegmentListRequest, segment_list),
     Op.SEGMENT_FETCH: route(SegmentFetchRequest, segment_fetch),

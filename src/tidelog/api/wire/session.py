@@ -15,7 +15,14 @@ Fast path. A request whose reply is ready while its slot is first in the FIFO, t
 the transport's buffer is empty, writes its reply itself, from its handler task, and leaves the FIFO: that
 saves the loop turn of waking the writer, which matters for one request at a time (a producer awaiting every
 ack). Order is kept (only the first slot may take it, and only while nothing else is being written) and so is
-backpressure (a non-empty transport buffer sends replies through the writer, which drains).
+backpressure (a non-empty transport buffer sends replies through the writer, which drains). A reply with a
+file range (a fetch) takes the fast path too: that is a replica fetch woken by a write, on the replicated
+write's critical path. A small range (:data:`SMALL_FILE_BYTES`) is copied into the frame's single ``writev``
+rather than sent with ``os.sendfile`` after it.
+
+Admission. A route may have an ``admit`` hook that the reader runs as it reads the request, before the
+handler's task gets its first turn of the loop: a replica fetch's acknowledgement moves the high watermark
+from there (:func:`tidelog.api.wire.replica.acknowledge`).
 
 Winding down. When the peer closes its side (EOF), the stream breaks, or the server stops, no further request
 will come: long-polling fetches in progress answer at once (empty) instead of holding the connection open
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -48,12 +56,13 @@ from tidelog.api.errors import (
 from tidelog.api.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
 from tidelog.api.wire.messages import decode_as, encode_error
-from tidelog.api.wire.zerocopy import send_range
+from tidelog.api.wire.zerocopy import ShortFileError, send_range
 from tidelog.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
 READ_SIZE = 256 * 1024
+SMALL_FILE_BYTES = 16 * 1024  # a file range up to this size is copied into the reply's writev, not sendfile'd
 
 
 @dataclass(slots=True)
@@ -171,6 +180,8 @@ class Session:
         except (ProtocolError, TidelogError) as exc:
             self._push(cid, op, 0, _done(self._error_reply(cid, op, exc)))
             return
+        if handler.admit is not None:
+            handler.admit(self._env, header)
         task: asyncio.Task[Reply] = asyncio.get_running_loop().create_task(
             self._handle(handler.handle(self._env, cid, header, frame.payload))
         )
@@ -180,8 +191,7 @@ class Session:
         """Run one handler; write its reply at once if nothing comes before it (the fast path, module doc)."""
         reply = await request
         if (
-            reply.file is None
-            and not self._sending
+            not self._sending
             and self._slots
             and (slot := self._slots[0]).reply is asyncio.current_task()
             and self._writer.transport.get_write_buffer_size() == 0
@@ -192,11 +202,29 @@ class Session:
             self._room.set()
             slot.written = True
             try:
-                self._writer.writelines(reply.buffers)
+                if reply.file is None:
+                    self._writer.writelines(reply.buffers)
+                else:
+                    await self._send_file_now(reply)
             except (ConnectionError, OSError, RuntimeError) as exc:
                 log.debug("wire connection %s: write failed: %s", self.peer, exc)
                 self.abort()
         return reply
+
+    async def _send_file_now(self, reply: Reply) -> None:
+        """The fast path for a reply with a file range (a woken replica fetch): sent from the handler
+        task, as the writer would, marked as sending so that no other reply interleaves while it may wait.
+
+        Through the writer, a woken replica fetch reached the socket 100–190 µs after its handler returned on
+        a 2-core machine running three brokers (one more loop turn, behind the other follower's); here the
+        prefix and the 1 KiB range usually go out at once (uvloop writes straight to an empty socket buffer).
+        """
+        self._sending = True
+        try:
+            await self._send(reply)
+        finally:
+            self._sending = False
+            reply.close()
 
     def _push(self, cid: int, op: int, nbytes: int, reply: asyncio.Future[Reply]) -> None:
         self._slots.append(_Slot(cid, op, nbytes, reply))
@@ -242,9 +270,21 @@ class Session:
                 self._reader_task.cancel()  # nobody would answer what it reads
 
     async def _send(self, reply: Reply) -> None:
-        self._writer.writelines(reply.buffers)
-        if reply.file is not None:
-            await send_range(self._writer, self._socket_fd, reply.file)
+        file = reply.file
+        if file is not None and file.length <= SMALL_FILE_BYTES:
+            # A small range (a follower or consumer at the tail: one or a few batches) is read and written with
+            # its frame in one writev: one segment on the wire and one wake-up of the reader, where the frame
+            # then sendfile cost two of each. 1 KiB replica fetches, 3 brokers on 2 cores: the leader's answer
+            # took 60–110 µs from the handler's return to the socket that way, 20–40 µs this way. The bytes
+            # are in the page cache (just written or just read); zero copy pays off for large ranges only.
+            data = os.pread(file.fd, file.length, file.position)
+            if len(data) != file.length:
+                raise ShortFileError(f"{file.path} ended {file.length - len(data)} bytes before its range")
+            self._writer.writelines([*reply.buffers, data])
+        else:
+            self._writer.writelines(reply.buffers)
+            if file is not None:
+                await send_range(self._writer, self._socket_fd, file)
         await self._writer.drain()
 
     def _error_reply(self, cid: int, op: int, exc: BaseException) -> Reply:
