@@ -91,3 +91,18 @@ async def test_wait_beyond_without_a_timeout_waits_for_the_advance() -> None:
     assert not waiter.done()
     hw.replica_caught_up_to("a", 3)
     assert await asyncio.wait_for(waiter, 5)
+
+
+def test_the_hw_holds_while_the_isr_is_below_min_isr() -> None:
+    hw = HighWatermark("a", ["a", "b", "c"], 0, min_isr=2)
+    hw.replica_caught_up_to("a", 5)
+    hw.replica_caught_up_to("b", 5)
+    hw.replica_caught_up_to("c", 3)
+    assert hw.value == 3
+    hw.set_isr(["a"])  # both followers gone: a write appended meanwhile must not commit on the leader alone
+    assert hw.value == 3
+    hw.replica_caught_up_to("a", 9)
+    assert hw.value == 3
+    hw.set_isr(["a", "b"])  # b is back in the ISR at the HW it was known at; its next fetch moves the HW
+    hw.replica_caught_up_to("b", 9)
+    assert hw.value == 9

@@ -87,7 +87,7 @@ class Partition:
         # knew (checkpointed as a follower or an earlier leader): what lies above was never known committed,
         # and becomes visible only once the ISR has it again.
         start_hw = log_.end_offset if initial_hw is None else min(initial_hw, log_.end_offset)
-        self._hw = HighWatermark(broker_id, record.isr or (broker_id,), start_hw)
+        self._hw = HighWatermark(broker_id, record.isr or (broker_id,), start_hw, min_isr=min_isr)
         self._hw.replica_caught_up_to(broker_id, log_.end_offset)
         self._log_end = OffsetWaiters(log_.end_offset)
         self.followers = Followers(broker_id, record.replicas, time.monotonic_ns())

@@ -4,6 +4,11 @@ The high watermark (HW) is the offset *after* the last committed record: every o
 every in-sync replica (and, with flush ``always``, fsynced there), so readers see only offsets below the HW.
 HW = the lowest log end offset across the ISR; with one replica it is simply the leader's durable log end.
 
+While the ISR is smaller than ``min_isr`` the HW does not move at all (Rama's min-ISR stall): a write that was
+appended while the ISR was full and is still waiting for its acks must not become committed — acknowledged,
+and visible — just because the ISR shrank to the leader alone. It waits (and times out) instead, and becomes
+visible once enough replicas hold it again.
+
 Producers with acks ``ALL`` wait for the HW to pass their last offset; consumers long-poll for it to move.
 Waiters sit in a heap keyed by the offset they need, so an advance wakes exactly those it satisfies rather than
 every waiter on the partition.
@@ -20,8 +25,9 @@ from collections.abc import Iterable
 class HighWatermark:
     """Tracks the ISR's log end offsets and the HW they imply."""
 
-    def __init__(self, leader_id: str, isr: Iterable[str], initial_hw: int) -> None:
+    def __init__(self, leader_id: str, isr: Iterable[str], initial_hw: int, *, min_isr: int = 1) -> None:
         self._leader_id = leader_id
+        self._min_isr = min_isr
         self._ends: dict[str, int] = {replica: initial_hw for replica in isr}
         self._ends.setdefault(leader_id, initial_hw)
         self._hw = initial_hw
@@ -45,6 +51,8 @@ class HighWatermark:
             self._recompute()
 
     def _recompute(self) -> None:
+        if len(self._ends) < self._min_isr:
+            return  # below min_isr nothing new commits (module docstring)
         hw = min(self._ends.values())
         if hw <= self._hw:
             return  # the HW never goes back

@@ -597,7 +597,11 @@ async def _main(argv: list[str]) -> int:
     passed: dict[str, int] = dict.fromkeys(names, 0)
     for i in range(args.repeat):
         for name in names:
-            report = await SCENARIOS[name](root / f"{name}-{i}", profile)
+            try:
+                report = await SCENARIOS[name](root / f"{name}-{i}", profile)
+            except Exception as exc:  # a cluster that did not start, a scenario step that raised: one failed run
+                print(f"{name}: ERROR in run {i}: {exc!r}", flush=True)
+                continue
             print(report, flush=True)
             passed[name] += report.ok
     print("passed: " + ", ".join(f"{n} {passed[n]}/{args.repeat}" for n in names))

@@ -8,8 +8,8 @@ They use the public client as a careful user would, and classify every outcome t
   ``NOT_ENOUGH_REPLICAS`` is ``failed``: the producer retries only those two, and the broker raises both before
   it appends anything, so a record whose *last* attempt got one of them was never stored. Anything else (lost
   connection, TIMEOUT, UNAVAILABLE, no answer at all) is ``indeterminate``.
-- The producer retries refusals itself but gives up on a lost connection, and its cached metadata still names
-  the dead leader afterwards; a paused leader never answers at all. So after any failure, or when the oldest
+- The producer retries refusals itself but fails the records of a lost connection (they may be stored), and
+  it has no delivery timeout: a paused leader never answers at all. So after any failure, or when the oldest
   record in flight has waited ``stall_timeout``, the load abandons that producer (closing its connections fails
   whatever it still waits for) and carries on with a new one bootstrapped from the brokers currently up.
 - :class:`TailConsumer` follows the stream from the start and records each record with the high watermark of
@@ -329,20 +329,34 @@ class TailConsumer:
 
 
 async def read_all(bootstrap: Bootstrap, stream: str, timeout: float) -> dict[int, list[tuple[int, bytes]]]:
-    """Every committed record of every partition, from the start to the HW as the leaders report it now."""
+    """Every committed record of every partition, from the start to the HW as the leaders report it now.
+
+    Leadership may move while it reads (balancing): a retriable error starts the read over, until ``timeout``.
+    """
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await _read_all_once(bootstrap, stream)
+            except TidelogError as exc:
+                if not exc.retriable:
+                    raise
+                log.info("reading %s again after %r", stream, exc)
+                await asyncio.sleep(RESTART_BACKOFF)
+
+
+async def _read_all_once(bootstrap: Bootstrap, stream: str) -> dict[int, list[tuple[int, bytes]]]:
     cluster = _cluster(bootstrap)
     out: dict[int, list[tuple[int, bytes]]] = {}
     try:
-        async with asyncio.timeout(timeout):
-            info = await cluster.stream(stream, refresh=True)
-            for p in info.partitions:
-                records = out.setdefault(p.id, [])
-                consumer = Consumer(stream=stream, cluster=cluster, partitions=[p.id], stop_at_end=True)
-                try:
-                    async for record in consumer:
-                        records.append((record.offset, record.value or b""))
-                finally:
-                    await consumer.close()
+        info = await cluster.stream(stream, refresh=True)
+        for p in info.partitions:
+            records = out.setdefault(p.id, [])
+            consumer = Consumer(stream=stream, cluster=cluster, partitions=[p.id], stop_at_end=True)
+            try:
+                async for record in consumer:
+                    records.append((record.offset, record.value or b""))
+            finally:
+                await consumer.close()
     finally:
         await cluster.close()
     return out
