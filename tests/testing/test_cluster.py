@@ -109,15 +109,6 @@ async def test_stop_leaves_no_process(cluster: LocalCluster) -> None:
     assert cluster.bootstrap() == []
 
 
-async def test_proxied_needs_an_advertised_wire_port(tmp_path: Path) -> None:
-    from tidelog.testing.cluster import _advertise_key
-
-    if _advertise_key() is not None:
-        pytest.skip("BrokerConfig advertises wire ports: proxied clusters are available")
-    with pytest.raises(NotImplementedError, match="advertise"):
-        LocalCluster(tmp_path, 1, proxied=True)
-
-
 def _state(pid: int | None) -> str:
     assert pid is not None
     stat = Path(f"/proc/{pid}/stat").read_text()
