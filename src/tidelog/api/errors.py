@@ -29,7 +29,11 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── UnsupportedError          UNSUPPORTED           UNIMPLEMENTED
      ├── PermissionDeniedError     PERMISSION_DENIED     PERMISSION_DENIED
      ├── UnknownGroupError         UNKNOWN_GROUP         NOT_FOUND
-     └── StaleGroupEpochError      STALE_GROUP_EPOCH     FAILED_PRECONDITION   retriable: refetch assignments
+     ├── StaleGroupEpochError      STALE_GROUP_EPOCH     FAILED_PRECONDITION   retriable: refetch assignments
+     ├── OutOfOrderSequenceError   OUT_OF_ORDER_SEQUENCE ABORTED               re-initialize the producer
+     ├── ProducerFencedError       PRODUCER_FENCED       FAILED_PRECONDITION   a newer instance took over: stop
+     ├── UnknownProducerError      UNKNOWN_PRODUCER      FAILED_PRECONDITION   re-initialize the producer
+     └── DuplicateInFlightError    DUPLICATE_IN_FLIGHT   UNAVAILABLE           retriable: after a backoff
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -42,6 +46,12 @@ should not retry until the system state has been fixed"):
   log and decide again, and replaying the same request would fail the same way.
 - NOT_LEADER and FENCED_LEADER_EPOCH are FAILED_PRECONDITION, as Liftbridge answers a subscribe to a follower:
   the state to fix is the client's stale view of who leads. They are retriable after a metadata refresh.
+- OUT_OF_ORDER_SEQUENCE is ABORTED, gRPC's own example ("a sequencer check failure"): the producer's sequence
+  numbers and the partition's disagree; it re-initializes (new epoch, sequence 0) and decides what to resend.
+- PRODUCER_FENCED and UNKNOWN_PRODUCER are FAILED_PRECONDITION: the same request can never succeed. A fenced
+  producer was replaced by a newer instance of its name and must stop; an unknown one re-initializes first.
+- DUPLICATE_IN_FLIGHT is UNAVAILABLE and retriable: the very batch is being written right now, and repeating
+  the same call after a backoff gets its offsets (or a real outcome), as NOT_ENOUGH_REPLICAS is retried.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -87,6 +97,10 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 18
     UNKNOWN_GROUP = 19
     STALE_GROUP_EPOCH = 20
+    OUT_OF_ORDER_SEQUENCE = 21
+    PRODUCER_FENCED = 22
+    UNKNOWN_PRODUCER = 23
+    DUPLICATE_IN_FLIGHT = 24
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -156,6 +170,14 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _K.UNKNOWN),
     ErrorSpec(_C.UNKNOWN_GROUP, "no such consumer group", False, _S.NOT_FOUND, _A.NOT_FOUND, _K.UNKNOWN),
     ErrorSpec(_C.STALE_GROUP_EPOCH, "stale consumer group epoch", True, _S.FAILED_PRECONDITION, _A.UNKNOWN,
+              _K.UNKNOWN),
+    ErrorSpec(_C.OUT_OF_ORDER_SEQUENCE, "out-of-order producer sequence", False, _S.ABORTED, _A.BAD_REQUEST,
+              _K.UNKNOWN),
+    ErrorSpec(_C.PRODUCER_FENCED, "producer fenced by a newer epoch", False, _S.FAILED_PRECONDITION,
+              _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.UNKNOWN_PRODUCER, "unknown producer id", False, _S.FAILED_PRECONDITION, _A.BAD_REQUEST,
+              _K.UNKNOWN),
+    ErrorSpec(_C.DUPLICATE_IN_FLIGHT, "the same batch is being written", True, _S.UNAVAILABLE, _A.UNKNOWN,
               _K.UNKNOWN),
 )
 # fmt: on
@@ -287,6 +309,26 @@ class StaleGroupEpochError(TidelogError, code=ErrorCode.STALE_GROUP_EPOCH):
     """A consumer group request with an old group epoch: refetch assignments and retry."""
 
 
+class OutOfOrderSequenceError(TidelogError, code=ErrorCode.OUT_OF_ORDER_SEQUENCE):
+    """An idempotent batch that does not continue its producer's sequence (a gap, or a retry older than the
+    partition remembers): nothing was written; the producer re-initializes rather than guess."""
+
+
+class ProducerFencedError(TidelogError, code=ErrorCode.PRODUCER_FENCED):
+    """An idempotent batch from an epoch older than one the partition has seen for its producer id: a newer
+    instance of the same named producer took over, and this one must stop writing."""
+
+
+class UnknownProducerError(TidelogError, code=ErrorCode.UNKNOWN_PRODUCER):
+    """The partition has no state for the producer id (never seen, or expired) and the batch does not start at
+    sequence 0: the producer re-initializes (INIT_PRODUCER) and starts again at 0."""
+
+
+class DuplicateInFlightError(TidelogError, code=ErrorCode.DUPLICATE_IN_FLIGHT):
+    """A retry of a batch whose first attempt is being written right now: retry after a backoff to learn its
+    offsets (writing it a second time is exactly what idempotence prevents)."""
+
+
 if set(_CLASSES) != set(ErrorCode):
     raise AssertionError("every ErrorCode needs exactly one TidelogError subclass")
 
@@ -339,6 +381,8 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
         return CorruptDataError(str(exc))
     if isinstance(exc, storage_errors.InvalidBatchError):
         return InvalidArgumentError(str(exc))
+    if isinstance(exc, storage_errors.OffsetMismatchError):
+        return IncorrectOffsetError(str(exc))
     if isinstance(exc, storage_errors.LogClosedError):
         return UnavailableError(str(exc) or "the partition's log is closed")
     if isinstance(exc, TimeoutError):

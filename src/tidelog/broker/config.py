@@ -333,6 +333,12 @@ class BrokerConfig:
     default_unclean_leader_election: bool = _setting(
         False, _bool_kind(), "Allow a replica outside the ISR to become leader (loses committed data; opt-in)."
     )
+    producer_expiry_ms: int = _setting(
+        86_400_000,
+        _POSITIVE,
+        "An idempotent producer idle this long (by its newest batch's timestamp) is forgotten by each partition; "
+        "a retry after that cannot be deduplicated (Kafka's producer.id.expiration.ms).",
+    )
 
     # -- segments, retention, compaction --
     segment_max_bytes: int = _setting(256 * _MIB, _POSITIVE, "Roll to a new segment file at this size.")

@@ -18,6 +18,7 @@ from tidelog.metadata.mirror import MetadataMirror
 if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
     from tidelog.broker.peers import Peers
+    from tidelog.metadata.producer_ids import ProducerIdAllocator
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class BrokerContext:
     nc: Any  # nats.aio.client.Client
     link: ControllerLink | None = None  # the way to the controller (None: a broker assembled without one)
     peers: Peers | None = None  # connections to the other brokers, for forwarding
+    producer_ids: ProducerIdAllocator | None = None  # INIT_PRODUCER (None: a broker assembled without etcd)
 
     @property
     def ack_timeout(self) -> float:

@@ -5,6 +5,10 @@ serves such reads bounded by *its own* high watermark — the one its leader las
 follower never sees anything that is not committed, only sees it a little later than at the leader. The
 follower's HW only grows while it is fetched from one leader; it may be lower after a restart (the checkpoint
 is written once a second), never above what was committed.
+
+A follower also owns the replica's producer state (``producers``): its fetcher keeps it in step with the log,
+and a promotion hands the very same table to the new leader, so a producer's retry after a failover is
+recognized (:mod:`tidelog.replication.producer_state`).
 """
 
 from __future__ import annotations
@@ -13,16 +17,22 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.follower import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import read_hw_checkpoint
 from tidelog.replication.offset_waiters import OffsetWaiters
+from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.replication.producer_state import ProducerStateTable
+from tidelog.replication.producer_sync import take_snapshot
 from tidelog.storage.log import Log
 
 
 class FollowerReplica:
     """One followed partition. ``fetcher`` is None while the partition has no live leader."""
 
-    def __init__(self, stream: StreamRecord, record: PartitionRecord, log_: Log) -> None:
+    def __init__(
+        self, stream: StreamRecord, record: PartitionRecord, log_: Log, producers: ProducerStateTable | None = None
+    ) -> None:
         self.stream = stream
         self.record = record
         self.log = log_
+        self.producers = ProducerStateTable() if producers is None else producers
         self.fetcher: ReplicaFetcher | None = None
         self.leader: tuple[str, int, str] | None = None  # (leader id, leader epoch, wire address) fetched from
         self.checkpointed = -1
@@ -76,3 +86,8 @@ class FollowerReplica:
         if self.fetcher is not None:
             return max(self.fetcher.high_watermark, self._hw.position)
         return self._hw.position
+
+    def snapshot_producers(self) -> None:
+        """Snapshot the producer state at the log end: call only with no fetcher running (it is exact then)."""
+        if not self.log.closed:
+            take_snapshot(self.producers, ProducerSnapshots(self.log.directory), self.log.end_offset)

@@ -11,10 +11,12 @@ replicas has its log open here, in one of two roles:
 
 A role change keeps the log open: a follower promoted to leader starts from the high watermark it learnt as a
 follower (nothing above it was known committed), a deposed leader stops its ingest and writers before it starts
-fetching. A partition that disappeared (its stream was deleted) has its data deleted; for a changed record
-(paused, read-only, ISR) the leader gets the new record. Requests never open or close partitions themselves:
-they change metadata and wait for the manager to act on it, so the on-disk state follows one source of truth
-whatever protocol the change came through.
+fetching. The replica's producer state (idempotent producers) is loaded when its log is opened and handed on
+with the log: a promoted follower's leader starts from the table its fetcher kept, a demoted leader's appends
+finish into its table before the follower takes it. A partition that disappeared (its stream was deleted) has
+its data deleted; for a changed record (paused, read-only, ISR) the leader gets the new record. Requests never
+open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
+state follows one source of truth whatever protocol the change came through.
 
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
 means a stream deleted while this broker was down and then created again under the same name never adopts the
@@ -38,6 +40,8 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.replication.follower import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import read_hw_checkpoint, write_hw_checkpoint
+from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
+from tidelog.replication.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
 
@@ -67,6 +71,7 @@ class PartitionManager:
         replica_lag_time_max: float = 15.0,
         replica_fetch_wait_max_ms: int = 500,
         replica_copy_threshold_bytes: int = 256 * 1024 * 1024,
+        producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
@@ -80,6 +85,7 @@ class PartitionManager:
         self._lag_max = replica_lag_time_max
         self._fetch_wait_ms = replica_fetch_wait_max_ms
         self._copy_threshold = replica_copy_threshold_bytes
+        self._producer_expiry_ms = producer_expiry_ms
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
@@ -154,41 +160,58 @@ class PartitionManager:
                     elif running.record.leader_epoch != record.leader_epoch:
                         # Re-elected: a new term starts from fresh follower state, on the same open log.
                         await self._stop(key, delete=False, keep_log=True)
-                        await self._lead(stream, record, reuse=(running.log, running.high_watermark))
+                        reuse = (running.log, running.high_watermark, running.producers)
+                        await self._lead(stream, record, reuse=reuse)
                     elif running.record != record:
                         running.update_record(record)
                 else:
                     await self._follow(stream, record, new)
 
-    async def _open_log(self, stream: StreamRecord, partition: int) -> Log | None:
+    async def _open_log(self, stream: StreamRecord, partition: int) -> tuple[Log, ProducerStateTable] | None:
+        """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop)."""
         path = self.path_of(stream, partition)
         try:
-            return await Log.open_async(path, self._log_config_for(stream))
+            log_ = await Log.open_async(path, self._log_config_for(stream))
         except Exception:
             log.exception("cannot open partition %s/%d at %s", stream.name, partition, path)
             return None
+        try:
+            producers = await asyncio.to_thread(open_producer_state, log_, self._producer_expiry_ms)
+        except Exception:
+            log.exception("cannot load the producer state of %s/%d", stream.name, partition)
+            await log_.close()
+            return None
+        return log_, producers
 
-    async def _take_log(self, stream: StreamRecord, record: PartitionRecord) -> tuple[Log, int | None] | None:
-        """The partition's log, open already (from a previous role) or opened now, and the HW to start from."""
+    async def _take_log(
+        self, stream: StreamRecord, record: PartitionRecord
+    ) -> tuple[Log, int | None, ProducerStateTable] | None:
+        """The partition's log, open already (from a previous role) or opened now, the HW to start from, and the
+        producer state that goes with the log."""
         key = (stream.name, record.id)
         follower = self._followers.pop(key, None)
         if follower is not None:
             if follower.fetcher is not None:
                 await follower.fetcher.stop()
-            return follower.log, follower.starting_high_watermark()
-        log_ = await self._open_log(stream, record.id)
-        if log_ is None:
+            return follower.log, follower.starting_high_watermark(), follower.producers
+        opened = await self._open_log(stream, record.id)
+        if opened is None:
             return None
+        log_, producers = opened
         replicated = len(record.replicas) > 1
-        return log_, read_hw_checkpoint(log_) if replicated else None
+        return log_, read_hw_checkpoint(log_) if replicated else None, producers
 
     async def _lead(
-        self, stream: StreamRecord, record: PartitionRecord, *, reuse: tuple[Log, int] | None = None
+        self,
+        stream: StreamRecord,
+        record: PartitionRecord,
+        *,
+        reuse: tuple[Log, int, ProducerStateTable] | None = None,
     ) -> None:
         taken = reuse or await self._take_log(stream, record)
         if taken is None:
             return
-        log_, initial_hw = taken
+        log_, initial_hw, producers = taken
         min_isr = stream.config.min_isr or max(1, stream.replication_factor - 1)
         partition = Partition(
             stream,
@@ -200,6 +223,7 @@ class PartitionManager:
             initial_hw=initial_hw if len(record.replicas) > 1 else None,
             alter_isr=self._alter_isr,
             replica_lag_time_max=self._lag_max,
+            producers=producers,
         )
         self._partitions[(stream.name, record.id)] = partition
         ingest = NatsIngest(self._nc, partition, urls=self._nats_urls, ack_timeout=self._ack_timeout)
@@ -227,17 +251,16 @@ class PartitionManager:
         if follower is None:
             partition = self._partitions.get(key)
             if partition is not None:
-                await self._stop(key, delete=False, keep_log=True)
-                log_: Log | None = partition.log
-                hw = partition.high_watermark
+                await self._stop(key, delete=False, keep_log=True)  # its appends settle into its table first
+                log_, producers, hw = partition.log, partition.producers, partition.high_watermark
             else:
-                log_ = await self._open_log(stream, record.id)
-                hw = -1
-            if log_ is None:
-                return
+                opened = await self._open_log(stream, record.id)
+                if opened is None:
+                    return
+                (log_, producers), hw = opened, -1
             if hw >= 0:  # the demoted leader's HW: what the follower may serve and start from
                 await write_hw_checkpoint(log_.directory, hw)
-            follower = FollowerReplica(stream, record, log_)
+            follower = FollowerReplica(stream, record, log_, producers)
             self._followers[key] = follower
         follower.record = record
         broker = snap.brokers.get(record.leader) if record.leader else None
@@ -265,6 +288,7 @@ class PartitionManager:
             initial_hw=follower.starting_high_watermark(),
             on_high_watermark=follower.high_watermark_moved,
             on_leader_unreachable=self._unreachable_hook(leader_id),
+            producers=follower.producers,
         )
         follower.fetcher = fetcher
         await fetcher.start()
@@ -311,6 +335,7 @@ class PartitionManager:
                 await follower.fetcher.stop()
             log_ = follower.log
             if not keep_log:
+                follower.snapshot_producers()
                 await follower.log.close()
         if delete and log_ is not None:
             await log_.close()
@@ -350,4 +375,5 @@ async def _close_follower(follower: FollowerReplica) -> None:
     """Checkpoint what the follower knows is committed, then close its log."""
     hw = follower.high_watermark
     await write_hw_checkpoint(follower.log.directory, hw)
+    follower.snapshot_producers()  # its fetcher is stopped: the state is exact at the log end
     await follower.log.close()

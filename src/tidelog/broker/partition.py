@@ -16,22 +16,44 @@ acknowledgement and feeds the high watermark) and long-poll on the log end, not 
 keeps the ISR honest: a follower that stops keeping up is proposed for removal, a caught-up one for re-entry,
 both through the controller (``alter_isr``); the HW tracker only takes a new ISR once it is in the metadata,
 so the HW never passes data a departing follower lacks before it has left (Rama's ordering).
+
+Idempotent producers: batches carrying a producer id are checked against the partition's
+:class:`~tidelog.replication.producer_state.ProducerStateTable` before anything is written. A retry is answered
+with its original offsets (waiting, for ``ALL``, until they are committed) and writes nothing; a gap, an older
+epoch, an unknown producer or a batch still being written is refused with its own error. New batches are
+*reserved* before the append and recorded (or released) when the log answers, by a callback on the append's own
+task: a caller cancelled meanwhile (connection dropped, server stopping) cannot leave a written batch
+unrecorded, which would let its retry be written twice. The table is handed on across role changes by the
+partition manager; :meth:`Partition.close` waits for those appends first, so it is complete when handed on.
+
+Compare-and-append (Liftbridge's ``expectedOffset``): :meth:`Partition.append` passes the expected offset to
+:meth:`Log.append`, which compares it with the log end where it assigns offsets, under its lock and with no
+await before the write. Checking here and then appending would not be atomic: the log's lock may be held by
+retention or compaction, and another append could take the offset while this one waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tidelog.api.errors import (
+    DuplicateInFlightError,
+    IncorrectOffsetError,
+    InvalidArgumentError,
     NotEnoughReplicasError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
     ReadonlyError,
     RequestTimeoutError,
+    TidelogError,
     UnavailableError,
+    UnknownProducerError,
 )
 from tidelog.api.wire.messages import Acks
 from tidelog.metadata.records import PartitionRecord, StreamRecord
@@ -39,9 +61,26 @@ from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
 from tidelog.replication.offset_waiters import OffsetWaiters
-from tidelog.storage.log import Log
+from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.replication.producer_state import (
+    NO_PRODUCER_ID,
+    Duplicate,
+    Fenced,
+    InFlight,
+    Invalid,
+    New,
+    OutOfOrder,
+    ProducerStateTable,
+    Verdict,
+)
+from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
+from tidelog.storage.batch import BatchHeader, iter_batches
+from tidelog.storage.errors import OffsetMismatchError
+from tidelog.storage.log import AppendResult, Log
 
 log = logging.getLogger(__name__)
+
+APPEND_SETTLE_TIMEOUT = 10.0  # seconds close() waits for idempotent appends to land in the producer table
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +91,8 @@ class Appended:
     last_offset: int
     received_ns: int
     committed_ns: int
+    duplicate: bool = False
+    """A producer's retry of batches written before: nothing was written now, the offsets are the originals."""
 
 
 ResumeHook = Callable[["Partition"], Awaitable[None]]
@@ -74,7 +115,9 @@ class Partition:
         initial_hw: int | None = None,
         alter_isr: AlterIsr | None = None,
         replica_lag_time_max: float = 15.0,
+        producers: ProducerStateTable | None = None,
     ) -> None:
+        """``producers``: the replica's producer state, loaded with its log (an empty table when not given)."""
         self.stream = stream
         self.record = record
         self.log = log_
@@ -95,13 +138,17 @@ class Partition:
         self._isr_change: asyncio.Task[None] | None = None
         self._checkpointed = -1
         self._tasks: list[asyncio.Task[None]] = []
+        self.producers = ProducerStateTable() if producers is None else producers
+        self._snapshots = ProducerSnapshots(log_.directory)
+        self._snapshot_offset = -1  # the offset of the last producer snapshot written
+        self._snapshot_due_ns = time.monotonic_ns() + SNAPSHOT_INTERVAL_NS
+        self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
         log_.add_write_listener(self._log_end.advance)
         log_.flusher.allow_inline = len(record.replicas) == 1  # see Flusher.allow_inline
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
-        if len(record.replicas) > 1:
-            self._tasks.append(asyncio.create_task(self._maintain(), name=f"isr-{self.name}"))
+        self._tasks.append(asyncio.create_task(self._maintain(), name=f"maintain-{self.name}"))
 
     @property
     def replicated(self) -> bool:
@@ -173,15 +220,38 @@ class Partition:
         self._isr_change = asyncio.create_task(run(), name=f"alter-isr-{self.name}")
 
     async def _maintain(self) -> None:
-        """Shrink the ISR of lagging followers and checkpoint the HW, on a timer."""
+        """On a timer: shrink the ISR of lagging followers and checkpoint the HW (replicated partitions), expire
+        idle producers and snapshot the producer state (every partition)."""
         period = min(1.0, self._lag_max_ns / 2e9)
         while not self._closed:
             await asyncio.sleep(period)
+            self._maintain_producers()
+            if not self.replicated:
+                continue
             lagging = self.followers.lagging(self.record.isr, time.monotonic_ns(), self._lag_max_ns)
             if lagging and self._isr_change is None:
                 log.warning("%s: followers %s fell behind; removing them from the ISR", self.name, lagging)
                 self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
             await self.checkpoint_hw()
+
+    def _maintain_producers(self) -> None:
+        self.producers.remove_expired()
+        now = time.monotonic_ns()
+        if now >= self._snapshot_due_ns and self.snapshot_producers():
+            self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
+
+    def snapshot_producers(self) -> bool:
+        """Snapshot the producer state at the log end, when that is exact (no reserved append in flight) and the
+        log grew since the last one; True when there was nothing to do or it was written."""
+        end = self.log.end_offset
+        if end == self._snapshot_offset or self.log.closed:
+            return True
+        if self.producers.has_reservations:
+            return False  # a reserved batch may be in the log but not yet in the table: try again next tick
+        if take_snapshot(self.producers, self._snapshots, end):
+            self._snapshot_offset = end
+            return True
+        return False
 
     async def checkpoint_hw(self) -> None:
         """Persist the HW when it moved (a restarted replica must not serve above what was known committed)."""
@@ -192,11 +262,20 @@ class Partition:
 
     # ------------------------------------------------------------------------------------------ writes
 
-    async def append(self, data: bytes | bytearray | memoryview, acks: Acks, timeout: float) -> Appended:
+    async def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        acks: Acks,
+        timeout: float,
+        *,
+        expected_offset: int | None = None,
+    ) -> Appended:
         """Append whole batches and wait for ``acks``; raise instead of acknowledging what is not stored.
 
         ``timeout`` bounds the wait for the ack policy only: once the log has the bytes a timeout does not undo
         the write (the client gets a TIMEOUT error and may retry; an idempotent producer dedupes the retry).
+        Batches with a producer id are checked first (see the module docstring): a retry returns its original
+        offsets with ``duplicate`` set. ``expected_offset``: only if the log ends there (INCORRECT_OFFSET).
         """
         if self._closed:
             raise UnavailableError(f"partition {self.name} is closing")
@@ -209,7 +288,23 @@ class Partition:
         if self.record.paused and self._on_resume is not None:
             await self._on_resume(self)
         received = time.time_ns()
-        result = await self.log.append(data, leader_epoch=self.record.leader_epoch)
+        # From here to the log's lock there is no await: producers' batches reach the log in the order they
+        # were reserved, which is the order their sequence numbers were checked in.
+        headers = _producer_headers(data)
+        try:
+            if headers is None:
+                result = await self.log.append(data, self.record.leader_epoch, expected_offset=expected_offset)
+            else:
+                verdict = self.producers.reserve_all(headers)
+                if isinstance(verdict, Duplicate):
+                    if acks is Acks.ALL:
+                        await self.wait_committed(verdict.last_offset, timeout)
+                    return Appended(verdict.base_offset, verdict.last_offset, received, time.time_ns(), True)
+                if not isinstance(verdict, New):
+                    raise _refused(verdict, self.name)
+                result = await self._append_reserved(data, headers, expected_offset)
+        except OffsetMismatchError as exc:
+            raise IncorrectOffsetError(f"{self.name}: {exc}") from None
         # The append's own end, not the log's: a concurrent append may already be written but not yet fsynced.
         self._hw.replica_caught_up_to(self.broker_id, result.last_offset + 1)
         if not self.first_received_ns:
@@ -218,6 +313,27 @@ class Partition:
         if acks is Acks.ALL:
             await self.wait_committed(result.last_offset, timeout)
         return Appended(result.base_offset, result.last_offset, received, time.time_ns())
+
+    def _append_reserved(
+        self, data: bytes | bytearray | memoryview, headers: Sequence[BatchHeader], expected_offset: int | None
+    ) -> asyncio.Future[AppendResult]:
+        """Append batches reserved in the producer table, in a task of their own whose completion records them
+        (or releases them when nothing was written); the caller awaits it through a shield, so cancelling the
+        caller never separates the write from its record."""
+        task = asyncio.ensure_future(self.log.append(data, self.record.leader_epoch, expected_offset=expected_offset))
+        self._appending.add(task)
+        task.add_done_callback(functools.partial(self._settle_reserved, headers))
+        return asyncio.shield(task)
+
+    def _settle_reserved(self, headers: Sequence[BatchHeader], task: asyncio.Task[AppendResult]) -> None:
+        self._appending.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            # Refused before the write (bad batch, wrong expected offset, closed log). A failure after the write
+            # (the fsync) poisons the log: nothing more is appended here, and a reopen rebuilds the state.
+            for header in headers:
+                self.producers.release(header)
+        else:
+            self.producers.record_appended(headers, task.result().base_offset)
 
     # ------------------------------------------------------------------------------------------ reads
 
@@ -267,6 +383,12 @@ class Partition:
         error = UnavailableError(f"partition {self.name} is closing or changing leader")
         self._hw.fail_waiters(error)
         self._log_end.fail_waiters(error)
+        if self._appending:  # the producer table must hold every batch written before it is handed on
+            _, late = await asyncio.wait(set(self._appending), timeout=APPEND_SETTLE_TIMEOUT)
+            if late:  # a wedged disk: they still record into the same table object when they finish
+                log.warning("%s: %d append(s) still unfinished while closing", self.name, len(late))
+        self.producers.release_all()
+        self.snapshot_producers()  # a restart then scans only what follows
         if self.replicated:
             try:
                 await self.checkpoint_hw()
@@ -274,3 +396,25 @@ class Partition:
                 log.warning("could not checkpoint the HW of %s", self.name, exc_info=True)
         if close_log:
             await self.log.close()
+
+
+def _producer_headers(data: bytes | bytearray | memoryview) -> list[BatchHeader] | None:
+    """The batch headers of an append when any batch is a producer's, else None (the plain path, no table).
+
+    Headers only (no CRC, no records): :meth:`Log.append` verifies everything before writing.
+    """
+    headers = [header for _, header in iter_batches(data, verify=False)]
+    return headers if any(h.producer_id != NO_PRODUCER_ID for h in headers) else None
+
+
+def _refused(verdict: Verdict, name: str) -> TidelogError:
+    """The error a producer gets for a batch the table refused (every verdict but New and Duplicate)."""
+    if isinstance(verdict, OutOfOrder):
+        return OutOfOrderSequenceError(f"{name}: out-of-order sequence; expected {verdict.expected_sequence}")
+    if isinstance(verdict, Fenced):
+        return ProducerFencedError(f"{name}: producer fenced; its id has written with epoch {verdict.current_epoch}")
+    if isinstance(verdict, InFlight):
+        return DuplicateInFlightError(f"{name}: the same batch is being written; retry after a backoff")
+    if isinstance(verdict, Invalid):
+        return InvalidArgumentError(f"{name}: {verdict.reason}")
+    return UnknownProducerError(f"{name}: no state for this producer id; re-initialize the producer")

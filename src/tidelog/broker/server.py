@@ -36,6 +36,7 @@ from tidelog.broker.streams import StreamAdmin
 from tidelog.metadata.controller import Controller
 from tidelog.metadata.controller_election import ControllerElection
 from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
 from tidelog.metadata.store import MetadataStore
 from tidelog.storage.config import FlushPolicy, LogConfig
@@ -148,6 +149,7 @@ class Broker:
                 replica_lag_time_max=cfg.replica_lag_time_max_ms / 1000,
                 replica_fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms,
                 replica_copy_threshold_bytes=cfg.replica_copy_threshold_bytes,
+                producer_expiry_ms=cfg.producer_expiry_ms,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()
@@ -156,7 +158,15 @@ class Broker:
             self.cleaner.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
             self.context = BrokerContext(
-                self.id, cfg, self.manager, admin, mirror, self.nc, link=self.link, peers=self.peers
+                self.id,
+                cfg,
+                self.manager,
+                admin,
+                mirror,
+                self.nc,
+                link=self.link,
+                peers=self.peers,
+                producer_ids=ProducerIdAllocator(self.etcd, keys),
             )
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)

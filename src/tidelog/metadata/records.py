@@ -9,6 +9,8 @@ half-updated partition. Key layout under the cluster prefix (default ``/tidelog`
     {prefix}/partitions/{stream}/{partition:08d} PartitionRecord
     {prefix}/controller                          ControllerRecord  (attached to the controller's lease)
     {prefix}/controller-epoch                    the controller epoch, a msgpack integer
+    {prefix}/producer-ids                        the next idempotent-producer id to hand out, a msgpack integer
+    {prefix}/producers/{name}                    ProducerRecord    (a named producer's id and latest epoch)
 
 Durations are milliseconds and timestamps nanoseconds since the Unix epoch, as in Liftbridge's API.
 """
@@ -124,6 +126,14 @@ class Keys:
         """The last controller epoch handed out; it only grows, and outlives every controller."""
         return f"{self.prefix}/controller-epoch".encode()
 
+    def producer_ids(self) -> bytes:
+        """The next producer id to hand out; only grows (a guarded increment), so no id is issued twice."""
+        return f"{self.prefix}/producer-ids".encode()
+
+    def producer(self, name: str) -> bytes:
+        """A named producer's id and epoch (:class:`ProducerRecord`)."""
+        return f"{self.prefix}/producers/{name}".encode()
+
 
 _encoder = msgspec.msgpack.Encoder()
 _stream_decoder = msgspec.msgpack.Decoder(StreamRecord)
@@ -177,4 +187,31 @@ def encode_controller_epoch(epoch: int) -> bytes:
 
 
 def decode_controller_epoch(data: bytes) -> int:
+    return _epoch_decoder.decode(data)
+
+
+class ProducerRecord(msgspec.Struct, frozen=True, array_like=True):
+    """A named idempotent producer: its id and the newest epoch handed out (msgpack ``[id, epoch]``)."""
+
+    producer_id: int
+    epoch: int
+
+
+_producer_decoder = msgspec.msgpack.Decoder(ProducerRecord)
+
+
+def encode_producer(record: ProducerRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_producer(data: bytes) -> ProducerRecord:
+    return _producer_decoder.decode(data)
+
+
+def encode_counter(value: int) -> bytes:
+    """A counter as msgpack (shortest form, so equal values are equal bytes, as for the controller epoch)."""
+    return _encoder.encode(value)
+
+
+def decode_counter(data: bytes) -> int:
     return _epoch_decoder.decode(data)

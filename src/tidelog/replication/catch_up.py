@@ -30,6 +30,10 @@ watermark, and a replica whose log end is below the high watermark is not what t
 A segment that disappears while it is being copied (retention) or whose file changes (compaction: a new
 ``file_id``) is answered with OFFSET_OUT_OF_RANGE; the round starts again from a fresh listing. Anything
 downloaded is discarded unless it passes every check; file I/O runs in worker threads, never on the loop.
+
+The replica's producer state (when given) follows every change made here (:mod:`tidelog.replication.producer_sync`):
+a reset cuts it as a truncation does, installed segments and topped-up batches are recorded from their headers.
+Each log change and its state update run as one shielded unit, so a stopped fetcher never separates them.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ from tidelog.api.wire.messages import (
     SegmentListResponse,
     SegmentSummary,
 )
+from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.replication.producer_state import ProducerStateTable
+from tidelog.replication.producer_sync import after_install, after_truncation, record_replicated
 from tidelog.storage.errors import InvalidBatchError
 from tidelog.storage.log import Log
 from tidelog.storage.segment import LOG_SUFFIX, segment_name
@@ -126,8 +133,11 @@ class SegmentCopier:
         near_bytes: int = 0,
         stats: CatchUpStats | None = None,
         hooks: CopyHooks | None = None,
+        producers: ProducerStateTable | None = None,
     ) -> None:
-        """``near_bytes``: after the first round, stop once the sealed bytes beyond the log end are fewer than
+        """``producers``: the replica's producer state, kept in step with what is copied (None: not tracked).
+
+        ``near_bytes``: after the first round, stop once the sealed bytes beyond the log end are fewer than
         this (fetching them is cheaper than another round); 0 runs rounds until nothing sealed is left."""
         if chunk_bytes <= 0 or max_rounds <= 0:
             raise ValueError("chunk_bytes and max_rounds must be positive")
@@ -144,6 +154,7 @@ class SegmentCopier:
         self.stats = CatchUpStats() if stats is None else stats
         self._hooks = CopyHooks() if hooks is None else hooks
         self._staging = staging_directory(log_.directory)
+        self._producers = producers
 
     @property
     def name(self) -> str:
@@ -176,7 +187,7 @@ class SegmentCopier:
         behind = end < listing.log_start
         segments = _beyond(listing.segments, end)
         if behind and not segments:  # the leader holds nothing sealed: start empty where its log starts
-            await self._reset(listing.log_start)
+            await asyncio.shield(self._reset(listing.log_start))
             return True
         if not behind:
             if not segments:
@@ -192,9 +203,7 @@ class SegmentCopier:
             log.info("%s: %s; starting the copy round again", self.name, exc)
             self.stats.restarts += 1
             return False
-        if behind:
-            await self._reset(staged[0].base_offset)
-        await log_.install_segments(staged)
+        await asyncio.shield(self._install(staged, reset=behind))
         self.stats.segments += len(staged)
         log.info(
             "%s: installed %d segment(s) copied from the leader, offsets %d..%d",
@@ -205,12 +214,23 @@ class SegmentCopier:
         )
         return False  # list again: segments may have been sealed while this round copied
 
+    async def _install(self, staged: list[StagedSegment], *, reset: bool) -> None:
+        """Install downloaded segments (after a reset to the first of them) and record their batches."""
+        if reset:
+            await self._reset(staged[0].base_offset)
+        start = self._log.end_offset
+        await self._log.install_segments(staged)
+        if self._producers is not None:
+            after_install(self._producers, self._log, start)
+
     async def _reset(self, offset: int) -> None:
         log.warning(
             "%s: log ends at %d, below the leader's start: resetting it to %d", self.name, self._log.end_offset, offset
         )
         await self._log.reset_to(offset)
         self.stats.resets += 1
+        if self._producers is not None:  # nothing of what the log held is left: as a truncation, maybe rebuilt
+            after_truncation(self._producers, self._log, ProducerSnapshots(self._log.directory))
 
     # -- requests --------------------------------------------------------------------------------------------------
 
@@ -238,7 +258,11 @@ class SegmentCopier:
             _raise_for(response.error)
             if not payload:
                 return
-            await log_.append_as_follower(payload)
+            try:
+                await log_.append_as_follower(payload)
+            finally:
+                if self._producers is not None:
+                    record_replicated(self._producers, log_, payload)
 
     async def _download_all(self, segments: Sequence[SegmentSummary]) -> list[StagedSegment]:
         await asyncio.to_thread(_fresh_directory, self._staging)

@@ -32,6 +32,13 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
 
 The follower's high watermark is ``min(leader HW seen, own log end)`` and never goes back (except when
 truncation cuts the log below it, which only an unclean leader election can cause).
+
+Producer state (``producers``, optional): the fetcher is the only writer of a follower's log, so it keeps the
+replica's :class:`~tidelog.replication.producer_state.ProducerStateTable` in step (see
+:mod:`tidelog.replication.producer_sync`): it records the headers of every payload it appends (also when the
+append is cancelled after its write, so a promotion finds every batch the log holds), follows truncations, and
+between two appends snapshots the state and expires idle producers. That is what lets this replica, once
+leader, answer a producer's retry with the original offsets.
 """
 
 from __future__ import annotations
@@ -64,6 +71,14 @@ from tidelog.replication.catch_up import (
     CatchUpStats,
     CopyHooks,
     SegmentCopier,
+)
+from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.replication.producer_state import ProducerStateTable
+from tidelog.replication.producer_sync import (
+    SNAPSHOT_INTERVAL_NS,
+    after_truncation,
+    record_replicated,
+    take_snapshot,
 )
 from tidelog.replication.truncation import truncation_step
 from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
@@ -140,8 +155,12 @@ class ReplicaFetcher:
         copy_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_copy_rounds: int = DEFAULT_MAX_ROUNDS,
         copy_hooks: CopyHooks | None = None,
+        producers: ProducerStateTable | None = None,
     ) -> None:
-        """``request_timeout`` bounds a response beyond the long-poll (``max_wait_ms``): a leader that accepts
+        """``producers``: the replica's producer state, kept in step with every change this fetcher makes to
+        the log (None: not tracked, as for tools that only copy a log).
+
+        ``request_timeout`` bounds a response beyond the long-poll (``max_wait_ms``): a leader that accepts
         connections but never answers (paused, wedged) counts as unreachable after it.
 
         ``copy_threshold_bytes``: copy sealed segment files rather than fetch when more than this many bytes of
@@ -180,6 +199,10 @@ class ReplicaFetcher:
         self._copy_pending = False  # a catch-up was decided and has not completed: back-offs resume it
         self._copy_supported = True  # False once the leader answered UNSUPPORTED (an older broker)
         self._fetched_since_survey = 0  # bytes fetched since the lag was last measured
+        self._producers = producers
+        self._snapshots = ProducerSnapshots(log_.directory)
+        self._snapshot_offset = -1
+        self._snapshot_due_ns = self._clock.monotonic_ns() + SNAPSHOT_INTERVAL_NS
         self._copier = SegmentCopier(
             log_,
             self._send,
@@ -192,6 +215,7 @@ class ReplicaFetcher:
             max_rounds=max_copy_rounds,
             near_bytes=copy_threshold_bytes,
             hooks=copy_hooks,
+            producers=producers,
         )
 
     # -- public ------------------------------------------------------------------------------------------------
@@ -364,8 +388,14 @@ class ReplicaFetcher:
                 continue
             self._reached_leader()
             if payload:
-                await log_.append_as_follower(payload)  # returns once durable per the flush policy
+                try:
+                    await log_.append_as_follower(payload)  # returns once durable per the flush policy
+                finally:
+                    if self._producers is not None:  # what was written, even if the append then failed
+                        record_replicated(self._producers, log_, payload)
                 self._fetched_since_survey += len(payload)
+                if self._producers is not None:
+                    self._maintain_producers()
             self._leader_end = response.log_end
             self._advance_hw(response.high_watermark)
             if self._copy_threshold and self._fetched_since_survey >= self._copy_threshold:
@@ -467,7 +497,28 @@ class ReplicaFetcher:
         if target < self._hw:
             log.warning("%s: truncating below the known high watermark %d (unclean election?)", self.name, self._hw)
             self._hw = target
-        await log_.truncate_to(target)
+        # One shielded unit: the log's truncation completes even if this task is stopped, and so must the
+        # producer state's, or a promotion would find batches in the table that the log no longer holds.
+        await asyncio.shield(self._truncate_with_state(target))
+
+    async def _truncate_with_state(self, target: int) -> None:
+        await self._log.truncate_to(target)
+        if self._producers is not None:
+            after_truncation(self._producers, self._log, self._snapshots)
+            self._snapshot_offset = -1
+
+    def _maintain_producers(self) -> None:
+        """Between two appends (the state is exact at the log end): expire idle producers and, when due and the
+        log grew, snapshot the producer state."""
+        assert self._producers is not None
+        now = self._clock.monotonic_ns()
+        if now < self._snapshot_due_ns:
+            return
+        self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
+        self._producers.remove_expired()
+        end = self._log.end_offset
+        if end != self._snapshot_offset and take_snapshot(self._producers, self._snapshots, end):
+            self._snapshot_offset = end
 
     def _advance_hw(self, leader_hw: int) -> None:
         hw = min(leader_hw, self._log.end_offset)

@@ -36,15 +36,15 @@ so the same on every replica and after a restart (a producer with a clock far be
 Kafka). An expired producer leaves a small tombstone (its id and epoch) for another expiry period, so that it may
 resume at any sequence with its epoch — where an id never seen must start at 0 — and older epochs stay fenced.
 
-Producer ids and epochs (the ``INIT_PRODUCER`` request, served by the controller, not by this module): a
-producer asks once, before its first idempotent batch. An *anonymous* producer gets a fresh id, unique in the
-cluster (the controller allocates ids in blocks through its metadata log, so a new controller never reissues
-one), with epoch 0. A *named* producer (a stable client-chosen name, like Kafka's ``transactional.id``) gets the
-id its name already maps to and the stored epoch + 1; every partition then fences batches from the older
-instance as soon as the new one writes (and the old one gets :class:`Fenced` for good). When the epoch would pass
-:data:`MAX_PRODUCER_EPOCH` the controller allocates a new id with epoch 0 instead. A producer that gets
-:class:`UnknownProducer` or :class:`OutOfOrder` re-initializes; both mean its sequence state and the broker's
-disagree, and guessing would risk a duplicate.
+Producer ids and epochs (the ``INIT_PRODUCER`` request, answered by any broker from etcd:
+:mod:`tidelog.metadata.producer_ids`, not by this module): a producer asks once, before its first idempotent
+batch. An *anonymous* producer gets a fresh id, unique in the cluster (a counter in etcd that only grows, taken
+by compare-and-swap, so no id is ever reissued), with epoch 0. A *named* producer (a stable client-chosen name,
+like Kafka's ``transactional.id``) gets the id its name already maps to and the stored epoch + 1; every
+partition then fences batches from the older instance as soon as the new one writes (and the old one gets
+:class:`Fenced` for good). When the epoch would pass :data:`MAX_PRODUCER_EPOCH` the name moves to a new id with
+epoch 0 instead. A producer that gets :class:`UnknownProducer` or :class:`OutOfOrder` re-initializes; both mean
+its sequence state and the broker's disagree, and guessing would risk a duplicate.
 
 Concurrency. Appends to one partition are pipelined, so a producer's next batch is often checked while its
 previous one is still being written. The leader therefore :meth:`~ProducerStateTable.reserve`\\ s each new batch
@@ -428,6 +428,12 @@ class ProducerStateTable:
             else:
                 del self._entries[pid]
         return exact
+
+    def replace_with(self, other: ProducerStateTable) -> None:
+        """Take ``other``'s entries and tombstones (a rebuild after an inexact truncation), keeping this table's
+        reservations: the table object is shared by a replica's roles, so it is refilled rather than swapped."""
+        self._entries = dict(other._entries)
+        self._expired = {pid: t for pid, t in other._expired.items() if pid not in self._entries}
 
     def remove_expired(self) -> int:
         """Forget producers idle for ``producer_expiry_ms`` (by batch time), and older tombstones; return count.

@@ -8,6 +8,7 @@
      ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
      ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
      ├── LogClosedError         an operation on a closed log
+     ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      └── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
 
 Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
@@ -64,6 +65,19 @@ class InvalidBatchError(StorageError):
 
 class LogClosedError(StorageError):
     """The log was closed."""
+
+
+class OffsetMismatchError(StorageError):
+    """An append made on the condition that the log ends at ``expected`` found it ending at ``actual``.
+
+    Checked where the log assigns offsets, under its lock, so nothing was written and no other append can have
+    slipped in between the check and the write.
+    """
+
+    def __init__(self, expected: int, actual: int) -> None:
+        super().__init__(f"expected the log to end at offset {expected}, it ends at {actual}")
+        self.expected = expected
+        self.actual = actual
 
 
 class CheckpointError(StorageError):

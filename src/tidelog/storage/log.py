@@ -61,6 +61,7 @@ from tidelog.storage.errors import (
     CorruptBatchError,
     InvalidBatchError,
     LogClosedError,
+    OffsetMismatchError,
     OffsetOutOfRangeError,
 )
 from tidelog.storage.flush import Flusher
@@ -310,8 +311,15 @@ class Log:
 
     # ------------------------------------------------------------------------------------------ appending
 
-    async def append(self, data: Buffer, leader_epoch: int, *, control: bool = False) -> AppendResult:
+    async def append(
+        self, data: Buffer, leader_epoch: int, *, control: bool = False, expected_offset: int | None = None
+    ) -> AppendResult:
         """Append client batches, assigning offsets from the log end; return where they landed.
+
+        With ``expected_offset``, only when the log ends exactly there (compare-and-append, Liftbridge's
+        ``expectedOffset``): otherwise :class:`OffsetMismatchError` and nothing is stored. The comparison runs
+        where offsets are assigned, under the lock and with no await before the write, so no other append,
+        truncation or retention run can change the log end between the check and the write.
 
         Every batch must pass its CRC, hold at least one record with dense offset deltas, fit
         ``max_batch_bytes``, and be a control batch exactly when ``control`` is set (control batches are
@@ -336,6 +344,8 @@ class Log:
 
         def place() -> tuple[list[Placed], _Slicer]:
             offset = self._segments[-1].next_offset
+            if expected_offset is not None and offset != expected_offset:
+                raise OffsetMismatchError(expected_offset, offset)
             if leader_epoch > self._epochs.latest_epoch:  # a new leader's first append: rare, a small file write
                 self._epochs.assign(leader_epoch, offset)
             placed = []

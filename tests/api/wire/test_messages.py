@@ -31,6 +31,8 @@ from tidelog.api.wire.messages import (
     FetchRequest,
     FetchResponse,
     Header,
+    InitProducerRequest,
+    InitProducerResponse,
     Isolation,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -150,6 +152,8 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     ),
     SegmentFetchRequest: st.builds(SegmentFetchRequest, names, partition, names, epoch, offset, offset, millis, offset),
     SegmentFetchResponse: st.builds(SegmentFetchResponse, offset, offset, offset, epoch, maybe_error),
+    InitProducerRequest: st.builds(InitProducerRequest, text, millis),
+    InitProducerResponse: st.builds(InitProducerResponse, offset, st.integers(0, 2**15 - 1)),
 }
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))
 

@@ -7,7 +7,9 @@ only means the response carries no ack.
 
 A publish that reaches a broker which does not lead the partition is forwarded to the leader over the wire
 protocol (Liftbridge clients talking to one seed broker keep working through failovers); only an
-``expectedOffset`` publish is not, since its check belongs with the leader's log: it answers NOT_LEADER.
+``expectedOffset`` publish is not, since its check belongs with the leader's log: it answers NOT_LEADER. On
+the leader the check is atomic with the append: :meth:`Log.append` compares the expected offset with the log end
+while it assigns offsets, under its lock, so two publishes expecting the same offset never both succeed.
 """
 
 from __future__ import annotations
@@ -59,13 +61,9 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
         return await _forward(ctx, request, timeout)
     check_user_headers(request.headers.keys())
     _check_size(ctx, request.key, request.value, request.headers)
+    expected: int | None = None
     if partition.stream.config.optimistic_concurrency_control and request.expectedOffset not in (-1,):
         expected = request.expectedOffset
-        if expected != partition.log_end:
-            return api_pb2.PublishResponse(
-                correlationId=request.correlationId,
-                ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
-            )
     record = record_for_publish(
         key=request.key,
         value=request.value,
@@ -77,7 +75,19 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
     )
     batch = build_batch([record], timestamp=record.timestamp or time.time_ns())
     policy = Acks(int(request.ackPolicy))
-    appended = await partition.append(batch, Acks.ALL if policy is Acks.ALL else Acks.LEADER, timeout)
+    try:
+        # The log compares the expected offset where it assigns offsets, under its lock (see Partition.append):
+        # a check here followed by the append would let a concurrent publish take the offset in between.
+        appended = await partition.append(
+            batch, Acks.ALL if policy is Acks.ALL else Acks.LEADER, timeout, expected_offset=expected
+        )
+    except IncorrectOffsetError:
+        if expected is None:
+            raise
+        return api_pb2.PublishResponse(
+            correlationId=request.correlationId,
+            ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
+        )
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
     ack = _ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)

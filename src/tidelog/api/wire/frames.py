@@ -69,6 +69,7 @@ class Op(enum.IntEnum):
     FETCH = 2
     APPEND = 3  # reserved: transactional append (Gazette, seed 002)
     LIST_OFFSETS = 4  # a partition's bounds and the offset at a timestamp
+    INIT_PRODUCER = 5  # an idempotent producer's id and epoch (any broker answers; ids come from etcd)
     METADATA = 16
     CREATE_STREAM = 17
     DELETE_STREAM = 18

@@ -13,6 +13,9 @@ Produce and the ack policies:
 - ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.append` returns, i.e. once the policy is met
   (``ALL``: below the high watermark, which under flush ``always`` also means fsynced). Any failure, including
   a TIMEOUT after the write, is an error frame.
+- Idempotent producers (batches carrying a producer id): a retry of batches already written is answered like
+  the first attempt, with the original offsets (for ``ALL`` once they are committed), and writes nothing; a
+  gap, an older epoch or an unknown producer is an error frame (:meth:`Partition.append` decides).
 - ``NONE``: the partition is looked up first (an unknown stream or a follower still gets an error frame),
   then the append is *started* and the response (offsets -1) is sent without waiting for the write. Appends
   start in request order, so a producer's batches still land in the order it sent them; a failure after that

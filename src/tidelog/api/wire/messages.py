@@ -23,6 +23,7 @@ Which header goes with which frame::
     DELETE_STREAM   DeleteStreamRequest   DeleteStreamResponse
     LIST_STREAMS    ListStreamsRequest    ListStreamsResponse
     LIST_OFFSETS    ListOffsetsRequest    ListOffsetsResponse
+    INIT_PRODUCER   InitProducerRequest   InitProducerResponse
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
     REPLICA_FETCH   ReplicaFetchRequest   ReplicaFetchResponse   response: record batches (broker to broker)
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
@@ -420,6 +421,27 @@ class SegmentFetchResponse(Header, frozen=True):
     # its file changed; FENCED_LEADER_EPOCH, NOT_LEADER as for REPLICA_FETCH
 
 
+# -- idempotent producers ------------------------------------------------------------------------------------------
+
+
+class InitProducerRequest(Header, frozen=True):
+    """Ask for a producer id and epoch before the first idempotent batch (any broker answers).
+
+    ``name`` empty: an anonymous producer, a fresh id with epoch 0. Otherwise a stable client-chosen name (as
+    Kafka's ``transactional.id``): the id registered for it with the next epoch, which fences every older
+    instance of the same name on every partition it writes to."""
+
+    name: str = ""
+    timeout_ms: Millis = 10_000
+
+
+class InitProducerResponse(Header, frozen=True):
+    """The id and epoch to put in every batch header; sequences start at 0 on each partition."""
+
+    producer_id: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+    producer_epoch: Annotated[int, msgspec.Meta(ge=0, le=2**15 - 1)]
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 
 HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
@@ -453,6 +475,8 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.SEGMENT_LIST): SegmentListResponse,
     (Kind.REQUEST, Op.SEGMENT_FETCH): SegmentFetchRequest,
     (Kind.RESPONSE, Op.SEGMENT_FETCH): SegmentFetchResponse,
+    (Kind.REQUEST, Op.INIT_PRODUCER): InitProducerRequest,
+    (Kind.RESPONSE, Op.INIT_PRODUCER): InitProducerResponse,
 }
 _ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
 

@@ -26,7 +26,7 @@ import ssl as ssl_
 import time
 from typing import Any
 
-from tidelog.api.wire import admin, control, fetch, handlers, replica
+from tidelog.api.wire import admin, control, fetch, handlers, producers, replica
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
@@ -36,7 +36,14 @@ log = logging.getLogger(__name__)
 
 STREAM_LIMIT = 1024 * 1024  # StreamReader buffer before the transport stops reading: room for a large produce
 
-ROUTES: dict[int, Route] = {**handlers.ROUTES, **fetch.ROUTES, **admin.ROUTES, **control.ROUTES, **replica.ROUTES}
+ROUTES: dict[int, Route] = {
+    **handlers.ROUTES,
+    **fetch.ROUTES,
+    **admin.ROUTES,
+    **control.ROUTES,
+    **replica.ROUTES,
+    **producers.ROUTES,
+}
 """Every op this server answers, by family; anything else gets an UNSUPPORTED error frame."""
 
 
