@@ -340,6 +340,19 @@ class BrokerConfig:
         "a retry after that cannot be deduplicated (Kafka's producer.id.expiration.ms).",
     )
 
+    nats_duplicate_window_ms: int = _setting(
+        120_000,
+        _NON_NEGATIVE,
+        "NATS messages with a Nats-Msg-Id header are stored once per partition within this window, as JetStream "
+        "does (0: no deduplication).",
+    )
+    nats_max_msg_ids: int = _setting(
+        100_000,
+        _POSITIVE,
+        "Most Nats-Msg-Id values remembered per partition; beyond it the oldest are forgotten early (a late "
+        "duplicate of one is stored again, nothing is lost).",
+    )
+
     # -- segments, retention, compaction --
     segment_max_bytes: int = _setting(256 * _MIB, _POSITIVE, "Roll to a new segment file at this size.")
     segment_max_age_ms: int = _setting(7 * _DAY_MS, _NON_NEGATIVE, "Roll a segment this old (0: never by age).")

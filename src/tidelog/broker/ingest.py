@@ -24,6 +24,14 @@ and per-byte copies are what count; on this class of machine copying a kilobyte 
    the leader's log, ``ALL`` once it is committed, ``NONE`` never. Plain NATS messages carry no ack inbox. Acks
    are published through the broker's nats-py client.
 
+**Deduplication** (JetStream's, on this partition): a message whose ``Nats-Msg-Id`` header this partition stored
+within ``duplicate_window_ms`` is not stored again (:mod:`tidelog.broker.msg_id_window`: which id counts, the
+memory bound, what failover does). The encoder leaves it out; an enveloped duplicate that asks for an ack gets one
+for its original's offset once that is known (a retry after a lost ack must not wait in vain), and none while the
+original's append is still in flight (its own ack answers the same correlation id). On :meth:`NatsIngest.start` —
+a new leader, or a restart — the window is first rebuilt from the log's last ``duplicate_window_ms``, before the
+subscription: no message is judged against an incomplete window.
+
 **Bounded memory.** What was received but is not yet stored is bounded by ``max_pending_bytes``: past it the reader
 stops reading the socket until appends catch up (to half), and NATS buffers for us — up to its own limit, beyond
 which it drops the connection as a slow consumer (NATS core semantics; see the reader's notes).
@@ -46,6 +54,7 @@ from tidelog.api.errors import TidelogError
 from tidelog.api.liftbridge import AckRequest, build_ack
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message
+from tidelog.broker.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.nats_connection import UnsupportedServerError, supports
 from tidelog.broker.nats_reader import NatsReader
 from tidelog.broker.partition import Partition
@@ -60,7 +69,8 @@ class NatsIngest:
     """Feeds one partition from its NATS subject.
 
     ``urls`` are the broker's NATS servers, for the ingest's own connection; without them (or when the reader
-    cannot use them) it subscribes through ``nc``, the broker's nats-py client.
+    cannot use them) it subscribes through ``nc``, the broker's nats-py client. ``duplicate_window_ms`` is the
+    ``Nats-Msg-Id`` duplicate window (0: no deduplication); ``max_msg_ids`` bounds the ids it holds.
     """
 
     def __init__(
@@ -77,6 +87,8 @@ class NatsIngest:
         max_pending_bytes: int = 64 * MiB,
         ack_timeout: float = 5.0,
         reader_options: dict[str, Any] | None = None,
+        duplicate_window_ms: int = 120_000,
+        max_msg_ids: int = 100_000,
     ) -> None:
         self._nc = nc
         self._partition = partition
@@ -84,8 +96,16 @@ class NatsIngest:
         self._clock: Clock = clock or SystemClock()
         log_config = partition.log.config
         log_limit = min(log_config.max_batch_bytes, log_config.segment_max_bytes)
+        if duplicate_window_ms < 0:
+            raise ValueError(f"duplicate_window_ms must not be negative, got {duplicate_window_ms}")
+        self.window = (
+            MsgIdWindow(duplicate_window_ms * 1_000_000, max_entries=max_msg_ids) if duplicate_window_ms else None
+        )
         self._encoder = IngestEncoder(
-            partition.subject, max_batch_bytes=min(max_batch_bytes, log_limit), max_batch_records=max_batch_records
+            partition.subject,
+            max_batch_bytes=min(max_batch_bytes, log_limit),
+            max_batch_records=max_batch_records,
+            window=self.window,
         )
         self._max_append_bytes = max_append_bytes
         self._max_inflight = max_inflight
@@ -96,17 +116,24 @@ class NatsIngest:
         self._pending_bytes = 0  # encoded and not yet stored: waiting or in flight
         self._next_timestamp = 0  # the earliest timestamp the next message may get (keeps them increasing)
         self._inflight: set[asyncio.Task[None]] = set()
+        self._acking: set[asyncio.Task[None]] = set()  # acks for duplicates (they hold no append slot)
         self.reader: NatsReader | None = None
         self._sub: Any = None  # the nats-py subscription, when that is the way in
         self._received: list[Message] = []  # nats-py deliveries of the current loop turn
         self.appended = 0
         self.failed = 0
         self.pauses = 0  # times reading was paused because too much waited to be stored
+        self.duplicates = 0  # messages not stored because their Nats-Msg-Id was within the window
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Rebuild the duplicate window from the log, then subscribe (see the module's notes)."""
         partition = self._partition
+        if self.window is not None:
+            found = await rebuild(self.window, partition.log, self._clock.now_ns())
+            if found:
+                log.info("NATS ingest %s: %d Nats-Msg-Id ids within the duplicate window", partition.name, found)
         if self._urls and supports(self._urls):
             reader = NatsReader(
                 self._urls,
@@ -150,6 +177,7 @@ class NatsIngest:
         self._take_received()
         while self._inflight:  # an append that ends starts the next one, if reads are waiting
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        await asyncio.gather(*self._acking, return_exceptions=True)
 
     # ------------------------------------------------------------------------------------------ receiving
 
@@ -159,6 +187,8 @@ class NatsIngest:
         encoded = self._encoder.encode(messages, timestamp)
         records = encoded.records
         self._next_timestamp = timestamp + records
+        if encoded.duplicates:
+            self._on_duplicates(encoded.duplicates)
         if encoded.too_large:
             self.failed += len(encoded.too_large)
             log.warning(
@@ -181,6 +211,24 @@ class NatsIngest:
             )
             reader.pause_reading()
             self.pauses += 1
+
+    def _on_duplicates(self, duplicates: list[tuple[Entry, AckRequest | None]]) -> None:
+        self.duplicates += len(duplicates)
+        log.debug("NATS ingest %s: %d duplicate messages not stored", self._partition.name, len(duplicates))
+        acks = [(entry, ack) for entry, ack in duplicates if ack is not None and ack.ack_policy != Acks.NONE]
+        if acks:
+            task = asyncio.get_running_loop().create_task(self._ack_duplicates(acks))
+            self._acking.add(task)  # stop() waits for it
+            task.add_done_callback(self._acking.discard)
+
+    async def _ack_duplicates(self, acks: list[tuple[Entry, AckRequest]]) -> None:
+        """Ack each duplicate with its original's offset (skipped while the original's append is in flight)."""
+        try:
+            for entry, ack in acks:
+                if entry.offset != PENDING:
+                    await self._send_acks(entry.offset, entry.timestamp, [(0, ack)])
+        except Exception:
+            log.exception("NATS ingest %s: acking duplicates failed", self._partition.name)
 
     async def _on_nats_py_message(self, msg: Any) -> None:
         """nats-py path: collect this loop turn's messages and encode them together, as one read."""
@@ -229,20 +277,32 @@ class NatsIngest:
             except TidelogError as exc:
                 self.failed += count
                 log.warning("could not store %d NATS messages on %s: %s", count, partition.name, exc)
+                self._forget_ids(group)
                 return
             finally:
                 self._stored(size)
             self.appended += count
             acks: list[tuple[int, AckRequest]] = []
             first = 0
+            window = self.window
             for read in group:
                 acks += ((first + i, ack) for i, ack in read.acks)
+                if window is not None:
+                    for i, entry in read.ids:
+                        window.stored(entry, appended.base_offset + first + i)
                 first += read.records
             if acks:
                 await self._send_acks(appended.base_offset, appended.received_ns, acks)
         except Exception:
             self.failed += count
             log.exception("NATS ingest failed on %s", partition.name)
+
+    def _forget_ids(self, group: list[Encoded]) -> None:
+        """Messages that were not stored leave the window: their retries are new messages, not duplicates."""
+        if self.window is not None:
+            for read in group:
+                for _, entry in read.ids:
+                    self.window.forget(entry)
 
     def _stored(self, size: int) -> None:
         self._pending_bytes -= size

@@ -29,6 +29,11 @@ Everything else — another subject (wildcard streams), a reply subject, NATS he
 goes through :func:`tidelog.api.liftbridge.record_from_nats` (envelope decoding, reserved ``_tl.`` headers,
 ack requests) and the general record layout.
 
+**Deduplication** (with a :class:`~tidelog.broker.msg_id_window.MsgIdWindow`): a general-path record carrying a
+``Nats-Msg-Id`` its window holds is left out (reported in :attr:`Encoded.duplicates`, using no offset and no
+timestamp), and a new id is entered in the window before the record is encoded. Only the general path looks: a
+plain message has no headers, so it has no id and its path gains no work.
+
 A batch never exceeds the log's batch limit: a read that does not fit one batch is split, and a message that
 could not fit even alone is reported back rather than handed to the log, which would refuse the whole append.
 """
@@ -36,7 +41,7 @@ could not fit even alone is reported back rather than handed to the log, which w
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
 import crc32c
@@ -44,6 +49,7 @@ import crc32c
 from tidelog.api.envelope import MAGIC
 from tidelog.api.liftbridge import AckRequest, record_from_nats
 from tidelog.api.wire.messages import Acks
+from tidelog.broker.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.natsproto import Msg, parse_headers
 from tidelog.storage.batch import (
     CRC_FIELD,
@@ -82,6 +88,8 @@ class Encoded:
     counts: list[int]  # records of each batch, in order
     acks: list[tuple[int, AckRequest]]  # (index among this read's stored records, where to ack)
     too_large: list[int]  # payload sizes of messages no batch of this log can hold (not stored)
+    ids: list[tuple[int, Entry]] = field(default_factory=list)  # (index among stored records, its window entry)
+    duplicates: list[tuple[Entry, AckRequest | None]] = field(default_factory=list)  # left out: original, ack
 
     @property
     def records(self) -> int:
@@ -162,9 +170,19 @@ def _fill_headers(data: bytearray, marks: list[tuple[int, int, int, int]]) -> No
 
 
 class IngestEncoder:
-    """Encodes reads for one partition; batches hold at most ``max_batch_bytes`` and ``max_batch_records``."""
+    """Encodes reads for one partition; batches hold at most ``max_batch_bytes`` and ``max_batch_records``.
 
-    def __init__(self, partition_subject: str, *, max_batch_bytes: int, max_batch_records: int) -> None:
+    With ``window``, messages whose ``Nats-Msg-Id`` it holds are left out, and new ids are entered in it.
+    """
+
+    def __init__(
+        self,
+        partition_subject: str,
+        *,
+        max_batch_bytes: int,
+        max_batch_records: int,
+        window: MsgIdWindow | None = None,
+    ) -> None:
         if max_batch_bytes <= HEADER_SIZE:
             raise ValueError(f"max_batch_bytes must be above {HEADER_SIZE}, got {max_batch_bytes}")
         if max_batch_records < 1:
@@ -172,6 +190,7 @@ class IngestEncoder:
         self._subject = partition_subject
         self._max_body = max_batch_bytes - HEADER_SIZE
         self._max_records = max_batch_records
+        self._window = window
 
     def encode(self, messages: Iterable[Message], first_timestamp: int) -> Encoded:
         """Encode one read's messages in order; message ``j`` (counting stored ones) is stamped
@@ -180,6 +199,9 @@ class IngestEncoder:
         max_records = self._max_records
         too_large: list[int] = []
         acks: list[tuple[int, AckRequest]] = []
+        ids: list[tuple[int, Entry]] = []
+        duplicates: list[tuple[Entry, AckRequest | None]] = []
+        window = self._window
         marks: list[tuple[int, int, int, int]] = []  # closed batches: position, body size, records, first timestamp
         parts: list[bytes | memoryview] = [_HEADER_SPACE]
         append = parts.append
@@ -216,7 +238,14 @@ class IngestEncoder:
                 owed = True
                 k += 1
                 continue
-            record, ack = self._record(message, first_timestamp + stored + k)
+            timestamp = first_timestamp + stored + k
+            record, ack = self._record(message, timestamp)
+            msg_id = None
+            if window is not None and record.headers:
+                msg_id = msg_id_of(record.headers)
+                if msg_id is not None and (original := window.duplicate_of(msg_id, timestamp)) is not None:
+                    duplicates.append((original, ack))
+                    continue
             pieces, record_size = _general_record(k, record.key, record.value, record.headers)
             if k == max_records or size + record_size > max_body:
                 if k:
@@ -238,6 +267,8 @@ class IngestEncoder:
             size += record_size
             if ack is not None and ack.ack_policy != Acks.NONE:
                 acks.append((stored + k, ack))
+            if msg_id is not None and window is not None:
+                ids.append((stored + k, window.add(msg_id, timestamp)))
             k += 1
         if k:
             if owed:
@@ -247,7 +278,7 @@ class IngestEncoder:
             parts.pop()  # the space of a batch that got no record
         data = bytearray().join(parts)
         _fill_headers(data, marks)
-        return Encoded(data, [count for _, _, count, _ in marks], acks, too_large)
+        return Encoded(data, [count for _, _, count, _ in marks], acks, too_large, ids, duplicates)
 
     def _record(self, message: Message, timestamp: int) -> tuple[NewRecord, AckRequest | None]:
         """The general path: envelope decoding, reserved headers for subject and reply, NATS headers."""

@@ -71,6 +71,8 @@ class PartitionManager:
         replica_lag_time_max: float = 15.0,
         replica_fetch_wait_max_ms: int = 500,
         replica_copy_threshold_bytes: int = 256 * 1024 * 1024,
+        nats_duplicate_window_ms: int = 120_000,
+        nats_max_msg_ids: int = 100_000,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
     ) -> None:
         self.broker_id = broker_id
@@ -85,6 +87,8 @@ class PartitionManager:
         self._lag_max = replica_lag_time_max
         self._fetch_wait_ms = replica_fetch_wait_max_ms
         self._copy_threshold = replica_copy_threshold_bytes
+        self._duplicate_window_ms = nats_duplicate_window_ms
+        self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
@@ -226,7 +230,14 @@ class PartitionManager:
             producers=producers,
         )
         self._partitions[(stream.name, record.id)] = partition
-        ingest = NatsIngest(self._nc, partition, urls=self._nats_urls, ack_timeout=self._ack_timeout)
+        ingest = NatsIngest(
+            self._nc,
+            partition,
+            urls=self._nats_urls,
+            ack_timeout=self._ack_timeout,
+            duplicate_window_ms=self._duplicate_window_ms,
+            max_msg_ids=self._max_msg_ids,
+        )
         try:
             await ingest.start()
         except Exception:

@@ -80,6 +80,7 @@ from tidelog.storage.log import AppendResult, Log
 
 log = logging.getLogger(__name__)
 
+TAIL_VISIBLE_WAIT = 1.0  # seconds a reader of a new leader waits for its committed tail (see tail_visible)
 APPEND_SETTLE_TIMEOUT = 10.0  # seconds close() waits for idempotent appends to land in the producer table
 
 
@@ -359,6 +360,17 @@ class Partition:
     async def wait_for_data(self, offset: int, timeout: float | None) -> bool:
         """Long-poll: wait until a record at ``offset`` is committed; False on timeout."""
         return await self._hw.wait_beyond(offset, timeout)
+
+    async def tail_visible(self, timeout: float = TAIL_VISIBLE_WAIT) -> None:
+        """Before serving a reader: wait (briefly) until what this leader held when elected is committed.
+
+        A follower learns the HW one fetch late, so a new leader starts with an HW that may lag what its
+        predecessor had already shown consumers; answering them at once would show the HW going back (Rama: a
+        new leader makes its committed tail visible before serving). The ISR's first fetches settle it within
+        milliseconds. Bounded, so that a min-ISR stall does not block reading what is committed.
+        """
+        if self._hw.value < self._epoch_start:
+            await self._hw.wait_beyond(self._epoch_start - 1, timeout)
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int:
         """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none)."""

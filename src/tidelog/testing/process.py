@@ -35,6 +35,7 @@ import ctypes
 import enum
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,6 +219,22 @@ def _load_prctl() -> Callable[[int, int], int] | None:
 _PRCTL = _load_prctl()  # loaded in the parent, so the child does nothing but one call between fork and exec
 
 
+_SETPRIV = shutil.which("setpriv")
+"""util-linux's ``setpriv --pdeathsig`` sets the parent-death signal in the child without running Python
+between fork and exec. A ``preexec_fn`` does run Python there, and in a process whose gRPC threads are busy the
+forked child can crash (SIGSEGV) before it ever execs: seen as a nats-server or etcd that died at start-up with
+status -11 next to "Other threads are currently calling into gRPC, skipping fork() handlers"."""
+
+
+def _spawn_argv(argv: Sequence[str], die_with_parent: bool) -> tuple[list[str], Callable[[], None] | None]:
+    """The command to run and the preexec hook to run it with (see :data:`_SETPRIV`)."""
+    if not die_with_parent:
+        return list(argv), None
+    if _SETPRIV is not None:
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
+    return list(argv), _die_with_parent_hook()
+
+
 def _die_with_parent_hook() -> Callable[[], None] | None:
     if _PRCTL is None:
         return None
@@ -318,16 +335,19 @@ class ManagedProcess:
             log.write(f"===== {stamp} tidelog starting: {shlex.join(self.argv)}\n".encode())
             log.flush()
             self._log_start = log.tell()
+            argv, preexec = _spawn_argv(self.argv, self.die_with_parent)
             try:
+                if shutil.which(self.argv[0]) is None:  # through setpriv a missing program would only exit 127
+                    raise FileNotFoundError(f"no executable {self.argv[0]!r}")
                 child = subprocess.Popen(
-                    self.argv,
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.env,
                     cwd=self.cwd,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent_hook() if self.die_with_parent else None,
+                    preexec_fn=preexec,
                 )
             except OSError as exc:
                 self._state = ProcessState.STOPPED

@@ -75,6 +75,8 @@ def stop_of(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRe
 
 async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
     partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
+    if isinstance(partition, Partition):
+        await partition.tail_visible()
     offset = start_offset(partition, request)
     stop = stop_of(partition, request)
     stream, pid, psubject = partition.stream.name, partition.record.id, partition.subject

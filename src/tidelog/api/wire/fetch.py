@@ -43,6 +43,7 @@ MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
 async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _payload: memoryview) -> Reply:
     """Whole batches from ``request.offset``; see the module docstring for the rules."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
+    await partition.tail_visible()
     offset = request.offset
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
     committed = request.isolation is Isolation.COMMITTED
@@ -97,6 +98,7 @@ async def list_offsets(
 ) -> Reply:
     """The partition's bounds, and the first committed offset at or after ``request.timestamp`` when asked."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
+    await partition.tail_visible()
     offset = -1
     if request.timestamp >= 0:
         offset = max(partition.log_start, partition.offset_for_timestamp(request.timestamp))
