@@ -43,6 +43,13 @@ def _values(values: tuple[str, ...]) -> Iterator[bytes]:
 @click.option("--header", "-H", "headers", multiple=True, help="NAME=VALUE header (repeatable).")
 @click.option("--partition", "-p", type=click.IntRange(0), default=None, help="Partition (default: by key).")
 @click.option("--acks", type=click.Choice(["all", "leader", "none"]), default="all", show_default=True)
+@click.option(
+    "--idempotent/--no-idempotent",
+    default=True,
+    show_default=True,
+    help="Stamp batches so that retries never store a message twice (not with --acks none).",
+)
+@click.option("--producer-name", default=None, help="Named idempotent producer: fences older instances of it.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @brokers_option
 @async_command
@@ -53,6 +60,8 @@ async def publish(
     headers: tuple[str, ...],
     partition: int | None,
     acks: str,
+    idempotent: bool,
+    producer_name: str | None,
     quiet: bool,
     brokers: str,
 ) -> None:
@@ -60,7 +69,11 @@ async def publish(
     hdrs = _headers(headers)
     key_bytes = key.encode() if key is not None else None
     total = len(values) or None
-    async with Producer(bootstrap(brokers), acks=Acks[acks.upper()]) as producer:
+    if producer_name is not None and (not idempotent or acks == "none"):
+        raise click.BadParameter("needs idempotence, and --acks other than none", param_hint="--producer-name")
+    async with Producer(
+        bootstrap(brokers), acks=Acks[acks.upper()], idempotent=idempotent, producer_name=producer_name
+    ) as producer:
         futures = []
         show = not quiet and (total is None or total >= PROGRESS_FROM) and console.is_terminal
         with Progress(

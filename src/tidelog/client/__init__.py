@@ -4,7 +4,8 @@ Essential types (implementation modules are private to this package; import from
 
 - :class:`Producer` — ``await producer.send(stream, value, key=...)`` returns a future of
   :class:`RecordMetadata`; batching (per partition, by size, count and linger) and pipelined sending happen
-  behind it.
+  behind it. Idempotent by default: batches carry a :class:`ProducerStamp` and sequences, so retries after a
+  lost connection or a failover never store a record twice; ``producer_name`` fences older instances.
 - :class:`Consumer` — ``async for record in consumer`` (:class:`ConsumerRecord`), or
   ``consumer.fetch_batches()`` (:class:`FetchedBatch`) to handle whole batches without decoding records;
   starts at ``"earliest"``, ``"latest"``, an offset or :class:`AtTimestamp`.
@@ -24,6 +25,7 @@ from tidelog.client.admin import Admin
 from tidelog.client.cluster import Cluster
 from tidelog.client.connection import Connection, ConnectionClosedError, Response
 from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPosition
+from tidelog.client.idempotence import ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Partitioner, RoundRobinPartitioner
 from tidelog.client.producer import Producer
 from tidelog.client.records import ConsumerRecord, FetchedBatch
@@ -47,6 +49,7 @@ __all__ = [
     "OffsetReset",
     "Partitioner",
     "Producer",
+    "ProducerStamp",
     "RecordMetadata",
     "Response",
     "RoundRobinPartitioner",

@@ -10,6 +10,11 @@ A record is encoded into its batch's :class:`~tidelog.storage.batch.BatchBuilder
 per-record work of the producer is that call plus one future, and building the batch (join, compression,
 CRC) happens once per batch when the sender takes it.
 
+An idempotent producer's batches also carry a :class:`~tidelog.client.idempotence.ProducerStamp` and a base
+sequence, given by the sender when it first takes the batch (so in the order the batches go out) and kept
+across retries; :meth:`PartitionBuffer.take_in_order` is the stricter ``take`` that keeping sequences without
+gaps needs.
+
 Everything here runs on the event loop thread and is synchronous; memory is accounted in encoded bytes so
 that the producer can make ``send()`` wait when ``buffer_memory`` is used up.
 """
@@ -22,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from tidelog.client.idempotence import NO_STAMP
 from tidelog.storage.batch import HEADER_SIZE, BatchBuilder
 
 if TYPE_CHECKING:
@@ -43,7 +49,20 @@ class RecordMetadata(NamedTuple):
 class ProducerBatch:
     """One batch on its way: the builder, and one future per record, resolved when the broker answers."""
 
-    __slots__ = ("accounted", "attempts", "builder", "done", "due", "futures", "payload", "timestamps")
+    __slots__ = (
+        "accounted",
+        "attempts",
+        "builder",
+        "done",
+        "doubt",
+        "due",
+        "futures",
+        "order",
+        "payload",
+        "sequence",
+        "stamp",
+        "timestamps",
+    )
 
     def __init__(self, first_timestamp: int, loop: asyncio.AbstractEventLoop) -> None:
         self.builder = BatchBuilder(first_timestamp)
@@ -54,6 +73,13 @@ class ProducerBatch:
         self.payload: bytes | None = None  # the built batch, kept for a retry
         self.attempts = 0
         self.accounted = 0  # bytes of the record section counted in the accumulator's ``buffered``
+        # Idempotent producers only (set by the sender when it stamps the batch; ``payload`` carries them):
+        self.stamp = NO_STAMP
+        self.sequence = -1  # base sequence
+        self.order = -1  # position among the partition's stamped batches: retries are queued by it
+        # The first failure of a send that may have stored it all the same (lost connection, TIMEOUT): if the
+        # batch is given up, its records fail with this — "maybe written" — whatever the last attempt said.
+        self.doubt: BaseException | None = None
 
     @property
     def nbytes(self) -> int:
@@ -86,7 +112,22 @@ class ProducerBatch:
 class PartitionBuffer:
     """The batches of one partition: the open one, the ready ones, and how many requests are in flight."""
 
-    __slots__ = ("connection", "in_flight", "key", "linger", "open", "ready", "resolving", "retry")
+    __slots__ = (
+        "connection",
+        "draining",
+        "in_flight",
+        "key",
+        "linger",
+        "next_sequence",
+        "open",
+        "paused",
+        "ready",
+        "refused",
+        "resolving",
+        "retry",
+        "stamp",
+        "stamped",
+    )
 
     def __init__(self, key: tuple[str, int]) -> None:
         self.key = key
@@ -97,6 +138,15 @@ class PartitionBuffer:
         self.linger: asyncio.Handle | None = None
         self.connection: Connection | None = None  # the leader's connection; set and reset by the sender
         self.resolving = False  # the sender is looking up the leader's connection
+        # Idempotent producers only: the stamp and next sequence of this partition's batches; ``draining`` while
+        # a failure waits for every request in flight to come back; ``refused`` lists the (order, records) of
+        # batches refused for good while draining, whose sequences the batches after them take over.
+        self.stamp = NO_STAMP
+        self.next_sequence = 0
+        self.stamped = 0  # batches stamped so far: the next one's ``order``
+        self.draining = False
+        self.paused = False  # backing off before a retry
+        self.refused: list[tuple[int, int]] = []
 
     def take(self) -> ProducerBatch | None:
         """The next batch to send, if one may go: retries first, then ready ones, then the open one if due.
@@ -106,6 +156,30 @@ class PartitionBuffer:
         """
         if self.retry:
             return None if self.in_flight else self.retry.popleft()
+        return self._take_new()
+
+    def take_in_order(self) -> ProducerBatch | None:
+        """:meth:`take` for an idempotent producer: nothing while draining, then every retry (pipelined) first.
+
+        The broker refuses a sequence gap, so after a failure every unacknowledged batch goes again, in order —
+        the sender ends draining once nothing is in flight, when ``retry`` holds all of them.
+        """
+        if self.draining:
+            return None
+        if self.retry:
+            return self.retry.popleft()
+        return self._take_new()
+
+    def requeue(self, batch: ProducerBatch) -> None:
+        """Queue a batch to be resent, before every later one (by ``order``), whatever order it came back in."""
+        retry = self.retry
+        if not retry or retry[-1].order < batch.order:
+            retry.append(batch)
+            return
+        index = next(i for i, queued in enumerate(retry) if queued.order > batch.order)
+        retry.insert(index, batch)
+
+    def _take_new(self) -> ProducerBatch | None:
         if self.ready:
             return self.ready.popleft()
         batch = self.open

@@ -27,6 +27,16 @@ one (group commit) only when several are in flight.
 
 ``send()`` waits (the only time it suspends, apart from the first metadata lookup of a stream) when
 ``buffer_memory`` bytes are already waiting for acknowledgement: that is the producer's backpressure.
+
+Idempotence (the default, with ``Acks.ALL`` or ``Acks.LEADER``). On start the producer asks a broker for a
+producer id and epoch (``INIT_PRODUCER``); every batch carries them and a per-partition sequence, so a batch
+resent after a lost connection, a TIMEOUT or a leader failover is stored once and acknowledged with its
+original offsets. Retries of every retriable error are then safe, and at most 5 requests are in flight per
+partition (the batches a broker remembers per producer). ``producer_name`` makes it a *named* producer: a new
+instance with the same name fences the older one, whose pending and later sends fail with
+:class:`~tidelog.api.errors.ProducerFencedError`. The rules, and what happens when the broker and the producer
+disagree about sequences, are in :mod:`tidelog.client.sender`. ``idempotent=False`` stamps nothing and retries
+only refusals where nothing was stored; ``Acks.NONE`` is never idempotent (no answer, nothing to retry).
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
+from tidelog.api.errors import TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.client.accumulator import Accumulator, RecordMetadata
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
+from tidelog.client.idempotence import ProducerIdentity, ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, Partitioner
 from tidelog.client.sender import Sender
 from tidelog.storage.batch import Codec
@@ -65,12 +77,17 @@ class Producer:
         retries: int = 3,
         retry_backoff_ms: int = 100,
         partitioner: Partitioner | None = None,
+        idempotent: bool = True,
+        producer_name: str | None = None,
     ) -> None:
         """``cluster`` shares connections and metadata with other client objects (then ``bootstrap`` is
         unused and :meth:`close` leaves the cluster open). ``ack_timeout_ms`` 0 uses the broker's default.
-        ``linger_ms`` 0 still batches the records sent within one turn of the event loop."""
+        ``linger_ms`` 0 still batches the records sent within one turn of the event loop. ``idempotent`` and
+        ``producer_name``: see the module docstring (a name needs idempotence, and acks other than NONE)."""
         if batch_size < 1 or max_records < 1 or max_in_flight < 1 or buffer_memory < 1:
             raise ValueError("batch_size, max_records, max_in_flight and buffer_memory must be positive")
+        if producer_name is not None and (not idempotent or Acks(acks) is Acks.NONE or not producer_name):
+            raise ValueError("producer_name needs a non-empty name, idempotent=True and acks other than NONE")
         self._owns_cluster = cluster is None
         self._cluster = Cluster(bootstrap) if cluster is None else cluster
         self._acks = Acks(acks)
@@ -84,6 +101,9 @@ class Producer:
         self._retries = retries
         self._retry_backoff_ms = retry_backoff_ms
         self._partitioner: Partitioner = DefaultPartitioner() if partitioner is None else partitioner
+        self._idempotent = idempotent and self._acks is not Acks.NONE
+        self._producer_name = producer_name
+        self._identity: ProducerIdentity | None = None
         self._accumulator: Accumulator | None = None
         self._sender: Sender | None = None
         self._closed = False
@@ -92,12 +112,34 @@ class Producer:
     def cluster(self) -> Cluster:
         return self._cluster
 
+    @property
+    def idempotent(self) -> bool:
+        return self._idempotent
+
+    @property
+    def stamp(self) -> ProducerStamp | None:
+        """The producer id and epoch its batches carry now (``None`` unless idempotent and started)."""
+        return None if self._identity is None else self._identity.stamp
+
     async def start(self) -> None:
-        """Set up on the running loop and reach a broker (fails fast when none is reachable)."""
+        """Set up on the running loop and reach a broker (fails fast when none is reachable); an idempotent
+        producer also gets its id and epoch here, so a fenced or unsupported one fails before any send."""
         if self._sender is not None:
             return
         if self._closed:
             raise RuntimeError("the producer is closed")
+        identity = None
+        if self._idempotent:
+            identity = ProducerIdentity(
+                self._cluster,
+                self._producer_name,
+                on_ready=lambda: self._sender.identity_ready() if self._sender is not None else None,
+                on_failed=lambda exc: self._sender.identity_failed(exc) if self._sender is not None else None,
+            )
+            await identity.initialize()
+        if self._sender is not None:  # another start() finished first while this one waited
+            return
+        self._identity = identity
         self._sender = Sender(
             self._cluster,
             acks=self._acks,
@@ -106,6 +148,8 @@ class Producer:
             max_in_flight=self._max_in_flight,
             retries=self._retries,
             retry_backoff_ms=self._retry_backoff_ms,
+            identity=identity,
+            on_fatal=self._fail_pending,
         )
         self._accumulator = Accumulator(
             batch_size=self._batch_size,
@@ -114,6 +158,12 @@ class Producer:
             wake=self._sender.wake,
         )
         await self._cluster.any_connection()
+
+    def _fail_pending(self, exc: TidelogError) -> None:
+        """The producer is fenced: every record not yet acknowledged fails with ``exc`` now."""
+        if self._accumulator is not None:
+            for batch in list(self._accumulator.incomplete):
+                batch.fail(exc)
 
     async def send(
         self,
@@ -134,6 +184,8 @@ class Producer:
             await self.start()
             accumulator = self._accumulator
             assert accumulator is not None
+        if self._identity is not None:
+            self._identity.raise_if_failed()
         if partition is None:
             info = self._cluster.cached_stream(stream) or await self._cluster.stream(stream)
             count = len(info.partitions)
@@ -190,6 +242,8 @@ class Producer:
             if self._sender is not None:
                 await self._sender.close()
         finally:
+            if self._identity is not None:
+                await self._identity.close()
             self._closed = True
             if self._owns_cluster:
                 await self._cluster.close()
