@@ -36,6 +36,11 @@ Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; `
   every 5 ms once the publisher is done. A warm-up message first proves each side is subscribed.
   Measured in the ``nofsync`` mode (JetStream's default durability; tidelog's ``never``).
 
+Both sides publish without deduplication, as ``js.publish`` does without a ``Nats-Msg-Id``: tidelog's producer
+runs with ``idempotent=False`` (its default is idempotent since issue 5). What idempotence costs is reported
+beside it: ``latency_p50_{mode}_idempotent`` / ``latency_p99_{mode}_idempotent`` (informational, no target;
+the peer is JetStream's plain latency) measure tidelog's default producer the same way.
+
 tidelog's producer uses ``--codec`` (default ``none``): on loopback with incompressible values, none, lz4 and
 zstd measured within noise of each other here, and none does the least work on both ends.
 
@@ -81,7 +86,8 @@ TARGETS = (
 )
 
 APPROACHES = {
-    "tidelog": "tidelog serve as a child process; Producer (acks ALL, batching, max_in_flight 8) awaiting every "
+    "tidelog": "tidelog serve as a child process; Producer (acks ALL, idempotent=False, batching, max_in_flight 8) "
+    "awaiting every "
     "record's future; Consumer.fetch_batches() decoding records; latency: one send_and_wait at a time "
     "(linger 0, acks ALL); ingest: high watermark via Admin.describe_stream",
     "jetstream": "nats-server -js, file storage; js.publish_async (4000 outstanding), every ack checked; pull "
@@ -197,6 +203,7 @@ class Side(Protocol):
 
     name: str
     batch_reads: bool  # can count messages read without decoding them (consume(decode=False))
+    idempotence: bool  # can also measure latency with an idempotent producer (latencies(idempotent=True))
 
     async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
         """msg/s: every payload sent to a new stream and acknowledged."""
@@ -207,7 +214,9 @@ class Side(Protocol):
         ``batch_reads`` says the side can count messages without decoding them."""
         ...
 
-    async def latencies(self, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+    async def latencies(
+        self, stream: str, payloads: Sequence[bytes], warmup: int, *, idempotent: bool = False
+    ) -> list[float]:
         """µs per publish, one at a time (the first ``warmup`` are left out)."""
         ...
 
@@ -225,6 +234,7 @@ SideFactory = Callable[[str, Path, Codec], contextlib.AbstractAsyncContextManage
 class JetStreamSide:
     name = "jetstream"
     batch_reads = False
+    idempotence = False
 
     def __init__(self, server: JetStreamServer, nc: Any) -> None:
         self.server = server
@@ -306,7 +316,9 @@ class JetStreamSide:
             raise RuntimeError(f"jetstream {stream}: read {received_bytes} bytes, expected {count * size}")
         return count / elapsed
 
-    async def latencies(self, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+    async def latencies(
+        self, stream: str, payloads: Sequence[bytes], warmup: int, *, idempotent: bool = False
+    ) -> list[float]:
         await self._create(stream)
         js = self.js
         out: list[float] = []
@@ -383,6 +395,7 @@ class TidelogServer:
 class TidelogSide:
     name = "tidelog"
     batch_reads = True
+    idempotence = True
 
     def __init__(self, server: TidelogServer, cluster: Cluster, codec: Codec) -> None:
         self.server = server
@@ -411,6 +424,7 @@ class TidelogSide:
         return int(info.partitions[0].high_watermark)
 
     def _producer(self, **settings: Any) -> Producer:
+        settings.setdefault("idempotent", False)  # like js.publish without a Nats-Msg-Id (module docstring)
         return Producer(cluster=self.cluster, acks=Acks.ALL, compression=self.codec, **settings)
 
     async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
@@ -452,9 +466,11 @@ class TidelogSide:
             raise RuntimeError(f"tidelog {stream}: read {got} records, {received_bytes} bytes; expected {count}")
         return count / elapsed
 
-    async def latencies(self, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+    async def latencies(
+        self, stream: str, payloads: Sequence[bytes], warmup: int, *, idempotent: bool = False
+    ) -> list[float]:
         await self._create(stream)
-        producer = self._producer(linger_ms=0)
+        producer = self._producer(linger_ms=0, idempotent=idempotent)
         await producer.start()
         out: list[float] = []
         try:
@@ -501,6 +517,14 @@ async def measure_side(
     samples[side.name, f"latency_p50_{mode}"].append(p50)
     samples[side.name, f"latency_p99_{mode}"].append(p99)
     log(f"  {side.name} latency {mode}: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs")
+    if side.idempotence:
+        lat = await side.latencies(
+            f"latency_{mode}_idem", payloads[LATENCY_LABEL][: plan.latency_count], plan.latency_warmup, idempotent=True
+        )
+        p50, p99 = percentile(lat, 50), percentile(lat, 99)
+        samples[side.name, f"latency_p50_{mode}_idempotent"].append(p50)
+        samples[side.name, f"latency_p99_{mode}_idempotent"].append(p99)
+        log(f"  {side.name} latency {mode}, idempotent: p50 {p50:,.0f} µs, p99 {p99:,.0f} µs")
     if mode == "nofsync":
         for label in SIZES:
             rate = await side.nats_ingest(f"ingest_{label}", payloads[label][: plan.messages])
@@ -530,6 +554,7 @@ def metric_names() -> list[tuple[str, str]]:
     names += [(f"consume_{label}_batches", "msg/s") for label in SIZES]
     for mode in MODES:
         names += [(f"latency_p50_{mode}", "µs"), (f"latency_p99_{mode}", "µs")]
+        names += [(f"latency_p50_{mode}_idempotent", "µs"), (f"latency_p99_{mode}_idempotent", "µs")]
     names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
     return names
 
@@ -538,7 +563,8 @@ def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
     rows: list[Row] = []
     for metric, unit in metric_names():
         ours = samples.get(("tidelog", metric))
-        theirs = samples.get(("jetstream", metric.removesuffix("_batches")))  # JetStream has one way to consume
+        # JetStream has one way to consume, and publishes without deduplication
+        theirs = samples.get(("jetstream", metric.removesuffix("_batches").removesuffix("_idempotent")))
         if ours:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
         elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value

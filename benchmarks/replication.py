@@ -460,6 +460,7 @@ class TidelogSide:
         await poll(lambda: self._full_isr(stream), 60, f"tidelog {stream} with a full ISR")
 
     def _producer(self, **settings: Any) -> Producer:
+        settings.setdefault("idempotent", False)  # like js.publish without a Nats-Msg-Id: no deduplication either side
         return Producer(cluster=self.client, acks=Acks.ALL, compression=Codec.NONE, **settings)
 
     async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
