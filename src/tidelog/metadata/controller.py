@@ -480,7 +480,7 @@ class Controller:
         )
 
 
-PROBE_DELAYS = (0.0, 0.1, 0.25, 0.5)
+PROBE_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5)
 """A dying process's listening socket may still complete a connect for a moment after its connections were
 reset (the kernel closes a killed process's descriptors one by one), so one successful connect right after a
 report proves little: the port is probed a few times over most of a second."""
