@@ -173,7 +173,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._transport is not None:
             self._transport.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(self._lost), 5.0)
+            async with asyncio.timeout(5.0):  # not wait_for: see request()
+                await asyncio.shield(self._lost)
         self._fail_all(ConnectionClosedError(f"connection to {self.address} was closed"))
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
