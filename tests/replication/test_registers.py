@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidelog.replication.register_history import RegisterCheckpoint, RegisterHistory, decode_history, encode_history
 from tidelog.replication.registers import (
     EMPTY,
     MAX_NAME_LENGTH,
@@ -24,14 +25,10 @@ from tidelog.replication.registers import (
     LabelSelector,
     LabelSet,
     MalformedRegistersError,
-    RegisterCheckpoint,
-    RegisterHistory,
     RegisterLimitError,
     apply,
-    decode_history,
     decode_labels,
     decode_selector,
-    encode_history,
     encode_labels,
     encode_selector,
     matches,
