@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -43,4 +44,22 @@ async def test_acks_all_times_out_while_the_isr_lags_and_keeps_the_write(tmp_pat
     assert not await partition.wait_for_data(0, 0.01)
     appended = await partition.append(_batch(1), Acks.LEADER, 5)  # LEADER: the leader's own (fsynced) log
     assert appended.base_offset == 2 and partition.high_watermark == 0
+    await partition.close()
+
+
+async def test_an_append_whose_caller_is_cancelled_mid_fsync_still_commits(tmp_path: Path) -> None:
+    """A client gone while its batch is being fsynced: the batch is in the log, and the HW must still reach it
+    without waiting for another write (a replicated leader fsyncs on the worker, so the caller really waits)."""
+    log = await Log.open_async(tmp_path, LogConfig(flush_policy=FlushPolicy.ALWAYS))
+    stream = StreamRecord("s", "s", "", 1, 2, 0)
+    partition = Partition(stream, PartitionRecord("s", 0, ("b", "c"), "b", ("b",)), log, "b", min_isr=1)
+    task = asyncio.ensure_future(partition.append(_batch(2), Acks.LEADER, 5))
+    for _ in range(10_000):
+        if partition.log_end:
+            break
+        await asyncio.sleep(0)
+    assert partition.log_end == 2 and not task.done()  # written, the fsync still running
+    task.cancel()
+    assert await partition.wait_for_data(1, 5.0), "the cancelled append's records never committed"
+    assert partition.high_watermark == 2
     await partition.close()

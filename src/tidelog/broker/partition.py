@@ -306,6 +306,9 @@ class Partition:
                 result = await self._append_reserved(data, headers, expected_offset)
         except OffsetMismatchError as exc:
             raise IncorrectOffsetError(f"{self.name}: {exc}") from None
+        except asyncio.CancelledError:
+            self._settle_after_cancel()
+            raise
         # The append's own end, not the log's: a concurrent append may already be written but not yet fsynced.
         self._hw.replica_caught_up_to(self.broker_id, result.last_offset + 1)
         if not self.first_received_ns:
@@ -314,6 +317,24 @@ class Partition:
         if acks is Acks.ALL:
             await self.wait_committed(result.last_offset, timeout)
         return Appended(result.base_offset, result.last_offset, received, time.time_ns())
+
+    def _settle_after_cancel(self) -> None:
+        """The caller was cancelled (client gone, server stopping) while its append was being written or
+        fsynced. Its batch may be in the log, and this leader's own entry in the HW tracker was waiting for the
+        append to return: without this the HW would stay behind the log end until the next write, and an idle
+        partition would never show those records. Flush, then count what was written before the flush began."""
+        end = self.log.end_offset
+
+        async def settle() -> None:
+            try:
+                await self.log.flush()
+            except Exception:  # closed or poisoned: nothing to count
+                return
+            self._hw.replica_caught_up_to(self.broker_id, end)
+
+        task = asyncio.ensure_future(settle())
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     def _append_reserved(
         self, data: bytes | bytearray | memoryview, headers: Sequence[BatchHeader], expected_offset: int | None
