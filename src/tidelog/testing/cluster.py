@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import os
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -284,24 +283,22 @@ class LocalCluster:
         handle = self.broker(broker_id)
         if not handle.running:
             return
-        self._signal(handle, signal.SIGKILL)
         handle.paused = False
-        await asyncio.wait_for(handle.process.wait(), KILL_WAIT)
-        await handle.process.stop()  # reaped already: only forgets the child
+        await handle.process.kill()
 
     async def pause(self, broker_id: str) -> None:
         """SIGSTOP: the broker keeps its sockets and lease but does nothing, as a long GC pause or a hung VM.
 
         Returns once the kernel reports the process stopped (signal delivery is asynchronous)."""
         handle = self.broker(broker_id)
-        self._signal(handle, signal.SIGSTOP)
+        handle.process.signal(signal.SIGSTOP)
         handle.paused = True
         await self._await_state(handle, stopped=True)
 
     async def resume(self, broker_id: str) -> None:
         """SIGCONT a paused broker; returns once it runs again."""
         handle = self.broker(broker_id)
-        self._signal(handle, signal.SIGCONT)
+        handle.process.signal(signal.SIGCONT)
         handle.paused = False
         await self._await_state(handle, stopped=False)
 
@@ -353,18 +350,10 @@ class LocalCluster:
 
         return probe
 
-    def _signal(self, handle: BrokerHandle, signum: signal.Signals) -> None:
-        # Only a child that has not been reaped: its PID cannot have been reused (an exited, unreaped child keeps
-        # it as a zombie), so the signal reaches our broker or nothing.
-        pid = handle.pid
-        if pid is None or handle.process.returncode is not None:
-            raise RuntimeError(f"broker {handle.id} is not running")
-        os.kill(pid, signum)
-
     def _resume_quietly(self, handle: BrokerHandle) -> None:
         if handle.paused and handle.running:
             with contextlib.suppress(ProcessLookupError, RuntimeError):
-                self._signal(handle, signal.SIGCONT)
+                handle.process.signal(signal.SIGCONT)
         handle.paused = False
 
     # ---- metadata (read straight from etcd) ----

@@ -382,6 +382,26 @@ class ManagedProcess:
         self._forget(child)
         return child.returncode
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the running child (SIGSTOP and SIGCONT for fault tests). Only a child that has not
+        been reaped: its PID cannot have been reused (an exited, unreaped child keeps it as a zombie), so the
+        signal reaches our process or nothing."""
+        child = self._child
+        if child is None or child.returncode is not None:
+            raise RuntimeError(f"{self.name} is not running")
+        os.kill(child.pid, signum)
+
+    async def kill(self) -> int | None:
+        """SIGKILL (a crash: no shutdown of any kind), wait for the exit and forget the child."""
+        child = self._child
+        if child is None:
+            return None
+        if child.poll() is None:
+            child.kill()
+            await asyncio.wait_for(_wait_exit(child), _KILL_WAIT)
+        self._forget(child)
+        return child.returncode
+
     def stop_sync(self, *, grace: float = 10.0) -> int | None:
         """:meth:`stop` for code without an event loop (synchronous fixtures, exit hooks). Blocks the caller."""
         child = self._child
