@@ -20,17 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from tidelog.broker.embedded import find_binary
 from tidelog.testing.ports import free_ports
 from tidelog.testing.process import ManagedProcess, all_of, http_get, http_probe, tcp_probe
 
-__all__ = ["JetStreamCluster", "JetStreamServer"]
+__all__ = [
+    "JS_PUBLISH_WINDOW",
+    "JS_PULL_BATCH",
+    "JetStreamCluster",
+    "JetStreamServer",
+    "publish_all",
+    "publish_one_at_a_time",
+    "pull_all",
+]
+
+JS_PUBLISH_WINDOW = 4000  # JetStream acks outstanding at once (pass to nc.jetstream(publish_async_max_pending=))
+JS_PULL_BATCH = 10_000  # JetStream messages per pull request
 
 _HOST = "127.0.0.1"
 
@@ -239,11 +252,9 @@ class JetStreamCluster:
         """SIGKILL the node by PID (a crash) and wait until it is gone."""
         node = self.node(name)
         process = node.process
-        if process is None or not process.running or process.pid is None or process.returncode is not None:
+        if process is None or not process.running:
             raise RuntimeError(f"jetstream {name} is not running")
-        os.kill(process.pid, signal.SIGKILL)  # our unreaped child: its PID cannot have been reused
-        await asyncio.wait_for(process.wait(), 10)
-        await process.stop()  # reaped already: only forgets the child
+        await process.kill()
 
     async def restart(self, name: str) -> None:
         """Start a killed node again on the same ports and store; return once it is healthy."""
@@ -269,3 +280,78 @@ class JetStreamCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+# ---- the client side of a measurement, the same for one server and for a cluster ----
+
+
+async def publish_all(js: Any, stream: str, payloads: Sequence[bytes], deadline: float) -> float:
+    """msg/s: every payload published with ``js.publish_async`` (up to the context's pending limit outstanding,
+    faster than windows of ``js.publish``: one future per message, no request-inbox bookkeeping), every ack
+    checked."""
+    count = len(payloads)
+    start = time.perf_counter()
+    futures = [await js.publish_async(stream, payload) for payload in payloads]
+    acks = await asyncio.wait_for(asyncio.gather(*futures), deadline)
+    elapsed = time.perf_counter() - start
+    if len(acks) != count or acks[-1].seq != count:
+        raise RuntimeError(f"jetstream {stream}: {len(acks)} acks, last seq {acks[-1].seq}, expected {count}")
+    return count / elapsed
+
+
+async def pull_all(nc: Any, js: Any, stream: str, count: int, size: int, deadline: float) -> float:
+    """msg/s: ``count`` messages of ``size`` bytes read back by a pull consumer (``AckNone``) fed by pipelined
+    pull requests (the next one when half of the last has arrived) into a callback subscription. nats-py's
+    ``PullSubscription.fetch`` pops every message through ``next_msg`` and is several times slower; this is the
+    same pull consumer on the server."""
+    consumer = f"{stream}_reader_{time.monotonic_ns()}"
+    await js.add_consumer(stream, ConsumerConfig(name=consumer, ack_policy=AckPolicy.NONE))
+    inbox = nc.new_inbox()
+    api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+    done = asyncio.Event()
+    got = requested = received_bytes = 0
+
+    async def pull() -> None:
+        nonlocal requested
+        batch = min(JS_PULL_BATCH, count - requested)
+        if batch > 0:
+            requested += batch
+            request = json.dumps({"batch": batch, "expires": 30_000_000_000}).encode()
+            await nc.publish(api, request, reply=inbox)
+
+    async def on_message(msg: Any) -> None:
+        nonlocal got, received_bytes
+        if msg.headers and "Status" in msg.headers:
+            return  # 404/408/409 status: not a stream message
+        got += 1
+        received_bytes += len(msg.data)
+        if got >= count:
+            done.set()
+        elif requested - got <= JS_PULL_BATCH // 2:
+            await pull()
+
+    sub = await nc.subscribe(
+        inbox, cb=on_message, pending_msgs_limit=2 * JS_PULL_BATCH + 1000, pending_bytes_limit=512 * 1024 * 1024
+    )
+    try:
+        start = time.perf_counter()
+        await pull()
+        await asyncio.wait_for(done.wait(), deadline)
+        elapsed = time.perf_counter() - start
+    finally:
+        await sub.unsubscribe()
+        await js.delete_consumer(stream, consumer)
+    if received_bytes != count * size:
+        raise RuntimeError(f"jetstream {stream}: read {received_bytes} bytes, expected {count * size}")
+    return count / elapsed
+
+
+async def publish_one_at_a_time(js: Any, stream: str, payloads: Sequence[bytes], warmup: int) -> list[float]:
+    """µs per ``js.publish`` awaited one at a time (the first ``warmup`` are left out)."""
+    out: list[float] = []
+    for i, payload in enumerate(payloads):
+        start = time.perf_counter_ns()
+        await js.publish(stream, payload)
+        if i >= warmup:
+            out.append((time.perf_counter_ns() - start) / 1000)
+    return out

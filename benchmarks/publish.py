@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import sys
@@ -64,10 +63,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import nats
-from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from nats.js.api import StorageType, StreamConfig
 
 from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
-from benchmarks._jetstream import JetStreamServer
+from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.testing.ports import free_ports
 from tidelog.testing.process import ManagedProcess, all_of, tcp_probe
@@ -97,8 +96,6 @@ APPROACHES = {
 
 INGEST_FLUSH_EVERY = 500  # plain publisher: flush (PING/PONG) this often, so it never outruns the server's limits
 POLL_INTERVAL = 0.005  # seconds between committed-count polls
-JS_PUBLISH_WINDOW = 4000  # JetStream acks outstanding at once
-JS_PULL_BATCH = 10_000  # JetStream messages per pull request
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,72 +259,16 @@ class JetStreamSide:
 
     async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
         await self._create(stream)
-        js, count = self.js, len(payloads)
-        start = time.perf_counter()
-        futures = [await js.publish_async(stream, payload) for payload in payloads]
-        acks = await asyncio.wait_for(asyncio.gather(*futures), deadline_for(count))
-        elapsed = time.perf_counter() - start
-        if len(acks) != count or acks[-1].seq != count:
-            raise RuntimeError(f"jetstream {stream}: {len(acks)} acks, last seq {acks[-1].seq}, expected {count}")
-        return count / elapsed
+        return await publish_all(self.js, stream, payloads, deadline_for(len(payloads)))
 
     async def consume(self, stream: str, count: int, size: int, *, decode: bool = True) -> float:
-        """Pull consumer, ``AckNone``: pipelined pull requests (the next one when half of the last has arrived)
-        delivered to a callback subscription."""
-        consumer = f"{stream}_reader"
-        await self.js.add_consumer(stream, ConsumerConfig(name=consumer, ack_policy=AckPolicy.NONE))
-        nc = self.nc
-        inbox = nc.new_inbox()
-        api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        done = asyncio.Event()
-        got = requested = received_bytes = 0
-
-        async def pull() -> None:
-            nonlocal requested
-            batch = min(JS_PULL_BATCH, count - requested)
-            if batch > 0:
-                requested += batch
-                request = json.dumps({"batch": batch, "expires": 30_000_000_000}).encode()
-                await nc.publish(api, request, reply=inbox)
-
-        async def on_message(msg: Any) -> None:
-            nonlocal got, received_bytes
-            if msg.headers and "Status" in msg.headers:
-                return  # 404/408/409 status: not a stream message
-            got += 1
-            received_bytes += len(msg.data)
-            if got >= count:
-                done.set()
-            elif requested - got <= JS_PULL_BATCH // 2:
-                await pull()
-
-        sub = await nc.subscribe(
-            inbox, cb=on_message, pending_msgs_limit=2 * JS_PULL_BATCH + 1000, pending_bytes_limit=512 * 1024 * 1024
-        )
-        try:
-            start = time.perf_counter()
-            await pull()
-            await asyncio.wait_for(done.wait(), deadline_for(count))
-            elapsed = time.perf_counter() - start
-        finally:
-            await sub.unsubscribe()
-            await self.js.delete_consumer(stream, consumer)
-        if received_bytes != count * size:
-            raise RuntimeError(f"jetstream {stream}: read {received_bytes} bytes, expected {count * size}")
-        return count / elapsed
+        return await pull_all(self.nc, self.js, stream, count, size, deadline_for(count))
 
     async def latencies(
         self, stream: str, payloads: Sequence[bytes], warmup: int, *, idempotent: bool = False
     ) -> list[float]:
         await self._create(stream)
-        js = self.js
-        out: list[float] = []
-        for i, payload in enumerate(payloads):
-            start = time.perf_counter_ns()
-            await js.publish(stream, payload)
-            if i >= warmup:
-                out.append((time.perf_counter_ns() - start) / 1000)
-        return out
+        return await publish_one_at_a_time(self.js, stream, payloads, warmup)
 
     async def nats_ingest(self, stream: str, payloads: Sequence[bytes]) -> float:
         await self._create(stream)
