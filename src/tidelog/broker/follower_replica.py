@@ -13,6 +13,7 @@ recognized (:mod:`tidelog.replication.producer_state`).
 
 from __future__ import annotations
 
+from tidelog.broker.replica_reads import CommittedReads
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.follower import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import read_hw_checkpoint
@@ -23,7 +24,7 @@ from tidelog.replication.producer_sync import take_snapshot
 from tidelog.storage.log import Log
 
 
-class FollowerReplica:
+class FollowerReplica(CommittedReads):
     """One followed partition. ``fetcher`` is None while the partition has no live leader."""
 
     def __init__(
@@ -39,41 +40,14 @@ class FollowerReplica:
         self._stored_hw = read_hw_checkpoint(log_)
         self._hw = OffsetWaiters(self._stored_hw)
 
-    # -- what readers see (the same names as Partition's, so a subscription serves from either) --
-
-    @property
-    def name(self) -> str:
-        return f"{self.stream.name}/{self.record.id}"
-
-    @property
-    def subject(self) -> str:
-        return self.stream.partition_subject(self.record.id)
+    # -- what readers see (CommittedReads, as at the leader) --
 
     @property
     def high_watermark(self) -> int:
         return self._hw.position
 
-    @property
-    def log_start(self) -> int:
-        return self.log.start_offset
-
-    @property
-    def log_end(self) -> int:
-        return self.log.end_offset
-
-    def read_committed(self, offset: int, max_bytes: int) -> bytes:
-        hw = min(self._hw.position, self.log.end_offset)
-        if offset >= hw:
-            return b""
-        return self.log.read(offset, max_bytes, max_offset=hw)
-
     async def wait_for_data(self, offset: int, timeout: float | None) -> bool:
         return await self._hw.wait_beyond(offset, timeout)
-
-    def offset_for_timestamp(self, timestamp_ns: int) -> int:
-        found = self.log.offset_for_timestamp(timestamp_ns)
-        hw = self._hw.position
-        return hw if found is None or found > hw else found
 
     # -- fed by the fetcher --
 

@@ -56,6 +56,7 @@ from tidelog.api.errors import (
     UnknownProducerError,
 )
 from tidelog.api.wire.messages import Acks
+from tidelog.broker.replica_reads import CommittedReads
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
@@ -101,7 +102,7 @@ AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 """Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
 
 
-class Partition:
+class Partition(CommittedReads):
     """A partition this broker leads."""
 
     def __init__(
@@ -158,25 +159,9 @@ class Partition:
     # ------------------------------------------------------------------------------------------ identity
 
     @property
-    def name(self) -> str:
-        return f"{self.stream.name}/{self.record.id}"
-
-    @property
-    def subject(self) -> str:
-        return self.stream.partition_subject(self.record.id)
-
-    @property
     def high_watermark(self) -> int:
         """The offset after the last committed record (Kafka's meaning)."""
         return self._hw.value
-
-    @property
-    def log_end(self) -> int:
-        return self.log.end_offset
-
-    @property
-    def log_start(self) -> int:
-        return self.log.start_offset
 
     def update_record(self, record: PartitionRecord) -> None:
         """Take a newer metadata record (paused/readonly flags, ISR)."""
@@ -359,13 +344,6 @@ class Partition:
 
     # ------------------------------------------------------------------------------------------ reads
 
-    def read_committed(self, offset: int, max_bytes: int) -> bytes:
-        """Whole batches from the one holding ``offset``, never reaching the high watermark."""
-        hw = self._hw.value
-        if offset >= hw:
-            return b""
-        return self.log.read(offset, max_bytes, max_offset=hw)
-
     async def wait_committed(self, offset: int, timeout: float) -> None:
         """Wait until ``offset`` is committed; TIMEOUT error otherwise."""
         if offset < self._hw.value:
@@ -392,12 +370,6 @@ class Partition:
         """
         if self._hw.value < self._epoch_start:
             await self._hw.wait_beyond(self._epoch_start - 1, timeout)
-
-    def offset_for_timestamp(self, timestamp_ns: int) -> int:
-        """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none)."""
-        found = self.log.offset_for_timestamp(timestamp_ns)
-        hw = self._hw.value
-        return hw if found is None or found > hw else found
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
