@@ -13,8 +13,6 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
-import crc32c
-
 from tidelog.replication.registers import (
     EMPTY,
     MAX_REGISTER_LABELS,
@@ -24,7 +22,7 @@ from tidelog.replication.registers import (
     check_limits,
 )
 from tidelog.storage.atomic import write_atomically
-from tidelog.storage.checkpoint import MAX_CHECKPOINT_BYTES
+from tidelog.storage.checkpoint import MAX_CHECKPOINT_BYTES, seal, unseal
 from tidelog.storage.errors import CheckpointError
 
 # ----------------------------------------------------------------------------------------------- history
@@ -161,7 +159,6 @@ CHECKPOINT_VERSION = 1
 
 _HEADER = f"tidelog {CHECKPOINT_KIND} {CHECKPOINT_VERSION}".encode()
 _INTEGER = re.compile(rb"0|[1-9][0-9]{0,18}")
-_CRC_LINE = re.compile(rb"crc32c ([0-9a-f]{8})\n")
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -170,22 +167,12 @@ def encode_history(history: RegisterHistory) -> bytes:
     lines = [_HEADER, f"floor {history.floor}".encode(), str(len(history.entries())).encode()]
     for offset, registers in history.entries():
         lines.append(" ".join([str(offset), *map(str, registers)]).encode())
-    body = b"\n".join(lines) + b"\n"
-    return body + f"crc32c {crc32c.crc32c(body):08x}\n".encode()
+    return seal(b"\n".join(lines) + b"\n")
 
 
 def decode_history(data: bytes, *, path: str = "<registers checkpoint>") -> RegisterHistory:
     """The history a checkpoint holds; any fault raises :class:`CheckpointError` naming ``path``."""
-    body_end = data.rfind(b"crc32c ")
-    if body_end <= 0 or data[body_end - 1 : body_end] != b"\n":
-        raise CheckpointError(path, "no checksum line")
-    crc_match = _CRC_LINE.fullmatch(data, body_end)
-    if crc_match is None:
-        raise CheckpointError(path, "malformed checksum line")
-    body = data[:body_end]
-    if int(crc_match.group(1), 16) != crc32c.crc32c(body):
-        raise CheckpointError(path, "checksum mismatch")
-    lines = body.split(b"\n")[:-1]
+    lines = unseal(data, path).split(b"\n")[:-1]
     if len(lines) < 3:
         raise CheckpointError(path, "missing header lines")
     if lines[0] != _HEADER:

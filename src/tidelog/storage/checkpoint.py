@@ -39,6 +39,25 @@ _MAGIC = b"tidelog"
 _KIND = re.compile(r"[a-z][a-z0-9-]*")  # one word: the header line is split on spaces
 
 
+def seal(body: bytes) -> bytes:
+    """``body`` (ending in a newline) followed by its ``crc32c`` line: the framing every checkpoint file shares."""
+    return body + f"crc32c {crc32c.crc32c(body):08x}\n".encode()
+
+
+def unseal(data: bytes, path: str) -> bytes:
+    """The body of a :func:`seal`-ed file, its checksum verified; any fault raises ``CheckpointError``."""
+    body_end = data.rfind(b"crc32c ")
+    if body_end <= 0 or data[body_end - 1 : body_end] != b"\n":
+        raise CheckpointError(path, "no checksum line")
+    crc_match = _CRC_LINE.fullmatch(data, body_end)
+    if crc_match is None:
+        raise CheckpointError(path, "malformed checksum line")
+    body = data[:body_end]
+    if int(crc_match.group(1), 16) != crc32c.crc32c(body):
+        raise CheckpointError(path, "checksum mismatch")
+    return body
+
+
 def encode_checkpoint(kind: str, fields: int, entries: Iterable[Sequence[int]]) -> bytes:
     """Encode ``entries`` (each ``fields`` integers) as a checkpoint of ``kind``."""
     if _KIND.fullmatch(kind) is None:
@@ -51,22 +70,12 @@ def encode_checkpoint(kind: str, fields: int, entries: Iterable[Sequence[int]]) 
             if not _INT64_MIN <= value <= _INT64_MAX:
                 raise ValueError(f"{value} does not fit a checkpoint field (int64)")
         lines.append(" ".join(str(int(value)) for value in entry).encode() + b"\n")
-    body = f"{_MAGIC.decode()} {kind} {FORMAT_VERSION}\n{len(lines)}\n".encode() + b"".join(lines)
-    return body + f"crc32c {crc32c.crc32c(body):08x}\n".encode()
+    return seal(f"{_MAGIC.decode()} {kind} {FORMAT_VERSION}\n{len(lines)}\n".encode() + b"".join(lines))
 
 
 def decode_checkpoint(data: bytes, kind: str, fields: int, *, path: str = "<checkpoint>") -> list[tuple[int, ...]]:
     """Decode a checkpoint of ``kind`` with ``fields`` integers per entry; any fault raises ``CheckpointError``."""
-    body_end = data.rfind(b"crc32c ")
-    if body_end <= 0 or data[body_end - 1 : body_end] != b"\n":
-        raise CheckpointError(path, "no checksum line")
-    crc_match = _CRC_LINE.fullmatch(data, body_end)
-    if crc_match is None:
-        raise CheckpointError(path, "malformed checksum line")
-    body = data[:body_end]
-    if int(crc_match.group(1), 16) != crc32c.crc32c(body):
-        raise CheckpointError(path, "checksum mismatch")
-    lines = body.split(b"\n")[:-1]  # the body ends with a newline, checked above
+    lines = unseal(data, path).split(b"\n")[:-1]  # the body ends with a newline (unseal checks it)
     if len(lines) < 2:
         raise CheckpointError(path, "missing header lines")
     header = lines[0].split(b" ")
