@@ -25,7 +25,7 @@ import asyncio
 
 from tidelog.api.errors import OffsetOutOfRangeError
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, Op
-from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, frame_with_file, route
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
 from tidelog.api.wire.messages import (
     FetchRequest,
     FetchResponse,
@@ -51,17 +51,10 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
         return _out_of_range(correlation_id, partition, offset)
     if committed and offset >= partition.high_watermark and request.max_wait_ms:
         await _long_poll(env, partition, offset, request.max_wait_ms / 1000)
-    log = partition.log
     limit = partition.high_watermark if committed else partition.log_end
     if offset >= limit:
         return Reply(encode_message(correlation_id, _bounds(partition)))
-    if env.zero_copy:
-        file = log.read_range(offset, max_bytes, max_offset=limit)
-        if file is None:
-            return Reply(encode_message(correlation_id, _bounds(partition)))
-        return frame_with_file(Op.FETCH, correlation_id, _bounds(partition), file)
-    data = log.read(offset, max_bytes, max_offset=limit)
-    return Reply(encode_message(correlation_id, _bounds(partition), data))
+    return batches_reply(env, Op.FETCH, correlation_id, _bounds(partition), partition.log, offset, max_bytes, limit)
 
 
 async def _long_poll(env: HandlerEnv, partition: Partition, offset: int, timeout: float) -> None:

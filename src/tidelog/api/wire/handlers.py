@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.broker.context import BrokerContext
-from tidelog.storage.log import FileRange
+from tidelog.storage.log import FileRange, Log
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,19 @@ def frame_with_file(op: int, correlation_id: int, header: Header, file: FileRang
     length = BODY_FIXED_SIZE + len(encoded) + file.length
     prefix = PREFIX.pack(length, WIRE_VERSION, Kind.RESPONSE, op, correlation_id, len(encoded))
     return Reply([prefix, encoded], file)
+
+
+def batches_reply(
+    env: HandlerEnv, op: int, correlation_id: int, header: Header, log: Log, offset: int, max_bytes: int, limit: int
+) -> Reply:
+    """``header`` with whole batches of ``log`` from ``offset`` below ``limit``: a file range for ``os.sendfile``
+    on a plain TCP session, the bytes read into memory otherwise (TLS); just the header when there are none."""
+    if env.zero_copy:
+        file = log.read_range(offset, max_bytes, max_offset=limit)
+        if file is None:
+            return Reply(encode_message(correlation_id, header))
+        return frame_with_file(op, correlation_id, header, file)
+    return Reply(encode_message(correlation_id, header, log.read(offset, max_bytes, max_offset=limit)))
 
 
 # -- produce ------------------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ import os
 from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.frames import Op
-from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, frame_with_file, route
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, frame_with_file, route
 from tidelog.api.wire.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
@@ -88,14 +88,8 @@ async def replica_fetch(
     if offset >= end:
         return Reply(encode_message(correlation_id, _bounds(partition)))
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
-    log = partition.log
-    if env.zero_copy:
-        file = log.read_range(offset, max_bytes, max_offset=end)
-        if file is None:
-            return Reply(encode_message(correlation_id, _bounds(partition)))
-        return frame_with_file(Op.REPLICA_FETCH, correlation_id, _bounds(partition), file)
-    data = log.read(offset, max_bytes, max_offset=end)
-    return Reply(encode_message(correlation_id, _bounds(partition), data))
+    header = _bounds(partition)
+    return batches_reply(env, Op.REPLICA_FETCH, correlation_id, header, partition.log, offset, max_bytes, end)
 
 
 def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
