@@ -28,8 +28,15 @@ class FollowerReplica(CommittedReads):
     """One followed partition. ``fetcher`` is None while the partition has no live leader."""
 
     def __init__(
-        self, stream: StreamRecord, record: PartitionRecord, log_: Log, producers: ProducerStateTable | None = None
+        self,
+        stream: StreamRecord,
+        record: PartitionRecord,
+        log_: Log,
+        producers: ProducerStateTable | None = None,
+        *,
+        high_watermark: int | None = None,
     ) -> None:
+        """``high_watermark``: what is known committed (a demoted leader's); read from the checkpoint if None."""
         self.stream = stream
         self.record = record
         self.log = log_
@@ -37,8 +44,7 @@ class FollowerReplica(CommittedReads):
         self.fetcher: ReplicaFetcher | None = None
         self.leader: tuple[str, int, str] | None = None  # (leader id, leader epoch, wire address) fetched from
         self.checkpointed = -1
-        self._stored_hw = read_hw_checkpoint(log_)
-        self._hw = OffsetWaiters(self._stored_hw)
+        self._hw = OffsetWaiters(read_hw_checkpoint(log_) if high_watermark is None else high_watermark)
 
     # -- what readers see (CommittedReads, as at the leader) --
 

@@ -268,10 +268,10 @@ class PartitionManager:
                 opened = await self._open_log(stream, record.id)
                 if opened is None:
                     return
-                (log_, producers), hw = opened, -1
-            if hw >= 0:  # the demoted leader's HW: what the follower may serve and start from
-                await write_hw_checkpoint(log_.directory, hw)
-            follower = FollowerReplica(stream, record, log_, producers)
+                (log_, producers), hw = opened, None
+            # A demoted leader's HW (which its close() has checkpointed) is what the follower may serve and start
+            # from; a log just opened starts from its checkpoint.
+            follower = FollowerReplica(stream, record, log_, producers, high_watermark=hw)
             self._followers[key] = follower
         follower.record = record
         broker = snap.brokers.get(record.leader) if record.leader else None
