@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.api.wire.stub_manager import StubManager
 from tidelog.api.errors import ErrorCode, UnknownStreamError
 from tidelog.api.wire.messages import (
     Acks,
@@ -42,19 +43,6 @@ NOW = 1_700_000_000_000_000_000
 
 def batch(*values: bytes) -> bytes:
     return build_batch([NewRecord(v) for v in values], timestamp=NOW)
-
-
-@dataclass
-class StubManager:
-    """Leads exactly the partitions it holds; anything else is an unknown stream."""
-
-    partitions: dict[tuple[str, int], Partition] = field(default_factory=dict)
-
-    def leader_of(self, stream: str, partition: int) -> Partition:
-        found = self.partitions.get((stream, partition))
-        if found is None:
-            raise UnknownStreamError(f"no stream named {stream!r}")
-        return found
 
 
 @dataclass

@@ -12,13 +12,14 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tidelog.api.errors import ErrorCode, UnknownStreamError
+from tests.api.wire.stub_manager import StubManager
+from tidelog.api.errors import ErrorCode
 from tidelog.api.wire.frames import FrameDecoder, Kind, Op, encode_frame_bytes
 from tidelog.api.wire.messages import (
     Acks,
@@ -42,19 +43,6 @@ from tidelog.storage.log import Log
 
 BOUND = 20.0
 NOW = 1_700_000_000_000_000_000
-
-
-@dataclass
-class StubManager:
-    """Leads exactly the partitions it holds; anything else is an unknown stream."""
-
-    partitions: dict[tuple[str, int], Partition] = field(default_factory=dict)
-
-    def leader_of(self, stream: str, partition: int) -> Partition:
-        found = self.partitions.get((stream, partition))
-        if found is None:
-            raise UnknownStreamError(f"no stream named {stream!r}")
-        return found
 
 
 @dataclass
