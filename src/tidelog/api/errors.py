@@ -33,7 +33,10 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── OutOfOrderSequenceError   OUT_OF_ORDER_SEQUENCE ABORTED               re-initialize the producer
      ├── ProducerFencedError       PRODUCER_FENCED       FAILED_PRECONDITION   a newer instance took over: stop
      ├── UnknownProducerError      UNKNOWN_PRODUCER      FAILED_PRECONDITION   re-initialize the producer
-     └── DuplicateInFlightError    DUPLICATE_IN_FLIGHT   UNAVAILABLE           retriable: after a backoff
+     ├── DuplicateInFlightError    DUPLICATE_IN_FLIGHT   UNAVAILABLE           retriable: after a backoff
+     ├── RegisterMismatchError     REGISTER_MISMATCH     ABORTED               re-read the registers, decide again
+     ├── AppendTooSlowError        APPEND_TOO_SLOW       ABORTED               stream the append faster
+     └── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -52,6 +55,12 @@ should not retry until the system state has been fixed"):
   producer was replaced by a newer instance of its name and must stop; an unknown one re-initializes first.
 - DUPLICATE_IN_FLIGHT is UNAVAILABLE and retriable: the very batch is being written right now, and repeating
   the same call after a backoff gets its offsets (or a real outcome), as NOT_ENOUGH_REPLICAS is retried.
+- REGISTER_MISMATCH is ABORTED like INCORRECT_OFFSET: a failed test on the partition's registers (Gazette's
+  fencing); another writer holds them, and repeating the append fails the same way.
+- APPEND_TOO_SLOW is ABORTED: the broker dropped a transactional append whose client streamed below
+  ``append_min_rate_bytes``; nothing of it was stored, and the client may start it again.
+- PARTITION_SUSPENDED is FAILED_PRECONDITION: the leader found evidence that its log lost acknowledged data
+  (seed 002, "fail to safety") and refuses appends until an operator runs ``tidelog partition reset-head``.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -101,6 +110,9 @@ class ErrorCode(enum.IntEnum):
     PRODUCER_FENCED = 22
     UNKNOWN_PRODUCER = 23
     DUPLICATE_IN_FLIGHT = 24
+    REGISTER_MISMATCH = 25
+    APPEND_TOO_SLOW = 26
+    PARTITION_SUSPENDED = 27
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -179,6 +191,12 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _K.UNKNOWN),
     ErrorSpec(_C.DUPLICATE_IN_FLIGHT, "the same batch is being written", True, _S.UNAVAILABLE, _A.UNKNOWN,
               _K.UNKNOWN),
+    ErrorSpec(_C.REGISTER_MISMATCH, "the partition's registers do not match the append's selector", False,
+              _S.ABORTED, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.APPEND_TOO_SLOW, "the append streamed slower than the broker's minimum rate", False,
+              _S.ABORTED, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.PARTITION_SUSPENDED, "the partition refuses appends until an operator confirms its head", False,
+              _S.FAILED_PRECONDITION, _A.INTERNAL, _K.UNKNOWN),
 )
 # fmt: on
 
@@ -327,6 +345,21 @@ class UnknownProducerError(TidelogError, code=ErrorCode.UNKNOWN_PRODUCER):
 class DuplicateInFlightError(TidelogError, code=ErrorCode.DUPLICATE_IN_FLIGHT):
     """A retry of a batch whose first attempt is being written right now: retry after a backoff to learn its
     offsets (writing it a second time is exactly what idempotence prevents)."""
+
+
+class RegisterMismatchError(TidelogError, code=ErrorCode.REGISTER_MISMATCH):
+    """A transactional append's ``check_registers`` selector did not match the partition's registers: another
+    writer holds them. Nothing was appended; the error message names the registers found."""
+
+
+class AppendTooSlowError(TidelogError, code=ErrorCode.APPEND_TOO_SLOW):
+    """A transactional append streamed its chunks slower than the broker's ``append_min_rate_bytes`` and was
+    aborted: nothing of it is stored and no offsets were used."""
+
+
+class PartitionSuspendedError(TidelogError, code=ErrorCode.PARTITION_SUSPENDED):
+    """The partition's leader saw evidence of data beyond its own log end (consistency lost) and refuses
+    appends until an operator confirms the head with ``tidelog partition reset-head``."""
 
 
 if set(_CLASSES) != set(ErrorCode):
