@@ -8,7 +8,8 @@ A batch is a 61-byte header followed by its records, all integers big-endian::
         12     4  leader_epoch        epoch of the leader that assigned the offsets
         16     1  format_version      1
         17     4  crc                 CRC32C of bytes [21, end): everything after this field
-        21     2  attributes          bits 0-2 codec (0 none, 3 lz4, 4 zstd); bit 4 transactional; bit 5 control
+        21     2  attributes          bits 0-2 codec (0 none, 3 lz4, 4 zstd); bit 4 transactional; bit 5 control;
+                                      bit 6 registers
         23     4  last_offset_delta   offset of the last record minus base_offset
         27     8  first_timestamp     nanoseconds since the Unix epoch
         35     8  max_timestamp       largest record timestamp in the batch
@@ -16,7 +17,15 @@ A batch is a 61-byte header followed by its records, all integers big-endian::
         51     2  producer_epoch      -1 when unset
         53     4  base_sequence       -1 when unset
         57     4  record_count        records present (fewer than last_offset_delta + 1 after compaction)
-        61     …  records             compressed as a whole when the codec is not none
+        61     …  registers block     only with bit 6: a 2-byte length, then the partition's registers (the
+                                      whole label set after this batch, ``replication.registers`` encoding)
+         …     …  records             compressed as a whole when the codec is not none
+
+The registers block is how a transactional append's register update travels: in the very batch that holds
+the append's records, so the update is replicated, stored, recovered and truncated exactly with them (one
+batch is all or nothing on disk and on the wire). It carries the whole set, not the change, so the registers
+of a replica are those of the last such batch it holds. It sits outside the compressed section and is opaque
+to storage: :func:`record_section` skips it and :func:`registers_block` returns it.
 
 Each record is framed with zig-zag varints (:mod:`tidelog.storage.varint`)::
 
@@ -85,6 +94,9 @@ class Codec(enum.IntEnum):
 CODEC_MASK = 0x07
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
+REGISTERS_FLAG = 0x40
+REGISTERS_LENGTH = struct.Struct(">H")
+MAX_REGISTERS_BLOCK = 0xFFFF
 
 
 class BatchHeader(NamedTuple):
@@ -291,6 +303,20 @@ class BatchBuilder:
     def first_timestamp(self) -> int:
         return self._first_timestamp
 
+    @property
+    def max_timestamp(self) -> int:
+        return self._max_timestamp
+
+    def drain(self) -> bytes:
+        """The records encoded since the last drain, uncompressed and unframed; offsets keep counting.
+
+        A transactional append streams its records in chunks (:mod:`tidelog.client.appender`): one builder
+        encodes the whole append, so offset deltas run on across chunks, and each chunk is what it drains.
+        """
+        chunk = b"".join(self._parts)
+        self._parts = []
+        return chunk
+
     def append(
         self,
         value: bytes | None,
@@ -332,13 +358,20 @@ class BatchBuilder:
         base_sequence: int = -1,
         transactional: bool = False,
         control: bool = False,
+        registers: bytes | None = None,
     ) -> bytes:
-        """The encoded batch. The builder may not be appended to afterwards."""
+        """The encoded batch. The builder may not be appended to afterwards.
+
+        ``registers``: an encoded label set to carry in the batch's registers block (see the module doc).
+        """
         if not self._count:
             raise ValueError("a batch needs at least one record")
         body = compress(b"".join(self._parts), codec)
         self._parts = []
         attributes = int(codec) | (TRANSACTIONAL_FLAG if transactional else 0) | (CONTROL_FLAG if control else 0)
+        if registers is not None:
+            body = registers_prefix(registers) + body
+            attributes |= REGISTERS_FLAG
         return _frame(
             body,
             base_offset=base_offset,
@@ -366,8 +399,9 @@ def build_batch(
     base_sequence: int = -1,
     transactional: bool = False,
     control: bool = False,
+    registers: bytes | None = None,
 ) -> bytes:
-    """Encode ``records`` as one batch.
+    """Encode ``records`` as one batch (``registers``: an encoded label set for its registers block).
 
     ``timestamp`` (ns) is given to records that carry none. Offsets are normally assigned later by the log;
     ``base_offset`` is for tests and tools that write a batch where it will be stored.
@@ -387,7 +421,15 @@ def build_batch(
         base_sequence=base_sequence,
         transactional=transactional,
         control=control,
+        registers=registers,
     )
+
+
+def registers_prefix(registers: bytes) -> bytes:
+    """The registers block as it precedes a batch's records: length, then the encoded label set."""
+    if len(registers) > MAX_REGISTERS_BLOCK:
+        raise ValueError(f"encoded registers of {len(registers)} bytes exceed {MAX_REGISTERS_BLOCK}")
+    return REGISTERS_LENGTH.pack(len(registers)) + registers
 
 
 def _frame(
@@ -432,7 +474,8 @@ def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
     """Re-encode a batch keeping ``records`` (a subset of the original), their offsets and timestamps.
 
     Used by compaction: the base offset and last offset delta are kept so the batch still spans the same
-    offsets, while ``record_count`` shrinks. The codec of the original is kept.
+    offsets, while ``record_count`` shrinks. The codec of the original is kept. Never given a batch with a
+    registers block: compaction leaves those whole, so a partition's registers stay in its log.
     """
     parts: list[bytes] = []
     for rec in records:
@@ -609,13 +652,37 @@ def record_section(
     """
     if header is None:
         header = parse_header(buf, pos)
-    view = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    start = pos + HEADER_SIZE
+    if header.attributes & REGISTERS_FLAG:
+        start += REGISTERS_LENGTH.size + _registers_length(buf, pos, header)
+    view = memoryview(buf)[start : pos + header.size]
     if header.codec is Codec.NONE:
         return view
     data = _decompress(view, header.codec, max_uncompressed)
     if header.record_count * MIN_RECORD_SIZE > len(data):
         raise CorruptBatchError(f"{header.record_count} records cannot fit in {len(data)} bytes", position=pos)
     return data
+
+
+def _registers_length(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> int:
+    if header.size < HEADER_SIZE + REGISTERS_LENGTH.size:
+        raise CorruptBatchError("batch too short for its registers block", position=pos)
+    (length,) = REGISTERS_LENGTH.unpack_from(buf, pos + HEADER_SIZE)
+    if HEADER_SIZE + REGISTERS_LENGTH.size + length > header.size:
+        raise CorruptBatchError(f"registers block of {length} bytes runs past the batch", position=pos)
+    return int(length)
+
+
+def registers_block(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, header: BatchHeader | None = None
+) -> memoryview | None:
+    """The encoded registers carried by the batch at ``buf[pos:]``, or None when it carries none."""
+    if header is None:
+        header = parse_header(buf, pos)
+    if not header.attributes & REGISTERS_FLAG:
+        return None
+    start = pos + HEADER_SIZE + REGISTERS_LENGTH.size
+    return memoryview(buf)[start : start + _registers_length(buf, pos, header)]
 
 
 def _read_bytes(data: bytes | memoryview, p: int, end: int) -> tuple[bytes | None, int]:

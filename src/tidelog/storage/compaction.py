@@ -49,6 +49,7 @@ from tidelog.storage.batch import (
     HEADER_SIZE,
     LENGTH_FIELD_END,
     PREFIX,
+    REGISTERS_FLAG,
     BatchHeader,
     Record,
     check_batch,
@@ -172,8 +173,9 @@ def _compact_file(
 
 
 def _eligible(header: BatchHeader, upto_offset: int) -> bool:
-    """Whether compaction may look inside this batch: a data batch wholly below the high watermark."""
-    return not header.is_control and header.last_offset < upto_offset
+    """Whether compaction may look inside this batch: a data batch wholly below the high watermark, carrying
+    no registers (those batches stay whole: they are where a partition's registers are recovered from)."""
+    return not header.is_control and not header.attributes & REGISTERS_FLAG and header.last_offset < upto_offset
 
 
 def _survives(record: Record, offset_map: dict[bytes, int], tombstone_horizon: int) -> bool:

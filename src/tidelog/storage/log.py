@@ -49,6 +49,7 @@ from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.batch import (
     LEADER_EPOCH_POS,
     LENGTH_FIELD_END,
+    REGISTERS_FLAG,
     BatchHeader,
     check_batch,
     decode_records,
@@ -67,7 +68,7 @@ from tidelog.storage.errors import (
 from tidelog.storage.flush import Flusher
 from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
-from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, Placed, Planned, Segment, SegmentInfo
+from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Planned, Segment, SegmentInfo
 from tidelog.storage.segment_install import (
     StagedSegment,
     check_installable,
@@ -79,7 +80,7 @@ from tidelog.storage.segment_install import (
 T = TypeVar("T")
 MAX_LEADER_EPOCH = 2**31 - 1
 _HEAD = struct.Struct(">qii")  # the first 16 header bytes: base offset, batch length, leader epoch
-_Slicer = Callable[[int, int], list[Buffer]]  # (first batch, end batch) -> the buffers that write them
+_Slicer = Callable[[int, int], list[Buffer | FileSlice]]  # (first batch, end batch) -> what writes them
 assert _HEAD.size == LEADER_EPOCH_POS + 4  # the head ends where the leader epoch does
 
 
@@ -312,7 +313,16 @@ class Log:
     # ------------------------------------------------------------------------------------------ appending
 
     async def append(
-        self, data: Buffer, leader_epoch: int, *, control: bool = False, expected_offset: int | None = None
+        self,
+        data: Buffer,
+        leader_epoch: int,
+        *,
+        control: bool = False,
+        expected_offset: int | None = None,
+        max_batch_bytes: int | None = None,
+        registers: bool = False,
+        on_placed: Callable[[int], None] | None = None,
+        source: FileSlice | None = None,
     ) -> AppendResult:
         """Append client batches, assigning offsets from the log end; return where they landed.
 
@@ -329,27 +339,42 @@ class Log:
         The payload is not copied: each batch is written as a freshly packed 16-byte head (base offset,
         length, leader epoch) followed by the rest of ``data``. Mutable input is copied once first, so what
         is written is what was validated.
+
+        A transactional append (its single batch built by the broker) passes ``max_batch_bytes`` (its own
+        size limit instead of the configured one), ``registers`` (a registers block is allowed: clients'
+        batches may not carry one) and ``on_placed``, called with the base offset under the lock, once the
+        offsets are taken and before the write, with no await in between: it may still refuse the append by
+        raising, and what it records is ordered with every other append. ``source``: the same single batch
+        in a file (the append's spool), copied from there in the kernel rather than written from ``data``.
         """
         if not 0 <= leader_epoch <= MAX_LEADER_EPOCH:
             raise ValueError(f"leader_epoch must be between 0 and {MAX_LEADER_EPOCH}, got {leader_epoch}")
         view = _frozen(data)
-        headers = self._validate(view, leader=True, control=control)
-        tails = []
+        headers = self._validate(
+            view, leader=True, control=control, max_batch_bytes=max_batch_bytes, registers=registers
+        )
+        tails: list[Buffer | FileSlice] = []
         position = 0
         for header in headers:
             end = position + header.batch_length + LENGTH_FIELD_END
             tails.append(view[position + _HEAD.size : end])
             position = end
+        if source is not None:
+            if len(headers) != 1 or source.length != len(view):
+                raise ValueError(f"a source file slice stands for one whole batch, not {len(headers)} batch(es)")
+            tails = [source.skip(_HEAD.size)]
         pack = _HEAD.pack
 
         def place() -> tuple[list[Placed], _Slicer]:
             offset = self._segments[-1].next_offset
             if expected_offset is not None and offset != expected_offset:
                 raise OffsetMismatchError(expected_offset, offset)
+            if on_placed is not None:
+                on_placed(offset)
             if leader_epoch > self._epochs.latest_epoch:  # a new leader's first append: rare, a small file write
                 self._epochs.assign(leader_epoch, offset)
             placed = []
-            parts: list[Buffer] = []
+            parts: list[Buffer | FileSlice] = []
             for header, tail in zip(headers, tails, strict=True):
                 length = header.batch_length
                 parts.append(pack(offset, length, leader_epoch))
@@ -390,13 +415,21 @@ class Log:
 
         return await self._append(len(view), place)
 
-    def _validate(self, data: Buffer, *, leader: bool, control: bool) -> list[BatchHeader]:
+    def _validate(
+        self,
+        data: Buffer,
+        *,
+        leader: bool,
+        control: bool,
+        max_batch_bytes: int | None = None,
+        registers: bool = False,
+    ) -> list[BatchHeader]:
         """Check every batch (header and CRC, one pass, no record decoding); return their headers."""
         if not len(data):
             raise InvalidBatchError("an append needs at least one batch; got no bytes")
         limit = self._config.segment_max_bytes
         if leader:
-            limit = min(limit, self._config.max_batch_bytes)
+            limit = min(limit, self._config.max_batch_bytes if max_batch_bytes is None else max_batch_bytes)
         headers = []
         for position, header in iter_batches(data):
             if header.size > limit:
@@ -406,6 +439,11 @@ class Log:
                     raise InvalidBatchError(
                         f"batch at byte {position} has {header.record_count} records for "
                         f"{header.last_offset_delta + 1} offsets; a client batch needs one record per offset"
+                    )
+                if header.attributes & REGISTERS_FLAG and not registers:
+                    raise InvalidBatchError(
+                        f"batch at byte {position} carries a registers block: only a transactional append sets "
+                        "registers"
                     )
                 if header.is_control != control:
                     kind = "a control" if header.is_control else "a data"

@@ -289,7 +289,7 @@ class Segment:
 
     # ------------------------------------------------------------------------------------------ appending
 
-    def append(self, parts: Sequence[Buffer], batches: Sequence[Placed], now_ns: int) -> None:
+    def append(self, parts: Sequence[Buffer | FileSlice], batches: Sequence[Placed], now_ns: int) -> None:
         """Write whole batches at the end: ``parts`` are their bytes (final offsets), ``batches`` describe them.
 
         One ``pwritev`` for the run (the parts are typically each batch's rewritten 16-byte head and the rest
@@ -297,7 +297,10 @@ class Segment:
         ``index_interval_bytes`` have passed since the last one. ``size`` moves only after the write.
         """
         position = self.size
-        pwritev_all(self.fd, parts, position)
+        if parts and isinstance(parts[-1], FileSlice):  # a transactional append, from its spool
+            write_parts(self.fd, parts, position)
+        else:
+            pwritev_all(self.fd, parts, position)  # type: ignore[arg-type]  # only buffers here
         if not self.size and self.first_append_ns is None:
             self.first_append_ns = now_ns
         interval = self.index_interval_bytes
@@ -662,6 +665,58 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.path.name}, offsets {self.base_offset}..{self.next_offset}, {self.size} bytes)"
+
+
+class FileSlice:
+    """Bytes to write that are already in another file: a transactional append's spool (see
+    :mod:`tidelog.broker.append_spool`). Written with ``copy_file_range``, an in-kernel copy between page-cache
+    pages: writing a 64 MiB append from a memory map of its spool took ~180 ms here (a page fault per source
+    page), copying it ~25 ms."""
+
+    __slots__ = ("fd", "length", "offset")
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self.fd = fd
+        self.offset = offset
+        self.length = length
+
+    def skip(self, count: int) -> FileSlice:
+        """The same slice without its first ``count`` bytes."""
+        return FileSlice(self.fd, self.offset + count, self.length - count)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"FileSlice(fd={self.fd}, offset={self.offset}, length={self.length})"
+
+
+def write_parts(fd: int, parts: Sequence[Buffer | FileSlice], position: int) -> None:
+    """Write ``parts`` at ``position``: runs of buffers with ``pwritev``, file slices with ``copy_file_range``."""
+    run: list[Buffer] = []
+    for part in parts:
+        if isinstance(part, FileSlice):
+            if run:
+                pwritev_all(fd, run, position)
+                position += sum(map(len, run))
+                run = []
+            _copy_all(part, fd, position)
+            position += part.length
+        else:
+            run.append(part)
+    if run:
+        pwritev_all(fd, run, position)
+
+
+def _copy_all(source: FileSlice, fd: int, position: int) -> None:
+    offset, left = source.offset, source.length
+    while left:
+        copied = os.copy_file_range(source.fd, fd, left, offset, position)
+        if copied <= 0:
+            raise OSError(f"copy_file_range stopped with {left} bytes left to copy")
+        offset += copied
+        position += copied
+        left -= copied
 
 
 def pwritev_all(fd: int, parts: Sequence[Buffer], position: int) -> None:
