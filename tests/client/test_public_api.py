@@ -7,6 +7,8 @@ import tidelog.client
 EXPECTED = {
     "Acks",
     "Admin",
+    "AppendOutcome",
+    "Appender",
     "AtTimestamp",
     "Cluster",
     "Codec",
@@ -17,12 +19,16 @@ EXPECTED = {
     "DefaultPartitioner",
     "FetchedBatch",
     "KeyPartitioner",
+    "LabelSelector",
+    "LabelSet",
     "LoopThread",
+    "NewRecord",
     "OffsetReset",
     "Partitioner",
     "Producer",
     "ProducerStamp",
     "RecordMetadata",
+    "RefusalDetails",
     "Response",
     "RoundRobinPartitioner",
     "StartPosition",
@@ -31,6 +37,7 @@ EXPECTED = {
     "SyncProducer",
     "TidelogClient",
     "TidelogError",
+    "refusal_details",
 }
 
 
@@ -47,6 +54,7 @@ def test_every_exported_name_exists_and_nothing_else_public_leaks() -> None:
     modules = {
         "accumulator",
         "admin",
+        "appender",
         "cluster",
         "connection",
         "consumer",

@@ -33,6 +33,7 @@ from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import BrokerRecord, Keys, PartitionRecord, StreamConfig, StreamRecord, encode
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
+from tidelog.metadata.suspension import LeaderBounds, SuspensionError
 
 from .pausable_proxy import PausableProxy
 
@@ -478,3 +479,61 @@ async def test_report_unreachable_revokes_only_on_a_refused_connect(cluster: Clu
             assert stopped.stdin is not None
             stopped.stdin.close()
             await stopped.wait()
+
+
+# ---- fail to safety ----
+
+
+async def test_a_suspension_outlives_failover_until_reset_head_confirms_the_head(cluster: Cluster) -> None:
+    for b in "abc":
+        await cluster.up(b)
+    await cluster.stream("s", part("s", "abc", "a", "ab", 3))
+    ctl = await (await cluster.node("ctl")).active()
+
+    with pytest.raises(SuspensionError, match="stale-epoch"):  # a deposed leader's finding is not recorded
+        await ctl.suspend_partition("s", 0, "a", 2, "old news")
+    written = await ctl.suspend_partition("s", 0, "a", 3, "replica b fetched from offset 9")
+    assert (written.suspended, written.leader_epoch) == ("replica b fetched from offset 9", 3)
+    assert await cluster.partition_becomes("s", 0, lambda p: bool(p.suspended)) == written
+    assert await ctl.suspend_partition("s", 0, "a", 3, "more") == written  # the first evidence stands
+
+    await cluster.kill("a")  # the next leader refuses appends too: the suspension is the partition's
+    failed_over = await cluster.partition_becomes("s", 0, lambda p: p.leader == "b")
+    assert (failed_over.leader_epoch, failed_over.suspended) == (4, written.suspended)
+
+    asked: list[PartitionRecord] = []
+
+    async def bounds_of(record: PartitionRecord) -> LeaderBounds:
+        asked.append(record)
+        return LeaderBounds(record.leader_epoch, 5, 7)
+
+    with pytest.raises(SuspensionError, match="bad-offset"):
+        await ctl.reset_head("s", 0, 8, bounds_of)
+    old, new, bounds = await ctl.reset_head("s", 0, 6, bounds_of)
+    assert old == failed_over and bounds == LeaderBounds(4, 5, 7)
+    resumed = {"suspended": "", "suspended_ns": 0, "leader_epoch": 5, "head_epoch": 5, "head_offset": 6}
+    assert new == msgspec.structs.replace(failed_over, **resumed)
+    assert await cluster.partition_becomes("s", 0, lambda p: p.leader_epoch == 5) == new
+    assert asked[-1] == failed_over
+
+    with pytest.raises(SuspensionError, match="not-suspended"):
+        await ctl.reset_head("s", 0, None, bounds_of)
+
+
+async def test_reset_head_needs_a_live_leader(cluster: Cluster) -> None:
+    for b in "ab":
+        await cluster.up(b)
+    suspended = msgspec.structs.replace(part("s", "ab", "a", "a", 2), suspended="lost")
+    await cluster.stream("s", suspended)
+    ctl = await (await cluster.node("ctl")).active()
+    await cluster.kill("a")
+    await cluster.partition_becomes("s", 0, lambda p: p.leader == "")  # offline: b is out of the ISR
+
+    async def never(record: PartitionRecord) -> LeaderBounds:
+        raise AssertionError("no leader to ask")
+
+    with pytest.raises(SuspensionError, match="no-leader") as info:
+        await ctl.reset_head("s", 0, None, never)
+    assert info.value.retriable
+    with pytest.raises(SuspensionError, match="unknown-partition"):
+        await ctl.reset_head("s", 7, None, never)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.api.wire.test_replica import BOUND, Leader, batch, open_log, start_leader
@@ -62,6 +63,16 @@ async def write(log: Log, history: Sequence[tuple[int, Sequence[bytes]]]) -> Non
     for epoch, values in history:
         for value in values:
             await log.append(batch(value), leader_epoch=epoch)
+
+
+async def until_bounds(log: Log, start: int, end: int) -> None:
+    """Wait until ``log`` holds exactly ``start``..``end``, woken by its writes."""
+    moved = asyncio.Event()
+    log.add_write_listener(lambda _end: moved.set())
+    async with asyncio.timeout(BOUND):
+        while (log.start_offset, log.end_offset) != (start, end):
+            moved.clear()
+            await moved.wait()
 
 
 def same_bytes(a: Log, b: Log) -> bool:
@@ -184,17 +195,49 @@ async def test_a_follower_holding_a_prefix_of_the_leader_is_not_truncated(harnes
     assert same_bytes(leader.log, harness.follower)
 
 
-async def test_a_follower_ahead_of_the_leaders_log_end_is_cut_back_to_it(harness: Harness) -> None:
-    # The leader knows no epoch as old as the follower's (UNDEFINED): truncation keeps the known HW, here above
-    # the leader's end, as only an unclean election can leave it. The fetch's OFFSET_OUT_OF_RANGE is the net.
+async def test_a_follower_ahead_of_the_leaders_log_end_keeps_its_log_until_the_head_is_confirmed(
+    harness: Harness,
+) -> None:
+    # The leader knows no epoch as old as the follower's (UNDEFINED): truncation keeps the known HW, 4, above the
+    # leader's end, 2. Committed records are missing from the leader: it suspends appends (fail to safety), and
+    # the follower keeps its copy, backing off, until an operator confirms the head (reset-head).
     await write(harness.follower, [(0, [b"a", b"b", b"c", b"d"])])
-    await harness.lead([(1, [b"a", b"b"])], epoch=1)
+    leader = await harness.lead([(1, [b"a", b"b"])], epoch=1)
     cuts = spy_truncations(harness.follower)
-    fetcher = await harness.fetch(initial_hw=4)
-    await asyncio.wait_for(fetcher.wait_for_state(FetcherState.FETCHING), BOUND)
+    hws = HighWatermarks()
+    fetcher = await harness.fetch(initial_hw=4, on_high_watermark=hws)
+    await asyncio.wait_for(fetcher.wait_for_state(FetcherState.BACKING_OFF), BOUND)
+    assert "suspended" in (fetcher.status().last_error or "")
+    assert "replica b fetched from offset 4" in leader.partition.safety.reason
+    assert cuts == [] and harness.follower.end_offset == 4
+
+    record = leader.partition.record
+    leader.partition.update_record(msgspec.structs.replace(record, suspended=leader.partition.safety.reason))
+    leader.partition.update_record(msgspec.structs.replace(record, head_epoch=1, head_offset=2))  # reset-head's
     await cuts.wait_for(1)
     assert cuts == [2] and harness.follower.end_offset == 2
     assert fetcher.high_watermark == 2  # never above the log end, even when that means going back
+    assert hws.seen == [2]  # and the replica is told: it no longer knows 2..3 committed
+
+
+async def test_a_follower_whose_whole_log_lies_beyond_a_confirmed_head_starts_over_there(harness: Harness) -> None:
+    await harness.follower.reset_to(10)  # it holds nothing below 10 (far-horizon catch-up from an older leader)
+    leader = await harness.lead([(1, [b"a", b"b"])], epoch=1)
+    leader.partition.update_record(msgspec.structs.replace(leader.partition.record, head_epoch=1, head_offset=2))
+    follower, reset = harness.follower, asyncio.Event()
+    reset_to = follower.reset_to
+
+    async def spy(offset: int) -> None:
+        await reset_to(offset)
+        reset.set()
+
+    follower.reset_to = spy  # type: ignore[method-assign]
+    await harness.fetch()
+    await asyncio.wait_for(reset.wait(), BOUND)
+    assert (follower.start_offset, follower.end_offset) == (2, 2)
+    await leader.append(b"c")
+    await until_bounds(follower, 2, 3)
+    assert harness.follower.read(2, 1 << 20) == leader.log.read(2, 1 << 20)
 
 
 async def test_the_fetcher_reconnects_after_the_leader_restarts_and_reports_the_outage_once(

@@ -353,6 +353,23 @@ class BrokerConfig:
         "duplicate of one is stored again, nothing is lost).",
     )
 
+    # -- transactional appends --
+    max_append_bytes: int = _setting(
+        128 * _MIB,
+        _POSITIVE,
+        "Largest transactional append (its records, as one batch; at most segment_max_bytes, which also bounds "
+        "it). Replicas and consumers receive an append whole, so this also bounds their largest fetch response.",
+    )
+    append_min_rate_bytes: int = _setting(
+        65_536,
+        _NON_NEGATIVE,
+        "A transactional append whose client streams fewer bytes per second than this, measured over "
+        "append_rate_window_ms, is aborted with APPEND_TOO_SLOW (Gazette's minimum append rate; 0: no minimum).",
+    )
+    append_rate_window_ms: int = _setting(
+        5_000, _POSITIVE, "The window over which append_min_rate_bytes is measured, and the longest pause allowed."
+    )
+
     # -- segments, retention, compaction --
     segment_max_bytes: int = _setting(256 * _MIB, _POSITIVE, "Roll to a new segment file at this size.")
     segment_max_age_ms: int = _setting(7 * _DAY_MS, _NON_NEGATIVE, "Roll a segment this old (0: never by age).")

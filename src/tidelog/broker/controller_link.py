@@ -21,13 +21,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from tidelog.api.errors import FencedLeaderEpochError, InvalidArgumentError, TidelogError, UnavailableError
+from tidelog.api.errors import (
+    FencedLeaderEpochError,
+    InvalidArgumentError,
+    TidelogError,
+    UnavailableError,
+    UnknownPartitionError,
+)
 from tidelog.api.wire.messages import (
     AlterIsrRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
     Header,
     ReportUnreachableRequest,
+    SuspendPartitionRequest,
 )
 from tidelog.broker.peers import Peers
 from tidelog.client.connection import ConnectionClosedError
@@ -36,6 +43,7 @@ from tidelog.metadata.controller_plans import AlterIsrError
 from tidelog.metadata.fenced_writer import ControllerError
 from tidelog.metadata.lease_session import is_lease_not_found
 from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_controller
+from tidelog.metadata.suspension import HeadRejection, SuspensionError
 
 PROBE_TIMEOUT = 0.5
 
@@ -54,6 +62,14 @@ def as_client_error(exc: Exception) -> Exception:
         if exc.reason.name in ("STALE_EPOCH", "NOT_LEADER"):
             return FencedLeaderEpochError(str(exc))
         return InvalidArgumentError(str(exc))
+    if isinstance(exc, SuspensionError):
+        if exc.retriable:
+            return UnavailableError(exc.detail)
+        if exc.reason in (HeadRejection.STALE_EPOCH, HeadRejection.NOT_LEADER):
+            return FencedLeaderEpochError(exc.detail)
+        if exc.reason is HeadRejection.UNKNOWN_PARTITION:
+            return UnknownPartitionError(exc.detail)
+        return InvalidArgumentError(exc.detail)
     if isinstance(exc, ControllerError):
         return UnavailableError(f"not the controller: {exc}")
     return exc
@@ -131,13 +147,13 @@ class ControllerLink:
             raise UnavailableError("this broker is becoming the controller")
         return controller
 
-    async def forward(self, header: Header, timeout: float) -> None:
-        """Send an administrative request on to the controller and wait for its answer."""
+    async def forward(self, header: Header, timeout: float) -> Header:
+        """Send an administrative request on to the controller and wait for its answer (returned)."""
 
-        async def attempt() -> None:
-            await self._peers.request(self._remote(), header, timeout=timeout)
+        async def attempt() -> Header:
+            return (await self._peers.request(self._remote(), header, timeout=timeout)).header
 
-        await self._retrying(f"reach the controller for {type(header).__name__}", timeout, attempt)
+        return await self._retrying(f"reach the controller for {type(header).__name__}", timeout, attempt)
 
     async def alter_isr(self, record: PartitionRecord, isr: tuple[str, ...], timeout: float = 5.0) -> None:
         """Ask for ``record``'s ISR to become ``isr`` (this broker leads it at ``record.leader_epoch``)."""
@@ -152,6 +168,22 @@ class ControllerLink:
             await self._peers.request(self._remote(), request, timeout=timeout)
 
         await self._retrying(f"change the ISR of {record.stream}/{record.id}", timeout, attempt)
+
+    async def suspend_partition(self, record: PartitionRecord, reason: str, timeout: float = 5.0) -> None:
+        """Have the controller record that this broker, leading ``record``, suspended appends on ``reason``."""
+
+        async def attempt() -> None:
+            if self.is_local:
+                await call_controller(
+                    self.controller.suspend_partition(
+                        record.stream, record.id, self.broker_id, record.leader_epoch, reason
+                    )
+                )
+                return
+            request = SuspendPartitionRequest(record.stream, record.id, self.broker_id, record.leader_epoch, reason)
+            await self._peers.request(self._remote(), request, timeout=timeout)
+
+        await self._retrying(f"record the suspension of {record.stream}/{record.id}", timeout, attempt)
 
     async def report_unreachable(self, broker_id: str) -> None:
         """Tell the controller this broker cannot connect to ``broker_id`` (best effort, never raises)."""

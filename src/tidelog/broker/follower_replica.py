@@ -3,8 +3,14 @@
 Liftbridge lets a subscriber read from any ISR member (``readISRReplica``) to spread read load. A follower
 serves such reads bounded by *its own* high watermark — the one its leader last told it — so a subscriber of a
 follower never sees anything that is not committed, only sees it a little later than at the leader. The
-follower's HW only grows while it is fetched from one leader; it may be lower after a restart (the checkpoint
-is written once a second), never above what was committed.
+follower's HW only grows while it is fetched from one leader (unless its leader has it cut its log below it);
+it may be lower after a restart (the checkpoint is written once a second), never above what was committed.
+
+What the replica *knows* committed (:attr:`FollowerReplica.known_committed`) is kept apart, unclamped: its own
+checkpoint may say more than its log holds (a disk lost records), and that stays true until its leader's word
+moves it. It is what the replica checkpoints and what a promotion starts from, so a follower that lost records
+and is elected before it caught up suspends appends instead of leading without them (fail to safety,
+:mod:`tidelog.broker.safety`).
 
 A follower also owns the replica's producer state (``producers``): its fetcher keeps it in step with the log,
 and a promotion hands the very same table to the new leader, so a producer's retry after a failover is
@@ -16,7 +22,7 @@ from __future__ import annotations
 from tidelog.broker.replica_reads import CommittedReads
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.follower import ReplicaFetcher
-from tidelog.replication.hw_checkpoint import read_hw_checkpoint
+from tidelog.replication.hw_checkpoint import checkpointed_hw, read_hw_checkpoint
 from tidelog.replication.offset_waiters import OffsetWaiters
 from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.replication.producer_state import ProducerStateTable
@@ -45,6 +51,8 @@ class FollowerReplica(CommittedReads):
         self.leader: tuple[str, int, str] | None = None  # (leader id, leader epoch, wire address) fetched from
         self.checkpointed = -1
         self._hw = OffsetWaiters(read_hw_checkpoint(log_) if high_watermark is None else high_watermark)
+        self.known_committed = checkpointed_hw(log_) if high_watermark is None else high_watermark
+        """What this replica knows is committed, not clamped to its log (module docstring)."""
 
     # -- what readers see (CommittedReads, as at the leader) --
 
@@ -58,8 +66,13 @@ class FollowerReplica(CommittedReads):
     # -- fed by the fetcher --
 
     def high_watermark_moved(self, hw: int) -> None:
-        """The fetcher learnt a new HW from the leader."""
+        """The fetcher learnt a new HW from the leader, or cut the log below the one it knew (lower)."""
+        if hw < self._hw.position:
+            self._hw.reset(hw)
+            self.known_committed = hw
+            return
         self._hw.advance(hw)
+        self.known_committed = max(self.known_committed, hw)
 
     def starting_high_watermark(self) -> int:
         """What a new fetcher (or a promotion to leader) may assume is committed."""

@@ -36,10 +36,11 @@ from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStr
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import AlterIsr, Partition
+from tidelog.broker.safety import ReportSuspension, apply_confirmed_head
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.replication.follower import ReplicaFetcher
-from tidelog.replication.hw_checkpoint import read_hw_checkpoint, write_hw_checkpoint
+from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.replication.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
@@ -67,6 +68,7 @@ class PartitionManager:
         on_resume: ResumeHook | None = None,
         nats_urls: Sequence[str] = (),
         alter_isr: AlterIsr | None = None,
+        report_suspension: ReportSuspension | None = None,
         on_leader_unreachable: UnreachableHook | None = None,
         replica_lag_time_max: float = 15.0,
         replica_fetch_wait_max_ms: int = 500,
@@ -83,6 +85,7 @@ class PartitionManager:
         self._ack_timeout = ack_timeout
         self._on_resume = on_resume
         self._alter_isr = alter_isr
+        self._report_suspension = report_suspension
         self._on_leader_unreachable = on_leader_unreachable
         self._lag_max = replica_lag_time_max
         self._fetch_wait_ms = replica_fetch_wait_max_ms
@@ -197,13 +200,14 @@ class PartitionManager:
         if follower is not None:
             if follower.fetcher is not None:
                 await follower.fetcher.stop()
-            return follower.log, follower.starting_high_watermark(), follower.producers
+            return follower.log, follower.known_committed, follower.producers
         opened = await self._open_log(stream, record.id)
         if opened is None:
             return None
         log_, producers = opened
         replicated = len(record.replicas) > 1
-        return log_, read_hw_checkpoint(log_) if replicated else None, producers
+        # Unclamped: a checkpoint above the log end is evidence the log lost committed records (fail to safety).
+        return log_, checkpointed_hw(log_) if replicated else None, producers
 
     async def _lead(
         self,
@@ -216,6 +220,9 @@ class PartitionManager:
         if taken is None:
             return
         log_, initial_hw, producers = taken
+        replicated = len(record.replicas) > 1
+        hw = initial_hw if replicated else None
+        await apply_confirmed_head(record, log_, hw, producers, rewrite_checkpoint=reuse is not None)
         min_isr = stream.config.min_isr or max(1, stream.replication_factor - 1)
         partition = Partition(
             stream,
@@ -224,10 +231,11 @@ class PartitionManager:
             self.broker_id,
             min_isr=min_isr,
             on_resume=self._on_resume,
-            initial_hw=initial_hw if len(record.replicas) > 1 else None,
+            initial_hw=hw,
             alter_isr=self._alter_isr,
             replica_lag_time_max=self._lag_max,
             producers=producers,
+            report_suspension=self._report_suspension,
         )
         self._partitions[(stream.name, record.id)] = partition
         ingest = NatsIngest(
@@ -322,7 +330,7 @@ class PartitionManager:
             for follower in list(self._followers.values()):
                 if follower.fetcher is None:
                     continue
-                hw = follower.fetcher.high_watermark
+                hw = follower.known_committed  # the fetcher's HW, or more while the log lacks what it knew
                 if hw != follower.checkpointed:
                     try:
                         await write_hw_checkpoint(follower.log.directory, hw)
@@ -384,7 +392,7 @@ class PartitionManager:
 
 async def _close_follower(follower: FollowerReplica) -> None:
     """Checkpoint what the follower knows is committed, then close its log."""
-    hw = follower.high_watermark
+    hw = follower.known_committed
     await write_hw_checkpoint(follower.log.directory, hw)
     follower.snapshot_producers()  # its fetcher is stopped: the state is exact at the log end
     await follower.log.close()

@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tidelog.api.errors import (
     DuplicateInFlightError,
@@ -57,6 +57,7 @@ from tidelog.api.errors import (
 )
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.replica_reads import CommittedReads
+from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
@@ -78,6 +79,7 @@ from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapsho
 from tidelog.storage.batch import BatchHeader, iter_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.log import AppendResult, Log
+from tidelog.storage.segment import FileSlice
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,15 @@ AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 """Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
 
 
+class TransactionalWrite(NamedTuple):
+    """How a transactional append's batch is written: its own size limit, and a hook run where the log places
+    it (under the log's lock, before the write) to record the registers it sets."""
+
+    max_batch_bytes: int
+    on_placed: Callable[[int], None]
+    source: FileSlice | None = None  # the batch in the append's spool file, copied from there
+
+
 class Partition(CommittedReads):
     """A partition this broker leads."""
 
@@ -118,8 +129,11 @@ class Partition(CommittedReads):
         alter_isr: AlterIsr | None = None,
         replica_lag_time_max: float = 15.0,
         producers: ProducerStateTable | None = None,
+        report_suspension: ReportSuspension | None = None,
     ) -> None:
-        """``producers``: the replica's producer state, loaded with its log (an empty table when not given)."""
+        """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
+        ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
+        :mod:`tidelog.broker.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
         self.record = record
         self.log = log_
@@ -138,8 +152,11 @@ class Partition(CommittedReads):
         self.followers = Followers(broker_id, record.replicas, time.monotonic_ns())
         self._epoch_start = log_.end_offset  # the first offset of this leadership (Kafka's ISR-join rule)
         self._isr_change: asyncio.Task[None] | None = None
-        self._checkpointed = -1
+        evidence = start_evidence(record, broker_id, log_, initial_hw)
+        self._checkpointed = -1 if evidence is None else start_hw  # evidence stays on disk while suspended
         self._tasks: list[asyncio.Task[None]] = []
+        self.safety = LeaderSafety(self.name, record, report_suspension, self._tasks.append)
+        self.safety.found(evidence)
         self.producers = ProducerStateTable() if producers is None else producers
         self._snapshots = ProducerSnapshots(log_.directory)
         self._snapshot_offset = -1  # the offset of the last producer snapshot written
@@ -164,15 +181,24 @@ class Partition(CommittedReads):
         return self._hw.value
 
     def update_record(self, record: PartitionRecord) -> None:
-        """Take a newer metadata record (paused/readonly flags, ISR)."""
+        """Take a newer metadata record (paused/readonly flags, ISR, suspension)."""
         self.record = record
+        self.safety.update(record)
         self.followers.set_replicas(record.replicas, time.monotonic_ns())
         self._hw.set_isr(record.isr or (self.broker_id,))
 
     # ------------------------------------------------------------------------------------------ replication
 
     def replica_fetched(self, replica: str, offset: int) -> bool:
-        """A follower fetches at ``offset``: it holds everything below. False when it is no replica of ours."""
+        """A follower fetches at ``offset``: it holds everything below. False when it is no replica of ours.
+
+        Beyond the log end, it holds offsets this leader lacks: evidence that consistency is lost, which
+        suspends appends (:mod:`tidelog.broker.safety` says why no race leads here); nothing is recorded."""
+        if offset > self.log.end_offset:
+            if self.followers.state(replica) is None:
+                return False
+            self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
+            return True
         if not self.followers.fetched(replica, offset, self.log.end_offset, time.monotonic_ns()):
             return False
         self._hw.replica_caught_up_to(replica, offset)
@@ -248,6 +274,11 @@ class Partition(CommittedReads):
 
     # ------------------------------------------------------------------------------------------ writes
 
+    def check_appendable(self) -> None:
+        """Raise PARTITION_SUSPENDED while appends are suspended (fail to safety, :mod:`tidelog.broker.safety`):
+        the first check of every write, whichever way it came in; reads are not affected."""
+        self.safety.check_appendable()
+
     async def append(
         self,
         data: bytes | bytearray | memoryview,
@@ -255,6 +286,7 @@ class Partition(CommittedReads):
         timeout: float,
         *,
         expected_offset: int | None = None,
+        transactional: TransactionalWrite | None = None,
     ) -> Appended:
         """Append whole batches and wait for ``acks``; raise instead of acknowledging what is not stored.
 
@@ -262,7 +294,9 @@ class Partition(CommittedReads):
         the write (the client gets a TIMEOUT error and may retry; an idempotent producer dedupes the retry).
         Batches with a producer id are checked first (see the module docstring): a retry returns its original
         offsets with ``duplicate`` set. ``expected_offset``: only if the log ends there (INCORRECT_OFFSET).
+        ``transactional``: the single batch of a transactional append (:mod:`tidelog.broker.transactional`).
         """
+        self.check_appendable()
         if self._closed:
             raise UnavailableError(f"partition {self.name} is closing")
         if self.record.readonly:
@@ -278,7 +312,17 @@ class Partition(CommittedReads):
         # were reserved, which is the order their sequence numbers were checked in.
         headers = _producer_headers(data)
         try:
-            if headers is None:
+            if transactional is not None:
+                result = await self.log.append(
+                    data,
+                    self.record.leader_epoch,
+                    expected_offset=expected_offset,
+                    max_batch_bytes=transactional.max_batch_bytes,
+                    registers=True,
+                    on_placed=transactional.on_placed,
+                    source=transactional.source,
+                )
+            elif headers is None:
                 result = await self.log.append(data, self.record.leader_epoch, expected_offset=expected_offset)
             else:
                 verdict = self.producers.reserve_all(headers)
@@ -290,6 +334,7 @@ class Partition(CommittedReads):
                     raise _refused(verdict, self.name)
                 result = await self._append_reserved(data, headers, expected_offset)
         except OffsetMismatchError as exc:
+            await self.confirm_end(exc.actual, timeout)
             raise IncorrectOffsetError(f"{self.name}: {exc}") from None
         except asyncio.CancelledError:
             self._settle_after_cancel()
@@ -302,6 +347,21 @@ class Partition(CommittedReads):
         if acks is Acks.ALL:
             await self.wait_committed(result.last_offset, timeout)
         return Appended(result.base_offset, result.last_offset, received, time.time_ns())
+
+    async def confirm_end(self, end: int, timeout: float) -> None:
+        """Before refusing a write whose expected offset is not the log end ``end``: wait until ``end`` is
+        committed, so the refusal never rests on records a failover may still truncate (it would not be
+        linearizable: the log might really end at the expected offset). UNAVAILABLE (nothing written, retry)
+        if that does not happen in time. See :meth:`TransactionalAppends.confirm`."""
+        if end <= 0:
+            return
+        try:
+            await self.wait_committed(end - 1, timeout)
+        except TidelogError as exc:
+            raise UnavailableError(
+                f"{self.name}: nothing was written; the log end {end} the expected offset was checked against is "
+                f"not known to be committed yet ({exc.message}); retry"
+            ) from None
 
     def _settle_after_cancel(self) -> None:
         """The caller was cancelled (client gone, server stopping) while its append was being written or

@@ -145,6 +145,7 @@ class Broker:
                 on_resume=self._resume,
                 nats_urls=self.nats_urls,
                 alter_isr=self.link.alter_isr,
+                report_suspension=self.link.suspend_partition,
                 on_leader_unreachable=self.link.report_unreachable,
                 replica_lag_time_max=cfg.replica_lag_time_max_ms / 1000,
                 replica_fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms,

@@ -70,6 +70,12 @@ class ClusterView:
     def under_replicated(self, partition: PartitionRecord) -> bool:
         return len(partition.isr) < len(partition.replicas)
 
+    def suspension(self, partition: PartitionRecord) -> str:
+        """Why the partition refuses appends (fail to safety): as recorded, or as its leader says before the
+        controller has recorded it; empty when it takes appends."""
+        bounds = self.bounds.get((partition.stream, partition.id))
+        return partition.suspended or (bounds.suspended if bounds is not None else "")
+
 
 async def read_cluster(endpoint: str, prefix: str = "/tidelog") -> ClusterView:
     """Read brokers, controller and partitions from etcd at ``endpoint``, then ask leaders for bounds."""
@@ -157,14 +163,18 @@ def render(view: ClusterView) -> None:
         console.print("no partitions")
         return
     table = Table(
-        "stream", "partition", "leader", "replicas", "ISR", "leader epoch", "HW", "log end", "lag",
+        "stream", "partition", "leader", "replicas", "ISR", "leader epoch", "HW", "log end", "lag", "state",
         title="partitions", title_justify="left",
     )  # fmt: skip
     under = 0
+    suspended: list[tuple[PartitionRecord, str]] = []
     for p in view.partitions:
         bounds = view.bounds.get((p.stream, p.id))
         short = view.under_replicated(p)
         under += short
+        reason = view.suspension(p)
+        if reason:
+            suspended.append((p, reason))
         leader = p.leader if p.leader in view.brokers else f"[bold red]{p.leader or 'none'}[/]"
         table.add_row(
             p.stream,
@@ -176,9 +186,14 @@ def render(view: ClusterView) -> None:
             str(bounds.high_watermark) if bounds else "-",
             str(bounds.log_end) if bounds else "-",
             str(bounds.log_end - bounds.high_watermark) if bounds else "-",
-            style="bold red" if short else None,
+            "suspended" if reason else "",
+            style="bold red" if short or reason else None,
         )
     console.print(table)
+    for p, reason in suspended:
+        console.print(f"[bold red]{p.stream}/{p.id} suspended[/] (appends refused): {reason}", soft_wrap=True)
+    if suspended:
+        console.print("after checking the replicas, confirm the head: tidelog partition reset-head STREAM PARTITION")
     if under:
         console.print(f"[bold red]{under} under-replicated partition(s)[/] (ISR smaller than the replicas)")
     console.print("lag: records the leader holds beyond the HW, not yet on every ISR replica")

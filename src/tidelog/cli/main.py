@@ -1,11 +1,13 @@
-"""The ``tidelog`` command: ``serve`` and the client commands (streams, publish, subscribe)."""
+"""The ``tidelog`` command: ``serve`` and the client commands (streams, publish, append, subscribe, partitions)."""
 
 from __future__ import annotations
 
 import click
 
 from tidelog import __version__
+from tidelog.cli.append import append
 from tidelog.cli.cluster import register as register_cluster_commands
+from tidelog.cli.partition import partition
 from tidelog.cli.publish import publish
 from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
@@ -21,7 +23,9 @@ def cli() -> None:
 cli.add_command(serve)
 cli.add_command(stream)
 cli.add_command(publish)
+cli.add_command(append)
 cli.add_command(subscribe)
+cli.add_command(partition)
 register_cluster_commands(cli)
 
 

@@ -94,7 +94,8 @@ async def describe(name: str, brokers: str) -> None:
     console.print(f"stream [bold]{info.name}[/] on subject [bold]{info.subject}[/]")
     table = Table("partition", "leader", "replicas", "isr", "log start", "high watermark", "log end", "state")
     for p in info.partitions:
-        state = ", ".join(s for s, on in (("paused", p.paused), ("read-only", p.readonly)) if on) or "active"
+        flags = (("suspended", bool(p.suspended)), ("paused", p.paused), ("read-only", p.readonly))
+        state = ", ".join(s for s, on in flags if on) or "active"
         table.add_row(
             str(p.id),
             p.leader or "-",
@@ -104,8 +105,13 @@ async def describe(name: str, brokers: str) -> None:
             str(p.high_watermark),
             str(p.log_end),
             state,
+            style="bold red" if p.suspended else None,
         )
     console.print(table)
+    for p in info.partitions:
+        if p.suspended:
+            console.print(f"[bold red]partition {p.id} suspended[/]: {p.suspended}", soft_wrap=True)
+            console.print(f"after checking the replicas: tidelog partition reset-head {info.name} {p.id}")
 
 
 @stream.command("delete")

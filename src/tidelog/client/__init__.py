@@ -9,6 +9,10 @@ Essential types (implementation modules are private to this package; import from
 - :class:`Consumer` — ``async for record in consumer`` (:class:`ConsumerRecord`), or
   ``consumer.fetch_batches()`` (:class:`FetchedBatch`) to handle whole batches without decoding records;
   starts at ``"earliest"``, ``"latest"``, an offset or :class:`AtTimestamp`.
+- :class:`Appender` — transactional appends: ``await appender.append(stream, partition, records,
+  expected_offset=..., check_registers=..., union_registers=...)`` writes all the records or none, returning
+  an :class:`AppendOutcome`; registers are :class:`LabelSet` / :class:`LabelSelector`, and a refusal's
+  :func:`refusal_details` tell the log end and registers the broker saw.
 - :class:`Admin` — create, delete, list and describe streams; cluster metadata.
 - :class:`Cluster` — bootstrap, connections and cached metadata; pass one to several objects to share them.
 - :class:`TidelogClient`, :class:`SyncProducer`, :class:`SyncConsumer`, :class:`SyncAdmin` — the same from
@@ -22,6 +26,7 @@ from tidelog.api.errors import TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.client.accumulator import RecordMetadata
 from tidelog.client.admin import Admin
+from tidelog.client.appender import Appender, AppendOutcome, RefusalDetails, refusal_details
 from tidelog.client.cluster import Cluster
 from tidelog.client.connection import Connection, ConnectionClosedError, Response
 from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPosition
@@ -30,11 +35,14 @@ from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Parti
 from tidelog.client.producer import Producer
 from tidelog.client.records import ConsumerRecord, FetchedBatch
 from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
-from tidelog.storage.batch import Codec
+from tidelog.replication.registers import LabelSelector, LabelSet
+from tidelog.storage.batch import Codec, NewRecord
 
 __all__ = [
     "Acks",
     "Admin",
+    "AppendOutcome",
+    "Appender",
     "AtTimestamp",
     "Cluster",
     "Codec",
@@ -45,12 +53,16 @@ __all__ = [
     "DefaultPartitioner",
     "FetchedBatch",
     "KeyPartitioner",
+    "LabelSelector",
+    "LabelSet",
     "LoopThread",
+    "NewRecord",
     "OffsetReset",
     "Partitioner",
     "Producer",
     "ProducerStamp",
     "RecordMetadata",
+    "RefusalDetails",
     "Response",
     "RoundRobinPartitioner",
     "StartPosition",
@@ -59,4 +71,5 @@ __all__ = [
     "SyncProducer",
     "TidelogClient",
     "TidelogError",
+    "refusal_details",
 ]

@@ -1,4 +1,5 @@
-"""The asyncio admin client: create, delete, list, describe, pause and set read-only streams; cluster metadata.
+"""The asyncio admin client: create, delete, list, describe, pause and set read-only streams; cluster metadata;
+confirm the head of a suspended partition (fail to safety).
 
 ::
 
@@ -17,11 +18,13 @@ bounds, concurrently. Results are the wire protocol's own frozen structs (:class
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 import msgspec
 
+from tidelog.api.errors import PartitionSuspendedError, RequestTimeoutError, TidelogError
 from tidelog.api.wire.messages import (
     CreateStreamRequest,
     DeleteStreamRequest,
@@ -31,6 +34,8 @@ from tidelog.api.wire.messages import (
     ListStreamsResponse,
     MetadataResponse,
     PartitionInfo,
+    ResetHeadRequest,
+    ResetHeadResponse,
     SetStreamStateRequest,
     StreamInfo,
     StreamSummary,
@@ -114,6 +119,53 @@ class Admin:
         await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
         self._cluster.forget(name)
 
+    async def reset_head(
+        self, stream: str, partition: int, *, offset: int | None = None, timeout_ms: int = 10_000
+    ) -> ResetHeadResponse:
+        """Confirm the head of a suspended partition (fail to safety): appends resume there.
+
+        ``offset`` None confirms the leader's log end; otherwise it must lie between the leader's high watermark
+        and its log end, and the leader cuts its uncommitted tail down to it. Returns once the leader has
+        resumed, with ``head`` where its log then ends (a cut falls on a batch boundary at or below ``offset``)
+        and ``log_end`` where it ended before. Raises ``InvalidArgumentError`` for a partition that is not
+        suspended or an offset out of those bounds, ``PartitionSuspendedError`` when the leader suspended again
+        (its message says why), ``UnavailableError`` when the partition has no live leader.
+        """
+        request = ResetHeadRequest(stream, partition, -1 if offset is None else offset, timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000 + self._cluster.request_timeout
+        connection = await self._cluster.any_connection()
+        response = await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+        confirmed = response.header
+        assert isinstance(confirmed, ResetHeadResponse)
+        self._cluster.forget(stream)
+        bounds = await self._resumed(stream, partition, confirmed.leader_epoch, deadline)
+        return msgspec.structs.replace(confirmed, head=bounds.log_end)
+
+    async def _resumed(self, stream: str, partition: int, epoch: int, deadline: float) -> ListOffsetsResponse:
+        """Wait until the leader answers for leader epoch ``epoch`` (it has applied the confirmed head), asking
+        it again with a growing pause: there is no notice to wait on, and it takes milliseconds."""
+        delay = 0.01
+        while True:
+            try:
+                connection = await self._cluster.leader_connection(stream, partition)
+                response = await connection.request(
+                    ListOffsetsRequest(stream, partition), timeout=self._cluster.request_timeout
+                )
+                bounds = response.header
+                assert isinstance(bounds, ListOffsetsResponse)
+                if bounds.leader_epoch >= epoch:
+                    if bounds.suspended:
+                        raise PartitionSuspendedError(f"{stream}/{partition}: suspended again: {bounds.suspended}")
+                    return bounds
+            except TidelogError as exc:
+                if not exc.retriable:
+                    raise
+                self._cluster.forget(stream)  # NOT_LEADER while the leadership restarts: ask the metadata again
+            if time.monotonic() + delay > deadline:
+                raise RequestTimeoutError(f"the leader of {stream}/{partition} did not resume at epoch {epoch} in time")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
     async def list_streams(self, prefix: str = "") -> list[StreamSummary]:
         """Every stream whose name starts with ``prefix``, by name."""
         connection = await self._cluster.any_connection()
@@ -148,7 +200,11 @@ class Admin:
         bounds = response.header
         assert isinstance(bounds, ListOffsetsResponse)
         return msgspec.structs.replace(
-            partition, high_watermark=bounds.high_watermark, log_end=bounds.log_end, log_start=bounds.log_start
+            partition,
+            high_watermark=bounds.high_watermark,
+            log_end=bounds.log_end,
+            log_start=bounds.log_start,
+            suspended=bounds.suspended or partition.suspended,  # the leader's own finding may not be recorded yet
         )
 
     async def close(self) -> None:

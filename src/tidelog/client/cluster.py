@@ -25,7 +25,7 @@ from tidelog.api.errors import (
     UnknownStreamError,
     from_error_body,
 )
-from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
+from tidelog.api.wire.frames import DEFAULT_MAX_RESPONSE_BYTES
 from tidelog.api.wire.messages import BrokerInfo, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
 from tidelog.client.connection import Connection, ConnectionClosedError
 
@@ -54,7 +54,7 @@ class Cluster:
         ssl: ssl_.SSLContext | None = None,
         connect_timeout: float = 10.0,
         request_timeout: float = 30.0,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_in_flight: int = 1024,
     ) -> None:
         addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)

@@ -26,7 +26,7 @@ from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from tidelog.api.wire.messages import MetadataResponse, StreamInfo, StreamSummary
+from tidelog.api.wire.messages import MetadataResponse, ResetHeadResponse, StreamInfo, StreamSummary
 from tidelog.client.accumulator import RecordMetadata
 from tidelog.client.admin import Admin, ConfigValue
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
@@ -229,6 +229,11 @@ class SyncAdmin(_Facade):
 
     def set_stream_state(self, name: str, partitions: Sequence[int] = (), **flags: Any) -> None:
         self._runner.run(self._admin.set_stream_state(name, partitions, **flags))
+
+    def reset_head(
+        self, stream: str, partition: int, *, offset: int | None = None, timeout_ms: int = 10_000
+    ) -> ResetHeadResponse:
+        return self._runner.run(self._admin.reset_head(stream, partition, offset=offset, timeout_ms=timeout_ms))
 
     def list_streams(self, prefix: str = "") -> list[StreamSummary]:
         return self._runner.run(self._admin.list_streams(prefix))

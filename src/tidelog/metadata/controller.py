@@ -12,7 +12,8 @@ While this broker's :class:`~tidelog.metadata.controller_election.ControllerElec
 
 and answers the broker's requests (each raises :class:`NotControllerError` unless this broker is the
 controller, so that the caller forwards them): :meth:`Controller.alter_isr`,
-:meth:`Controller.controlled_shutdown`, :meth:`Controller.report_unreachable` and the stream writes
+:meth:`Controller.controlled_shutdown`, :meth:`Controller.report_unreachable`, the fail-to-safety pair
+:meth:`Controller.suspend_partition` and :meth:`Controller.reset_head`, and the stream writes
 :meth:`Controller.create_stream`, :meth:`Controller.delete_stream`, :meth:`Controller.update_partition`.
 
 **Every write is fenced and a compare-and-swap.** Each partition is written in its own
@@ -43,7 +44,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tidelog.clock import Clock, SystemClock
@@ -74,6 +75,15 @@ from tidelog.metadata.records import (
 )
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
+from tidelog.metadata.suspension import (
+    HeadRejection,
+    LeaderBounds,
+    SuspendRequest,
+    SuspensionError,
+    check_leader,
+    decide_reset_head,
+    decide_suspend,
+)
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +243,61 @@ class Controller:
                 return new
             record, fresh = current, True
         raise AlterIsrError(AlterIsrRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
+
+    async def suspend_partition(
+        self, stream: str, partition: int, leader_id: str, leader_epoch: int, reason: str
+    ) -> PartitionRecord:
+        """Record that the leader of ``leader_epoch`` suspended appends on ``reason`` (fail to safety); returns
+        the record as written. Raises :class:`~tidelog.metadata.suspension.SuspensionError` (see
+        :func:`~tidelog.metadata.suspension.decide_suspend`)."""
+        writer = self._current_writer()
+        request = SuspendRequest(stream, partition, leader_id, leader_epoch, reason)
+
+        async def decide(record: PartitionRecord | None) -> PartitionRecord:
+            return decide_suspend(record, request, self._clock.now_ns())
+
+        old, new = await self._write_decided(writer, stream, partition, decide)
+        if new != old:
+            log.warning("controller %s: %s/%d suspended: %s", self.broker_id, stream, partition, new.suspended)
+        return new
+
+    async def reset_head(
+        self,
+        stream: str,
+        partition: int,
+        offset: int | None,
+        bounds_of: Callable[[PartitionRecord], Awaitable[LeaderBounds]],
+    ) -> tuple[PartitionRecord, PartitionRecord, LeaderBounds]:
+        """Confirm the head of a suspended partition: ``offset``, or the leader's log end when None. Returns the
+        record before and after, and the bounds the leader reported (asked with ``bounds_of``, each attempt).
+
+        The new record clears the suspension, bumps the leader epoch and names the head for it; the leader cuts
+        its log there before taking appends (:mod:`tidelog.broker.safety`). Raises
+        :class:`~tidelog.metadata.suspension.SuspensionError` (see
+        :func:`~tidelog.metadata.suspension.decide_reset_head`).
+        """
+        writer = self._current_writer()
+        name = f"{stream}/{partition}"
+        seen: list[LeaderBounds] = []
+
+        async def decide(record: PartitionRecord | None) -> PartitionRecord:
+            current = check_leader(record, name, self._latest.brokers.keys())
+            bounds = await bounds_of(current)
+            seen.append(bounds)
+            return decide_reset_head(current, bounds, offset)
+
+        old, new = await self._write_decided(writer, stream, partition, decide)
+        log.warning(
+            "controller %s: %s head confirmed at %d (leader %s, epoch %d→%d); it was suspended: %s",
+            self.broker_id,
+            name,
+            new.head_offset,
+            new.leader,
+            old.leader_epoch,
+            new.leader_epoch,
+            old.suspended or seen[-1].suspended,
+        )
+        return old, new, seen[-1]
 
     async def controlled_shutdown(self, broker_id: str) -> int:
         """Hand off ``broker_id``'s leaderships and take it out of ISRs; return how many it still leads.
@@ -429,6 +494,38 @@ class Controller:
                 return False, current
             expected = found
         return False, old
+
+    async def _write_decided(
+        self,
+        writer: FencedWriter,
+        stream: str,
+        partition: int,
+        decide: Callable[[PartitionRecord | None], Awaitable[PartitionRecord]],
+    ) -> tuple[PartitionRecord, PartitionRecord]:
+        """Decide on a partition's record and write the decision with a compare-and-swap: (old, new).
+
+        A failed swap decides again on what etcd holds; a refusal decided on the mirror's record is only final
+        once decided again on etcd's own (the mirror may lag the requester, as for :meth:`alter_isr`).
+        """
+        key = self._keys.partition(stream, partition)
+        record = self._latest.partition(stream, partition)
+        fresh = False
+        for _ in range(_ALTER_ATTEMPTS):
+            try:
+                new = await decide(record)
+            except SuspensionError:
+                if fresh:
+                    raise
+                record, fresh = await self._read_partition(key), True
+                continue
+            assert record is not None
+            if new == record:
+                return record, new
+            written, current = await self._cas(writer, key, record, new)
+            if written:
+                return record, new
+            record, fresh = current, True
+        raise SuspensionError(HeadRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
 
     async def _read_partition(self, key: bytes) -> PartitionRecord | None:
         found = await self._client.get(key)

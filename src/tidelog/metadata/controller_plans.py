@@ -63,6 +63,10 @@ class ChangeReason(enum.Enum):
     """A follower that is shutting down leaves the ISR."""
     ALTER_ISR = "alter-isr"
     """The leader changed its ISR."""
+    SUSPEND = "suspend"
+    """The leader found evidence of lost consistency and refuses appends (:mod:`tidelog.metadata.suspension`)."""
+    RESET_HEAD = "reset-head"
+    """An operator confirmed the head of a suspended partition: appends resume, one leader epoch later."""
 
 
 @dataclass(frozen=True, slots=True)

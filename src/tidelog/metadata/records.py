@@ -71,6 +71,12 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     ``leader_epoch`` grows by one on every leader change; followers truncate by it. ``paused`` partitions are
     resumed by the next write to them (and, when paused with ``resume_all``, so are their paused siblings);
     ``readonly`` ones refuse writes.
+
+    ``suspended`` (fail to safety, seed 002): why a leader refused appends, the evidence it found that the
+    partition lost committed data; empty while it takes appends. Every leader of the partition refuses appends
+    while it is set, whichever broker leads. Only ``tidelog partition reset-head`` clears it, and that bumps
+    the leader epoch and records the head the operator confirmed: ``head_offset`` for the leadership of
+    ``head_epoch`` (-1: never confirmed). See :mod:`tidelog.broker.safety`.
     """
 
     stream: str
@@ -85,6 +91,10 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     resumed_ns: int = 0
     readonly: bool = False
     readonly_ns: int = 0
+    suspended: str = ""
+    suspended_ns: int = 0
+    head_epoch: int = -1
+    head_offset: int = -1
 
 
 class BrokerRecord(msgspec.Struct, frozen=True):

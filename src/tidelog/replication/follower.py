@@ -30,8 +30,9 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
   ``on_leader_unreachable``; NOT_LEADER and FENCED_LEADER_EPOCH are simply retried: the metadata will move
   the broker to stop this fetcher and start one for the new leadership.
 
-The follower's high watermark is ``min(leader HW seen, own log end)`` and never goes back (except when
-truncation cuts the log below it, which only an unclean leader election can cause).
+The follower's high watermark is ``min(leader HW seen, own log end)`` and never goes back, except when
+truncation cuts the log below it (an unclean leader election, a leader that lost records, or a lower head an
+operator confirmed with reset-head): then ``on_high_watermark`` is told the lower value too.
 
 Producer state (``producers``, optional): the fetcher is the only writer of a follower's log, so it keeps the
 replica's :class:`~tidelog.replication.producer_state.ProducerStateTable` in step (see
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tidelog.api.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
-from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, ProtocolError
+from tidelog.api.wire.frames import DEFAULT_MAX_RESPONSE_BYTES, ProtocolError
 from tidelog.api.wire.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
@@ -344,7 +345,7 @@ class ReplicaFetcher:
             self._host,
             self._port,
             connect_timeout=self._connect_timeout,
-            max_frame_bytes=DEFAULT_MAX_FRAME_BYTES,
+            max_frame_bytes=DEFAULT_MAX_RESPONSE_BYTES,
             max_in_flight=4,
         )
 
@@ -484,8 +485,13 @@ class ReplicaFetcher:
             log.info("%s: log ends at %d, the leader's starts at %d: copying", self.name, offset, response.log_start)
             return True
         if offset > response.log_end:
-            # Epoch truncation should have prevented this; cutting to the leader's end is safe regardless.
-            await self._truncate(response.log_end, f"the leader's log ends at {response.log_end}")
+            # Epoch truncation prevents this but where an operator confirmed a lower head with reset-head (a
+            # leader that finds it otherwise suspends appends and answers PARTITION_SUSPENDED: the log is kept).
+            reason = f"the leader's log ends at {response.log_end}"
+            if self._log.start_offset > response.log_end:  # nothing held is at or below it: start over there
+                await self._reset(response.log_end, reason)
+            else:
+                await self._truncate(response.log_end, reason)
         return False  # otherwise the leader's bounds moved between its check and ours: just fetch again
 
     async def _truncate(self, offset: int, reason: str) -> None:
@@ -496,10 +502,30 @@ class ReplicaFetcher:
         log.info("%s: truncating from %d to %d: %s", self.name, log_.end_offset, target, reason)
         if target < self._hw:
             log.warning("%s: truncating below the known high watermark %d (unclean election?)", self.name, self._hw)
-            self._hw = target
+            self._lower_hw(target)
         # One shielded unit: the log's truncation completes even if this task is stopped, and so must the
         # producer state's, or a promotion would find batches in the table that the log no longer holds.
         await asyncio.shield(self._truncate_with_state(target))
+
+    async def _reset(self, offset: int, reason: str) -> None:
+        """Empty the log and start it at ``offset``, as :meth:`_truncate` would if it could cut below the start."""
+        log.warning(
+            "%s: resetting the log from %d..%d to %d: %s",
+            self.name,
+            self._log.start_offset,
+            self._log.end_offset,
+            offset,
+            reason,
+        )
+        if offset < self._hw:
+            self._lower_hw(offset)
+        await asyncio.shield(self._reset_with_state(offset))
+
+    async def _reset_with_state(self, offset: int) -> None:
+        await self._log.reset_to(offset)
+        if self._producers is not None:
+            after_truncation(self._producers, self._log, self._snapshots)
+            self._snapshot_offset = -1
 
     async def _truncate_with_state(self, target: int) -> None:
         await self._log.truncate_to(target)
@@ -524,6 +550,15 @@ class ReplicaFetcher:
         hw = min(leader_hw, self._log.end_offset)
         if hw <= self._hw:
             return
+        self._report_hw(hw)
+
+    def _lower_hw(self, hw: int) -> None:
+        """The log is cut below the known HW, on the leader's word (its epoch answer, or a head an operator
+        confirmed): what this replica knows committed goes down with it, or a promotion would take the records
+        it no longer holds for lost ones (:mod:`tidelog.broker.safety`)."""
+        self._report_hw(hw)
+
+    def _report_hw(self, hw: int) -> None:
         self._hw = hw
         if self._on_high_watermark is not None:
             try:

@@ -42,9 +42,16 @@ async def write_hw_checkpoint(directory: Path, hw: int) -> None:
 
 def read_hw_checkpoint(log_: Log) -> int:
     """The high watermark this replica last checkpointed, clamped to its log (the log start when none)."""
+    return min(checkpointed_hw(log_), log_.end_offset)
+
+
+def checkpointed_hw(log_: Log) -> int:
+    """The high watermark this replica last checkpointed, *not* clamped to its log end (the log start when none,
+    unreadable, or below it). Above the log end, it is evidence that the log lost committed records: a new
+    leader suspends appends on it (:mod:`tidelog.broker.safety`)."""
     try:
         hw = HighWatermarkCheckpoint(log_.directory / HW_CHECKPOINT_FILE).read(0)
     except Exception:  # a damaged checkpoint: fall back to the safe value, nothing beyond the log start
         log.warning("unreadable high-watermark checkpoint in %s; starting from the log start", log_.directory)
         hw = 0
-    return max(log_.start_offset, min(hw, log_.end_offset))
+    return max(log_.start_offset, hw)

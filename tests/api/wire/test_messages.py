@@ -18,6 +18,9 @@ from tidelog.api.wire.messages import (
     Acks,
     AlterIsrRequest,
     AlterIsrResponse,
+    AppendPhase,
+    AppendRequest,
+    AppendResponse,
     BrokerInfo,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
@@ -47,6 +50,8 @@ from tidelog.api.wire.messages import (
     ReplicaFetchResponse,
     ReportUnreachableRequest,
     ReportUnreachableResponse,
+    ResetHeadRequest,
+    ResetHeadResponse,
     SegmentFetchRequest,
     SegmentFetchResponse,
     SegmentListRequest,
@@ -56,6 +61,8 @@ from tidelog.api.wire.messages import (
     SetStreamStateResponse,
     StreamInfo,
     StreamSummary,
+    SuspendPartitionRequest,
+    SuspendPartitionResponse,
     UnsupportedOpError,
     decode_as,
     decode_frame_header,
@@ -77,7 +84,18 @@ error_body = st.builds(ErrorBody, st.integers(0, INT32_MAX), text, st.booleans()
 maybe_error = st.none() | error_body
 ids = st.lists(text, max_size=3).map(tuple)
 partition_info = st.builds(
-    PartitionInfo, partition, st.none() | text, ids, ids, st.integers(0, INT32_MAX), offset, offset, st.booleans()
+    PartitionInfo,
+    partition,
+    st.none() | text,
+    ids,
+    ids,
+    st.integers(0, INT32_MAX),
+    offset,
+    offset,
+    st.booleans(),
+    st.booleans(),
+    offset,
+    text,
 )
 
 STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
@@ -114,7 +132,7 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         st.lists(st.builds(StreamSummary, text, text, partition, st.integers(-1, INT32_MAX)), max_size=3).map(tuple),
     ),
     ListOffsetsRequest: st.builds(ListOffsetsRequest, names, partition, st.integers(-1, INT64_MAX)),
-    ListOffsetsResponse: st.builds(ListOffsetsResponse, offset, offset, offset, offset_or_none),
+    ListOffsetsResponse: st.builds(ListOffsetsResponse, offset, offset, offset, offset_or_none, epoch_or_none, text),
     SetStreamStateRequest: st.builds(
         SetStreamStateRequest,
         names,
@@ -126,6 +144,8 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         st.booleans(),
     ),
     SetStreamStateResponse: st.just(SetStreamStateResponse()),
+    ResetHeadRequest: st.builds(ResetHeadRequest, names, partition, offset_or_none, millis, st.booleans()),
+    ResetHeadResponse: st.builds(ResetHeadResponse, text, epoch, offset, offset, offset, text),
     ReplicaFetchRequest: st.builds(ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis),
     ReplicaFetchResponse: st.builds(ReplicaFetchResponse, offset, offset, offset, epoch, maybe_error),
     EpochEndOffsetRequest: st.builds(EpochEndOffsetRequest, names, partition, names, epoch_or_none, epoch_or_none),
@@ -136,6 +156,8 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     ReportUnreachableResponse: st.just(ReportUnreachableResponse()),
     ControlledShutdownRequest: st.builds(ControlledShutdownRequest, names),
     ControlledShutdownResponse: st.builds(ControlledShutdownResponse, st.integers(0, INT32_MAX)),
+    SuspendPartitionRequest: st.builds(SuspendPartitionRequest, names, partition, names, epoch, text),
+    SuspendPartitionResponse: st.just(SuspendPartitionResponse()),
     SegmentListRequest: st.builds(
         SegmentListRequest, names, partition, names, offset, epoch, st.integers(1, INT32_MAX)
     ),
@@ -154,6 +176,30 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     SegmentFetchResponse: st.builds(SegmentFetchResponse, offset, offset, offset, epoch, maybe_error),
     InitProducerRequest: st.builds(InitProducerRequest, text, millis),
     InitProducerResponse: st.builds(InitProducerResponse, offset, st.integers(0, 2**15 - 1)),
+    AppendRequest: st.builds(
+        AppendRequest,
+        offset,
+        st.sampled_from(AppendPhase),
+        text,
+        partition,
+        offset_or_none,
+        st.binary(max_size=8),
+        st.binary(max_size=8),
+        st.binary(max_size=8),
+        st.integers(-(2**63), INT64_MAX),
+        st.sampled_from(Acks),
+        millis,
+    ),
+    AppendResponse: st.builds(
+        AppendResponse,
+        offset,
+        st.integers(0, INT32_MAX),
+        text,
+        offset_or_none,
+        offset_or_none,
+        offset_or_none,
+        st.binary(max_size=8),
+    ),
 }
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))
 
@@ -213,8 +259,8 @@ def test_older_and_newer_peers_interoperate() -> None:
     assert decode_as(ProduceRequest, newer) == ProduceRequest("s", 2, Acks.LEADER, 100)
 
 
-def test_unknown_and_reserved_ops_raise_unsupported() -> None:
-    for kind, op in [(Kind.REQUEST, 999), (Kind.REQUEST, Op.APPEND), (Kind.RESPONSE, 999)]:
+def test_unknown_ops_raise_unsupported() -> None:
+    for kind, op in [(Kind.REQUEST, 999), (Kind.RESPONSE, 999)]:
         with pytest.raises(UnsupportedOpError) as info:
             decode_header(kind, op, b"\x90")
         assert (info.value.kind, info.value.op) == (kind, op)

@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.api.wire.stub_manager import StubManager
-from tidelog.api.errors import ErrorCode, UnknownStreamError
+from tidelog.api.errors import ErrorCode, PartitionSuspendedError, UnknownStreamError
 from tidelog.api.wire.messages import (
     Acks,
     EpochEndOffsetRequest,
@@ -195,12 +196,57 @@ async def test_a_broker_that_is_no_replica_is_refused(leader: Leader, conn: Conn
     assert leader.partition.high_watermark == 0
 
 
-async def test_an_offset_outside_the_log_answers_out_of_range_with_the_bounds(leader: Leader, conn: Connection) -> None:
+async def test_an_offset_below_the_log_start_answers_out_of_range_with_the_bounds(
+    leader: Leader, conn: Connection
+) -> None:
+    await sealed_segments(leader, 1)
+    await leader.log.delete_segments_before(3)
+    header, payload = await replica_fetch(conn, 1)
+    assert header.error is not None and header.error.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert (header.log_start, header.log_end, payload) == (3, 4, b"")
+    assert leader.partition.high_watermark == 0
+    leader.partition.check_appendable()  # behind is no evidence of anything
+
+
+async def epoch_end(conn: Connection, epoch: int, current: int = 3) -> EpochEndOffsetResponse:
+    response = await conn.request(EpochEndOffsetRequest("s", 0, "b", epoch, current), timeout=BOUND)
+    assert isinstance(response.header, EpochEndOffsetResponse)
+    return response.header
+
+
+async def test_a_fetch_beyond_the_log_end_suspends_appends_and_the_follower_keeps_its_log(
+    leader: Leader, conn: Connection
+) -> None:
     await leader.append(b"v", b"w")
     header, payload = await replica_fetch(conn, 5)
-    assert header.error is not None and header.error.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    # Not OFFSET_OUT_OF_RANGE, on which a follower cuts its log to the leader's end: it may hold the only copy.
+    assert header.error is not None and header.error.code == ErrorCode.PARTITION_SUSPENDED
+    assert "replica b fetched from offset 5, beyond the log end 2 of leader a (epoch 3)" in header.error.message
+    assert not header.error.retriable
     assert (header.log_start, header.log_end, payload) == (0, 2, b"")
-    assert leader.partition.high_watermark == 0
+    with pytest.raises(PartitionSuspendedError, match="reset-head s 0"):
+        await leader.append(b"refused")
+    # While suspended, a follower asking where its epoch ends would cut its log to the answer: refused too.
+    refused = await epoch_end(conn, 3)
+    assert refused.error is not None and refused.error.code == ErrorCode.PARTITION_SUSPENDED
+    assert (refused.leader_epoch, refused.end_offset) == (3, -1)
+    header, payload = await replica_fetch(conn, 1)  # within the log: served as ever (the batch holding 1)
+    assert header.error is None and payload == leader.log.read(0, 1 << 20)
+
+
+async def test_beyond_a_head_confirmed_for_this_leadership_a_follower_is_told_to_cut(
+    leader: Leader, conn: Connection
+) -> None:
+    record = msgspec.structs.replace(leader.partition.record, head_epoch=3, head_offset=2)
+    leader.partition.update_record(record)
+    await leader.append(b"v", b"w")
+    header, _ = await replica_fetch(conn, 5)
+    assert header.error is not None and header.error.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert header.log_end == 2
+    leader.partition.check_appendable()
+    # An epoch this leader never had ends at its log start: the follower copies the confirmed log whole.
+    assert await epoch_end(conn, 1) == EpochEndOffsetResponse(1, 0)
+    assert await epoch_end(conn, 3) == EpochEndOffsetResponse(3, 2)  # a known one as ever
 
 
 async def test_an_unknown_stream_is_an_error_frame(conn: Connection) -> None:

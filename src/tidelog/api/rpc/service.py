@@ -1,4 +1,5 @@
-"""The ``proto.API`` servicer: thin handlers that call the RPC family modules and map errors to statuses.
+"""The gRPC servicers — ``proto.API`` and ``tidelog.v1.Appender`` — as thin handlers that call the RPC family
+modules and map errors to statuses.
 
 Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
 gRPC status — looked up in :mod:`tidelog.api.errors`, so gRPC and the wire protocol answer the same condition
@@ -15,8 +16,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tidelog.api._gen import api_pb2_grpc
+from tidelog.api._gen.tidelog.v1 import append_pb2_grpc
 from tidelog.api.errors import InternalError, TidelogError, as_tidelog_error
 from tidelog.api.rpc import metadata, publish, subscribe
+from tidelog.api.rpc.append import GrpcAppends
 from tidelog.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
@@ -112,8 +115,18 @@ class LiftbridgeService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         return await self._unimplemented(context, "ReportConsumerGroupCoordinator")
 
 
+class AppenderService(append_pb2_grpc.AppenderServicer):  # type: ignore[misc]
+    """``tidelog.v1.Appender``: transactional appends for clients in other languages."""
+
+    def __init__(self, appends: GrpcAppends) -> None:
+        self._appends = appends
+
+    async def Append(self, request_iterator: Any, context: Any) -> Any:
+        return await _guard(context, self._appends.append(request_iterator, context))
+
+
 class GrpcServer:
-    """The gRPC server: ``proto.API`` plus the standard health service."""
+    """The gRPC server: ``proto.API``, ``tidelog.v1.Appender`` and the standard health service."""
 
     def __init__(self, ctx: BrokerContext, host: str, port: int) -> None:
         self._server = grpc.aio.server(
@@ -123,6 +136,8 @@ class GrpcServer:
             ]
         )
         api_pb2_grpc.add_APIServicer_to_server(LiftbridgeService(ctx), self._server)
+        self.appends = GrpcAppends(ctx)
+        append_pb2_grpc.add_AppenderServicer_to_server(AppenderService(self.appends), self._server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")
@@ -138,5 +153,5 @@ class GrpcServer:
         await self._server.stop(grace)
 
     async def _set_health(self, status: Any) -> None:
-        for service in ("", "proto.API"):
+        for service in ("", "proto.API", "tidelog.v1.Appender"):
             await self.health.set(service, status)

@@ -1,5 +1,5 @@
-"""The administration family of the wire protocol: METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS and
-SET_STREAM_STATE (pause, resume, read-only).
+"""The administration family of the wire protocol: METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS,
+SET_STREAM_STATE (pause, resume, read-only) and RESET_HEAD (fail to safety, :mod:`tidelog.broker.head_reset`).
 
 Metadata comes from this broker's mirror of the etcd keyspace (:class:`~tidelog.metadata.mirror.MetadataMirror`),
 so any broker answers it; watermarks are only known to a partition's leader, so a partition led elsewhere reports
@@ -36,6 +36,7 @@ from tidelog.api.wire.messages import (
     MetadataRequest,
     MetadataResponse,
     PartitionInfo,
+    ResetHeadRequest,
     SetStreamStateRequest,
     SetStreamStateResponse,
     StreamInfo,
@@ -43,6 +44,7 @@ from tidelog.api.wire.messages import (
     encode_message,
 )
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.head_reset import reset_head as confirm_head
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 
 _CONFIG_FIELDS = frozenset(StreamConfig.__struct_fields__)
@@ -103,6 +105,10 @@ async def set_stream_state(
     return Reply(encode_message(correlation_id, SetStreamStateResponse()))
 
 
+async def reset_head(env: HandlerEnv, correlation_id: int, request: ResetHeadRequest, _: memoryview) -> Reply:
+    return Reply(encode_message(correlation_id, await confirm_head(env.broker, request)))
+
+
 async def list_streams(env: HandlerEnv, correlation_id: int, request: ListStreamsRequest, _: memoryview) -> Reply:
     streams = env.broker.mirror.snapshot.streams
     summaries = tuple(
@@ -136,8 +142,10 @@ def build_metadata(ctx: BrokerContext, names: tuple[str, ...]) -> MetadataRespon
 def _partition_info(ctx: BrokerContext, stream: StreamRecord, record: PartitionRecord) -> PartitionInfo:
     local = ctx.manager.local(stream.name, record.id)
     hw = end = start = 0
+    suspended = record.suspended
     if local is not None:
         hw, end, start = local.high_watermark, local.log_end, local.log_start
+        suspended = local.safety.reason  # the leader's own finding shows before the controller has recorded it
     return PartitionInfo(
         record.id,
         record.leader or None,
@@ -149,6 +157,7 @@ def _partition_info(ctx: BrokerContext, stream: StreamRecord, record: PartitionR
         record.readonly,
         record.paused,
         start,
+        suspended,
     )
 
 
@@ -158,4 +167,5 @@ ROUTES: dict[int, Route] = {
     Op.DELETE_STREAM: route(DeleteStreamRequest, delete_stream),
     Op.LIST_STREAMS: route(ListStreamsRequest, list_streams),
     Op.SET_STREAM_STATE: route(SetStreamStateRequest, set_stream_state),
+    Op.RESET_HEAD: route(ResetHeadRequest, reset_head),
 }

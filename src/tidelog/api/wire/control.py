@@ -1,7 +1,8 @@
 """The control family of the wire protocol: requests brokers send to the controller.
 
-ALTER_ISR (a leader's ISR change), REPORT_UNREACHABLE (a follower's hint that its leader is gone) and
-CONTROLLED_SHUTDOWN (a stopping broker handing its leaderships off). Only the controller answers them; any other
+ALTER_ISR (a leader's ISR change), REPORT_UNREACHABLE (a follower's hint that its leader is gone),
+CONTROLLED_SHUTDOWN (a stopping broker handing its leaderships off) and SUSPEND_PARTITION (a leader that found
+evidence of lost consistency, :mod:`tidelog.broker.safety`). Only the controller answers them; any other
 broker says UNAVAILABLE ("not the controller"), which the sender retries after the election settles
 (:class:`~tidelog.broker.controller_link.ControllerLink`). The controller validates each request against the
 metadata itself (an ISR change from a stale leader epoch is refused), so a request from a confused broker can
@@ -22,6 +23,8 @@ from tidelog.api.wire.messages import (
     ControlledShutdownResponse,
     ReportUnreachableRequest,
     ReportUnreachableResponse,
+    SuspendPartitionRequest,
+    SuspendPartitionResponse,
     encode_message,
 )
 from tidelog.broker.controller_link import call_controller
@@ -58,8 +61,20 @@ async def controlled_shutdown(
     return Reply(encode_message(correlation_id, ControlledShutdownResponse(int(remaining))))
 
 
+async def suspend_partition(
+    env: HandlerEnv, correlation_id: int, request: SuspendPartitionRequest, _: memoryview
+) -> Reply:
+    await call_controller(
+        _controller(env).suspend_partition(
+            request.stream, request.partition, request.leader_id, request.leader_epoch, request.reason
+        )
+    )
+    return Reply(encode_message(correlation_id, SuspendPartitionResponse()))
+
+
 ROUTES: dict[int, Route] = {
     Op.ALTER_ISR: route(AlterIsrRequest, alter_isr),
     Op.REPORT_UNREACHABLE: route(ReportUnreachableRequest, report_unreachable),
     Op.CONTROLLED_SHUTDOWN: route(ControlledShutdownRequest, controlled_shutdown),
+    Op.SUSPEND_PARTITION: route(SuspendPartitionRequest, suspend_partition),
 }

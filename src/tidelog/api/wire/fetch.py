@@ -95,7 +95,14 @@ async def list_offsets(
     offset = -1
     if request.timestamp >= 0:
         offset = max(partition.log_start, partition.offset_for_timestamp(request.timestamp))
-    response = ListOffsetsResponse(partition.log_start, partition.high_watermark, partition.log_end, offset)
+    response = ListOffsetsResponse(
+        partition.log_start,
+        partition.high_watermark,
+        partition.log_end,
+        offset,
+        partition.record.leader_epoch,
+        partition.safety.reason,
+    )
     return Reply(encode_message(correlation_id, response))
 
 

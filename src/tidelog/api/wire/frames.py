@@ -48,6 +48,9 @@ assert PREFIX_SIZE == LENGTH_SIZE + BODY_FIXED_SIZE == 16
 MAX_U16 = 0xFFFF
 MAX_U32 = 0xFFFF_FFFF
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024  # room for a fetch response of many batches
+DEFAULT_MAX_RESPONSE_BYTES = 160 * 1024 * 1024
+"""What clients and followers accept in one response: a fetch returns its first batch whole, and a transactional
+append is one batch of up to ``max_append_bytes`` (128 MiB by default), so a response can be that large."""
 
 
 class Kind(enum.IntEnum):
@@ -67,7 +70,7 @@ class Op(enum.IntEnum):
 
     PRODUCE = 1
     FETCH = 2
-    APPEND = 3  # reserved: transactional append (Gazette, seed 002)
+    APPEND = 3  # transactional append (Gazette, seed 002): BEGIN, CHUNKs, COMMIT or ABORT frames
     LIST_OFFSETS = 4  # a partition's bounds and the offset at a timestamp
     INIT_PRODUCER = 5  # an idempotent producer's id and epoch (any broker answers; ids come from etcd)
     METADATA = 16
@@ -75,6 +78,7 @@ class Op(enum.IntEnum):
     DELETE_STREAM = 18
     LIST_STREAMS = 19
     SET_STREAM_STATE = 20  # pause, resume, read-only
+    RESET_HEAD = 21  # an operator confirms the head of a suspended partition (fail to safety)
     REPLICA_FETCH = 32  # broker-to-broker pull replication: a follower copies the leader's log
     EPOCH_END_OFFSET = 33  # where a leader epoch ends on the leader (KIP-279): followers truncate to it
     SEGMENT_LIST = 34  # far-horizon catch-up: the leader's sealed segments from an offset
@@ -82,6 +86,7 @@ class Op(enum.IntEnum):
     ALTER_ISR = 48  # a partition leader asks the controller to change the ISR
     REPORT_UNREACHABLE = 49  # a follower tells the controller it cannot reach its leader
     CONTROLLED_SHUTDOWN = 50  # a stopping broker asks the controller to move its leaderships away
+    SUSPEND_PARTITION = 51  # a partition leader found evidence of lost consistency: record its suspension
 
 
 class ProtocolError(Exception):

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.open_appends import OpenAppends
 from tidelog.storage.log import FileRange, Log
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class HandlerEnv:
     winding_down: asyncio.Future[None]  # resolved once the session takes no more requests: long-polls answer now
     zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
+    appends: OpenAppends = field(default_factory=OpenAppends)  # this connection's uncommitted transactional appends
 
 
 H = TypeVar("H", bound=Header)

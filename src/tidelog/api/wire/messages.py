@@ -24,7 +24,9 @@ Which header goes with which frame::
     LIST_STREAMS    ListStreamsRequest    ListStreamsResponse
     LIST_OFFSETS    ListOffsetsRequest    ListOffsetsResponse
     INIT_PRODUCER   InitProducerRequest   InitProducerResponse
+    APPEND          AppendRequest         AppendResponse         request: encoded records (BEGIN, CHUNK)
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
+    RESET_HEAD      ResetHeadRequest      ResetHeadResponse
     REPLICA_FETCH   ReplicaFetchRequest   ReplicaFetchResponse   response: record batches (broker to broker)
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
@@ -157,6 +159,7 @@ class PartitionInfo(Header, frozen=True):
     readonly: bool = False
     paused: bool = False
     log_start: Offset = 0  # the oldest offset the log may hold (appended after the first release)
+    suspended: str = ""  # why appends are refused (fail to safety); empty while they are not
 
 
 class StreamInfo(Header, frozen=True):
@@ -235,6 +238,30 @@ class SetStreamStateResponse(Header, frozen=True):
     pass
 
 
+class ResetHeadRequest(Header, frozen=True):
+    """Confirm the head of a suspended partition (fail to safety): appends resume there. ``offset`` -1: the
+    leader's log end; otherwise at most the log end and at least the high watermark (the leader cuts its
+    uncommitted tail down to it). Any broker takes it and forwards it to the controller."""
+
+    stream: Name
+    partition: PartitionId
+    offset: OffsetOrNone = -1
+    timeout_ms: Millis = 10_000
+    forwarded: bool = False  # sent on by a broker to the controller: answer, never forward again
+
+
+class ResetHeadResponse(Header, frozen=True):
+    """The confirmed head and the leadership that resumes at it (``leader_epoch``, one above the suspended
+    one); the leader's bounds when it was asked, and the suspension that was cleared."""
+
+    leader: str
+    leader_epoch: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+    head: Offset
+    high_watermark: Offset
+    log_end: Offset  # before the reset: above ``head`` when the leader cuts its tail
+    cleared: str = ""
+
+
 # -- offsets ------------------------------------------------------------------------------------------------------
 
 
@@ -257,6 +284,8 @@ class ListOffsetsResponse(Header, frozen=True):
     high_watermark: Offset
     log_end: Offset
     offset: OffsetOrNone = -1
+    leader_epoch: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1  # the leadership that answered
+    suspended: str = ""  # why the leader refuses appends (fail to safety); empty while it does not
 
 
 # -- control: broker to controller -------------------------------------------------------------------------------
@@ -296,6 +325,20 @@ class ControlledShutdownRequest(Header, frozen=True):
 
 class ControlledShutdownResponse(Header, frozen=True):
     remaining: int  # partitions it still leads (no other ISR member to take over)
+
+
+class SuspendPartitionRequest(Header, frozen=True):
+    """The leader of ``leader_epoch`` found evidence of lost consistency and refuses appends: record it."""
+
+    stream: Name
+    partition: PartitionId
+    leader_id: Name
+    leader_epoch: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+    reason: str
+
+
+class SuspendPartitionResponse(Header, frozen=True):
+    pass
 
 
 # -- replication: follower to leader -----------------------------------------------------------------------------
@@ -442,6 +485,64 @@ class InitProducerResponse(Header, frozen=True):
     producer_epoch: Annotated[int, msgspec.Meta(ge=0, le=2**15 - 1)]
 
 
+# -- transactional appends -------------------------------------------------------------------------------------
+
+
+class AppendPhase(enum.IntEnum):
+    """The frames of one transactional append, in the order a client sends them."""
+
+    BEGIN = 0  # the partition, the expectations and the register changes; may carry the first records
+    CHUNK = 1  # more records (payload: whole encoded records, offset deltas running on across chunks)
+    COMMIT = 2  # write it all, or nothing; the response is the append's outcome
+    ABORT = 3  # forget it: nothing is written, no offset is used
+
+
+class AppendRequest(Header, frozen=True):
+    """One frame of a transactional append (op APPEND); frames of one append share ``append_id``.
+
+    Only BEGIN needs the fields after ``phase``. Registers are encoded as in
+    :mod:`tidelog.replication.registers`: ``check_registers`` a selector, the other two label sets; empty bytes
+    mean none. ``expected_offset`` -1: no expectation. ``first_timestamp`` (ns) is the reference the records'
+    timestamp deltas count from.
+
+    ``records``, ``crc`` and ``max_timestamp`` describe the frame's payload: how many records, their CRC32C,
+    and the largest record timestamp so far in the append. A client that sends all three gets the quick check
+    (:mod:`tidelog.storage.record_scan`); -1 leaves the broker to decode every record.
+    """
+
+    append_id: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+    phase: AppendPhase
+    stream: str = ""
+    partition: PartitionId = 0
+    expected_offset: OffsetOrNone = -1
+    check_registers: bytes = b""
+    union_registers: bytes = b""
+    subtract_registers: bytes = b""
+    first_timestamp: int = 0
+    acks: Acks = Acks.ALL
+    timeout_ms: Millis = 5_000
+    records: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1
+    crc: Annotated[int, msgspec.Meta(ge=-1, le=2**32 - 1)] = -1
+    max_timestamp: int = -1
+
+
+class AppendResponse(Header, frozen=True):
+    """The answer to each frame of an append. ``status`` 0 is success so far; otherwise an ``ErrorCode``
+    (INCORRECT_OFFSET, REGISTER_MISMATCH, APPEND_TOO_SLOW, …) with ``message``, and nothing was written.
+
+    The COMMIT answer is the outcome: the offsets of the records (-1 when the append had none), the log end,
+    and the partition's registers (after the append when it succeeded, as found when it failed), so a client
+    that lost a race can decide again without another round trip."""
+
+    append_id: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+    status: Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)] = 0
+    message: str = ""
+    base_offset: OffsetOrNone = -1
+    last_offset: OffsetOrNone = -1
+    log_end: OffsetOrNone = -1
+    registers: bytes = b""
+
+
 # -- the table ----------------------------------------------------------------------------------------------------
 
 HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
@@ -461,12 +562,16 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.LIST_OFFSETS): ListOffsetsResponse,
     (Kind.REQUEST, Op.SET_STREAM_STATE): SetStreamStateRequest,
     (Kind.RESPONSE, Op.SET_STREAM_STATE): SetStreamStateResponse,
+    (Kind.REQUEST, Op.RESET_HEAD): ResetHeadRequest,
+    (Kind.RESPONSE, Op.RESET_HEAD): ResetHeadResponse,
     (Kind.REQUEST, Op.ALTER_ISR): AlterIsrRequest,
     (Kind.RESPONSE, Op.ALTER_ISR): AlterIsrResponse,
     (Kind.REQUEST, Op.REPORT_UNREACHABLE): ReportUnreachableRequest,
     (Kind.RESPONSE, Op.REPORT_UNREACHABLE): ReportUnreachableResponse,
     (Kind.REQUEST, Op.CONTROLLED_SHUTDOWN): ControlledShutdownRequest,
     (Kind.RESPONSE, Op.CONTROLLED_SHUTDOWN): ControlledShutdownResponse,
+    (Kind.REQUEST, Op.SUSPEND_PARTITION): SuspendPartitionRequest,
+    (Kind.RESPONSE, Op.SUSPEND_PARTITION): SuspendPartitionResponse,
     (Kind.REQUEST, Op.REPLICA_FETCH): ReplicaFetchRequest,
     (Kind.RESPONSE, Op.REPLICA_FETCH): ReplicaFetchResponse,
     (Kind.REQUEST, Op.EPOCH_END_OFFSET): EpochEndOffsetRequest,
@@ -477,6 +582,8 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.SEGMENT_FETCH): SegmentFetchResponse,
     (Kind.REQUEST, Op.INIT_PRODUCER): InitProducerRequest,
     (Kind.RESPONSE, Op.INIT_PRODUCER): InitProducerResponse,
+    (Kind.REQUEST, Op.APPEND): AppendRequest,
+    (Kind.RESPONSE, Op.APPEND): AppendResponse,
 }
 _ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
 

@@ -21,7 +21,11 @@ bounds without another round trip; a broker that does not lead at all answers wi
 - a broker that is no replica of the partition: NOT_LEADER (Kafka's NOT_LEADER_OR_FOLLOWER: the two views of
   the assignment disagree, and the one to refresh is whichever is older);
 - an offset outside ``[log_start, log_end]``: OFFSET_OUT_OF_RANGE with the bounds. Below the log start means
-  far-horizon catch-up; above the log end means the follower kept a tail the leader never had, and truncates.
+  far-horizon catch-up. Above the log end, after the follower's epoch truncation, the follower holds offsets the
+  leader lacks: evidence that consistency is lost (:mod:`tidelog.broker.safety`), which suspends appends, and
+  the answer is PARTITION_SUSPENDED, so that the follower keeps its copy instead of cutting it to the leader's
+  end. Only where an operator confirmed the head for this leadership is it OFFSET_OUT_OF_RANGE: the follower
+  cuts what the operator gave up.
 
 None of these record the follower's offset: a refused fetch acknowledges nothing.
 
@@ -37,7 +41,9 @@ nothing: copying files is no acknowledgement.
 EPOCH_END_OFFSET answers KIP-279's question "where does my latest epoch end on your log?" from the leader's
 epoch cache (:meth:`Log.end_offset_for_epoch`); the follower truncates there before fetching (see
 :mod:`tidelog.replication.truncation`). It is fenced like a fetch when the follower names the leadership it
-believes in, so a follower never truncates on the word of a deposed leader.
+believes in, so a follower never truncates on the word of a deposed leader — nor on the word of a suspended
+one, whose log is known to lack committed records: that is PARTITION_SUSPENDED too. After a confirmed head, an
+epoch this leader does not know ends at its log start (:func:`~tidelog.broker.safety.epoch_end_after_reset`).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from tidelog.api.wire.messages import (
     encode_message,
 )
 from tidelog.broker.partition import Partition
+from tidelog.broker.safety import epoch_end_after_reset
 
 
 async def replica_fetch(
@@ -74,11 +81,7 @@ async def replica_fetch(
         return _refuse(correlation_id, partition, refusal)
     offset = request.offset
     if not partition.log_start <= offset <= partition.log_end:
-        start, end = partition.log_start, partition.log_end
-        error = OffsetOutOfRangeError(
-            f"replica {request.replica_id} fetches {partition.name} at {offset}, outside the leader's [{start}, {end}]"
-        )
-        return _refuse(correlation_id, partition, error)
+        return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
     if offset >= partition.log_end and request.max_wait_ms and not env.winding_down.done():
         # Until the log holds more, the wait times out, or the session winds down (server stopping or follower
@@ -121,7 +124,11 @@ async def epoch_end_offset(
         if refusal is not None:
             body = refusal.to_error_body()
             return Reply(encode_message(correlation_id, EpochEndOffsetResponse(epoch, -1, body)))
+    suspended = partition.safety.refusal()
+    if suspended is not None:  # the follower keeps its log until the head is confirmed (module docstring)
+        return Reply(encode_message(correlation_id, EpochEndOffsetResponse(epoch, -1, suspended.to_error_body())))
     answer = partition.log.end_offset_for_epoch(request.leader_epoch)
+    answer = epoch_end_after_reset(partition.record, request.leader_epoch, answer, partition.log_start)
     response = EpochEndOffsetResponse(answer.epoch, answer.end_offset)
     return Reply(encode_message(correlation_id, response))
 
@@ -187,6 +194,20 @@ def _listing(
         partition.record.leader_epoch,
         segments,
         body,
+    )
+
+
+def _out_of_range(partition: Partition, replica_id: str, offset: int) -> TidelogError:
+    """The refusal of a fetch outside the log. Beyond its end, the fetch is first taken as evidence
+    (:meth:`Partition.replica_fetched`): a suspended leader answers PARTITION_SUSPENDED (module docstring)."""
+    start, end = partition.log_start, partition.log_end
+    if offset > end:
+        partition.replica_fetched(replica_id, offset)
+        suspended = partition.safety.refusal()
+        if suspended is not None:
+            return suspended
+    return OffsetOutOfRangeError(
+        f"replica {replica_id} fetches {partition.name} at {offset}, outside the leader's [{start}, {end}]"
     )
 
 

@@ -26,7 +26,7 @@ import ssl as ssl_
 import time
 from typing import Any
 
-from tidelog.api.wire import admin, control, fetch, handlers, producers, replica
+from tidelog.api.wire import admin, append, control, fetch, handlers, producers, replica
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
@@ -43,6 +43,7 @@ ROUTES: dict[int, Route] = {
     **control.ROUTES,
     **replica.ROUTES,
     **producers.ROUTES,
+    **append.ROUTES,
 }
 """Every op this server answers, by family; anything else gets an UNSUPPORTED error frame."""
 

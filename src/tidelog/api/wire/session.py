@@ -134,7 +134,9 @@ class Session:
             self._winding_down.set_result(None)
 
     def abort(self) -> None:
-        """Close now: cancel unfinished handlers and the writer, release file ranges, close the transport."""
+        """Close now: cancel unfinished handlers and the writer, release file ranges, drop uncommitted
+        transactional appends, close the transport."""
+        self._env.appends.abort_all()
         for task in (self._reader_task, self._writer_task):
             if task is not None:
                 task.cancel()

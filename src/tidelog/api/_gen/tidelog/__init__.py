@@ -1,0 +1,1 @@
+"""Generated modules of package ``tidelog`` (``proto/tidelog/``): see ``tidelog.api._gen``."""

@@ -1,0 +1,150 @@
+"""The APPEND op: transactional appends over the wire protocol (issue 5; Gazette's append RPC, seed 002).
+
+A client sends an append as frames sharing an ``append_id`` of its choosing (unique among its open appends on
+the connection): BEGIN (partition, expectations, register changes, optionally the first records), any number
+of CHUNKs of records, then COMMIT or ABORT. Every frame is answered (:class:`AppendResponse`), in order like all
+replies on a connection, so a client may send the whole append without waiting and read the answers after;
+the COMMIT answer is the append's outcome. Several appends may be open at once on one connection — begun,
+streamed and committed interleaved — and commits to one partition are written in the order they arrive.
+
+Handlers do the part that must follow frame order — opening the append, spooling a chunk — synchronously, before
+their first ``await``: the session starts handler tasks in frame order, and each runs up to its first await
+before the next starts, so chunks reach the spool in the order they were sent without a lock.
+
+Outcomes travel in ``status`` rather than as error frames, so that INCORRECT_OFFSET and REGISTER_MISMATCH can
+carry the log end and registers the client needs to decide again. Only a frame that cannot be tied to an
+append (an unknown stream or partition at BEGIN, this broker not leading it, an unknown ``append_id``) is an
+error frame.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from tidelog.api.errors import InvalidArgumentError
+from tidelog.api.wire.frames import Op
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
+from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse, encode_message
+from tidelog.broker.append_spool import Declared
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.open_appends import AppendLimits, OpenAppend
+from tidelog.broker.transactional import AppendRefused, Expectations
+from tidelog.replication.registers import (
+    EMPTY,
+    MAX_REGISTER_BYTES,
+    RegisterError,
+    decode_labels,
+    decode_selector,
+    encode_labels,
+)
+from tidelog.storage.batch import HEADER_SIZE, REGISTERS_LENGTH
+
+SPOOL_DIRECTORY = ".appends"
+REGISTERS_ROOM = REGISTERS_LENGTH.size + MAX_REGISTER_BYTES  # an append is one batch: it must fit a segment
+
+
+def limits_of(broker: BrokerContext) -> AppendLimits:
+    """The broker's append limits; the spool directory is made on first use."""
+    return _limits(broker.config)
+
+
+@functools.lru_cache(maxsize=8)
+def _limits(config: BrokerConfig) -> AppendLimits:
+    """Once per configuration: no ``mkdir`` on every BEGIN (a compare-and-set append's critical path)."""
+    directory = config.data_dir / SPOOL_DIRECTORY
+    directory.mkdir(parents=True, exist_ok=True)
+    max_bytes = min(config.max_append_bytes, config.segment_max_bytes - HEADER_SIZE - REGISTERS_ROOM)
+    return AppendLimits(directory, max_bytes, config.append_min_rate_bytes, config.append_rate_window_ms / 1000)
+
+
+def expectations_of(request: AppendRequest) -> Expectations:
+    """The expectations a BEGIN frame carries; bad encodings are INVALID_ARGUMENT naming the field."""
+    try:
+        return Expectations(
+            expected_offset=None if request.expected_offset < 0 else request.expected_offset,
+            check_registers=decode_selector(request.check_registers) if request.check_registers else None,
+            union_registers=decode_labels(request.union_registers) if request.union_registers else EMPTY,
+            subtract_registers=decode_labels(request.subtract_registers) if request.subtract_registers else EMPTY,
+        )
+    except RegisterError as exc:
+        raise InvalidArgumentError(f"append {request.append_id}: {exc}") from None
+
+
+def declared_of(request: AppendRequest) -> Declared | None:
+    """The client's description of a frame's records, when it gave all of it."""
+    if request.records < 0 or request.crc < 0 or request.max_timestamp < 0:
+        return None
+    return Declared(request.records, request.crc, request.max_timestamp)
+
+
+def _reply(correlation_id: int, response: AppendResponse) -> Reply:
+    return Reply(encode_message(correlation_id, response))
+
+
+def _status(append: OpenAppend) -> AppendResponse:
+    failure = append.failure
+    if failure is None:
+        return AppendResponse(append.append_id)
+    return _refusal(append.append_id, failure)
+
+
+def _refusal(append_id: int, refused: AppendRefused) -> AppendResponse:
+    return AppendResponse(
+        append_id,
+        status=int(refused.code),
+        message=refused.message,
+        log_end=refused.log_end,
+        registers=encode_labels(refused.registers) if refused.registers else b"",
+    )
+
+
+async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, payload: memoryview) -> Reply:
+    """Serve one frame of an append (see the module docstring)."""
+    phase = request.phase
+    if phase is AppendPhase.BEGIN:
+        if not request.stream:
+            raise InvalidArgumentError(f"append {request.append_id}: BEGIN needs a stream")
+        partition = env.broker.manager.leader_of(request.stream, request.partition)
+        timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
+        first_timestamp = request.first_timestamp or time.time_ns()
+        opened = OpenAppend(
+            request.append_id,
+            partition,
+            expectations_of(request),
+            first_timestamp,
+            request.acks,
+            timeout,
+            limits_of(env.broker),
+        )
+        env.appends.begin(opened)
+        opened.precheck()
+        opened.add(payload, declared_of(request))
+        return _reply(correlation_id, _status(opened))
+    if phase is AppendPhase.CHUNK:
+        chunked = env.appends.get(request.append_id)
+        chunked.add(payload, declared_of(request))
+        return _reply(correlation_id, _status(chunked))
+    if phase is AppendPhase.ABORT:
+        env.appends.finish(request.append_id).abort()
+        return _reply(correlation_id, AppendResponse(request.append_id))
+    finishing = env.appends.finish(request.append_id)
+    finishing.add(payload, declared_of(request))
+    try:
+        committed = await finishing.commit()
+    except AppendRefused as refused:
+        return _reply(correlation_id, _refusal(request.append_id, refused))
+    return _reply(
+        correlation_id,
+        AppendResponse(
+            request.append_id,
+            base_offset=committed.base_offset,
+            last_offset=committed.last_offset,
+            log_end=committed.log_end,
+            registers=encode_labels(committed.registers) if committed.registers else b"",
+        ),
+    )
+
+
+ROUTES: dict[int, Route] = {Op.APPEND: route(AppendRequest, append)}

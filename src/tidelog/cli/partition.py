@@ -1,0 +1,80 @@
+"""``tidelog partition reset-head``: confirm the head of a suspended partition (fail to safety).
+
+A leader that finds evidence of lost consistency — a replica holding offsets beyond its log end, or a log that
+ends below what it knew committed — refuses appends with PARTITION_SUSPENDED until an operator has looked and
+confirmed where the log's head is (:mod:`tidelog.broker.safety`). This is that confirmation. It shows what it
+is about to confirm (the evidence, the leader's bounds) and asks first, unless ``--yes``.
+"""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tidelog.api.wire.messages import PartitionInfo
+from tidelog.cli.common import async_command, bootstrap, brokers_option
+from tidelog.client import Admin
+
+console = Console()
+
+
+@click.group("partition")
+def partition() -> None:
+    """Repair partitions."""
+
+
+@partition.command("reset-head")
+@click.argument("stream")
+@click.argument("partition_id", metavar="PARTITION", type=click.IntRange(0))
+@click.option(
+    "--offset",
+    type=click.IntRange(0),
+    default=None,
+    help="The head to confirm (default: the leader's log end). At most the log end, at least the high "
+    "watermark; the leader cuts its uncommitted records beyond it.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@brokers_option
+@async_command
+async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bool, brokers: str) -> None:
+    """Confirm the head of suspended partition PARTITION of STREAM: appends resume there.
+
+    Diagnose first: the suspension names its evidence (``tidelog cluster status`` and ``stream describe``
+    show it), and records beyond the confirmed head that only some replica holds are given up for good.
+    """
+    async with Admin(bootstrap(brokers)) as admin:
+        if not yes:
+            info = await admin.describe_stream(stream)
+            found = next((p for p in info.partitions if p.id == partition_id), None)
+            if found is not None and found.suspended:
+                _show(stream, found)
+                head = found.log_end if offset is None else offset
+                click.confirm(
+                    f"Confirm offset {head} as the head of {stream}/{partition_id} and resume appends?", abort=True
+                )
+        result = await admin.reset_head(stream, partition_id, offset=offset)
+    console.print(f"head confirmed: [bold]{stream}/{partition_id}[/] takes appends again from offset {result.head}")
+    table = Table("stream", "partition", "leader", "leader epoch", "head", "log end before", "high watermark")
+    table.add_row(
+        stream,
+        str(partition_id),
+        result.leader,
+        str(result.leader_epoch),
+        str(result.head),
+        str(result.log_end),
+        str(result.high_watermark),
+    )
+    console.print(table)
+    if result.head < result.log_end:
+        console.print(f"cut {result.log_end - result.head} uncommitted record(s) from the leader's log")
+    if result.cleared:
+        console.print(f"cleared: {result.cleared}", soft_wrap=True)
+
+
+def _show(stream: str, found: PartitionInfo) -> None:
+    console.print(f"[bold red]{stream}/{found.id} is suspended[/]: {found.suspended}", soft_wrap=True)
+    console.print(
+        f"leader {found.leader or '-'} (epoch {found.leader_epoch}): log {found.log_start}..{found.log_end}, "
+        f"high watermark {found.high_watermark}"
+    )

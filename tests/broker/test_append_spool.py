@@ -1,0 +1,84 @@
+"""The append spool: what it seals is a valid batch whether it stayed in memory or went to a file, and it keeps
+nothing of a chunk it refuses."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import crc32c
+import pytest
+
+from tidelog.broker.append_spool import MEMORY_BYTES, AppendSpool, AppendTooLargeError, Declared
+from tidelog.replication.registers import LabelSet, decode_labels, encode_labels
+from tidelog.storage.batch import (
+    REGISTERS_FLAG,
+    TRANSACTIONAL_FLAG,
+    BatchBuilder,
+    CorruptBatchError,
+    check_batch,
+    decode_records,
+    registers_block,
+)
+
+FIRST_TS = 1_700_000_000_000_000_000
+
+
+def chunks(count: int, per_chunk: int, size: int) -> tuple[list[bytes], list[bytes], BatchBuilder]:
+    builder = BatchBuilder(FIRST_TS)
+    values: list[bytes] = []
+    out: list[bytes] = []
+    for c in range(count):
+        for i in range(per_chunk):
+            value = os.urandom(size)
+            values.append(value)
+            builder.append(value, timestamp=FIRST_TS + c * per_chunk + i)
+        out.append(builder.drain())
+    return out, values, builder
+
+
+@pytest.mark.parametrize(("count", "per_chunk", "size"), [(1, 3, 10), (4, 100, 1000), (6, 300, 1000)])
+@pytest.mark.parametrize("declare", [False, True])
+def test_sealed_batch_holds_every_record(tmp_path: Path, count: int, per_chunk: int, size: int, declare: bool) -> None:
+    parts, values, _ = chunks(count, per_chunk, size)
+    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 30)
+    for i, part in enumerate(parts):
+        declared = Declared(per_chunk, crc32c.crc32c(part), FIRST_TS + (i + 1) * per_chunk - 1) if declare else None
+        spool.add(memoryview(part), declared)
+    assert spool.in_file == (sum(map(len, parts)) > MEMORY_BYTES)
+    registers = LabelSet.of(("owner", "me"))
+    batch = spool.seal(registers=encode_labels(registers))
+    header = check_batch(batch)  # the combined CRC is the CRC of the whole batch
+    assert header.attributes & (TRANSACTIONAL_FLAG | REGISTERS_FLAG) == TRANSACTIONAL_FLAG | REGISTERS_FLAG
+    assert header.record_count == len(values) and header.last_offset_delta == len(values) - 1
+    assert header.max_timestamp == FIRST_TS + len(values) - 1
+    assert [r.value for r in decode_records(batch)] == values
+    assert decode_labels(registers_block(batch) or b"") == registers
+    del batch
+    spool.discard()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_refused_chunk_leaves_the_spool_as_it_was(tmp_path: Path) -> None:
+    parts, values, _ = chunks(2, 5, 10)
+    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 20)
+    spool.add(memoryview(parts[0]))
+    with pytest.raises(CorruptBatchError):
+        spool.add(memoryview(parts[1][:-1]))
+    with pytest.raises(CorruptBatchError):
+        spool.add(memoryview(parts[1]), Declared(5, crc32c.crc32c(parts[1]) ^ 1, FIRST_TS))
+    spool.add(memoryview(parts[1]))
+    assert [r.value for r in decode_records(spool.seal(registers=None))] == values
+
+
+def test_the_size_limit_counts_record_bytes(tmp_path: Path) -> None:
+    parts, _, _ = chunks(2, 10, 100)
+    spool = AppendSpool(tmp_path, FIRST_TS, len(parts[0]) + 10)
+    spool.add(memoryview(parts[0]))
+    with pytest.raises(AppendTooLargeError, match="max_append_bytes"):
+        spool.add(memoryview(parts[1]))
+
+
+def test_an_empty_append_has_no_batch(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no records"):
+        AppendSpool(tmp_path, FIRST_TS, 100).seal(registers=None)
