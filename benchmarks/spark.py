@@ -1,0 +1,283 @@
+"""Spark benchmark: the ``tidelog`` PySpark source beside an in-memory Python data source, in the same run.
+
+Run: ``.venv/bin/python -m benchmarks.spark [--quick]``. A ``tidelog serve`` child process (embedded NATS and
+etcd, flush policy ``never``) holds one stream of two partitions, written once by the tidelog producer (no key,
+no headers, 100-byte random values, no compression: the producer's usual record shape). One local Spark
+(``local[2]``, the machine's two cores) runs every query.
+
+Metrics (``ratio`` = tidelog ÷ peer):
+
+- ``source_rows`` rows/s: a streaming query reading the whole stream through ``format("tidelog")``
+  (``Trigger.AvailableNow``, one micro-batch, one task per partition) into a trivial aggregation (count by
+  partition, memory sink, complete mode). The peer runs the same query over a Python data source that yields the
+  very Arrow record batches the tidelog source produced (collected once beforehand, kept as Arrow IPC files in
+  the page cache and memory-mapped: no decoding, no copies, no network), which is what Spark alone costs: the
+  ceiling for any Python source. The rate is rows over the micro-batch's ``triggerExecution`` time as Spark's
+  progress reports it (planning and execution, not the query's start-up).
+- ``sink_rows`` rows/s through the exactly-once sink (``writeStream.format("tidelog")``): not measured yet. The
+  sink needs transactional appends (``tidelog.client.appender``), which are being built; see
+  :func:`measure_sink_rows`, the place for it.
+
+Each run uses a fresh query and checkpoint; runs alternate which side goes first, after two uncounted warm-up
+rounds (Spark gets faster for several queries as its JIT compiles); values are medians. The last line is the
+summary with the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from tidelog.client import Codec, LoopThread, TidelogClient
+from tidelog.spark.options import parse_options
+from tidelog.spark.planning import OffsetRange
+from tidelog.spark.reading import read_range
+from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
+from tidelog.testing.serve_process import ServedBroker, start_served_broker
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+BENCH = "spark"
+STREAM = "bench"
+PARTITIONS = 2
+VALUE_SIZE = 100
+TARGETS = (Target("source_rows", ">=", 0.5),)
+APPROACHES = {
+    "tidelog": "spark.readStream.format('tidelog'), Trigger.AvailableNow, groupBy(partition).count() to a memory "
+    "sink; tidelog serve as a child process; rows / triggerExecution",
+    "peer": "the same query over a Python streaming data source yielding the same Arrow record batches from "
+    "memory-mapped Arrow IPC files",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    runs: int
+    records: int
+
+
+QUICK = Plan(runs=4, records=1_000_000)
+FULL = Plan(runs=6, records=3_000_000)
+WARM_UPS = 2  # rounds not counted: the JVM's JIT and Python workers' imports make the first ones slow
+
+
+# -- the peer: the same Arrow batches, from memory ------------------------------------------------------------------
+
+
+class _File(InputPartition):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+class _MemoryReader(DataSourceStreamReader):
+    """Offsets are just "read or not": one micro-batch yields every file's batches, one task per file."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"done": 0}
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, int]:
+        return {"done": 1}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        return [_File(path) for path in self.files] if start["done"] < end["done"] else []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _File)
+        with pa.memory_map(partition.path) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+
+class MemorySource(DataSource):
+    """``format("tidelog_bench_memory")`` with option ``files``: Arrow IPC files of the tidelog source's batches."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tidelog_bench_memory"
+
+    def schema(self) -> StructType:
+        return SPARK_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _MemoryReader(self.options["files"].split(","))
+
+
+def capture_batches(brokers: str, root: Path, high_watermarks: dict[int, int]) -> list[str]:
+    """Read every partition once with the tidelog source's own task code and keep its batches as IPC files."""
+    options = parse_options({"brokers": brokers, "streams": STREAM})
+    files = []
+    for partition, end in sorted(high_watermarks.items()):
+        path = root / f"peer-{partition}.arrow"
+        task = OffsetRange(STREAM, partition, 0, end, STREAM if partition == 0 else f"{STREAM}.{partition}")
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, ARROW_SCHEMA) as writer:
+            for batch in read_range(options, task):
+                writer.write_batch(batch)
+        files.append(str(path))
+    return files
+
+
+# -- measuring ---------------------------------------------------------------------------------------------------
+
+
+def rows_per_second(spark: SparkSession, source: Any, root: Path, name: str, expected: int) -> float:
+    """Run ``source`` (a configured DataStreamReader) through count-by-partition until it has read everything."""
+    counts = source.load().groupBy("partition").count()
+    query = (
+        counts.writeStream.format("memory")
+        .queryName(name)
+        .outputMode("complete")
+        .option("checkpointLocation", str(root / f"checkpoint-{name}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not query.awaitTermination(600):
+        query.stop()
+        raise RuntimeError(f"{name}: the query did not finish within 600 s")
+    if query.exception() is not None:
+        raise RuntimeError(f"{name}: {query.exception()}")
+    total = sum(int(row["count"]) for row in spark.table(name).collect())
+    if total != expected:
+        raise RuntimeError(f"{name}: counted {total} rows, expected {expected}")
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    rows = sum(int(p["numInputRows"]) for p in progress)
+    seconds = sum(float(p["durationMs"]["triggerExecution"]) for p in progress) / 1000
+    return rows / seconds
+
+
+def measure_sink_rows() -> Row | None:
+    """``sink_rows``: rows/s into a tidelog stream through the exactly-once sink. The place for it once the sink
+    exists (issue 6; it needs ``tidelog.client.appender``): the same values written by
+    ``df.writeStream.format("tidelog")``, the peer the same query into the memory sink. Not measured yet."""
+    return None
+
+
+def produce(brokers: str, records: int) -> dict[int, int]:
+    """Create the stream and fill it; return each partition's high watermark."""
+    values = [os.urandom(VALUE_SIZE) for _ in range(min(records, 50_000))]
+    with TidelogClient(brokers) as client:
+        client.admin.create_stream(STREAM, STREAM, partitions=PARTITIONS)
+        with client.producer(compression=Codec.NONE, idempotent=False) as producer:
+            sent = 0
+            while sent < records:
+                chunk = min(len(values), records - sent)
+                producer.send_many(STREAM, values[:chunk], timeout=300)
+                sent += chunk
+        info = client.admin.describe_stream(STREAM)
+    return {p.id: p.high_watermark for p in info.partitions}
+
+
+def session() -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers that look data sources up by name run it
+    repository = str(Path(__file__).resolve().parent.parent)  # the workers import this module's peer source
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repository, os.environ.get("PYTHONPATH")) if p)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("tidelog-bench")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(MemorySource)
+    return spark
+
+
+def run(plan: Plan, root: Path) -> list[Row]:
+    runner = LoopThread("bench-broker")
+    broker: ServedBroker | None = None
+    try:
+        (root / "broker").mkdir()
+        broker = runner.run(start_served_broker(root / "broker", default_flush_policy="never", log_level="warning"))
+        log(f"tidelog serve pid {broker.process.pid}, wire {broker.wire_address}")
+        started = time.monotonic()
+        watermarks = produce(broker.wire_address, plan.records)
+        log(f"produced {plan.records} records of {VALUE_SIZE} B in {time.monotonic() - started:.1f} s: {watermarks}")
+        files = capture_batches(broker.wire_address, root, watermarks)
+        spark = session()
+        try:
+            samples: dict[str, list[float]] = {"tidelog": [], "peer": []}
+            sources = {
+                "tidelog": spark.readStream.format("tidelog")
+                .option("brokers", broker.wire_address)
+                .option("streams", STREAM)
+                .option("startingOffsets", "earliest"),
+                "peer": spark.readStream.format("tidelog_bench_memory").option("files", ",".join(files)),
+            }
+            rounds = [("warm-up", i) for i in range(WARM_UPS)] + [("run", i) for i in range(plan.runs)]
+            for label, i in rounds:
+                order = ["tidelog", "peer"] if i % 2 == 0 else ["peer", "tidelog"]
+                for side in order:
+                    rate = rows_per_second(
+                        spark, sources[side], root, f"{side}_{label.replace('-', '')}_{i}", plan.records
+                    )
+                    log(f"{label} {i} {side}: {rate:,.0f} rows/s")
+                    if label == "run":
+                        samples[side].append(rate)
+        finally:
+            spark.stop()
+    finally:
+        if broker is not None:
+            runner.run(broker.stop())
+        runner.close()
+    rows = [Row(BENCH, "source_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)]
+    sink = measure_sink_rows()
+    if sink is not None:
+        rows.append(sink)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spark", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (about two minutes)")
+    parser.add_argument("--runs", type=int, help="runs per side (medians are taken over them)")
+    parser.add_argument("--records", type=int, help="records in the stream")
+    args = parser.parse_args(argv)
+    base = QUICK if args.quick else FULL
+    plan = Plan(runs=args.runs or base.runs, records=args.records or base.records)
+    log(f"plan: {plan}")
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    with scratch_dir("tidelog-bench-spark-") as root:
+        rows = run(plan, root)
+    for row in rows:
+        emit(row.document())
+    emit(
+        summary(
+            BENCH,
+            rows,
+            TARGETS,
+            runs=plan.runs,
+            records=plan.records,
+            value_bytes=VALUE_SIZE,
+            pending=["sink_rows"],  # the exactly-once sink is not built yet
+            approaches=APPROACHES,
+            seconds=round(time.monotonic() - started, 1),
+            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

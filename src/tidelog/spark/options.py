@@ -1,0 +1,220 @@
+"""The source's options: parsed and checked once, when the query is defined, into :class:`SourceOptions`.
+
+Names follow Spark's Kafka source where one applies, so ``format("kafka")`` → ``format("tidelog")`` keeps a
+query's options (Spark matches option names case-insensitively, and so does this module):
+
+=========================  ==========================================================================================
+option                     meaning
+=========================  ==========================================================================================
+``brokers``                wire addresses (``host:port``, comma-separated) of any brokers; default
+                           ``127.0.0.1:9293``, the embedded default of ``tidelog serve``
+``streams``                the streams to read, comma-separated; or
+``streamPattern``          a regular expression the whole name must match (streams created later join the query,
+                           read from their start)
+``startingOffsets``        ``earliest``, ``latest`` (streaming only), or JSON ``{"orders": {"0": 23, "1": -2}}``
+                           naming every partition of every stream (-2: earliest, -1: latest). Streaming default
+                           ``latest``, batch ``earliest``. A restarted streaming query resumes from its checkpoint.
+``startingTimestamp``      ms since the epoch: start each partition at its first record at or after it (its end
+                           when there is none); takes precedence over ``startingOffsets``, as in Kafka's source
+``endingOffsets``          batch only: ``latest`` (the high watermarks when the query is planned; the default) or
+                           JSON as above (-1: latest)
+``maxOffsetsPerTrigger``   streaming only: at most this many offsets per micro-batch, shared among the partitions
+                           in proportion to their lag (admission control; ``Trigger.AvailableNow`` respects it)
+``minPartitions``          at least this many Spark tasks: offset ranges are split in proportion to their size
+``maxOffsetsPerSplit``     no Spark task reads more offsets than this (default 500000): a long range is split
+``failOnDataLoss``         ``true`` (default): fail when offsets to read are gone (retention, truncation);
+                           ``false``: skip them
+``includeHeaders``         ``true``: fill the ``headers`` column; ``false`` (default): leave it null
+=========================  ==========================================================================================
+
+Anything else, a malformed value, or an option that does not apply to the kind of query (``endingOffsets`` in a
+streaming query, ``maxOffsetsPerTrigger`` in a batch one) raises :class:`SourceOptionError` naming the option,
+before the query reads anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from tidelog.client.cluster import DEFAULT_BOOTSTRAP, parse_address
+
+EARLIEST = -2
+"""In JSON offsets: the partition's first offset (Kafka's convention)."""
+LATEST = -1
+"""In JSON offsets: the partition's high watermark."""
+
+DEFAULT_MAX_OFFSETS_PER_SPLIT = 500_000
+
+Kind = Literal["batch", "stream"]
+Position = Literal["earliest", "latest"] | dict[tuple[str, int], int]
+"""Where reading starts or ends: for every partition alike, or per (stream, partition) (JSON, with -2 and -1)."""
+
+_NAMES = (
+    "brokers",
+    "streams",
+    "streamPattern",
+    "startingOffsets",
+    "startingTimestamp",
+    "endingOffsets",
+    "maxOffsetsPerTrigger",
+    "minPartitions",
+    "maxOffsetsPerSplit",
+    "failOnDataLoss",
+    "includeHeaders",
+)
+_CANONICAL = {name.lower(): name for name in _NAMES}
+_STREAM_ONLY = ("maxOffsetsPerTrigger",)
+_BATCH_ONLY = ("endingOffsets",)
+
+
+class SourceOptionError(ValueError):
+    """An option of the ``tidelog`` source is unknown, malformed or does not apply; ``option`` names it."""
+
+    def __init__(self, option: str, problem: str) -> None:
+        super().__init__(f"tidelog source option {option!r}: {problem}")
+        self.option = option
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Every option of one query, checked; what the readers on the driver and in the tasks work from."""
+
+    brokers: tuple[str, ...]
+    streams: tuple[str, ...] | None  # exactly one of streams and stream_pattern is set
+    stream_pattern: str | None
+    starting: Position | None  # None: the kind's default
+    starting_timestamp_ms: int | None
+    ending: Position
+    max_offsets_per_trigger: int | None
+    min_partitions: int | None
+    max_offsets_per_split: int
+    fail_on_data_loss: bool
+    include_headers: bool
+    given: frozenset[str]  # the options the query set, by canonical name
+
+    def check_kind(self, kind: Kind) -> None:
+        """Refuse options that do not apply to a batch or to a streaming query."""
+        wrong = _BATCH_ONLY if kind == "stream" else _STREAM_ONLY
+        for name in wrong:
+            if name in self.given:
+                other = "batch" if kind == "stream" else "streaming"
+                raise SourceOptionError(name, f"applies to {other} reads only")
+        if kind == "batch" and self.starting == "latest":
+            raise SourceOptionError("startingOffsets", "'latest' is for streaming reads; a batch read would be empty")
+        if isinstance(self.ending, dict) and any(v == EARLIEST for v in self.ending.values()):
+            raise SourceOptionError("endingOffsets", "-2 (earliest) is not an ending offset")
+        if self.ending == "earliest":
+            raise SourceOptionError("endingOffsets", "'earliest' is not an ending offset; use 'latest' or JSON")
+
+    def matches(self, stream: str) -> bool:
+        """Whether ``stream`` is one the query reads (its name, or a full match of the pattern)."""
+        if self.streams is not None:
+            return stream in self.streams
+        assert self.stream_pattern is not None
+        return re.fullmatch(self.stream_pattern, stream) is not None
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Check ``options`` (as Spark hands them to the data source: strings, names in any case)."""
+    values: dict[str, str] = {}
+    for key, value in options.items():
+        name = _CANONICAL.get(key.lower())
+        if name is None:
+            known = ", ".join(_NAMES)
+            raise SourceOptionError(key, f"unknown option (the tidelog source takes {known})")
+        values[name] = str(value)
+    streams, pattern = _subscription(values)
+    return SourceOptions(
+        brokers=_brokers(values.get("brokers", DEFAULT_BOOTSTRAP)),
+        streams=streams,
+        stream_pattern=pattern,
+        starting=_position("startingOffsets", values["startingOffsets"]) if "startingOffsets" in values else None,
+        starting_timestamp_ms=_integer(values, "startingTimestamp", minimum=0),
+        ending=_position("endingOffsets", values.get("endingOffsets", "latest")),
+        max_offsets_per_trigger=_integer(values, "maxOffsetsPerTrigger", minimum=1),
+        min_partitions=_integer(values, "minPartitions", minimum=1),
+        max_offsets_per_split=_integer(values, "maxOffsetsPerSplit", minimum=1) or DEFAULT_MAX_OFFSETS_PER_SPLIT,
+        fail_on_data_loss=_boolean(values, "failOnDataLoss", default=True),
+        include_headers=_boolean(values, "includeHeaders", default=False),
+        given=frozenset(values),
+    )
+
+
+def _subscription(values: Mapping[str, str]) -> tuple[tuple[str, ...] | None, str | None]:
+    if ("streams" in values) == ("streamPattern" in values):
+        raise SourceOptionError("streams", "give exactly one of 'streams' (a comma-separated list) and 'streamPattern'")
+    if "streams" in values:
+        names = tuple(dict.fromkeys(name.strip() for name in values["streams"].split(",") if name.strip()))
+        if not names:
+            raise SourceOptionError("streams", "names no stream")
+        return names, None
+    pattern = values["streamPattern"]
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise SourceOptionError("streamPattern", f"not a regular expression: {exc}") from None
+    return None, pattern
+
+
+def _brokers(value: str) -> tuple[str, ...]:
+    addresses = tuple(address.strip() for address in value.split(",") if address.strip())
+    if not addresses:
+        raise SourceOptionError("brokers", "names no broker (expected host:port[,host:port…])")
+    for address in addresses:
+        try:
+            parse_address(address)
+        except ValueError:
+            raise SourceOptionError("brokers", f"{address!r} is not host:port") from None
+    return addresses
+
+
+def _position(option: str, value: str) -> Position:
+    text = value.strip()
+    if text.lower() in ("earliest", "latest"):
+        return "earliest" if text.lower() == "earliest" else "latest"
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceOptionError(
+            option, f"expected 'earliest', 'latest' or JSON offsets, not valid JSON ({exc})"
+        ) from None
+    if not isinstance(document, dict) or not document:
+        raise SourceOptionError(option, 'JSON offsets must be an object {"stream": {"partition": offset, …}, …}')
+    out: dict[tuple[str, int], int] = {}
+    for stream, partitions in document.items():
+        if not isinstance(partitions, dict) or not partitions:
+            raise SourceOptionError(option, f'stream {stream!r} needs an object {{"partition": offset, …}}')
+        for partition, offset in partitions.items():
+            if not (isinstance(partition, str) and partition.isdigit()):
+                raise SourceOptionError(option, f"partition {partition!r} of stream {stream!r} is not a number")
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < EARLIEST:
+                raise SourceOptionError(
+                    option, f"offset {offset!r} of {stream}/{partition} must be an offset, -2 (earliest) or -1 (latest)"
+                )
+            out[(stream, int(partition))] = offset
+    return out
+
+
+def _integer(values: Mapping[str, str], option: str, *, minimum: int) -> int | None:
+    if option not in values:
+        return None
+    try:
+        number = int(values[option].strip())
+    except ValueError:
+        raise SourceOptionError(option, f"expected an integer, got {values[option]!r}") from None
+    if number < minimum:
+        raise SourceOptionError(option, f"must be at least {minimum}, got {number}")
+    return number
+
+
+def _boolean(values: Mapping[str, str], option: str, *, default: bool) -> bool:
+    if option not in values:
+        return default
+    text = values[option].strip().lower()
+    if text not in ("true", "false"):
+        raise SourceOptionError(option, f"expected true or false, got {values[option]!r}")
+    return text == "true"

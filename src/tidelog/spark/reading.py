@@ -1,0 +1,101 @@
+"""Reading in a Spark task: one partition's offset range, fetched by a consumer and handed on as Arrow batches.
+
+A task runs in a PySpark worker process, a separate Python process on the executor, so it opens its own
+connections: a :class:`~tidelog.client.Consumer` of the one partition, on an event loop of its own driven
+from the task's thread (``run_until_complete`` per fetch; between fetches the generator is suspended in Spark's
+hands while the consumer's next fetch is already in flight, so the broker prepares the next response while
+Spark takes this one). The consumer reads committed records only (below the high watermark) and checks every
+batch's CRC; :class:`~tidelog.spark.columns.ColumnBuilder` turns the batches into columns, and a batch of about
+:data:`TARGET_BYTES` is yielded at a time: large enough that Spark's per-batch costs vanish, small enough to
+stream.
+
+Lost data. Offsets the plan counted on may be gone when the task runs: retention deleted them (the fetch is out
+of range), or an unclean leader election truncated the log (the high watermark stays below the range's end).
+With ``failOnDataLoss`` (the default) the task fails with :class:`DataLossError`, naming the offsets; without,
+it skips them: an out-of-range fetch resumes from the log start, and a range whose end does not appear within
+:data:`STALL_LIMIT` ends where the log ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from tidelog.api.errors import OffsetOutOfRangeError
+from tidelog.client import Consumer
+from tidelog.spark.columns import ColumnBuilder
+from tidelog.spark.options import SourceOptions
+from tidelog.spark.planning import OffsetRange
+
+FETCH_MAX_BYTES = 4 * 1024 * 1024
+TARGET_BYTES = 8 * 1024 * 1024
+STALL_LIMIT = 30.0
+"""Seconds a range's end may stay above the partition's high watermark (a failover settling) before the
+offsets in between count as lost."""
+
+
+class DataLossError(RuntimeError):
+    """Offsets a query planned to read are no longer in the log (``failOnDataLoss=false`` skips them)."""
+
+
+def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """The records of ``task`` (``[start, end)`` of one partition) as Arrow batches of the source's schema."""
+    if task.end <= task.start:
+        return
+    loop = _new_loop()
+    consumer = Consumer(
+        list(options.brokers),
+        task.stream,
+        partitions=[task.partition],
+        start=task.start,
+        max_bytes=FETCH_MAX_BYTES,
+        auto_offset_reset="error" if options.fail_on_data_loss else "earliest",
+    )
+    builder = ColumnBuilder(task.stream, task.partition, task.subject, include_headers=options.include_headers)
+    try:
+        loop.run_until_complete(consumer.start())
+        stalled_since: float | None = None
+        while (position := consumer.position(task.partition)) < task.end:
+            try:
+                batches = loop.run_until_complete(consumer.poll())
+            except OffsetOutOfRangeError as exc:
+                raise DataLossError(
+                    f"{task.stream}/{task.partition}: offsets from {position} (to read up to {task.end}) are no "
+                    f"longer in the log ({exc}); set failOnDataLoss=false to skip lost offsets"
+                ) from exc
+            for batch in batches or ():
+                builder.add(batch, task.end)
+            if batches:
+                stalled_since = None
+            elif consumer.high_watermark(task.partition) <= consumer.position(task.partition):
+                now = time.monotonic()
+                stalled_since = now if stalled_since is None else stalled_since
+                if now - stalled_since > STALL_LIMIT:
+                    if options.fail_on_data_loss:
+                        raise DataLossError(
+                            f"{task.stream}/{task.partition}: offsets {consumer.position(task.partition)} to "
+                            f"{task.end} were planned but the log now ends before them (truncated by an unclean "
+                            "leader election?); set failOnDataLoss=false to skip lost offsets"
+                        )
+                    break
+            if builder.size >= TARGET_BYTES:
+                yield builder.build()
+        if builder.rows:
+            yield builder.build()
+    finally:
+        try:
+            loop.run_until_complete(consumer.close())
+        finally:
+            loop.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.new_event_loop()

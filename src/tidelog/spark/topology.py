@@ -1,0 +1,96 @@
+"""What the driver asks the brokers: which streams a query reads, their partitions, and where offsets lie.
+
+The driver plans; it never reads records. A streaming query's planning runs in one long-lived Python process
+(PySpark's stream reader runner) that asks once per trigger, so :class:`Topology` keeps one
+:class:`~tidelog.client.Cluster` (connections and metadata) on a loop thread until the query stops; a batch
+query opens one for its planning and closes it.
+
+Bounds come from each partition's leader (LIST_OFFSETS: log start, high watermark, and the offset at a time),
+asked concurrently. Unlike :meth:`tidelog.client.Admin.describe_stream`, which reports zeros for a leader it
+cannot reach, a failure here fails the trigger: planning from made-up bounds would skip records or report them
+lost. A leader change in progress (NOT_LEADER, a lost connection) is retried with fresh metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+
+from tidelog.api.errors import TidelogError, UnknownStreamError
+from tidelog.api.wire.messages import ListOffsetsRequest, ListOffsetsResponse, StreamInfo
+from tidelog.client import Cluster, LoopThread
+from tidelog.client.cluster import LEADER_RETRY_DELAYS
+from tidelog.spark.options import SourceOptionError, SourceOptions
+from tidelog.spark.planning import Bounds, TopicPartition
+
+
+class Topology:
+    """The brokers as the driver of one query sees them (see the module docstring). Not thread-safe."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._runner = LoopThread("tidelog-spark-planner")
+
+        async def build() -> Cluster:
+            return Cluster(list(options.brokers))
+
+        self._cluster = self._runner.run(build())
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._cluster.close(), timeout=10)
+        finally:
+            self._runner.close()
+
+    def streams(self) -> dict[str, StreamInfo]:
+        """The streams the query reads, by name: those named (each must exist, or :class:`SourceOptionError`
+        names ``streams``), or every stream the pattern matches now (maybe none)."""
+        return self._runner.run(self._streams())
+
+    async def _streams(self) -> dict[str, StreamInfo]:
+        wanted = self.options.streams
+        meta = await self._cluster.metadata(wanted or ())
+        found = {info.name: info for info in meta.streams if info.error is None and self.options.matches(info.name)}
+        missing = [name for name in wanted or () if name not in found]
+        if missing:
+            raise SourceOptionError("streams", f"no stream named {', '.join(map(repr, missing))} on {self._where()}")
+        return dict(sorted(found.items()))
+
+    def bounds(self, streams: Collection[StreamInfo]) -> dict[TopicPartition, Bounds]:
+        """Every partition's log start and high watermark, from its leader."""
+        found = self._runner.run(self._all(streams, -1))
+        return {tp: Bounds(answer.log_start, answer.high_watermark) for tp, answer in found.items()}
+
+    def offsets_at(self, streams: Collection[StreamInfo], timestamp_ns: int) -> dict[TopicPartition, int]:
+        """Every partition's first offset whose record is at or after ``timestamp_ns`` (its high watermark when
+        there is none)."""
+        found = self._runner.run(self._all(streams, timestamp_ns))
+        return {tp: answer.offset for tp, answer in found.items()}
+
+    async def _all(
+        self, streams: Collection[StreamInfo], timestamp_ns: int
+    ) -> dict[TopicPartition, ListOffsetsResponse]:
+        keys = [(info.name, p.id) for info in streams for p in info.partitions]
+        answers = await asyncio.gather(*(self._list_offsets(stream, p, timestamp_ns) for stream, p in keys))
+        return dict(zip(keys, answers, strict=True))
+
+    async def _list_offsets(self, stream: str, partition: int, timestamp_ns: int) -> ListOffsetsResponse:
+        request = ListOffsetsRequest(stream, partition, timestamp_ns)
+        for delay in (*LEADER_RETRY_DELAYS, None):
+            try:
+                connection = await self._cluster.leader_connection(stream, partition)
+                response = await connection.request(request, timeout=self._cluster.request_timeout)
+            except UnknownStreamError:
+                raise
+            except TidelogError as exc:
+                if not exc.retriable or delay is None:
+                    raise
+                self._cluster.forget(stream)
+                await asyncio.sleep(delay)
+                continue
+            assert isinstance(response.header, ListOffsetsResponse)
+            return response.header
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _where(self) -> str:
+        return ",".join(self.options.brokers)
