@@ -124,3 +124,27 @@ async def test_unknown_stream_is_a_clear_error(address: str) -> None:
     async with Appender(address) as appender:
         with pytest.raises(UnknownStreamError):
             await appender.append("no-such-stream-for-appends", 0, [b"x"])
+
+
+async def test_a_cancelled_append_leaves_nothing_and_uses_no_offsets(address: str, stream_name: str) -> None:
+    """The caller's task is cancelled mid-stream (the client gave up): the broker is told to abort, and even if
+    it were not, an append without its COMMIT is never written."""
+    await create(address, stream_name)
+    streamed = asyncio.Event()
+
+    async def slow_records() -> object:
+        for i in range(10_000):
+            yield os.urandom(1000)
+            if i == 600:
+                streamed.set()
+                await asyncio.sleep(30)
+
+    async with Appender(address, chunk_bytes=64 * 1024) as appender:
+        task = asyncio.create_task(appender.append(stream_name, 0, slow_records()))  # type: ignore[arg-type]
+        await asyncio.wait_for(streamed.wait(), BOUND)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        outcome = await appender.append(stream_name, 0, [b"after"], expected_offset=0)
+    assert outcome.base_offset == 0
+    assert [r.value for r in await read_all(address, stream_name)] == [b"after"]

@@ -63,6 +63,9 @@ class OpenAppend:
         self._limits = limits
         self._spool = AppendSpool(limits.spool_directory, first_timestamp, limits.max_bytes)
         self.failure: AppendRefused | None = None
+        # Resolved once the outcome is a failure: a protocol waiting for the client's next message can stop
+        # waiting (gRPC answers a stalled client APPEND_TOO_SLOW when the rate check fails, not when it sends).
+        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._bytes_at_check = 0
         self._timer: asyncio.TimerHandle | None = None
         self.started_ns = time.monotonic_ns()
@@ -96,6 +99,8 @@ class OpenAppend:
         """Decide the outcome as a failure and drop what was spooled (the first failure wins)."""
         if self.failure is None:
             self.failure = refused
+        if not self.failed.done():
+            self.failed.set_result(None)
         self._close()
 
     async def commit(self) -> Committed:

@@ -37,8 +37,7 @@ from tidelog.api.errors import ErrorCode, InvalidArgumentError
 from tidelog.api.wire.append import limits_of
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.open_appends import AppendLimits, OpenAppend
-from tidelog.broker.partition import Partition
+from tidelog.broker.open_appends import OpenAppend
 from tidelog.broker.transactional import AppendRefused, Committed, Expectations, appends_of
 from tidelog.replication.registers import (
     LabelSelector,
@@ -95,7 +94,7 @@ class GrpcAppends:
             raise InvalidArgumentError(f"append: unknown acks {header.acks}")
         partition = self._ctx.manager.leader_of(header.stream, header.partition)
         first_timestamp = time.time_ns()
-        opened = _StreamedAppend(
+        opened = OpenAppend(
             next(_append_ids),
             partition,
             expectations,
@@ -106,15 +105,20 @@ class GrpcAppends:
         )
         self._open[opened.append_id] = opened
         try:
-            return await self._stream(opened, first, requests)
+            return await self._stream(opened, BatchBuilder(first_timestamp), first, requests)
         finally:
             del self._open[opened.append_id]
             self._changed()
 
     async def _stream(
-        self, opened: _StreamedAppend, first: pb.AppendRequest, requests: AsyncIterator[pb.AppendRequest]
+        self,
+        opened: OpenAppend,
+        records: BatchBuilder,
+        first: pb.AppendRequest,
+        requests: AsyncIterator[pb.AppendRequest],
     ) -> pb.AppendResponse:
-        """Spool the messages of ``opened`` until its commit, a failure, or the end of the stream."""
+        """Spool the messages of ``opened`` (encoded by ``records``, one encoder for the whole append, so offset
+        deltas run on) until its commit, a failure, or the end of the stream."""
         committing = False
         try:
             opened.precheck()
@@ -123,7 +127,7 @@ class GrpcAppends:
                 if message is not first and message.HasField("header"):
                     opened.fail(_invalid(opened, "only the first message may carry a header"))
                     break
-                opened.add(memoryview(_encode(opened.records, message.records)))
+                opened.add(memoryview(_encode(records, message.records)))
                 if message.commit:
                     committing = True
                     return _committed(await opened.commit())
@@ -143,31 +147,6 @@ class GrpcAppends:
         """The header's timeout or the broker's default, cut to the call's deadline (a little less, to answer)."""
         timeout = timeout_ms / 1000 if timeout_ms else self._ctx.ack_timeout
         return timeout if remaining is None else max(0.0, min(timeout, remaining - 0.01))
-
-
-class _StreamedAppend(OpenAppend):
-    """An :class:`OpenAppend` fed by protobuf records: it keeps their encoder (:attr:`records`), and resolves
-    :attr:`failed` once its outcome is a failure, so that the RPC stops waiting for the client's next message —
-    a client that stalls is answered APPEND_TOO_SLOW when the rate check fails, not whenever it sends again."""
-
-    def __init__(
-        self,
-        append_id: int,
-        partition: Partition,
-        expectations: Expectations,
-        first_timestamp: int,
-        acks: Acks,
-        timeout: float,
-        limits: AppendLimits,
-    ) -> None:
-        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.records = BatchBuilder(first_timestamp)
-        super().__init__(append_id, partition, expectations, first_timestamp, acks, timeout, limits)
-
-    def fail(self, refused: AppendRefused) -> None:
-        super().fail(refused)
-        if not self.failed.done():
-            self.failed.set_result(None)
 
 
 async def _next(requests: AsyncIterator[pb.AppendRequest], failed: asyncio.Future[None]) -> pb.AppendRequest | None:

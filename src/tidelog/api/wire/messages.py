@@ -505,6 +505,8 @@ class AppendRequest(Header, frozen=True):
     mean none. ``expected_offset`` -1: no expectation. ``first_timestamp`` (ns) is the reference the records'
     timestamp deltas count from.
 
+    ``acks`` NONE is taken as LEADER: the COMMIT answer is the outcome, so it is always waited for.
+
     ``records``, ``crc`` and ``max_timestamp`` describe the frame's payload: how many records, their CRC32C,
     and the largest record timestamp so far in the append. A client that sends all three gets the quick check
     (:mod:`tidelog.storage.record_scan`); -1 leaves the broker to decode every record.
