@@ -180,8 +180,11 @@ class Appender:
                     header = None
                     if sender.failed():
                         break  # the broker refused it already: the commit will say why
-            await sender.send(header, builder)
-            await sender.send(AppendRequest(append_id, AppendPhase.COMMIT), None)
+            if header is not None:  # nothing sent yet: the whole append goes in one frame
+                await sender.send(msgspec.structs.replace(header, phase=AppendPhase.WHOLE), builder)
+            else:
+                await sender.send(None, builder)
+                await sender.send(AppendRequest(append_id, AppendPhase.COMMIT), None)
         except BaseException:
             if not connection.closed:
                 sender.abort()

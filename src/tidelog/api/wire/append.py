@@ -2,10 +2,11 @@
 
 A client sends an append as frames sharing an ``append_id`` of its choosing (unique among its open appends on
 the connection): BEGIN (partition, expectations, register changes, optionally the first records), any number
-of CHUNKs of records, then COMMIT or ABORT. Every frame is answered (:class:`AppendResponse`), in order like all
-replies on a connection, so a client may send the whole append without waiting and read the answers after;
-the COMMIT answer is the append's outcome. Several appends may be open at once on one connection — begun,
-streamed and committed interleaved — and commits to one partition are written in the order they arrive.
+of CHUNKs of records, then COMMIT or ABORT; or, when the records fit in one frame, a single WHOLE frame. Every
+frame is answered (:class:`AppendResponse`), in order like all replies on a connection, so a client may send
+the whole append without waiting and read the answers after; the COMMIT (or WHOLE) answer is the outcome.
+Several appends may be open at once on one connection — begun, streamed and committed interleaved — and commits
+to one partition are written in the order they arrive.
 
 Handlers do the part that must follow frame order — opening the append, spooling a chunk — synchronously, before
 their first ``await``: the session starts handler tasks in frame order, and each runs up to its first await
@@ -103,7 +104,7 @@ def _refusal(append_id: int, refused: AppendRefused) -> AppendResponse:
 async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, payload: memoryview) -> Reply:
     """Serve one frame of an append (see the module docstring)."""
     phase = request.phase
-    if phase is AppendPhase.BEGIN:
+    if phase is AppendPhase.BEGIN or phase is AppendPhase.WHOLE:
         if not request.stream:
             raise InvalidArgumentError(f"append {request.append_id}: BEGIN needs a stream")
         partition = env.broker.manager.leader_of(request.stream, request.partition)
@@ -118,9 +119,11 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
             timeout,
             limits_of(env.broker),
         )
-        env.appends.begin(opened)
         opened.precheck()
         opened.add(payload, declared_of(request))
+        if phase is AppendPhase.WHOLE:  # one frame, one task, one answer: what a compare-and-set costs
+            return await _commit(correlation_id, opened)
+        env.appends.begin(opened)
         return _reply(correlation_id, _status(opened))
     if phase is AppendPhase.CHUNK:
         chunked = env.appends.get(request.append_id)
@@ -131,14 +134,18 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
         return _reply(correlation_id, AppendResponse(request.append_id))
     finishing = env.appends.finish(request.append_id)
     finishing.add(payload, declared_of(request))
+    return await _commit(correlation_id, finishing)
+
+
+async def _commit(correlation_id: int, append: OpenAppend) -> Reply:
     try:
-        committed = await finishing.commit()
+        committed = await append.commit()
     except AppendRefused as refused:
-        return _reply(correlation_id, _refusal(request.append_id, refused))
+        return _reply(correlation_id, _refusal(append.append_id, refused))
     return _reply(
         correlation_id,
         AppendResponse(
-            request.append_id,
+            append.append_id,
             base_offset=committed.base_offset,
             last_offset=committed.last_offset,
             log_end=committed.log_end,

@@ -495,12 +495,13 @@ class AppendPhase(enum.IntEnum):
     CHUNK = 1  # more records (payload: whole encoded records, offset deltas running on across chunks)
     COMMIT = 2  # write it all, or nothing; the response is the append's outcome
     ABORT = 3  # forget it: nothing is written, no offset is used
+    WHOLE = 4  # BEGIN and COMMIT in one frame, for an append whose records fit in it (a compare-and-set)
 
 
 class AppendRequest(Header, frozen=True):
     """One frame of a transactional append (op APPEND); frames of one append share ``append_id``.
 
-    Only BEGIN needs the fields after ``phase``. Registers are encoded as in
+    Only BEGIN (and WHOLE) needs the fields after ``phase``. Registers are encoded as in
     :mod:`tidelog.replication.registers`: ``check_registers`` a selector, the other two label sets; empty bytes
     mean none. ``expected_offset`` -1: no expectation. ``first_timestamp`` (ns) is the reference the records'
     timestamp deltas count from.
