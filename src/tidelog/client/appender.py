@@ -59,6 +59,9 @@ from tidelog.storage.batch import BatchBuilder, NewRecord
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 RETRY_DELAYS = (0.05, 0.2, 0.5)
 
+_REFUSED_AT_BEGIN = frozenset(
+    {ErrorCode.UNKNOWN_STREAM, ErrorCode.UNKNOWN_PARTITION, ErrorCode.NOT_LEADER, ErrorCode.INVALID_ARGUMENT}
+)
 _append_ids = itertools.count(1)  # process-wide: appenders sharing a connection never reuse an id
 
 RecordLike = NewRecord | bytes
@@ -190,8 +193,10 @@ class Appender:
                 sender.abort()
             raise
         responses = await asyncio.gather(*replies, return_exceptions=True)
-        if isinstance(first := responses[0], TidelogError):
-            raise _NothingWritten(first)  # refused at BEGIN (unknown stream, not the leader): nothing was spooled
+        if isinstance(first := responses[0], TidelogError) and (len(responses) > 1 or first.code in _REFUSED_AT_BEGIN):
+            # Refused at BEGIN (unknown stream, not the leader): nothing was spooled. A WHOLE frame's error may
+            # also come after its write (the broker stopping mid-commit): only these codes prove it never began.
+            raise _NothingWritten(first)
         last = responses[-1]
         if isinstance(last, BaseException):
             raise last  # e.g. the connection was lost after the COMMIT went out: the outcome is unknown
