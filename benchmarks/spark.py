@@ -14,9 +14,13 @@ Metrics (``ratio`` = tidelog ÷ peer):
   the page cache and memory-mapped: no decoding, no copies, no network), which is what Spark alone costs: the
   ceiling for any Python source. The rate is rows over the micro-batch's ``triggerExecution`` time as Spark's
   progress reports it (planning and execution, not the query's start-up).
-- ``sink_rows`` rows/s through the exactly-once sink (``writeStream.format("tidelog")``): not measured yet. The
-  sink needs transactional appends (``tidelog.client.appender``), which are being built; see
-  :func:`measure_sink_rows`, the place for it.
+- ``sink_rows`` rows/s through the exactly-once sink: a streaming query reading the same stream through the
+  source (``maxOffsetsPerTrigger`` :data:`SINK_BATCH`: micro-batches of that many rows, as a sink's queries are
+  bounded) and writing its ``value`` column to a second stream of two partitions with
+  ``writeStream.format("tidelog")`` — each micro-batch one transactional append per partition, its rows carried
+  through the driver. The peer is the same query into Spark's ``noop`` sink (reading and planning alone: the
+  ceiling); the ratio is the share of that speed the sink keeps. After each run the second stream must have grown
+  by exactly the rows read.
 
 Each run uses a fresh query and checkpoint; runs alternate which side goes first, after two uncounted warm-up
 rounds (Spark gets faster for several queries as its JIT compiles); values are medians. The last line is the
@@ -51,6 +55,9 @@ if TYPE_CHECKING:
 
 BENCH = "spark"
 STREAM = "bench"
+SINK_STREAM = "bench-sink"
+SINK_BATCH = 250_000
+"""Rows per micro-batch of the sink's query: with 100-byte values, about 13 MB per partition and append."""
 PARTITIONS = 2
 VALUE_SIZE = 100
 TARGETS = (Target("source_rows", ">=", 0.5),)
@@ -59,6 +66,9 @@ APPROACHES = {
     "sink; tidelog serve as a child process; rows / triggerExecution",
     "peer": "the same query over a Python streaming data source yielding the same Arrow record batches from "
     "memory-mapped Arrow IPC files",
+    "sink": "the stream read by format('tidelog') in micro-batches of SINK_BATCH rows, its value column written by "
+    "writeStream.format('tidelog') (exactly once: one register-guarded append per partition per micro-batch); "
+    "peer: the same query into the noop sink; rows / triggerExecution",
 }
 
 
@@ -70,6 +80,7 @@ class Plan:
 
 QUICK = Plan(runs=4, records=1_000_000)
 FULL = Plan(runs=6, records=3_000_000)
+SINK_RUNS = 3  # per side: every row passes through the driver, so a run takes several times a source run
 WARM_UPS = 2  # rounds not counted: the JVM's JIT and Python workers' imports make the first ones slow
 
 
@@ -161,11 +172,57 @@ def rows_per_second(spark: SparkSession, source: Any, root: Path, name: str, exp
     return rows / seconds
 
 
-def measure_sink_rows() -> Row | None:
-    """``sink_rows``: rows/s into a tidelog stream through the exactly-once sink. The place for it once the sink
-    exists (issue 6; it needs ``tidelog.client.appender``): the same values written by
-    ``df.writeStream.format("tidelog")``, the peer the same query into the memory sink. Not measured yet."""
-    return None
+def sink_rows_per_second(spark: SparkSession, brokers: str, root: Path, name: str, side: str, expected: int) -> float:
+    """Run the stream through the sink (``side`` "tidelog") or into ``noop`` (the peer) until it has read it all."""
+    rows = (
+        spark.readStream.format("tidelog")
+        .option("brokers", brokers)
+        .option("streams", STREAM)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", SINK_BATCH)
+        .load()
+        .select("value")
+    )
+    writer = rows.writeStream.option("checkpointLocation", str(root / f"checkpoint-{name}")).trigger(availableNow=True)
+    if side == "tidelog":
+        writer = writer.format("tidelog").option("brokers", brokers).option("stream", SINK_STREAM)
+        before = sink_size(brokers)
+    else:
+        writer = writer.format("noop")
+    query = writer.start()
+    if not query.awaitTermination(900):
+        query.stop()
+        raise RuntimeError(f"{name}: the query did not finish within 900 s")
+    if query.exception() is not None:
+        raise RuntimeError(f"{name}: {query.exception()}")
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    read = sum(int(p["numInputRows"]) for p in progress)
+    if read != expected:
+        raise RuntimeError(f"{name}: read {read} rows, expected {expected}")
+    if side == "tidelog" and (written := sink_size(brokers) - before) != expected:
+        raise RuntimeError(f"{name}: the sink wrote {written} records for {expected} rows")
+    seconds = sum(float(p["durationMs"]["triggerExecution"]) for p in progress) / 1000
+    return read / seconds
+
+
+def sink_size(brokers: str) -> int:
+    with TidelogClient(brokers) as client:
+        return sum(p.high_watermark for p in client.admin.describe_stream(SINK_STREAM).partitions)
+
+
+def measure_sink_rows(spark: SparkSession, brokers: str, root: Path, records: int) -> Row:
+    """``sink_rows``: the sink beside the noop sink, one warm-up round, then :data:`SINK_RUNS` alternating."""
+    with TidelogClient(brokers) as client:
+        client.admin.create_stream(SINK_STREAM, SINK_STREAM, partitions=PARTITIONS)
+    samples: dict[str, list[float]] = {"tidelog": [], "peer": []}
+    for label, i in [("warm-up", 0)] + [("run", i) for i in range(SINK_RUNS)]:
+        for side in ["tidelog", "peer"] if i % 2 == 0 else ["peer", "tidelog"]:
+            name = f"sink_{side}_{label.replace('-', '')}_{i}"
+            rate = sink_rows_per_second(spark, brokers, root, name, side, records)
+            log(f"sink {label} {i} {side}: {rate:,.0f} rows/s")
+            if label == "run":
+                samples[side].append(rate)
+    return Row(BENCH, "sink_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)
 
 
 def produce(brokers: str, records: int) -> dict[int, int]:
@@ -235,17 +292,15 @@ def run(plan: Plan, root: Path) -> list[Row]:
                     log(f"{label} {i} {side}: {rate:,.0f} rows/s")
                     if label == "run":
                         samples[side].append(rate)
+            source = Row(BENCH, "source_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)
+            sink = measure_sink_rows(spark, broker.wire_address, root, plan.records)
         finally:
             spark.stop()
     finally:
         if broker is not None:
             runner.run(broker.stop())
         runner.close()
-    rows = [Row(BENCH, "source_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)]
-    sink = measure_sink_rows()
-    if sink is not None:
-        rows.append(sink)
-    return rows
+    return [source, sink]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs=plan.runs,
             records=plan.records,
             value_bytes=VALUE_SIZE,
-            pending=["sink_rows"],  # the exactly-once sink is not built yet
             approaches=APPROACHES,
             seconds=round(time.monotonic() - started, 1),
             loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],

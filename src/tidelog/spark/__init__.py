@@ -30,15 +30,37 @@ Modules (all but this one are the implementation):
 - :mod:`~tidelog.spark.topology` — what the driver asks the brokers;
 - :mod:`~tidelog.spark.reading` and :mod:`~tidelog.spark.columns` — what a task does: fetch, and turn record
   batches into Arrow record batches without a Python object per record.
+- :mod:`~tidelog.spark.sink` — the sink's writers; :mod:`~tidelog.spark.sink_options` its options and columns;
+  :mod:`~tidelog.spark.writing` what its tasks do (group rows by partition, append nothing);
+  :mod:`~tidelog.spark.sink_commit` what its driver does (one transactional append per partition per
+  micro-batch, guarded by a register, so that a replayed micro-batch writes nothing twice).
 
 Each record is a row: ``key``, ``value`` (binary), ``stream``, ``partition``, ``offset``, ``timestamp``,
-``subject`` and ``headers``; committed records only, as every tidelog consumer sees them. The sink
-(``writeStream.format("tidelog")``) is not here yet.
+``subject`` and ``headers``; committed records only, as every tidelog consumer sees them.
+
+The sink writes a DataFrame's ``value`` (and ``key``, ``headers``, ``partition``, ``stream``) columns, exactly
+once in a streaming query::
+
+    counts.writeStream.format("tidelog").option("stream", "counts").option("checkpointLocation", path).start()
 """
 
 from tidelog.spark.options import SourceOptionError
 from tidelog.spark.reading import DataLossError
 from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
+from tidelog.spark.sink_commit import SinkCommitError
+from tidelog.spark.sink_options import SinkOptionError, SinkSchemaError
 from tidelog.spark.source import TidelogDataSource, register
+from tidelog.spark.writing import SinkRowError
 
-__all__ = ["ARROW_SCHEMA", "SPARK_SCHEMA", "DataLossError", "SourceOptionError", "TidelogDataSource", "register"]
+__all__ = [
+    "ARROW_SCHEMA",
+    "SPARK_SCHEMA",
+    "DataLossError",
+    "SinkCommitError",
+    "SinkOptionError",
+    "SinkRowError",
+    "SinkSchemaError",
+    "SourceOptionError",
+    "TidelogDataSource",
+    "register",
+]

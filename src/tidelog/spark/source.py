@@ -30,7 +30,14 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
@@ -49,6 +56,7 @@ from tidelog.spark.planning import (
 )
 from tidelog.spark.reading import DataLossError, read_range
 from tidelog.spark.schema import SPARK_SCHEMA, partition_subject
+from tidelog.spark.sink import batch_writer, stream_writer
 from tidelog.spark.topology import Topology
 
 if TYPE_CHECKING:
@@ -62,8 +70,8 @@ def register(spark: SparkSession) -> None:
 
 
 class TidelogDataSource(DataSource):
-    """``format("tidelog")``: records of tidelog streams, in batch and streaming queries. See the package
-    docstring for the options and :mod:`tidelog.spark.schema` for the columns."""
+    """``format("tidelog")``: records of tidelog streams, in batch and streaming queries, and the sink that
+    writes them. See the package docstring for the options and :mod:`tidelog.spark.schema` for the columns."""
 
     @classmethod
     def name(cls) -> str:
@@ -87,6 +95,14 @@ class TidelogDataSource(DataSource):
         _check_schema(schema)
         self.parsed.check_kind("stream")
         return TidelogStreamReader(self.parsed)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write.format("tidelog")``: the sink (:mod:`tidelog.spark.sink`), with its own options."""
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """``df.writeStream.format("tidelog")``, exactly once; ``overwrite`` is complete mode (see the sink)."""
+        return stream_writer(self.options, schema)
 
 
 class TidelogBatchReader(DataSourceReader):
