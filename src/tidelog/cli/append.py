@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tidelog.api.errors import IncorrectOffsetError, RegisterMismatchError
-from tidelog.cli.common import async_command, bootstrap, brokers_option
+from tidelog.cli.common import async_command, bootstrap, brokers_option, parse_headers
 from tidelog.client import Appender, AppendOutcome, refusal_details
 from tidelog.replication.registers import EMPTY, Label, LabelSelector, LabelSet, RegisterError, encode_selector
 from tidelog.storage.batch import NewRecord
@@ -94,16 +94,6 @@ def show_labels(labels: LabelSet) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ input
-
-
-def _headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
-    headers = []
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--header")
-        headers.append((name, value.encode()))
-    return headers
 
 
 def _lines(source: BinaryIO) -> Iterator[bytes]:
@@ -189,7 +179,7 @@ async def append(
     union = parse_labels(union_registers, "--union-registers") if union_registers is not None else EMPTY
     subtract = parse_labels(subtract_registers, "--subtract-registers") if subtract_registers is not None else EMPTY
     lines = iter([value.encode() for value in values]) if values else _lines(source or sys.stdin.buffer)
-    records = _records(lines, key.encode() if key is not None else None, _headers(headers))
+    records = _records(lines, key.encode() if key is not None else None, parse_headers(headers))
     async with Appender(bootstrap(brokers)) as appender:
         try:
             outcome = await appender.append(

@@ -58,3 +58,14 @@ def async_command(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
         return run(func(*args, **kwargs))
 
     return wrapper
+
+
+def parse_headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """``--header NAME=VALUE`` options as record headers (the value UTF-8 encoded); a bad one names the option."""
+    headers = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--header")
+        headers.append((name, value.encode()))
+    return headers

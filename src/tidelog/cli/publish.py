@@ -11,21 +11,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tidelog.api.wire.messages import Acks
-from tidelog.cli.common import async_command, bootstrap, brokers_option
+from tidelog.cli.common import async_command, bootstrap, brokers_option, parse_headers
 from tidelog.client import Producer
 
 console = Console(stderr=True)
 PROGRESS_FROM = 100  # show a progress bar from this many messages on
-
-
-def _headers(pairs: tuple[str, ...]) -> list[tuple[str, bytes]]:
-    out = []
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--header")
-        out.append((name, value.encode()))
-    return out
 
 
 def _values(values: tuple[str, ...]) -> Iterator[bytes]:
@@ -66,7 +56,7 @@ async def publish(
     brokers: str,
 ) -> None:
     """Publish VALUES (or standard input, one message per line) to STREAM."""
-    hdrs = _headers(headers)
+    hdrs = parse_headers(headers)
     key_bytes = key.encode() if key is not None else None
     total = len(values) or None
     if producer_name is not None and (not idempotent or acks == "none"):
