@@ -105,8 +105,23 @@ async def test_pause_and_readonly_through_any_broker(cluster: LocalCluster) -> N
     assert (await record_of(cluster, stream)).readonly
     await expect_code(grpc.StatusCode.FAILED_PRECONDITION, publish(stub, stream, b"refused"))
     await bounded(stub.SetStreamReadonly(api_pb2.SetStreamReadonlyRequest(name=stream, readonly=False)))
+    # The call returns once the broker it was sent to applied the change; the leader applies it from its own
+    # watch a moment later (as in Liftbridge: stream state is eventually consistent across brokers).
+    leader = stub_for(cluster, record.leader)
+
+    async def writable_at_the_leader() -> bool:
+        request = api_pb2.FetchPartitionMetadataRequest(stream=stream, partition=0)
+        return not (await leader.FetchPartitionMetadata(request)).metadata.readonly
+
+    await cluster.wait_until(writable_at_the_leader, BOUND, "the leader to apply read-write")
     await bounded(stub.PauseStream(api_pb2.PauseStreamRequest(name=stream)))
     assert (await record_of(cluster, stream)).paused
+
+    async def paused_at_the_leader() -> bool:
+        request = api_pb2.FetchPartitionMetadataRequest(stream=stream, partition=0)
+        return (await leader.FetchPartitionMetadata(request)).metadata.paused
+
+    await cluster.wait_until(paused_at_the_leader, BOUND, "the leader to apply the pause")
     await publish(stub, stream, b"resumes it", ackPolicy=api_pb2.ALL)
 
     async def resumed() -> bool:
