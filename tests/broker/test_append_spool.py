@@ -82,3 +82,24 @@ def test_the_size_limit_counts_record_bytes(tmp_path: Path) -> None:
 def test_an_empty_append_has_no_batch(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no records"):
         AppendSpool(tmp_path, FIRST_TS, 100).seal(registers=None)
+
+
+def test_a_spool_that_cannot_be_written_fails_the_append_cleanly(tmp_path: Path) -> None:
+    """A full disk (here: a spool directory that is gone) fails the append with a clear status, keeps nothing."""
+    import asyncio
+
+    from tidelog.api.errors import ErrorCode
+    from tidelog.broker.open_appends import AppendLimits, OpenAppend
+    from tidelog.broker.transactional import Expectations
+
+    async def run() -> None:
+        limits = AppendLimits(tmp_path / "gone", 1 << 30, 0, 5.0)
+        opened = OpenAppend(1, None, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
+        parts, _, _ = chunks(3, 400, 1000)  # over MEMORY_BYTES: the spool moves to a file, which fails
+        for part in parts:
+            opened.add(memoryview(part))
+        assert opened.failure is not None and opened.failure.code == ErrorCode.UNAVAILABLE
+        assert "could not spool" in opened.failure.message
+        assert opened.failed.done()
+
+    asyncio.run(run())
