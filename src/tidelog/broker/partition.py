@@ -79,7 +79,7 @@ from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapsho
 from tidelog.storage.batch import BatchHeader, iter_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.log import AppendResult, Log
-from tidelog.storage.segment import FileSlice
+from tidelog.storage.segment import Buffer, FileSlice
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class Appended:
 
 
 ResumeHook = Callable[["Partition"], Awaitable[None]]
+TailPush = Callable[[Sequence[Buffer], int], None]
+"""Answers one long-polling replica fetch from the write that passes it: ``(batches as stored, their size)``."""
 AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 """Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
 
@@ -162,6 +164,8 @@ class Partition(CommittedReads):
         self._snapshot_offset = -1  # the offset of the last producer snapshot written
         self._snapshot_due_ns = time.monotonic_ns() + SNAPSHOT_INTERVAL_NS
         self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
+        self._tail_pushes: dict[int, list[TailPush]] = {}  # log end -> fetches waiting there (wait_for_log_end)
+        log_.add_tail_listener(self._push_tail)
         log_.add_write_listener(self._log_end.advance)
         log_.flusher.allow_inline = len(record.replicas) == 1  # see Flusher.allow_inline
         self._closed = False
@@ -208,10 +212,50 @@ class Partition(CommittedReads):
                 self._propose_isr((*self.record.isr, replica))
         return True
 
-    async def wait_for_log_end(self, offset: int, timeout: float, until: asyncio.Future[Any] | None = None) -> bool:
+    async def wait_for_log_end(
+        self,
+        offset: int,
+        timeout: float,
+        until: asyncio.Future[Any] | None = None,
+        *,
+        push: TailPush | None = None,
+    ) -> bool:
         """Long-poll for followers: wait until the log holds ``offset`` (written, maybe not yet fsynced), at most
-        ``timeout`` seconds or until ``until`` resolves (the follower's session winds down); False if not."""
-        return await self._log_end.wait_beyond(offset, timeout, until=until)
+        ``timeout`` seconds or until ``until`` resolves (the follower's session winds down); False if not.
+
+        ``push`` (``offset`` must be the log end): called with the batches of the write that starts at
+        ``offset``, from inside that write (:meth:`Log.add_tail_listener`), so the fetch can be answered before
+        the appender goes on to its fsync and before this waiter's task runs again; not called when the write
+        came from a file (a spooled transactional append): the waiter then reads it from the log as usual."""
+        if push is None:
+            return await self._log_end.wait_beyond(offset, timeout, until=until)
+        pushes = self._tail_pushes.setdefault(offset, [])
+        pushes.append(push)
+        try:
+            return await self._log_end.wait_beyond(offset, timeout, until=until)
+        finally:
+            waiting = self._tail_pushes.get(offset)
+            if waiting is not None and push in waiting:
+                waiting.remove(push)
+                if not waiting:
+                    del self._tail_pushes[offset]
+
+    def _push_tail(self, first: int, _end: int, parts: Sequence[Buffer | FileSlice]) -> None:
+        """The log's tail listener: hand a write's batches to the fetches long-polling where it starts."""
+        pushes = self._tail_pushes.pop(first, None)
+        if not pushes:
+            return
+        batches: list[Buffer] = []
+        for part in parts:
+            if isinstance(part, FileSlice):
+                return  # in a spool file, not in memory: the woken fetches read it back from the log
+            batches.append(part)
+        size = sum(len(part) for part in batches)
+        for push in pushes:
+            try:
+                push(batches, size)
+            except Exception:  # never into the append: its bytes are in the file already
+                log.exception("%s: answering a replica fetch from the write failed", self.name)
 
     def _propose_isr(self, isr: tuple[str, ...]) -> None:
         """Ask the controller for a new ISR, one request at a time; the change applies when it reaches the
@@ -440,6 +484,7 @@ class Partition(CommittedReads):
             return
         self._closed = True
         self.log.remove_write_listener(self._log_end.advance)
+        self.log.remove_tail_listener(self._push_tail)
         self.log.flusher.allow_inline = True
         tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]
         for task in tasks:

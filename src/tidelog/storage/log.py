@@ -38,7 +38,7 @@ import itertools
 import os
 import struct
 from bisect import bisect_left, bisect_right
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -81,6 +81,8 @@ T = TypeVar("T")
 MAX_LEADER_EPOCH = 2**31 - 1
 _HEAD = struct.Struct(">qii")  # the first 16 header bytes: base offset, batch length, leader epoch
 _Slicer = Callable[[int, int], list[Buffer | FileSlice]]  # (first batch, end batch) -> what writes them
+TailListener = Callable[[int, int, Sequence[Buffer | FileSlice]], None]
+"""``(first_offset, end_offset, parts)``: a write's offsets and what it wrote (see :meth:`Log.add_tail_listener`)."""
 assert _HEAD.size == LEADER_EPOCH_POS + 4  # the head ends where the leader epoch does
 
 
@@ -208,6 +210,7 @@ class Log:
         self._epochs.truncate_from_end(self.end_offset)
         self._epochs.truncate_from_start(self.start_offset)  # a crash between deleting a prefix and this
         self._write_listeners: list[Callable[[int], None]] = []
+        self._tail_listeners: list[TailListener] = []
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -296,6 +299,19 @@ class Log:
         """Stop calling ``listener`` (a partition this broker stopped leading keeps its log open)."""
         if listener in self._write_listeners:
             self._write_listeners.remove(listener)
+
+    def add_tail_listener(self, listener: TailListener) -> None:
+        """Call ``listener(first_offset, end_offset, parts)`` right after each write reaches the file, before
+        the write listeners and before the fsync: ``parts`` are the write's whole batches exactly as stored, in
+        order (buffers, or a :class:`FileSlice` where the bytes were copied from another file in the kernel).
+        They are valid during the call only. A leader answers its followers' tail fetches from them
+        (:meth:`~tidelog.broker.partition.Partition.wait_for_log_end`) instead of reading the file back a turn
+        of the loop later. A listener must not raise: the write is already in the file."""
+        self._tail_listeners.append(listener)
+
+    def remove_tail_listener(self, listener: TailListener) -> None:
+        if listener in self._tail_listeners:
+            self._tail_listeners.remove(listener)
 
     @property
     def segments(self) -> list[SegmentInfo]:
@@ -458,6 +474,10 @@ class Log:
             self._check_writable()
             placed, parts = place()  # offsets are taken under the lock...
             seq = self._write_all(placed, parts)  # ...and written with no await in between: nothing interleaves
+        if self._tail_listeners:
+            written = parts(0, len(placed))
+            for tail_listener in self._tail_listeners:
+                tail_listener(placed[0].base_offset, placed[-1].next_offset, written)
         if self._write_listeners:
             end = placed[-1].next_offset
             for listener in self._write_listeners:

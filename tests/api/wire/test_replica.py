@@ -168,6 +168,34 @@ async def test_a_long_poll_at_the_tail_answers_as_soon_as_a_write_lands(leader: 
     assert time.monotonic() - started < BOUND / 4
 
 
+async def test_a_long_poll_at_the_tail_is_answered_from_the_write_itself(
+    leader: Leader, conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polling = asyncio.create_task(replica_fetch(conn, 0, wait_ms=int(BOUND * 1000)))
+    await asyncio.sleep(0.05)
+
+    def no_reading_back(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the tail fetch read the log back instead of taking the write's batches")
+
+    monkeypatch.setattr(Log, "read_range", no_reading_back)
+    monkeypatch.setattr(Log, "read", no_reading_back)
+    await leader.append(b"now", b"and")
+    header, payload = await asyncio.wait_for(polling, BOUND)
+    monkeypatch.undo()
+    assert header == ReplicaFetchResponse(0, 0, 2, 3)
+    assert payload == leader.log.read(0, 1 << 20)  # byte for byte as stored, offsets and epoch included
+
+
+async def test_a_write_over_the_fetchs_max_bytes_is_read_back_from_the_log(leader: Leader, conn: Connection) -> None:
+    request = ReplicaFetchRequest("s", 0, "b", 0, 3, max_bytes=1, max_wait_ms=int(BOUND * 1000))
+    polling = asyncio.create_task(conn.request(request, timeout=BOUND))
+    await asyncio.sleep(0.05)
+    await leader.append(b"x" * 100)
+    response = await asyncio.wait_for(polling, BOUND)
+    assert isinstance(response.header, ReplicaFetchResponse) and response.header.log_end == 1
+    assert bytes(response.payload) == leader.log.read(0, 1 << 20)  # still at least one whole batch
+
+
 async def test_a_long_poll_times_out_empty(leader: Leader, conn: Connection) -> None:
     header, payload = await replica_fetch(conn, 0, wait_ms=30)
     assert (header, payload) == (ReplicaFetchResponse(0, 0, 0, 3), b"")

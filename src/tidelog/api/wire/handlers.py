@@ -61,6 +61,15 @@ class Reply(NamedTuple):
             self.file.close()
 
 
+def _never_now(_task: asyncio.Task[Any], _reply: Reply) -> bool:
+    return False
+
+
+ReplyNow = Callable[["asyncio.Task[Any]", Reply], bool]
+"""Write a handler task's reply at once, from outside that task; False when the session cannot (see
+:meth:`~tidelog.api.wire.session.Session.reply_now`): the handler then returns its reply as usual."""
+
+
 @dataclass(frozen=True, slots=True)
 class HandlerEnv:
     """What handlers may use besides the request: the broker, and what the server and session own."""
@@ -70,6 +79,7 @@ class HandlerEnv:
     zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
     appends: OpenAppends = field(default_factory=OpenAppends)  # this connection's uncommitted transactional appends
+    reply_now: ReplyNow = _never_now  # the session's, for a reply produced outside its handler task
 
 
 H = TypeVar("H", bound=Header)

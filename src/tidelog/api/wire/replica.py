@@ -9,8 +9,11 @@ not when the next batch does. The answer carries batches from that offset up to 
 plus the leader's high watermark, bounds and epoch. At the tail the fetch long-polls on
 :meth:`Partition.wait_for_log_end`, which is woken when a write reaches the file, before its fsync: the
 leader's fsync and the followers' copy overlap instead of adding up. The long-poll is one future awaited by
-the handler (no task of its own), and its reply goes out from the handler task (the session's fast path), so
-a write reaches both followers' sockets in the loop turn after it, one fetch right after the other.
+the handler (no task of its own). The write that ends it answers it itself, from inside the append, with the
+batches it just wrote (:class:`_TailPush`, through the session's ``reply_now``): both followers have their
+copy before the leader's fsync round even starts. When it cannot (a write over the fetch's ``max_bytes``, one
+copied from a spool file, a session busy writing), the woken handler reads the batches from the log and its
+reply goes out from the handler task (the session's fast path).
 
 What is refused, and how (errors inside the response, so the follower also learns the leader's epoch and
 bounds without another round trip; a broker that does not lead at all answers with an error frame, from
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 
 from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
@@ -69,6 +73,7 @@ from tidelog.api.wire.messages import (
 )
 from tidelog.broker.partition import Partition
 from tidelog.broker.safety import epoch_end_after_reset
+from tidelog.storage.segment import Buffer
 
 
 async def replica_fetch(
@@ -83,16 +88,49 @@ async def replica_fetch(
     if not partition.log_start <= offset <= partition.log_end:
         return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
+    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
     if offset >= partition.log_end and request.max_wait_ms and not env.winding_down.done():
         # Until the log holds more, the wait times out, or the session winds down (server stopping or follower
         # gone), as fetch._long_poll does for the high watermark; a partition closing raises UNAVAILABLE.
-        await partition.wait_for_log_end(offset, request.max_wait_ms / 1000, env.winding_down)
+        # The write that ends the wait usually answers it itself (_TailPush).
+        push = _TailPush(env, correlation_id, partition, max_bytes)
+        await partition.wait_for_log_end(offset, request.max_wait_ms / 1000, env.winding_down, push=push)
+        if push.sent:
+            return _SENT
     end = partition.log_end
     if offset >= end:
         return Reply(encode_message(correlation_id, _bounds(partition)))
-    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
     header = _bounds(partition)
     return batches_reply(env, Op.REPLICA_FETCH, correlation_id, header, partition.log, offset, max_bytes, end)
+
+
+_SENT = Reply([])  # what a handler returns once its reply went out through HandlerEnv.reply_now
+
+
+class _TailPush:
+    """Answers a replica fetch long-polling at the log end from inside the write that ends the wait, with the
+    batches as written (:meth:`Partition.wait_for_log_end`) and the partition's bounds at that moment: what the
+    woken handler would have read back from the file and sent a turn of the loop later, behind the appender's
+    fsync round and the other followers' answers. Skipped (``sent`` stays False, the handler answers as
+    before) when the write is over the fetch's ``max_bytes`` or the session cannot write at once."""
+
+    __slots__ = ("_correlation_id", "_env", "_max_bytes", "_partition", "_task", "sent")
+
+    def __init__(self, env: HandlerEnv, correlation_id: int, partition: Partition, max_bytes: int) -> None:
+        self._env = env
+        self._correlation_id = correlation_id
+        self._partition = partition
+        self._max_bytes = max_bytes
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task  # the handler's task: the session's slot for this fetch
+        self.sent = False
+
+    def __call__(self, batches: Sequence[Buffer], size: int) -> None:
+        if self.sent or size > self._max_bytes:
+            return
+        reply = Reply(encode_message(self._correlation_id, _bounds(self._partition), batches))
+        self.sent = self._env.reply_now(self._task, reply)
 
 
 def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
