@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -172,17 +172,31 @@ class Appender:
         replies: list[asyncio.Future[Response]] = []
         sender = _ChunkSender(connection, append_id, replies)
         header: AppendRequest | None = _with(begin, append_id=append_id, first_timestamp=first_timestamp)
+        chunk_bytes = self._chunk_bytes
+
+        async def spill() -> bool:
+            """Send the records encoded since the last chunk; True once the broker has refused the append
+            already (the rest need not be sent: the commit will say why)."""
+            nonlocal header
+            await sender.send(header, builder)
+            header = None
+            return sender.failed()
+
         try:
-            async for record in _each(records):
-                if isinstance(record, bytes):
-                    builder.append(record)
-                else:
-                    builder.append(record.value, record.key, record.headers, record.timestamp)
-                if builder.size - sender.sent >= self._chunk_bytes:
-                    await sender.send(header, builder)
-                    header = None
-                    if sender.failed():
-                        break  # the broker refused it already: the commit will say why
+            if isinstance(records, AsyncIterable):
+                async for record in records:
+                    _encode(builder, record)
+                    if builder.size - sender.sent >= chunk_bytes and await spill():
+                        break
+            else:  # no await per record: a list of a million values is encoded in one tight loop
+                append = builder.append
+                for record in records:
+                    if type(record) is bytes:
+                        append(record)
+                    else:
+                        _encode(builder, record)
+                    if builder.size - sender.sent >= chunk_bytes and await spill():
+                        break
             if header is not None:  # nothing sent yet: the whole append goes in one frame
                 await sender.send(msgspec.structs.replace(header, phase=AppendPhase.WHOLE), builder)
             else:
@@ -309,13 +323,11 @@ def _refused(response: AppendResponse) -> TidelogError:
     return error
 
 
-async def _each(records: Iterable[RecordLike] | AsyncIterable[RecordLike]) -> AsyncIterator[RecordLike]:
-    if isinstance(records, AsyncIterable):
-        async for record in records:
-            yield record
+def _encode(builder: BatchBuilder, record: RecordLike) -> None:
+    if isinstance(record, bytes):
+        builder.append(record)
     else:
-        for record in records:
-            yield record
+        builder.append(record.value, record.key, record.headers, record.timestamp)
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:
