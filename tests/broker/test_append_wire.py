@@ -99,6 +99,7 @@ async def test_a_dropped_connection_leaves_nothing(broker: Broker, address: str,
     chunk, _ = records(1000, first=0)
     first = await connection.request(begin(7, stream_name), chunk)
     assert isinstance(first.header, AppendResponse) and first.header.status == 0
+    assert first.header.log_end == 0  # every answer carries the log end (and registers) the leader knows
     for i in range(2):
         more, _ = records(1000, first=1000 * (i + 1))
         await connection.request(AppendRequest(7, AppendPhase.CHUNK), more)

@@ -31,7 +31,7 @@ from tidelog.broker.append_spool import Declared
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import AppendLimits, OpenAppend
-from tidelog.broker.transactional import AppendRefused, Expectations
+from tidelog.broker.transactional import AppendRefused, Expectations, appends_of
 from tidelog.replication.registers import (
     EMPTY,
     MAX_REGISTER_BYTES,
@@ -85,9 +85,16 @@ def _reply(correlation_id: int, response: AppendResponse) -> Reply:
 
 
 def _status(append: OpenAppend) -> AppendResponse:
+    """The answer to a BEGIN or CHUNK: success so far, with the partition's log end and registers as this leader
+    knows them now (every append response carries them; the COMMIT answer's are the ones that count)."""
     failure = append.failure
     if failure is None:
-        return AppendResponse(append.append_id)
+        registers = appends_of(append.partition).registers.latest_known()
+        return AppendResponse(
+            append.append_id,
+            log_end=append.partition.log.end_offset,
+            registers=encode_labels(registers) if registers else b"",
+        )
     return _refusal(append.append_id, failure)
 
 
