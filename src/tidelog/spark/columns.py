@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import array
 import sys
-from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +42,7 @@ from tidelog.spark.schema import ARROW_SCHEMA, HEADERS_TYPE, TIMESTAMP_TYPE
 from tidelog.storage.batch import BatchHeader, record_section
 from tidelog.storage.errors import CorruptBatchError
 from tidelog.storage.varint import decode_varint
+from tidelog.storage.varint_lanes import agreeing, timestamp_lanes
 
 if sys.byteorder != "little":  # pragma: no cover - Arrow buffers are little-endian; so are the lanes built here
     raise ImportError("tidelog.spark.columns builds little-endian buffers and needs a little-endian machine")
@@ -346,14 +346,14 @@ class ColumnBuilder:
         wanted += [_CONTINUED[:n]] * (ts_width - 1)
         wanted.append(_LAST[:n])
         if found != wanted:
-            n = min(_agreeing(f, w) for f, w in zip(found, wanted, strict=True) if f != w)  # to the first failure
+            n = min(agreeing(f, w) for f, w in zip(found, wanted, strict=True) if f != w)  # to the first failure
             if n < _MIN_RUN:
                 return 0
             ts_columns = [column[:n] for column in ts_columns]
         first = base + d0
         a, b = max(0, lo - first), min(n, hi - first)
         if a < b:
-            timestamps, negative = _timestamps(ts_columns, n, first_ts)
+            timestamps, negative = timestamp_lanes(ts_columns, n, first_ts)
             self._negative_ts |= negative
             self._ts.frombytes(timestamps[a * 8 : b * 8])
             self._add_offsets(first + a, b - a)
@@ -469,55 +469,6 @@ def _headers(data: bytes, p: int, end: int) -> tuple[Headers, int]:
         headers.append((name, data[p : p + size] if size > 0 else b""))
         p += max(size, 0)
     return headers, p
-
-
-def _agreeing(column: bytes, expected: bytes) -> int:
-    """How many leading bytes of ``column`` equal those of ``expected`` (of the same length)."""
-    if column == expected:
-        return len(column)
-    x = int.from_bytes(column, "little") ^ int.from_bytes(expected, "little")
-    return ((x & -x).bit_length() - 1) >> 3
-
-
-def _timestamps(columns: Sequence[bytes], n: int, first_ts: int) -> tuple[bytes, bool]:
-    """The timestamps (ns) of ``n`` records as a little-endian ``int64`` buffer, and whether one is negative,
-    given the byte columns of their timestamp deltas' varints (continuation bits checked).
-
-    One 64-bit lane per record in one big int: each varint byte is placed in its lane, its 7 bits masked and
-    shifted into place for all lanes at once. Zig-zag decoding and adding the first timestamp stay lane-wise
-    as long as every delta is non-negative and the first timestamp too (no borrow or carry crosses a lane);
-    otherwise each lane is decoded on its own.
-    """
-    lanes = bytearray(n << 3)
-    for i, column in enumerate(columns):
-        lanes[i::8] = column
-    x = int.from_bytes(lanes, "little")
-    masks, ones = _lane_masks(n, len(columns))
-    z = x & masks[0]
-    for i in range(1, len(columns)):
-        z |= (x >> i) & masks[i]
-    if z & ones or first_ts < 0:
-        lanes_z = array.array("q")
-        lanes_z.frombytes(z.to_bytes(n << 3, "little"))  # each lane < 2**56: read as signed, still itself
-        values = array.array("q", [first_ts + ((v >> 1) ^ -(v & 1)) for v in lanes_z])
-        return values.tobytes(), min(values) < 0
-    return ((z >> 1) + first_ts * ones).to_bytes(n << 3, "little"), False
-
-
-_mask_cache: dict[tuple[int, int], tuple[list[int], int]] = {}
-
-
-def _lane_masks(n: int, width: int) -> tuple[list[int], int]:
-    """For ``n`` 64-bit lanes: where the 7 bits of varint bytes ``0..width-1`` go, and a 1 in every lane."""
-    key = (n, width)
-    cached = _mask_cache.get(key)
-    if cached is None:
-        if len(_mask_cache) >= 128:
-            _mask_cache.clear()
-        masks = [int.from_bytes((0x7F << 7 * i).to_bytes(8, "little") * n, "little") for i in range(width)]
-        ones = int.from_bytes((1).to_bytes(8, "little") * n, "little")
-        cached = _mask_cache[key] = (masks, ones)
-    return cached
 
 
 _base = pa.array([], pa.int64())
