@@ -36,13 +36,11 @@ from tidelog.storage.batch import (
     CRC_FIELD,
     CRC_POS,
     CRC_START,
-    FORMAT_VERSION,
-    HEADER,
     HEADER_SIZE,
-    LENGTH_FIELD_END,
     REGISTERS_FLAG,
     REGISTERS_LENGTH,
     TRANSACTIONAL_FLAG,
+    pack_header,
     registers_prefix,
 )
 from tidelog.storage.crc_combine import crc32c_combine
@@ -167,7 +165,7 @@ class AppendSpool:
             position += len(chunk)
         self._chunks = []
 
-    def seal(self, *, registers: bytes | None, producer: tuple[int, int, int] = (-1, -1, -1)) -> memoryview:
+    def seal(self, *, registers: bytes | None) -> memoryview:
         """The append as one complete batch (offsets and leader epoch to be assigned by the log).
 
         ``registers``: the encoded label set the partition will have after this append, carried in the batch's
@@ -176,26 +174,18 @@ class AppendSpool:
         if not self._count:
             raise ValueError("an append with no records has no batch")
         block = b"" if registers is None else registers_prefix(registers)
-        attributes = TRANSACTIONAL_FLAG | (REGISTERS_FLAG if registers is not None else 0)
-        body = len(block) + self._size
-        header = bytearray(HEADER_SIZE)
-        producer_id, producer_epoch, base_sequence = producer
-        HEADER.pack_into(
-            header,
-            0,
-            0,
-            HEADER_SIZE + body - LENGTH_FIELD_END,
-            0,
-            FORMAT_VERSION,
-            0,
-            attributes,
-            self._count - 1,
-            self._first_timestamp,
-            self._first_timestamp + self._max_delta,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            self._count,
+        header = pack_header(
+            len(block) + self._size,
+            base_offset=0,
+            leader_epoch=0,
+            attributes=TRANSACTIONAL_FLAG | (REGISTERS_FLAG if registers is not None else 0),
+            last_offset_delta=self._count - 1,
+            first_timestamp=self._first_timestamp,
+            max_timestamp=self._first_timestamp + self._max_delta,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            record_count=self._count,
         )
         head_crc = crc32c.crc32c(block, crc32c.crc32c(memoryview(header)[CRC_START:]))
         if self._fd < 0 and self._size <= SMALL_BYTES:  # cheaper to checksum again than to combine

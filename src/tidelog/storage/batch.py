@@ -432,6 +432,44 @@ def registers_prefix(registers: bytes) -> bytes:
     return REGISTERS_LENGTH.pack(len(registers)) + registers
 
 
+def pack_header(
+    body_length: int,
+    *,
+    base_offset: int,
+    leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+) -> bytearray:
+    """The header of a batch whose ``body_length`` bytes follow it, its CRC field still 0: the caller computes
+    the CRC over ``header[CRC_START:]`` then the body (here, or combined from pieces for a spooled append) and
+    packs it at ``CRC_POS``."""
+    header = bytearray(HEADER_SIZE)
+    HEADER.pack_into(
+        header,
+        0,
+        base_offset,
+        HEADER_SIZE + body_length - LENGTH_FIELD_END,
+        leader_epoch,
+        FORMAT_VERSION,
+        0,
+        attributes,
+        last_offset_delta,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )
+    return header
+
+
 def _frame(
     body: bytes,
     *,
@@ -447,23 +485,18 @@ def _frame(
     record_count: int,
 ) -> bytes:
     """Header + body. The CRC is computed over the header's tail and then the body (no joined copy first)."""
-    header = bytearray(HEADER_SIZE)
-    HEADER.pack_into(
-        header,
-        0,
-        base_offset,
-        HEADER_SIZE + len(body) - LENGTH_FIELD_END,
-        leader_epoch,
-        FORMAT_VERSION,
-        0,
-        attributes,
-        last_offset_delta,
-        first_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        record_count,
+    header = pack_header(
+        len(body),
+        base_offset=base_offset,
+        leader_epoch=leader_epoch,
+        attributes=attributes,
+        last_offset_delta=last_offset_delta,
+        first_timestamp=first_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        record_count=record_count,
     )
     crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(header)[CRC_START:]))
     CRC_FIELD.pack_into(header, CRC_POS, crc)
