@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Row", "Target", "emit", "log", "median", "scratch_dir", "summary"]
+__all__ = ["Row", "RunClock", "Target", "emit", "log", "median", "report", "scratch_dir", "summary"]
 
 _STARTED = time.monotonic()
 
@@ -125,3 +125,32 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RunClock:
+    """When a benchmark run started and how loaded the machine was then: its summary reports both, so a reader
+    can tell a run on a shared, busy machine from a quiet one."""
+
+    started: float
+    load: float
+
+    @classmethod
+    def now(cls) -> RunClock:
+        return cls(time.monotonic(), os.getloadavg()[0])
+
+
+def report(bench: str, rows: Sequence[Row], targets: Sequence[Target], clock: RunClock, **extra: object) -> None:
+    """Print every metric line, then the summary, with the run's duration and the load average before and after."""
+    for row in rows:
+        emit(row.document())
+    emit(
+        summary(
+            bench,
+            rows,
+            targets,
+            **extra,
+            seconds=round(time.monotonic() - clock.started, 1),
+            loadavg_1m=[round(clock.load, 2), round(os.getloadavg()[0], 2)],
+        )
+    )

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks.publish import TidelogServer, percentile
 from tidelog.client import Acks, Admin, Appender, Cluster, Producer
 
@@ -180,22 +180,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = QUICK if args.quick else FULL
     plan = Plan(args.runs or base.runs, base.units_1m, base.units_64m, base.cas_samples, base.cas_warmup)
     log(f"plan: {plan}")
-    started, load_before = time.monotonic(), os.getloadavg()[0]
+    clock = RunClock.now()
     with scratch_dir("tidelog-bench-append-") as root:
         samples = asyncio.run(run(plan, root))
     rows = rows_from(samples)
-    for row in rows:
-        emit(row.document())
-    emit(
-        summary(
-            BENCH,
-            rows,
-            TARGETS,
-            runs=plan.runs,
-            record_bytes=RECORD,
-            seconds=round(time.monotonic() - started, 1),
-            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        )
+    report(
+        BENCH,
+        rows,
+        TARGETS,
+        clock,
+        runs=plan.runs,
+        record_bytes=RECORD,
     )
     return 0
 

@@ -33,7 +33,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ours: dict[str, list[float]] = {"p50": [], "p90": [], "p99": []}
     raw: dict[str, list[float]] = {"p50": [], "p90": [], "p99": []}
     shares: list[float] = []
-    load_before = os.getloadavg()[0]
+    clock = RunClock.now()
     with scratch_dir("tidelog-bench-append-latency-") as scratch, _contention(args.contend):
         for rep in range(reps):
             order = ("log", "raw") if rep % 2 == 0 else ("raw", "log")
@@ -219,22 +219,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             log(f"rep {rep} group commit: {share:.1f} appends per fsync")
     rows = [Row(BENCH, f"append_1k_always_{q}", median(ours[q]), "µs", median(raw[q])) for q in ours]
     rows.append(Row(BENCH, "concurrent_appends_per_fsync", median(shares), "appends"))
-    for row in rows:
-        emit(row.document())
-    emit(
-        summary(
-            BENCH,
-            rows,
-            TARGETS,
-            loop=args.loop,
-            contend=args.contend,
-            between_appends="nothing"
-            if args.tight
-            else f"a round trip through a child answering after {args.gap_us:g} µs",
-            samples=samples,
-            runs=reps,
-            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        )
+    report(
+        BENCH,
+        rows,
+        TARGETS,
+        clock,
+        loop=args.loop,
+        contend=args.contend,
+        between_appends="nothing" if args.tight else f"a round trip through a child answering after {args.gap_us:g} µs",
+        samples=samples,
+        runs=reps,
     )
 
 

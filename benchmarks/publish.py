@@ -65,7 +65,7 @@ from typing import Any, Protocol
 import nats
 from nats.js.api import StorageType, StreamConfig
 
-from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.testing.ports import free_ports
@@ -549,26 +549,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown := set(sides) - set(SIDES):
         parser.error(f"unknown sides: {', '.join(sorted(unknown))}")
     log(f"plan: {plan}, sides: {sides}, tidelog codec: {codec.name.lower()}, loop: {args.loop}")
-    started, load_before = time.monotonic(), os.getloadavg()[0]
+    clock = RunClock.now()
     with scratch_dir("tidelog-bench-publish-") as root:
         samples = run_loop(args.loop, run(plan, sides, root, codec))
     rows = rows_from(samples, sides)
-    for row in rows:
-        emit(row.document())
-    emit(
-        summary(
-            BENCH,
-            rows,
-            TARGETS,
-            runs=plan.runs,
-            messages=plan.messages,
-            fsync_messages=plan.fsync_messages,
-            latency_samples=plan.latency_samples,
-            tidelog_codec=codec.name.lower(),
-            approaches=APPROACHES,
-            seconds=round(time.monotonic() - started, 1),
-            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],  # before, after: how shared the box was
-        )
+    report(
+        BENCH,
+        rows,
+        TARGETS,
+        clock,
+        runs=plan.runs,
+        messages=plan.messages,
+        fsync_messages=plan.fsync_messages,
+        latency_samples=plan.latency_samples,
+        tidelog_codec=codec.name.lower(),
+        approaches=APPROACHES,
     )
     return 0
 

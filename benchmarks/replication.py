@@ -67,7 +67,7 @@ from typing import Any, Protocol
 import nats
 from nats.js.api import StorageType, StreamConfig
 
-from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamCluster, publish_all, publish_one_at_a_time, pull_all
 from benchmarks.publish import deadline_for, make_payloads, percentile
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
@@ -610,29 +610,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown := set(sides) - set(SIDES):
         parser.error(f"unknown sides: {', '.join(sorted(unknown))}")
     log(f"plan: {plan}, sides: {sides}, tidelog settings: {settings}, loop: {args.loop}")
-    started, load_before = time.monotonic(), os.getloadavg()[0]
+    clock = RunClock.now()
     with scratch_dir("tidelog-bench-replication-") as root:
         samples = run_loop(args.loop, run(plan, sides, root, settings))
     rows = rows_from(samples, sides)
-    for row in rows:
-        emit(row.document())
-    emit(
-        summary(
-            BENCH,
-            rows,
-            TARGETS,
-            runs=plan.runs,
-            messages=plan.messages,
-            latency_samples=plan.latency_samples,
-            failover_samples={name: len(samples.get((name, "failover_s"), [])) for name in sides},
-            failover_controller_samples={name: len(samples.get((name, "failover_controller_s"), [])) for name in sides},
-            replicas=REPLICAS,
-            tidelog_settings=settings,
-            approaches=APPROACHES,
-            machine=f"{os.cpu_count()} cores, both clusters and the clients on this one machine, one after the other",
-            seconds=round(time.monotonic() - started, 1),
-            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],  # before, after: how shared the box was
-        )
+    report(
+        BENCH,
+        rows,
+        TARGETS,
+        clock,
+        runs=plan.runs,
+        messages=plan.messages,
+        latency_samples=plan.latency_samples,
+        failover_samples={name: len(samples.get((name, "failover_s"), [])) for name in sides},
+        failover_controller_samples={name: len(samples.get((name, "failover_controller_s"), [])) for name in sides},
+        replicas=REPLICAS,
+        tidelog_settings=settings,
+        approaches=APPROACHES,
+        machine=f"{os.cpu_count()} cores, both clusters and the clients on this one machine, one after the other",
     )
     return 0
 

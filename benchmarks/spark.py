@@ -42,7 +42,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from benchmarks._common import Row, Target, emit, log, median, scratch_dir, summary
+from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from tidelog.client import Codec, LoopThread, TidelogClient
 from tidelog.spark.options import parse_options
 from tidelog.spark.planning import OffsetRange
@@ -312,23 +312,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = QUICK if args.quick else FULL
     plan = Plan(runs=args.runs or base.runs, records=args.records or base.records)
     log(f"plan: {plan}")
-    started, load_before = time.monotonic(), os.getloadavg()[0]
+    clock = RunClock.now()
     with scratch_dir("tidelog-bench-spark-") as root:
         rows = run(plan, root)
-    for row in rows:
-        emit(row.document())
-    emit(
-        summary(
-            BENCH,
-            rows,
-            TARGETS,
-            runs=plan.runs,
-            records=plan.records,
-            value_bytes=VALUE_SIZE,
-            approaches=APPROACHES,
-            seconds=round(time.monotonic() - started, 1),
-            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        )
+    report(
+        BENCH,
+        rows,
+        TARGETS,
+        clock,
+        runs=plan.runs,
+        records=plan.records,
+        value_bytes=VALUE_SIZE,
+        approaches=APPROACHES,
     )
     return 0
 
