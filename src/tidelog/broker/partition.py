@@ -354,7 +354,7 @@ class Partition(CommittedReads):
         received = time.time_ns()
         # From here to the log's lock there is no await: producers' batches reach the log in the order they
         # were reserved, which is the order their sequence numbers were checked in.
-        headers = _producer_headers(data)
+        headers = None if transactional is not None else _producer_headers(data)  # appends carry no producer id
         try:
             if transactional is not None:
                 result = await self.log.append(
