@@ -33,6 +33,7 @@ from tidelog.api.errors import IncorrectOffsetError, TidelogError
 from tidelog.client import Admin, Appender, Cluster, refusal_details
 from tidelog.client.connection import ConnectionClosedError
 from tidelog.testing.cluster import LocalCluster
+from tidelog.testing.faults import ELECT_WITHIN, READ_WITHIN, REJOIN_WITHIN, SETTINGS
 from tidelog.testing.linearizability import (
     Append,
     Indeterminate,
@@ -46,16 +47,7 @@ from tidelog.testing.workload import read_all
 log = logging.getLogger(__name__)
 
 STREAM = "cas"
-SETTINGS = {
-    "broker_lease_ttl_ms": "2000",
-    "replica_lag_time_max_ms": "2500",
-    "leader_balance_interval_ms": "3000",
-    "shutdown_timeout_ms": "5000",
-}
 APPEND_TIMEOUT = 5.0  # per append: a client stuck on a dead leader gives up and records Indeterminate
-ELECT_WITHIN = 20.0
-REJOIN_WITHIN = 30.0
-READ_WITHIN = 30.0
 
 
 @dataclass(slots=True)
