@@ -20,6 +20,9 @@ from tidelog.broker.config import (
     load_config,
     parse_etcd_endpoint,
 )
+from tidelog.broker.server import log_config_for
+from tidelog.metadata.records import StreamConfig, StreamRecord
+from tidelog.storage.config import FlushPolicy
 
 
 def write_toml(tmp_path: Path, text: str) -> Path:
@@ -261,3 +264,12 @@ def test_parse_etcd_endpoint(endpoint: str, expected: tuple[str, int]) -> None:
 def test_parse_etcd_endpoint_refuses(endpoint: str) -> None:
     with pytest.raises(ValueError):
         parse_etcd_endpoint(endpoint)
+
+
+def test_stream_logs_take_the_preallocation_setting_within_their_segment_size() -> None:
+    stream = StreamRecord("s", "s", "s", 1, 1, 0)
+    assert log_config_for(BrokerConfig(), stream).preallocate_bytes == 4 * 1024 * 1024  # on by default
+    assert log_config_for(BrokerConfig(segment_preallocate_bytes=0), stream).preallocate_bytes == 0
+    small = StreamRecord("s", "s", "s", 1, 1, 0, StreamConfig(segment_max_bytes=1024 * 1024))
+    assert log_config_for(BrokerConfig(), small).preallocate_bytes == 1024 * 1024
+    assert log_config_for(BrokerConfig(), stream).flush_policy is FlushPolicy.ALWAYS

@@ -197,7 +197,8 @@ async def test_leftovers_are_removed_and_foreign_files_kept(tmp_path: Path) -> N
 async def test_marker_that_does_not_match_is_not_trusted(tmp_path: Path) -> None:
     _, content = await _build(tmp_path)
     last = _segment_files(tmp_path)[-1]
-    _append_bytes(last, b"\x00" * 30)  # the tail changed after the clean shutdown was recorded
+    _append_bytes(last, b"\x01" * 30)  # the tail changed after the clean shutdown was recorded (not zeros: see
+    # test_preallocation for a zero tail)
     log = _reopen(tmp_path)
     assert not log.recovery.clean_shutdown and log.recovery.truncated_bytes == 30
     assert read_everything(log) == content

@@ -61,6 +61,7 @@ def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
         segment_max_age_ms=pick(o.segment_max_age_ms, config.segment_max_age_ms) or 2**62 // 1_000_000,
         flush_policy=FlushPolicy(o.flush_policy or config.default_flush_policy),
         flush_interval_ms=pick(o.flush_interval_ms, config.default_flush_interval_ms),
+        preallocate_bytes=min(config.segment_preallocate_bytes, segment_max_bytes),
         max_batch_bytes=min(segment_max_bytes, max(4 * 1024 * 1024, config.max_message_bytes * 2)),
         retention_max_bytes=limit(o.retention_max_bytes, config.retention_max_bytes),
         retention_max_age_ms=limit(o.retention_max_age_ms, config.retention_max_age_ms),

@@ -58,6 +58,10 @@ class LogConfig:
     flush_policy: FlushPolicy = FlushPolicy.ALWAYS
     flush_interval_ms: int = 1000
     """Period of the background fsync under ``FlushPolicy.INTERVAL``."""
+    preallocate_bytes: int = 4 * MiB
+    """Under ``FlushPolicy.ALWAYS``, zeros written ahead of the active segment's end (in the background), so
+    that each fsynced append overwrites allocated blocks instead of growing the file (see
+    :mod:`tidelog.storage.preallocation`). 0 turns it off; ignored under the other policies."""
     max_batch_bytes: int = 4 * MiB
     """Largest single record batch an append accepts (``segment_max_bytes`` too, if that is smaller: a batch
     never spans segments)."""
@@ -78,6 +82,7 @@ class LogConfig:
             allowed = ", ".join(p.name for p in FlushPolicy)
             raise ValueError(f"flush_policy must be a FlushPolicy ({allowed}), got {self.flush_policy!r}")
         _require_int("flush_interval_ms", self.flush_interval_ms, 1, None)
+        _require_int("preallocate_bytes", self.preallocate_bytes, 0, MAX_SEGMENT_BYTES)
         _require_int("max_batch_bytes", self.max_batch_bytes, HEADER_SIZE, None)
         for name in ("retention_max_bytes", "retention_max_age_ms", "retention_max_messages"):
             value = getattr(self, name)

@@ -475,6 +475,20 @@ class Flusher:
         future = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
         return await asyncio.shield(future)
 
+    def run_detached(self, job: Callable[[], None], then: Callable[[], None]) -> None:
+        """Run ``job`` on the fsync threads without waiting for it; ``then`` runs on the loop afterwards (even if
+        the job raised). For background disk work that no appender waits on (a segment's zero fill)."""
+        loop = asyncio.get_running_loop()
+
+        def run() -> None:
+            try:
+                job()
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+                    loop.call_soon_threadsafe(then)
+
+        _THREADS.submit(run)
+
     async def sync_directory(self, path: Path) -> None:
         await self.run_blocking(fsync_directory, path)
 

@@ -199,6 +199,7 @@ class Log:
         self._recovery = report
         self._lock = asyncio.Lock()
         self._flusher = Flusher(config.flush_policy, config.flush_interval_ms, clock)
+        self._preallocate = config.flush_policy is FlushPolicy.ALWAYS and config.preallocate_bytes > 0
         self._recovery_point = report.recovery_point
         self._sealing: asyncio.Task[None] | None = None  # the latest background seal; each awaits the one before
         self._expedite = asyncio.Event()  # set: pending seals stop waiting for their due time
@@ -507,7 +508,10 @@ class Log:
             and placed[0].next_offset - 1 - active.base_offset <= MAX_RELATIVE_OFFSET
         ):
             active.append(parts(0, 1), placed, now)
-            return self._flusher.note_write(active, placed[0].size)
+            seq = self._flusher.note_write(active, placed[0].size)
+            if self._preallocate:
+                self._reserve_room(active)
+            return seq
         seq = 0
         i = 0
         while i < len(placed):
@@ -530,7 +534,19 @@ class Log:
             active.append(parts(i, j), placed[i:j], now)
             seq = self._flusher.note_write(active, run)
             i = j
+        if self._preallocate:
+            self._reserve_room(self._segments[-1])
         return seq
+
+    def _reserve_room(self, active: Segment) -> None:
+        """Zero-fill ahead of the active segment's end in the background once its room runs low
+        (:mod:`~tidelog.storage.preallocation`); pinned meanwhile, so a close waits for the fill's descriptor."""
+        reserve = active.preallocation
+        target = reserve.wanted(active.size, self._config.preallocate_bytes, self._config.segment_max_bytes)
+        if target:
+            active.pin()
+            reserve.start()
+            self._flusher.run_detached(functools.partial(reserve.fill, active.fd, target), active.unpin)
 
     def _age_expired(self, now_ns: int) -> bool:
         active = self._segments[-1]
@@ -558,6 +574,8 @@ class Log:
             if not old.size:
                 return
             base_offset = old.next_offset
+        if old.trim():  # its zero-filled room: the next round fsyncs the cut, before the new segment's acks
+            self._flusher.note_write(old)
         old.seal_prepare()
         self._segments.append(Segment.create(self._directory, base_offset, self._config.index_interval_bytes))
         self._flusher.note_directory(self._directory)
@@ -866,6 +884,7 @@ class Log:
                     if epoch > self._epochs.latest_epoch:
                         self._epochs.assign(epoch, start)
             if not empty:
+                active.trim()  # seal_for_install fsyncs it
                 active.seal_prepare()
                 await self._flusher.run_blocking(seal_for_install, active)
             replaceable = active.path if empty else None
@@ -926,9 +945,11 @@ class Log:
 
     def _finish_close(self) -> None:
         """Blocking: persist every index, then the clean-shutdown marker (only after all else is durable)."""
+        last = self._segments[-1]
+        if last.trim():
+            last.sync()
         for segment in self._segments:
             segment.persist_indexes()
-        last = self._segments[-1]
         write_clean_marker(self._directory, last.base_offset, last.size)
 
     def __repr__(self) -> str:

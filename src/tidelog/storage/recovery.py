@@ -27,6 +27,8 @@ What recovery does, in order:
    there (and fdatasynced) and every later segment deleted: what a crash can tear is data nobody was promised,
    and the log must stay a clean prefix. The scanned segments are then fsynced and the recovery point moved
    up to the last segment.
+   Zeros after the last segment's final batch are room written ahead of appends
+   (:mod:`~tidelog.storage.preallocation`): trimmed, and counted apart from cuts.
 
 After a process crash (SIGKILL) the page cache still holds everything, so nothing is cut; cuts happen after a
 power loss or kernel crash, or when the disk damaged data that was never fsynced.
@@ -45,6 +47,7 @@ from tidelog.storage.errors import CheckpointError
 from tidelog.storage.index import TMP_SUFFIX, DamagedIndexError
 from tidelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
 
+ZERO_CHECK_CHUNK = 1024 * 1024
 MARKER_FILE = "clean-shutdown"
 RECOVERY_POINT_FILE = "recovery-point"
 
@@ -60,7 +63,9 @@ class RecoveryReport:
     """Base offsets of segments whose batches were all read and CRC-checked."""
     rebuilt_indexes: list[int] = field(default_factory=list)
     truncated_bytes: int = 0
-    """Bytes cut from the tail of the log (not counting deleted segments)."""
+    """Bytes cut from the tail of the log (not counting deleted segments or zeros written ahead)."""
+    preallocated_bytes: int = 0
+    """Zeros written ahead of the last segment's end (:mod:`~tidelog.storage.preallocation`), trimmed: not a cut."""
     truncated_at: tuple[int, int] | None = None
     """(segment base offset, position) where the log was cut."""
     deleted_segments: list[int] = field(default_factory=list)
@@ -142,8 +147,13 @@ def _load_trusted(segment: Segment, report: RecoveryReport) -> None:
         report.corrupt_segments.append(segment.base_offset)
 
 
-def _scan(segment: Segment, report: RecoveryReport) -> bool:
-    """CRC-check every batch of an untrusted segment; cut it at the first bad one. True if it was cut."""
+def _scan(segment: Segment, report: RecoveryReport, *, last: bool) -> bool:
+    """CRC-check every batch of an untrusted segment; cut it at the first bad one. True if it was cut.
+
+    Zeros after the last batch of the *last* segment are room written ahead of appends, not damage: they are
+    trimmed without a cut. Any other segment was trimmed, durably, before anything was acknowledged in the
+    next one, so a zero tail there is what a lost write left and is cut like any other bad tail.
+    """
     file_size = segment.size
     result = segment.rebuild(verify=True, keep_tail=False)
     report.scanned.append(segment.base_offset)
@@ -151,9 +161,23 @@ def _scan(segment: Segment, report: RecoveryReport) -> bool:
     segment.corrupt_from = None
     if result.end == file_size:
         return False
-    os.ftruncate(segment.fd, result.end)
+    zeros = last and _all_zeros(segment.fd, result.end, file_size)
+    segment.cut_file(result.end)
+    if zeros:
+        report.preallocated_bytes += file_size - result.end
+        return False
     report.truncated_bytes += file_size - result.end
     report.truncated_at = (segment.base_offset, result.end)
+    return True
+
+
+def _all_zeros(fd: int, start: int, end: int) -> bool:
+    """Whether bytes ``[start, end)`` of the file are all zeros (read in 1 MiB steps)."""
+    while start < end:
+        chunk = os.pread(fd, min(ZERO_CHECK_CHUNK, end - start), start)
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        start += len(chunk)
     return True
 
 
@@ -196,7 +220,7 @@ def _recover_segments(segments: list[Segment], recovery_point: int, report: Reco
             _load_trusted(segment, report)
         else:
             scanned.append(segment)
-            if _scan(segment, report) and not last:
+            if _scan(segment, report, last=last) and not last:
                 for later in reversed(segments[i + 1 :]):  # newest first, as truncation does
                     later.delete()
                     report.deleted_segments.insert(0, later.base_offset)

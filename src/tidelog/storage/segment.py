@@ -14,6 +14,8 @@ Ownership and invariants:
 - ``_verified`` records byte ranges whose CRCs this process has checked (appended bytes were validated
   before they were written; recovery and reads verify the rest). :meth:`verify_range` is what lets
   ``sendfile`` serve a range without copying it through Python each time.
+- The active segment's file may run on past ``size`` in zeros written ahead of time (``preallocation``, see
+  :mod:`tidelog.storage.preallocation`); :meth:`trim` cuts them before the segment is sealed or closed.
 
 Reads find the batch containing an offset in two steps: the sparse offset index gives the nearest indexed
 batch at or before it, then batch *headers* (not records) are read forward from there.
@@ -31,6 +33,7 @@ from typing import NamedTuple
 from tidelog.storage.batch import FORMAT_VERSION, HEADER, HEADER_SIZE, LENGTH_FIELD_END, BatchHeader, crc_ok
 from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError
 from tidelog.storage.index import DamagedIndexError, OffsetIndex, TimeIndex
+from tidelog.storage.preallocation import Preallocation
 
 Buffer = bytes | bytearray | memoryview
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -178,6 +181,7 @@ class Segment:
         "max_ts_offset",
         "next_offset",
         "offset_index",
+        "preallocation",
         "sealed",
         "size",
         "time_index",
@@ -203,6 +207,7 @@ class Segment:
         self._close_pending = False
         self.sealed = False
         self.corrupt_from: int | None = None  # where the header chain of a sealed segment breaks, if it does
+        self.preallocation = Preallocation(size)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -249,6 +254,7 @@ class Segment:
     def close(self) -> None:
         if self._fd < 0:
             return
+        self.preallocation.stop(self.size)  # a fill still running writes nothing more
         if self._pins:
             self._close_pending = True
         else:
@@ -270,6 +276,19 @@ class Segment:
         """fdatasync the log file (blocking: call from a worker thread, with the segment pinned)."""
         if self._fd >= 0:
             os.fdatasync(self._fd)
+
+    def trim(self) -> bool:
+        """Cut the file's zero-filled room after the last batch (:mod:`~tidelog.storage.preallocation`), before a
+        seal or a clean close; True if the file changed (the caller makes that durable)."""
+        had_room = self.preallocation.allocated > self.size or self.preallocation.running
+        if had_room:
+            self.cut_file(self.size)
+        return had_room
+
+    def cut_file(self, position: int) -> None:
+        """Make the file end at ``position``, stopping any zero fill first (the state is the caller's to fix)."""
+        self.preallocation.stop(position)
+        os.ftruncate(self.fd, position)
 
     def seal_prepare(self) -> None:
         """Record the final running maximum in the time index; the segment takes no more appends."""
@@ -297,10 +316,15 @@ class Segment:
         ``index_interval_bytes`` have passed since the last one. ``size`` moves only after the write.
         """
         position = self.size
-        if parts and isinstance(parts[-1], FileSlice):  # a transactional append, from its spool
-            write_parts(self.fd, parts, position)
+        end = position + (batches[0].size if len(batches) == 1 else sum(b.size for b in batches))
+        reserve = self.preallocation
+        if reserve.write_beyond(end):  # a zero fill may be writing there: take turns with it
+            with reserve.lock:
+                _write(self.fd, parts, position)
+                reserve.wrote(end)
         else:
-            pwritev_all(self.fd, parts, position)  # type: ignore[arg-type]  # only buffers here
+            _write(self.fd, parts, position)
+            reserve.wrote(end)
         if not self.size and self.first_append_ns is None:
             self.first_append_ns = now_ns
         interval = self.index_interval_bytes
@@ -610,7 +634,7 @@ class Segment:
 
     def truncate_at(self, position: int, first_dropped: int) -> None:
         """Cut the file at ``position``, the start of the batch at offset ``first_dropped``; fix up the rest."""
-        os.ftruncate(self.fd, position)
+        self.cut_file(position)
         self.size = position
         self.offset_index.truncate_to(first_dropped)
         self.time_index.truncate_to(first_dropped)
@@ -689,6 +713,13 @@ class FileSlice:
 
     def __repr__(self) -> str:
         return f"FileSlice(fd={self.fd}, offset={self.offset}, length={self.length})"
+
+
+def _write(fd: int, parts: Sequence[Buffer | FileSlice], position: int) -> None:
+    if parts and isinstance(parts[-1], FileSlice):  # a transactional append, from its spool
+        write_parts(fd, parts, position)
+    else:
+        pwritev_all(fd, parts, position)  # type: ignore[arg-type]  # only buffers here
 
 
 def write_parts(fd: int, parts: Sequence[Buffer | FileSlice], position: int) -> None:

@@ -1,0 +1,113 @@
+"""Zero-filled room after the active segment's end, so that an fsynced append overwrites instead of growing.
+
+Why. Under ``FlushPolicy.ALWAYS`` every acknowledged append waits for an ``fdatasync``. When the append grew the
+file, that fdatasync must also commit the new file size (and the newly allocated blocks) through the
+filesystem's journal; on ext4 that is a jbd2 commit, and the journal is shared by every file on the disk, so the
+three replicas of a partition on one machine queue behind each other's commits. Overwriting blocks that are
+already allocated, written and durable changes no metadata that fdatasync must persist (it skips timestamps),
+so it only writes the data. Measured here (ext4 on a virtual disk, 1 KiB appends, each then fdatasynced,
+medians): 238 µs growing the file against 169 µs overwriting zeros written earlier; three processes at once,
+305 µs against 225 µs. ``posix_fallocate`` is not enough: it leaves *unwritten* extents, whose conversion on
+the first write is again a journalled metadata change (209 µs alone). In a 3-broker cluster with acks ALL
+(``benchmarks.replication``) a write's latency fell by about 100 µs at the median, since a follower's
+fdatasync is on every acknowledgement's path.
+
+How. When a write leaves less than a quarter of the reserve ahead of the segment's end, a worker thread
+writes zeros from the end of what is allocated, in pieces of :data:`PIECE_BYTES`, and then fdatasyncs them
+(zeros written but not yet synced would only make the next append's fdatasync carry them). The thread and the
+event loop never write the same bytes:
+
+- a piece is written under :attr:`Preallocation.lock`, starting at ``max(allocated, floor)``;
+- an append ending beyond ``allocated`` while a fill runs is written under the same lock and raises ``floor``
+  to its end, so no later piece can start below it (an append inside ``allocated`` needs no lock: pieces only
+  ever go above it);
+- truncating, trimming or closing the segment stops the fill under the lock: no piece is written after.
+
+What it changes on disk. The active segment's file may end in zeros after its last batch. A segment is trimmed
+to its batches before it is sealed (on a roll the trim is fsynced by the next flush round, before any append to
+the new segment is acknowledged; an install fsyncs it at once), and at a clean close. After a crash, recovery
+recognises a zero tail on the last segment as preallocation and trims it without reporting a cut. Readers never
+look past a segment's ``size``.
+
+Only under ``ALWAYS``: with the other policies nobody waits for an fsync per append, and filling zeros would
+only double what reaches the disk. A writer streaming large appends under ``ALWAYS`` writes each reserve once
+as zeros and once as data; its fsyncs, shared by many appends (group commit), gain nothing, but the zeros go
+out on the worker, off the appenders' path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+PIECE_BYTES = 64 * 1024
+"""Zeros written per locked step: the longest an append beyond the allocated end waits for the lock
+(tens of µs)."""
+_ZEROS = bytes(PIECE_BYTES)
+
+
+class Preallocation:
+    """The zero-filled room of one segment file, and the fill that extends it (at most one at a time)."""
+
+    __slots__ = ("_stopped", "allocated", "floor", "lock", "running")
+
+    def __init__(self, allocated: int) -> None:
+        self.allocated = allocated
+        """Bytes of the file that are written (batches or zeros): appends below this overwrite."""
+        self.floor = allocated
+        """No piece of a running fill starts below this (the end of appends that went past ``allocated``)."""
+        self.lock = threading.Lock()
+        self.running = False
+        """A fill is scheduled or running (set on the loop, cleared by the fill's thread when it is done)."""
+        self._stopped = False
+
+    def wanted(self, size: int, reserve: int, limit: int) -> int:
+        """The end a fill should reach now (0: none is needed): once fewer than ``reserve / 4`` zero bytes are
+        left after ``size``, ``reserve`` past it, never beyond ``limit`` (the segment's largest size)."""
+        if self.running or reserve <= 0 or self.allocated - size >= reserve // 4:
+            return 0
+        target = min(size + reserve, limit)
+        return target if target > max(self.allocated, size) else 0
+
+    def start(self) -> None:
+        """Mark a fill as scheduled (on the loop, before handing :meth:`fill` to a thread)."""
+        self.running = True
+        self._stopped = False
+
+    def fill(self, fd: int, target: int) -> None:
+        """Blocking (a worker thread): write zeros up to ``target`` piece by piece, then fdatasync them.
+
+        Stops early, between pieces, once :meth:`stop` was called. An ``OSError`` (a full disk, say) ends the
+        fill: appends then grow the file as they would without one.
+        """
+        try:
+            while True:
+                with self.lock:
+                    start = max(self.allocated, self.floor)
+                    if self._stopped or start >= target:
+                        break
+                    length = min(PIECE_BYTES, target - start)
+                    written = os.pwrite(fd, _ZEROS[:length] if length < PIECE_BYTES else _ZEROS, start)
+                    self.allocated = start + written
+            os.fdatasync(fd)
+        except OSError:
+            pass
+        finally:
+            self.running = False
+
+    def write_beyond(self, end: int) -> bool:
+        """Whether an append ending at ``end`` must be written under :attr:`lock` (a fill may write there)."""
+        return self.running and end > self.allocated
+
+    def wrote(self, end: int) -> None:
+        """An append ended at ``end`` (call under :attr:`lock` when :meth:`write_beyond` said so)."""
+        if end > self.allocated:
+            self.allocated = end
+        if end > self.floor:
+            self.floor = end
+
+    def stop(self, size: int) -> None:
+        """The file now ends at ``size`` (truncated or trimmed): no piece is written from here on."""
+        with self.lock:
+            self._stopped = True
+            self.allocated = self.floor = size
