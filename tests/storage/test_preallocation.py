@@ -11,25 +11,32 @@ from pathlib import Path
 
 import pytest
 
+from tidelog.clock import ManualClock
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
-from tidelog.storage.preallocation import PIECE_BYTES, Preallocation
+from tidelog.storage.preallocation import MAX_FILL_RATE, PIECE_BYTES, RATE_WINDOW_NS, AppendRate, Preallocation
 from tidelog.storage.recovery import write_recovery_point
 
-from .logutil import crash, make_batch, open_log, read_everything
+from .logutil import crash, make_batch, open_log, read_everything, small_config
 
 KiB = 1024
 RESERVE = 256 * KiB
 
 
-def _open(path: Path, **overrides: object) -> Log:
+def _open(path: Path, clock: ManualClock | None = None, *, measured: bool = True, **overrides: object) -> Log:
+    """An ``ALWAYS`` log that fills 256 KiB ahead; ``measured``: its append rate already found low (a log
+    fills nothing in its first rate window)."""
     settings: dict[str, object] = {
         "flush_policy": FlushPolicy.ALWAYS,
         "segment_max_bytes": 1024 * KiB,
         "preallocate_bytes": RESERVE,
     }
     settings.update(overrides)
-    return open_log(path, **settings)
+    log = Log.open(path, small_config(**settings), clock=clock)
+    if measured:
+        log._append_rate.add(0, -RATE_WINDOW_NS)
+        log._append_rate.add(0, 0)
+    return log
 
 
 async def _fills_done(log: Log) -> None:
@@ -240,3 +247,34 @@ def test_a_stopped_fill_writes_nothing_more(tmp_path: Path) -> None:
         assert reserve.wanted(100, RESERVE, 50) == 0  # the segment cannot grow further
     finally:
         os.close(fd)
+
+
+async def test_a_log_streamed_into_fills_no_zeros_until_it_slows_down(tmp_path: Path) -> None:
+    clock = ManualClock()
+    log = _open(tmp_path, clock, measured=False, segment_max_bytes=64 * 1024 * KiB, preallocate_bytes=1024 * KiB)
+    batch = make_batch(8, size=1000)  # about 8 KiB
+    for _ in range(600):  # 8 KiB every 1/300 of a window: about 48 MB/s, streaming
+        await log.append(batch, 1)
+        clock.advance(ns=RATE_WINDOW_NS // 300)
+        await _fills_done(log)
+    active = log._segments[-1]
+    assert _file_size(log) == active.size  # no fill, not even before the first window ended
+    for _ in range(3):  # then a few appends a second: fills again
+        clock.advance(0.5)
+        await log.append(batch, 1)
+    await _fills_done(log)
+    assert active.size + 1000 * KiB < _file_size(log) <= active.size + 1024 * KiB
+    await log.close()
+
+
+def test_append_rate_is_measured_per_window() -> None:
+    rate = AppendRate()
+    assert rate.streaming  # until a window says otherwise
+    per_window = MAX_FILL_RATE * RATE_WINDOW_NS // 1_000_000_000
+    rate.add(per_window // 2, 0)
+    rate.add(per_window // 2, RATE_WINDOW_NS)
+    assert not rate.streaming  # exactly the limit: not above it
+    rate.add(per_window // 2, RATE_WINDOW_NS + 1)
+    assert not rate.streaming  # the window is not over yet
+    rate.add(per_window // 2 + 2, 2 * RATE_WINDOW_NS)
+    assert rate.streaming  # just above the limit over the whole window

@@ -66,6 +66,7 @@ from tidelog.storage.errors import (
     OffsetOutOfRangeError,
 )
 from tidelog.storage.flush import Flusher
+from tidelog.storage.preallocation import AppendRate
 from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Planned, Segment, SegmentInfo
@@ -200,6 +201,7 @@ class Log:
         self._lock = asyncio.Lock()
         self._flusher = Flusher(config.flush_policy, config.flush_interval_ms, clock)
         self._preallocate = config.flush_policy is FlushPolicy.ALWAYS and config.preallocate_bytes > 0
+        self._append_rate = AppendRate()
         self._recovery_point = report.recovery_point
         self._sealing: asyncio.Task[None] | None = None  # the latest background seal; each awaits the one before
         self._expedite = asyncio.Event()  # set: pending seals stop waiting for their due time
@@ -510,7 +512,7 @@ class Log:
             active.append(parts(0, 1), placed, now)
             seq = self._flusher.note_write(active, placed[0].size)
             if self._preallocate:
-                self._reserve_room(active)
+                self._reserve_room(active, placed[0].size)
             return seq
         seq = 0
         i = 0
@@ -535,12 +537,17 @@ class Log:
             seq = self._flusher.note_write(active, run)
             i = j
         if self._preallocate:
-            self._reserve_room(self._segments[-1])
+            self._reserve_room(self._segments[-1], sum(batch.size for batch in placed))
         return seq
 
-    def _reserve_room(self, active: Segment) -> None:
-        """Zero-fill ahead of the active segment's end in the background once its room runs low
-        (:mod:`~tidelog.storage.preallocation`); pinned meanwhile, so a close waits for the fill's descriptor."""
+    def _reserve_room(self, active: Segment, appended: int) -> None:
+        """Zero-fill ahead of the active segment's end in the background once its room runs low, unless the log
+        is being streamed into (:mod:`~tidelog.storage.preallocation`); pinned meanwhile, so a close waits for
+        the fill's descriptor."""
+        rate = self._append_rate
+        rate.add(appended, self._clock.monotonic_ns())
+        if rate.streaming:
+            return
         reserve = active.preallocation
         target = reserve.wanted(active.size, self._config.preallocate_bytes, self._config.segment_max_bytes)
         if target:
