@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.clock import ManualClock, SystemClock
+from tidelog.storage import uring
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.flush import INLINE_MAX_BYTES, Flusher, FlushFailedError, RoundState
 from tidelog.storage.log import Log
@@ -268,6 +269,7 @@ async def test_a_lone_log_append_is_on_disk_and_fsynced_when_append_returns(
         synced.append(((stat.st_dev, stat.st_ino), stat.st_size))
 
     monkeypatch.setattr(os, "fdatasync", spy)
+    monkeypatch.setattr(uring, "_enabled", False)  # rounds on threads call os.fdatasync: the spy sees them all
     active = os.stat(log.segments[-1].path)
     for n in range(6):  # inline or on the worker, as the loop's load has it: the same guarantee
         if n % 2:
@@ -314,6 +316,7 @@ async def test_fsync_failure_poisons_the_log_and_skips_the_clean_marker(
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", broken)
+    monkeypatch.setattr(uring, "_enabled", False)  # fsyncs through os.fdatasync only (test_uring: the ring's)
     with pytest.raises(FlushFailedError):
         await log.append(make_batch(2), 1)
     with pytest.raises(FlushFailedError):

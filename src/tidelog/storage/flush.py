@@ -10,8 +10,9 @@ cannot be sure it covered them, so they wait for the next round, which starts as
 and covers all of them at once. Under load, one fsync therefore acknowledges every batch appended since the
 previous one; with a single appender it costs one fsync per append, as a plain write-then-fsync loop would.
 
-Where the fsync runs. A round normally runs in a worker thread, so the event loop goes on serving while the
-disk works. But for a lone append the thread hop *is* the latency: waking a worker, handing it the GIL and
+Where the fsync runs. A round normally runs off the loop, so the event loop goes on serving while the disk
+works: submitted through io_uring (:mod:`tidelog.storage.uring`: no thread and no GIL handoff), or in a worker
+thread where io_uring is unavailable or the round also syncs a directory. But for a lone append the thread hop *is* the latency: waking a worker, handing it the GIL and
 waking the loop again cost more than the fsync blocks the loop (``benchmarks/append_latency.py``, 1 KiB,
 here: 290–330 µs per append through the worker against 190–220 µs for write + fdatasync in one thread), and
 on a busy machine each of those wake-ups also waits for the scheduler. So a round runs *inline*, on the loop
@@ -75,6 +76,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from tidelog.clock import Clock
+from tidelog.storage import uring
 from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.errors import StorageError
@@ -118,6 +120,17 @@ class RoundState(enum.Enum):
 
 
 # ---------------------------------------------------------------------------------------------- worker threads
+
+
+def _ring_fds(targets: Iterable[Syncable]) -> list[int] | None:
+    """The descriptors to fdatasync through io_uring; None if a target has none (a test double): a thread then."""
+    fds = []
+    for target in targets:
+        fd = getattr(target, "sync_fd", -1)
+        if fd < 0:
+            return None
+        fds.append(fd)
+    return fds
 
 
 def _sync_all(targets: Iterable[Syncable], directories: Iterable[Path]) -> None:
@@ -275,6 +288,8 @@ class Flusher:
         """Completed group fsync rounds, inline ones included (for tests and metrics)."""
         self.inline_rounds = 0
         """Completed rounds that ran inline on the loop thread (for tests and metrics)."""
+        self.ring_rounds = 0
+        """Rounds submitted through io_uring rather than to a worker thread (for tests and metrics)."""
         self.allow_inline = True
         """False: every round runs on the worker, and a round is started at once rather than at the next turn
         of the loop. A replicated partition's leader sets it, so that followers woken by a write fetch it while
@@ -400,11 +415,12 @@ class Flusher:
     # -- worker rounds ---------------------------------------------------------------------------------------
 
     def _start_round(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Snapshot what is written and dirty, and fsync it in a worker thread.
+        """Snapshot what is written and dirty, and fsync it through io_uring or in a worker thread.
 
-        A round is a chain of callbacks, not a task: the thread reports back with ``call_soon_threadsafe``
-        and :meth:`_end_round` wakes the waiters on the loop, so an acknowledgement costs one thread hop and
-        one loop turn. The round finishes even if every waiter was cancelled meanwhile.
+        A round is a chain of callbacks, not a task: the ring's completion (:mod:`~tidelog.storage.uring`) or
+        the thread's ``call_soon_threadsafe`` reports back, and :meth:`_end_round` wakes the waiters on the
+        loop, so an acknowledgement costs one wake-up of the loop. The round finishes even if every waiter was
+        cancelled meanwhile. io_uring takes segments only: a round that also syncs a directory goes to a thread.
         """
         target = self.written
         targets = list(self._dirty)
@@ -415,9 +431,18 @@ class Flusher:
         for each in targets:
             each.pin()
         self._state = RoundState.SYNCING
+        ring = None if directories else uring.ring_for(loop)
+        if ring is not None and (fds := _ring_fds(targets)) is not None:
+            started = self._clock.monotonic_ns()
+            if ring.fdatasync(fds, functools.partial(self._ring_done, target, targets, started)):
+                self.ring_rounds += 1
+                return
         _THREADS.submit(
             functools.partial(_round_in_thread, loop, self._end_round, self._clock, target, targets, directories)
         )
+
+    def _ring_done(self, target: int, targets: list[Syncable], started_ns: int, error: OSError | None) -> None:
+        self._end_round(target, targets, error, self._clock.monotonic_ns() - started_ns)
 
     def _end_round(self, target: int, targets: list[Syncable], error: BaseException | None, elapsed_ns: int) -> None:
         """On the loop: release the targets, then wake (or fail) every waiter the round covered."""
