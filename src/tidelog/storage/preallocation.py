@@ -17,10 +17,10 @@ writes zeros from the end of what is allocated, in pieces of :data:`PIECE_BYTES`
 (zeros written but not yet synced would only make the next append's fdatasync carry them). The thread and the
 event loop never write the same bytes:
 
-- a piece is written under :attr:`Preallocation.lock`, starting at ``max(allocated, floor)``;
-- an append ending beyond ``allocated`` while a fill runs is written under the same lock and raises ``floor``
-  to its end, so no later piece can start below it (an append inside ``allocated`` needs no lock: pieces only
-  ever go above it);
+- a piece is written under :attr:`Preallocation.lock`, starting at ``allocated``;
+- an append ending beyond ``allocated`` while a fill runs is written under the same lock and raises
+  ``allocated`` to its end, so no later piece can start below it (an append inside ``allocated`` needs no lock:
+  pieces only ever go above it);
 - truncating, trimming or closing the segment stops the fill under the lock: no piece is written after.
 
 What it changes on disk. The active segment's file may end in zeros after its last batch. A segment is trimmed
@@ -55,13 +55,11 @@ _ZEROS = bytes(PIECE_BYTES)
 class Preallocation:
     """The zero-filled room of one segment file, and the fill that extends it (at most one at a time)."""
 
-    __slots__ = ("_stopped", "allocated", "floor", "lock", "running")
+    __slots__ = ("_stopped", "allocated", "lock", "running")
 
     def __init__(self, allocated: int) -> None:
         self.allocated = allocated
         """Bytes of the file that are written (batches or zeros): appends below this overwrite."""
-        self.floor = allocated
-        """No piece of a running fill starts below this (the end of appends that went past ``allocated``)."""
         self.lock = threading.Lock()
         self.running = False
         """A fill is scheduled or running (set on the loop, cleared by the fill's thread when it is done)."""
@@ -73,7 +71,7 @@ class Preallocation:
         if self.running or reserve <= 0 or self.allocated - size >= reserve // 4:
             return 0
         target = min(size + reserve, limit)
-        return target if target > max(self.allocated, size) else 0
+        return target if target > self.allocated else 0  # allocated is never below size
 
     def start(self) -> None:
         """Mark a fill as scheduled (on the loop, before handing :meth:`fill` to a thread)."""
@@ -89,7 +87,7 @@ class Preallocation:
         try:
             while True:
                 with self.lock:
-                    start = max(self.allocated, self.floor)
+                    start = self.allocated
                     if self._stopped or start >= target:
                         break
                     length = min(PIECE_BYTES, target - start)
@@ -109,14 +107,12 @@ class Preallocation:
         """An append ended at ``end`` (call under :attr:`lock` when :meth:`write_beyond` said so)."""
         if end > self.allocated:
             self.allocated = end
-        if end > self.floor:
-            self.floor = end
 
     def stop(self, size: int) -> None:
         """The file now ends at ``size`` (truncated or trimmed): no piece is written from here on."""
         with self.lock:
             self._stopped = True
-            self.allocated = self.floor = size
+            self.allocated = size
 
 
 class AppendRate:
