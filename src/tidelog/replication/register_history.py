@@ -22,7 +22,7 @@ from tidelog.replication.registers import (
     check_limits,
 )
 from tidelog.storage.atomic import write_atomically
-from tidelog.storage.checkpoint import MAX_CHECKPOINT_BYTES, seal, unseal
+from tidelog.storage.checkpoint import read_checkpoint_bytes, seal, unseal
 from tidelog.storage.errors import CheckpointError
 
 # ----------------------------------------------------------------------------------------------- history
@@ -233,13 +233,9 @@ class RegisterCheckpoint:
 
     def read(self) -> RegisterHistory | None:
         """The stored history, or ``None`` when the file does not exist."""
-        try:
-            with open(self.path, "rb") as file:
-                data = file.read(MAX_CHECKPOINT_BYTES + 1)
-        except FileNotFoundError:
+        data = read_checkpoint_bytes(self.path)
+        if data is None:
             return None
-        if len(data) > MAX_CHECKPOINT_BYTES:
-            raise CheckpointError(str(self.path), f"larger than {MAX_CHECKPOINT_BYTES} bytes")
         return decode_history(data, path=str(self.path))
 
     def write(self, history: RegisterHistory) -> None:

@@ -106,6 +106,19 @@ def _parse_int(text: bytes, path: str) -> int:
     return value
 
 
+def read_checkpoint_bytes(path: Path) -> bytes | None:
+    """A checkpoint file's bytes, or ``None`` when it does not exist; one larger than
+    :data:`MAX_CHECKPOINT_BYTES` is refused without being read whole."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CHECKPOINT_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(str(path), f"larger than {MAX_CHECKPOINT_BYTES} bytes")
+    return data
+
+
 class CheckpointFile:
     """One checkpoint file of a given kind, each entry ``fields`` integers wide.
 
@@ -122,13 +135,9 @@ class CheckpointFile:
 
     def read(self) -> list[tuple[int, ...]] | None:
         """The entries, or ``None`` when the file does not exist."""
-        try:
-            with open(self.path, "rb") as file:
-                data = file.read(MAX_CHECKPOINT_BYTES + 1)
-        except FileNotFoundError:
+        data = read_checkpoint_bytes(self.path)
+        if data is None:
             return None
-        if len(data) > MAX_CHECKPOINT_BYTES:
-            raise CheckpointError(str(self.path), f"larger than {MAX_CHECKPOINT_BYTES} bytes")
         return decode_checkpoint(data, self.kind, self.fields, path=str(self.path))
 
     def write(self, entries: Iterable[Sequence[int]]) -> None:
