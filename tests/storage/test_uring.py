@@ -110,13 +110,10 @@ async def test_a_failed_ring_fsync_fails_the_waiters_and_the_flusher_stays_faile
 
 
 async def test_turned_off_rounds_go_to_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(uring, "_enabled", True)
+    monkeypatch.setattr(uring, "_enabled", True)  # restored after the test, whatever set_enabled does here
     uring.set_enabled(False)
-    try:
-        log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS))
-        log.flusher.allow_inline = False
-        await asyncio.gather(*(log.append(make_batch(1), 1) for _ in range(5)))
-        assert log.flusher.ring_rounds == 0 and log.flusher.fsync_rounds >= 1
-        await log.close()
-    finally:
-        uring.set_enabled(True)
+    log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS))
+    log.flusher.allow_inline = False
+    await asyncio.gather(*(log.append(make_batch(1), 1) for _ in range(5)))
+    assert log.flusher.ring_rounds == 0 and log.flusher.fsync_rounds >= 1
+    await log.close()

@@ -16,8 +16,8 @@ thread where io_uring is unavailable or the round also syncs a directory. But fo
 the latency: waking a worker, handing it the GIL and waking the loop again cost more than the fsync blocks the
 loop (``benchmarks/append_latency.py``, 1 KiB, here: 290–330 µs per append through the worker against
 190–220 µs for write + fdatasync in one thread), and on a busy machine each of those wake-ups also waits for
-the scheduler. So a round runs *inline*, on the loop
-thread, when nothing else could use the loop meanwhile and blocking it is cheap:
+the scheduler. So a round runs *inline*, on the loop thread, when nothing else could use the loop meanwhile
+and blocking it is cheap:
 
 - the flusher is idle (no round scheduled or running) and the policy is ``ALWAYS``: the append asking is the
   only one waiting, so there is nobody to group with and no fsync to overlap with;

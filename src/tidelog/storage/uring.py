@@ -15,7 +15,7 @@ file descriptors and calls back on the loop when all of them completed (the firs
 ``OSError``). A submitted request holds its own reference to the file, so a descriptor closed meanwhile is
 still synced. The ring is driven only from the loop's thread.
 
-Where it runs. Linux 5.6 or later (``IORING_FEAT_NODROP`` and eventfd registration) on x86-64: the rings are
+Where it runs. Linux 5.5 or later (single-mmap rings, ``IORING_FEAT_NODROP``) on x86-64: the rings are
 written through ``mmap`` with plain stores, which x86's total store order keeps in order (the kernel reads the
 tail with acquire semantics); elsewhere, or if io_uring is disabled (``kernel.io_uring_disabled``, a seccomp
 profile), :func:`ring_for` returns None and rounds run on worker threads as before. :func:`set_enabled` turns
