@@ -60,7 +60,13 @@ from tidelog.metadata.controller_plans import (
     plan_controlled_shutdown,
     plan_failover,
 )
-from tidelog.metadata.fenced_writer import ControllerFencedError, ControllerTerm, FencedWriter, NotControllerError
+from tidelog.metadata.fenced_writer import (
+    ControllerError,
+    ControllerFencedError,
+    ControllerTerm,
+    FencedWriter,
+    NotControllerError,
+)
 from tidelog.metadata.lease_session import is_lease_not_found
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import (
@@ -87,7 +93,7 @@ from tidelog.metadata.suspension import (
 
 log = logging.getLogger(__name__)
 
-_ALTER_ATTEMPTS = 8  # compare-and-swap rounds before an AlterIsr gives up with a retriable CONFLICT
+_ALTER_ATTEMPTS = 8  # compare-and-swap rounds before a partition change (AlterIsr, suspension) gives up: CONFLICT
 
 
 class ProbeOutcome(enum.Enum):
@@ -222,27 +228,17 @@ class Controller:
         """
         writer = self._current_writer()
         request = AlterIsrRequest(stream, partition, leader_id, leader_epoch, tuple(isr))
-        key = self._keys.partition(stream, partition)
-        record = self._latest.partition(stream, partition)
-        fresh = False
-        for _ in range(_ALTER_ATTEMPTS):
-            snapshot = self._latest
-            try:
-                new = decide_alter_isr(record, request, snapshot.brokers.keys(), self._shutting_down)
-            except AlterIsrError:
-                if fresh:
-                    raise
-                record, fresh = await self._read_partition(key), True
-                continue
-            assert record is not None
-            if new == record:
-                return new
-            written, current = await self._cas(writer, key, record, new)
-            if written:
-                self._log_change(PartitionChange(record, new, ChangeReason.ALTER_ISR))
-                return new
-            record, fresh = current, True
-        raise AlterIsrError(AlterIsrRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
+
+        async def decide(record: PartitionRecord | None) -> PartitionRecord:
+            return decide_alter_isr(record, request, self._latest.brokers.keys(), self._shutting_down)
+
+        def conflict(record: PartitionRecord | None) -> AlterIsrError:
+            return AlterIsrError(AlterIsrRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
+
+        old, new = await self._write_decided(writer, stream, partition, decide, AlterIsrError, conflict)
+        if new != old:
+            self._log_change(PartitionChange(old, new, ChangeReason.ALTER_ISR))
+        return new
 
     async def suspend_partition(
         self, stream: str, partition: int, leader_id: str, leader_epoch: int, reason: str
@@ -256,7 +252,8 @@ class Controller:
         async def decide(record: PartitionRecord | None) -> PartitionRecord:
             return decide_suspend(record, request, self._clock.now_ns())
 
-        old, new = await self._write_decided(writer, stream, partition, decide)
+        conflict = _head_conflict(stream, partition)
+        old, new = await self._write_decided(writer, stream, partition, decide, SuspensionError, conflict)
         if new != old:
             log.warning("controller %s: %s/%d suspended: %s", self.broker_id, stream, partition, new.suspended)
         return new
@@ -286,7 +283,8 @@ class Controller:
             seen.append(bounds)
             return decide_reset_head(current, bounds, offset)
 
-        old, new = await self._write_decided(writer, stream, partition, decide)
+        conflict = _head_conflict(stream, partition)
+        old, new = await self._write_decided(writer, stream, partition, decide, SuspensionError, conflict)
         log.warning(
             "controller %s: %s head confirmed at %d (leader %s, epoch %d→%d); it was suspended: %s",
             self.broker_id,
@@ -501,11 +499,14 @@ class Controller:
         stream: str,
         partition: int,
         decide: Callable[[PartitionRecord | None], Awaitable[PartitionRecord]],
+        refused: type[ControllerError],
+        conflict: Callable[[PartitionRecord | None], ControllerError],
     ) -> tuple[PartitionRecord, PartitionRecord]:
         """Decide on a partition's record and write the decision with a compare-and-swap: (old, new).
 
-        A failed swap decides again on what etcd holds; a refusal decided on the mirror's record is only final
-        once decided again on etcd's own (the mirror may lag the requester, as for :meth:`alter_isr`).
+        A failed swap decides again on what etcd holds; a refusal (``refused``, raised by ``decide``) decided on
+        the mirror's record is only final once decided again on etcd's own: the mirror may lag the requester (a
+        leader elected a moment ago). ``conflict`` makes the error raised when the record kept changing.
         """
         key = self._keys.partition(stream, partition)
         record = self._latest.partition(stream, partition)
@@ -513,7 +514,7 @@ class Controller:
         for _ in range(_ALTER_ATTEMPTS):
             try:
                 new = await decide(record)
-            except SuspensionError:
+            except refused:
                 if fresh:
                     raise
                 record, fresh = await self._read_partition(key), True
@@ -525,7 +526,7 @@ class Controller:
             if written:
                 return record, new
             record, fresh = current, True
-        raise SuspensionError(HeadRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
+        raise conflict(record)
 
     async def _read_partition(self, key: bytes) -> PartitionRecord | None:
         found = await self._client.get(key)
@@ -619,3 +620,12 @@ def _prefix_end(prefix: bytes) -> bytes:
     end = bytearray(prefix)
     end[-1] += 1
     return bytes(end)
+
+
+def _head_conflict(stream: str, partition: int) -> Callable[[PartitionRecord | None], SuspensionError]:
+    """The error of a suspension or reset-head whose partition record kept changing under it."""
+
+    def conflict(record: PartitionRecord | None) -> SuspensionError:
+        return SuspensionError(HeadRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
+
+    return conflict
