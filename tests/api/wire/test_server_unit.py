@@ -1,14 +1,16 @@
 """The wire server in-process, without NATS or etcd: a real ``Partition`` over a real ``Log``, a stub manager.
 
 These pin down the session's own behaviour deterministically: replies leave in request order even when later
-requests finish first, a long-poll is woken by an append and by ``stop()``, large fetches go out through
-``os.sendfile`` (including a reader too slow for the socket buffer, which exercises the EAGAIN fallback), and
-broken byte streams get one error frame before the connection closes.
+requests finish first, a connection over its in-flight limit is not read until replies leave, a long-poll is
+woken by an append and by ``stop()``, large fetches go out through ``os.sendfile`` (including a reader too slow
+for the socket buffer, which exercises the EAGAIN fallback), and broken byte streams get one error frame before
+the connection closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -55,8 +57,9 @@ class Served:
         return self.server.port
 
 
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[Served]:
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, **options: Any) -> AsyncIterator[Served]:
+    """A wire server over one real partition (``options`` go to :class:`WireServer`)."""
     log = Log.open(tmp_path / "log", LogConfig(flush_policy=FlushPolicy.NEVER))
     stream = StreamRecord("s", "s", "", 1, 1, NOW)
     record = PartitionRecord("s", 0, ("b",), "b", ("b",))
@@ -64,13 +67,19 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     manager = StubManager({("s", 0): partition})
     config = BrokerConfig(data_dir=tmp_path, port=0, wire_port=0)
     ctx = BrokerContext("b", config, manager, admin=None, mirror=None, nc=None)  # type: ignore[arg-type]
-    server = WireServer(ctx, "127.0.0.1", 0, max_frame_bytes=8 * 1024 * 1024)
+    server = WireServer(ctx, "127.0.0.1", 0, **{"max_frame_bytes": 8 * 1024 * 1024, **options})
     await server.start()
     try:
         yield Served(server, partition)
     finally:
         await server.stop(grace=1.0)
         await partition.close()
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    async with serving(tmp_path) as served:
+        yield served
 
 
 class Peer:
@@ -127,6 +136,27 @@ async def test_replies_leave_in_request_order_even_when_later_requests_finish_fi
     assert [a[1] for a in answers] == [2, 3, 4]
     assert [(a[2].base_offset, a[2].last_offset) for a in answers] == [(0, 0), (1, 1), (2, 2)]  # type: ignore[attr-defined]
     peer.close()
+
+
+async def test_a_connection_at_its_in_flight_limit_is_not_read_until_a_reply_leaves(tmp_path: Path) -> None:
+    async with serving(tmp_path, max_in_flight=2) as served:
+        peer = await Peer.connect(served.port)
+        # Two long-polls at the tail fill the connection's limit: a produce sent after them is not read...
+        # (what arrives in the same read as the request that reaches the limit is read with it)
+        peer.send(1, FetchRequest("s", 0, 0, max_wait_ms=700))
+        peer.send(2, FetchRequest("s", 0, 0, max_wait_ms=700))
+        await asyncio.sleep(0.1)
+        peer.send(3, ProduceRequest("s", 0, Acks.LEADER), batch(b"held"))
+        await asyncio.sleep(0.35)
+        assert served.partition.log_end == 0
+        # ...until the long-polls end (empty: nothing was appended) and their replies leave; then it is.
+        for cid in (1, 2):
+            kind, got, _, payload = await peer.next()
+            assert (kind, got, payload) == (Kind.RESPONSE, cid, b"")
+        kind, got, header, _ = await peer.next()
+        assert (kind, got, header) == (Kind.RESPONSE, 3, ProduceResponse(0, 0))
+        assert served.partition.log_end == 1
+        peer.close()
 
 
 async def test_a_long_poll_times_out_empty(served: Served) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import ssl as ssl_
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidelog.api.wire import admin, append, control, fetch, handlers, producers, replica
@@ -33,8 +34,6 @@ from tidelog.api.wire.session import Session
 from tidelog.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
-
-STREAM_LIMIT = 1024 * 1024  # StreamReader buffer before the transport stops reading: room for a large produce
 
 ROUTES: dict[int, Route] = {
     **handlers.ROUTES,
@@ -90,14 +89,15 @@ class WireServer:
         return len(self._sessions)
 
     async def start(self) -> None:
-        self._stopping = asyncio.get_running_loop().create_future()
-        self._server = await asyncio.start_server(
-            self._accept, self._host, self._requested_port, ssl=self._ssl, limit=STREAM_LIMIT
+        loop = asyncio.get_running_loop()
+        self._stopping = loop.create_future()
+        self._server = await loop.create_server(
+            lambda: _WireProtocol(self._accept, loop), self._host, self._requested_port, ssl=self._ssl
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         log.debug("wire server listening on %s:%d", self._host, self._port)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, protocol: _WireProtocol, writer: asyncio.StreamWriter) -> None:
         assert self._stopping is not None
         if self._stopping.done():
             writer.close()
@@ -105,7 +105,6 @@ class WireServer:
         session = Session(
             self._ctx,
             ROUTES,
-            reader,
             writer,
             zero_copy=self._zero_copy,
             background=self._background,
@@ -116,6 +115,7 @@ class WireServer:
         task = asyncio.current_task()
         assert task is not None
         self._sessions[session] = task
+        protocol.attach(session)
         try:
             await session.serve()
         except Exception:
@@ -149,3 +149,50 @@ class WireServer:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
         log.debug("wire server on port %d stopped", self._port)
+
+
+class _WireProtocol(asyncio.StreamReaderProtocol):
+    """A connection's protocol: the received bytes go straight to its :class:`Session` (:meth:`Session.feed`),
+    from the transport's callback, with no reader task between (the session module says why).
+
+    A ``StreamReaderProtocol`` for the rest: the :class:`asyncio.StreamWriter` the session writes with, whose
+    ``drain()`` relies on this protocol's flow control. Its stream reader stays empty. Bytes that arrive before
+    the session is attached (its task has not run yet) are held and fed to it then."""
+
+    def __init__(
+        self,
+        accept: Callable[[_WireProtocol, asyncio.StreamWriter], Awaitable[None]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        super().__init__(asyncio.StreamReader(loop=loop), lambda _r, w: accept(self, w), loop)
+        self._session: Session | None = None
+        self._early: list[bytes] = []
+        self._ended: tuple[BaseException | None] | None = None  # input ended before the session was attached
+
+    def attach(self, session: Session) -> None:
+        self._session = session
+        early, self._early = self._early, []
+        for data in early:
+            session.feed(data)
+        if self._ended is not None:
+            session.end_of_input(self._ended[0])
+
+    def data_received(self, data: bytes) -> None:
+        if self._session is not None:
+            self._session.feed(data)
+        else:
+            self._early.append(data)
+
+    def eof_received(self) -> bool | None:
+        self._end(None)
+        return super().eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc)
+        super().connection_lost(exc)
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self._session is not None:
+            self._session.end_of_input(exc)
+        elif self._ended is None:
+            self._ended = (exc,)

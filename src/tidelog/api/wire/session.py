@@ -1,15 +1,20 @@
 """One client connection of the wire server: frames in, handlers run concurrently, replies out in order.
 
-Two tasks per connection:
+Two halves per connection:
 
-- the **reader** cuts the byte stream into frames (:class:`FrameDecoder`, which refuses an oversized frame
-  from its length prefix alone), starts a handler task for each request *as it arrives*, and appends a
-  :class:`_Slot` for it to a FIFO. It stops reading while too many requests (``max_in_flight``) or too many
-  request bytes (``max_in_flight_bytes``) are unanswered: that is the connection's backpressure, passed on
-  to the client through TCP.
-- the **writer** takes slots from the FIFO in order, awaits each reply and writes it. Requests therefore run
-  in parallel (a produce waiting for its fsync does not hold up the next one, and appends start in arrival
-  order) while replies leave in request order, so a producer's acks come back in the order it sent batches.
+- **reading** happens in the transport's callback (:meth:`Session.feed`, called by the server's protocol with
+  each chunk the socket delivers): it cuts the byte stream into frames (:class:`FrameDecoder`, which refuses an
+  oversized frame from its length prefix alone), starts a handler task for each request *as it arrives*, and
+  appends a :class:`_Slot` for it to a FIFO. It pauses the transport's reading while too many requests
+  (``max_in_flight``) or too many request bytes (``max_in_flight_bytes``) are unanswered, and resumes it as
+  replies leave: that is the connection's backpressure, passed on to the client through TCP. No task reads:
+  with a reader task every request cost one more turn of the loop (the task woken by the stream, then the
+  handler started), about 10 µs each on loopback, and a replicated acks-ALL write has two requests on its
+  critical path (the produce and the second follower's acknowledgement).
+- the **writer** task takes slots from the FIFO in order, awaits each reply and writes it. Requests therefore
+  run in parallel (a produce waiting for its fsync does not hold up the next one, and appends start in
+  arrival order) while replies leave in request order, so a producer's acks come back in the order it sent
+  batches.
 
 Fast path. A request whose reply is ready while its slot is first in the FIFO, the writer is not sending and
 the transport's buffer is empty, writes its reply itself, from its handler task, and leaves the FIFO: that
@@ -20,8 +25,8 @@ file range (a fetch) takes the fast path too: that is a replica fetch woken by a
 write's critical path. A small range (:data:`SMALL_FILE_BYTES`) is copied into the frame's single ``writev``
 rather than sent with ``os.sendfile`` after it.
 
-Admission. A route may have an ``admit`` hook that the reader runs as it reads the request, before the
-handler's task gets its first turn of the loop: a replica fetch's acknowledgement moves the high watermark
+Admission. A route may have an ``admit`` hook that runs as the request is read, before the handler's task
+gets its first turn of the loop: a replica fetch's acknowledgement moves the high watermark
 from there (:func:`tidelog.api.wire.replica.acknowledge`).
 
 Winding down. When the peer closes its side (EOF), the stream breaks, or the server stops, no further request
@@ -44,7 +49,7 @@ import os
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from tidelog.api.errors import (
     MessageTooLargeError,
@@ -61,7 +66,6 @@ from tidelog.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 256 * 1024
 SMALL_FILE_BYTES = 16 * 1024  # a file range up to this size is copied into the reply's writev, not sendfile'd
 
 
@@ -83,7 +87,6 @@ class Session:
         self,
         broker: BrokerContext,
         routes: dict[int, Route],
-        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         *,
         zero_copy: bool,
@@ -95,38 +98,35 @@ class Session:
         self._winding_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._env = HandlerEnv(broker, self._winding_down, zero_copy, background, reply_now=self.reply_now)
         self._routes = routes
-        self._reader = reader
         self._writer = writer
+        self._transport = cast(asyncio.Transport, writer.transport)  # a socket transport: it can pause reading
         self._decoder = FrameDecoder(max_frame_bytes)
         self._max_in_flight = max_in_flight
         self._max_in_flight_bytes = max_in_flight_bytes
         self._slots: deque[_Slot] = deque()
         self._held_bytes = 0
         self._slot_added = asyncio.Event()
-        self._room = asyncio.Event()
-        self._no_more_slots = False
+        self._no_more_slots = False  # no further request will be read: the writer ends once the FIFO is empty
+        self._reading_paused = False  # by backpressure
         self._sending = False  # the writer is writing or draining: the fast path must not interleave
-        self._reader_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         sock = writer.get_extra_info("socket")
         self._socket_fd: int = sock.fileno() if sock is not None else -1
         self.peer = writer.get_extra_info("peername")
 
     async def serve(self) -> None:
-        """Run until the connection is closed; never raises for anything the peer does."""
-        loop = asyncio.get_running_loop()
-        self._reader_task = loop.create_task(self._read_loop())
-        self._writer_task = loop.create_task(self._write_loop())
+        """Write replies until the connection is closed; never raises for anything the peer does. Requests
+        arrive meanwhile through :meth:`feed`."""
+        self._writer_task = asyncio.get_running_loop().create_task(self._write_loop())
         try:
-            await asyncio.wait((self._reader_task, self._writer_task), return_when=asyncio.ALL_COMPLETED)
+            await asyncio.wait((self._writer_task,))
         finally:
             self.abort()
 
     def stop_reading(self) -> None:
         """Take no further requests; the ones already read are answered, then the connection closes."""
-        self._wind_down()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
+        self._end_input()
+        self._pause_reading()
 
     def _wind_down(self) -> None:
         """No more requests will come: long-polls in progress answer now instead of at their deadline."""
@@ -136,38 +136,82 @@ class Session:
     def abort(self) -> None:
         """Close now: cancel unfinished handlers and the writer, release file ranges, drop uncommitted
         transactional appends, close the transport."""
+        self._no_more_slots = True
         self._env.appends.abort_all()
-        for task in (self._reader_task, self._writer_task):
-            if task is not None:
-                task.cancel()
+        if self._writer_task is not None:
+            self._writer_task.cancel()
         while self._slots:
             self._forget(self._slots.popleft())
         self._writer.close()
 
     # -- reading -------------------------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    def feed(self, data: bytes) -> None:
+        """Take the bytes the socket delivered: admit every request they complete (the module docstring)."""
+        if self._no_more_slots:
+            return  # stopped reading, or the stream broke: nothing more is answered
         try:
-            while True:
-                data = await self._reader.read(READ_SIZE)
-                if not data:
-                    self._decoder.eof()
-                    return
-                for frame in self._decoder.feed(data):
-                    self._admit(frame)
-                while len(self._slots) >= self._max_in_flight or self._held_bytes > self._max_in_flight_bytes:
-                    self._room.clear()
-                    await self._room.wait()
+            frames = self._decoder.feed(data)
+            for frame in frames:
+                self._admit(frame)
         except FrameError as exc:
-            log.info("wire connection %s: %s; closing it", self.peer, exc)
-            error = MessageTooLargeError(str(exc)) if isinstance(exc, FrameTooLargeError) else as_tidelog_error(exc)
-            self._push(0, 0, 0, _done(Reply(encode_error(0, 0, error.to_error_body()))))
-        except (ConnectionError, OSError) as exc:
+            self._stream_broken(exc)
+            return
+        except Exception:  # a bug in an admit hook: this connection's requests can no longer be trusted
+            log.exception("wire connection %s: reading a request failed; closing it", self.peer)
+            self._end_input()
+            return
+        if len(self._slots) >= self._max_in_flight or self._held_bytes > self._max_in_flight_bytes:
+            self._pause_reading()
+
+    def end_of_input(self, exc: BaseException | None = None) -> None:
+        """The peer closed its side (``exc`` None) or the connection broke: no request will follow."""
+        if self._no_more_slots:
+            return
+        if exc is not None:
             log.debug("wire connection %s: read failed: %s", self.peer, exc)
-        finally:
-            self._no_more_slots = True
-            self._slot_added.set()
-            self._wind_down()
+            self._end_input()
+            return
+        try:
+            self._decoder.eof()
+        except FrameError as exc_:
+            self._stream_broken(exc_)
+            return
+        self._end_input()
+
+    def _stream_broken(self, exc: FrameError) -> None:
+        """The byte stream lost its framing: the replies owed go out, then one ERROR frame, then the close."""
+        log.info("wire connection %s: %s; closing it", self.peer, exc)
+        error = MessageTooLargeError(str(exc)) if isinstance(exc, FrameTooLargeError) else as_tidelog_error(exc)
+        self._push(0, 0, 0, _done(Reply(encode_error(0, 0, error.to_error_body()))))
+        self._end_input()
+        self._pause_reading()
+
+    def _end_input(self) -> None:
+        self._no_more_slots = True
+        self._slot_added.set()
+        self._wind_down()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused:
+            self._reading_paused = True
+            with contextlib.suppress(RuntimeError):  # the transport is closing already
+                self._transport.pause_reading()
+
+    def _take_first(self) -> _Slot:
+        """Take the first slot off the FIFO as its reply goes out; resume reading once there is room again."""
+        slot = self._slots.popleft()
+        self._held_bytes -= slot.nbytes
+        if (
+            self._reading_paused
+            and not self._no_more_slots
+            and len(self._slots) < self._max_in_flight
+            and self._held_bytes <= self._max_in_flight_bytes
+        ):
+            self._reading_paused = False
+            with contextlib.suppress(RuntimeError):
+                self._transport.resume_reading()
+        return slot
 
     def _admit(self, frame: Frame) -> None:
         """Start the handler of one request frame (or decide its error reply) and give it its slot."""
@@ -199,9 +243,7 @@ class Session:
             and self._writer.transport.get_write_buffer_size() == 0
             and not self._writer.transport.is_closing()
         ):
-            self._slots.popleft()
-            self._held_bytes -= slot.nbytes
-            self._room.set()
+            self._take_first()
             slot.written = True
             try:
                 if reply.file is None:
@@ -233,9 +275,7 @@ class Session:
         transport = self._writer.transport
         if slot.reply is not task or transport.get_write_buffer_size() or transport.is_closing():
             return False
-        self._slots.popleft()
-        self._held_bytes -= slot.nbytes
-        self._room.set()
+        self._take_first()
         slot.written = True
         try:
             self._writer.writelines(reply.buffers)
@@ -286,9 +326,7 @@ class Session:
                     reply = self._error_reply(slot.correlation_id, slot.op, exc)
                 if slot.written:  # already sent by its handler task, which took it off the FIFO
                     continue
-                self._slots.popleft()
-                self._held_bytes -= slot.nbytes
-                self._room.set()
+                self._take_first()
                 self._sending = True
                 try:
                     await self._send(reply)
@@ -299,8 +337,8 @@ class Session:
         except (ConnectionError, OSError) as exc:
             log.debug("wire connection %s: write failed: %s", self.peer, exc)
         finally:
-            if self._reader_task is not None:
-                self._reader_task.cancel()  # nobody would answer what it reads
+            self._end_input()  # nobody would answer what is read from here on
+            self._pause_reading()
 
     async def _send(self, reply: Reply) -> None:
         file = reply.file
