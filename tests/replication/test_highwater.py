@@ -106,3 +106,46 @@ def test_the_hw_holds_while_the_isr_is_below_min_isr() -> None:
     hw.set_isr(["a", "b"])  # b is back in the ISR at the HW it was known at; its next fetch moves the HW
     hw.replica_caught_up_to("b", 9)
     assert hw.value == 9
+
+
+async def test_a_waiters_callback_runs_inside_the_advance_that_commits_it() -> None:
+    hw = HighWatermark("a", ["a", "b"], 0)
+    hw.replica_caught_up_to("a", 5)
+    calls: list[str] = []
+    waiter = asyncio.ensure_future(hw.wait_committed(3, lambda: calls.append("committed 3")))
+    await asyncio.sleep(0)
+    hw.replica_caught_up_to("b", 3)  # offset 3 not yet committed: no call
+    assert calls == []
+    hw.replica_caught_up_to("b", 4)
+    assert calls == ["committed 3"]  # from inside the advance, before the waiter resumed
+    assert not waiter.done()
+    await waiter
+
+
+async def test_a_callback_is_not_run_when_the_offset_was_committed_already_or_the_wait_fails() -> None:
+    hw = HighWatermark("a", ["a", "b"], 0)
+    calls: list[int] = []
+    hw.replica_caught_up_to("a", 5)
+    hw.replica_caught_up_to("b", 5)
+    await hw.wait_committed(2, lambda: calls.append(2))
+    failing = asyncio.ensure_future(hw.wait_committed(9, lambda: calls.append(9)))
+    await asyncio.sleep(0)
+    hw.fail_waiters(RuntimeError("leadership lost"))
+    with pytest.raises(RuntimeError):
+        await failing
+    assert calls == []
+
+
+async def test_a_failing_callback_does_not_stop_the_advance() -> None:
+    hw = HighWatermark("a", ["a", "b"], 0)
+    hw.replica_caught_up_to("a", 5)
+
+    def broken() -> None:
+        raise ValueError("bug")
+
+    first = asyncio.ensure_future(hw.wait_committed(1, broken))
+    second = asyncio.ensure_future(hw.wait_committed(2))
+    await asyncio.sleep(0)
+    hw.replica_caught_up_to("b", 5)
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert hw.value == 5

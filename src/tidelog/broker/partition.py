@@ -331,6 +331,7 @@ class Partition(CommittedReads):
         *,
         expected_offset: int | None = None,
         transactional: TransactionalWrite | None = None,
+        on_committed: Callable[[int, int], None] | None = None,
     ) -> Appended:
         """Append whole batches and wait for ``acks``; raise instead of acknowledging what is not stored.
 
@@ -339,6 +340,9 @@ class Partition(CommittedReads):
         Batches with a producer id are checked first (see the module docstring): a retry returns its original
         offsets with ``duplicate`` set. ``expected_offset``: only if the log ends there (INCORRECT_OFFSET).
         ``transactional``: the single batch of a transactional append (:mod:`tidelog.broker.transactional`).
+        ``on_committed(base_offset, last_offset)``: with acks ``ALL``, called from inside the acknowledgement that
+        commits the batches, before this returns (not when they were committed without waiting): the wire
+        produce answers from there (:func:`tidelog.api.wire.handlers.produce`).
         """
         self.check_appendable()
         if self._closed:
@@ -372,7 +376,8 @@ class Partition(CommittedReads):
                 verdict = self.producers.reserve_all(headers)
                 if isinstance(verdict, Duplicate):
                     if acks is Acks.ALL:
-                        await self.wait_committed(verdict.last_offset, timeout)
+                        then = _bind(on_committed, verdict.base_offset, verdict.last_offset)
+                        await self.wait_committed(verdict.last_offset, timeout, then)
                     return Appended(verdict.base_offset, verdict.last_offset, received, time.time_ns(), True)
                 if not isinstance(verdict, New):
                     raise _refused(verdict, self.name)
@@ -389,7 +394,9 @@ class Partition(CommittedReads):
             self.first_received_ns = received
         self.latest_received_ns = received
         if acks is Acks.ALL:
-            await self.wait_committed(result.last_offset, timeout)
+            await self.wait_committed(
+                result.last_offset, timeout, _bind(on_committed, result.base_offset, result.last_offset)
+            )
         return Appended(result.base_offset, result.last_offset, received, time.time_ns())
 
     async def confirm_end(self, end: int, timeout: float) -> None:
@@ -448,13 +455,14 @@ class Partition(CommittedReads):
 
     # ------------------------------------------------------------------------------------------ reads
 
-    async def wait_committed(self, offset: int, timeout: float) -> None:
-        """Wait until ``offset`` is committed; TIMEOUT error otherwise."""
+    async def wait_committed(self, offset: int, timeout: float, then: Callable[[], None] | None = None) -> None:
+        """Wait until ``offset`` is committed; TIMEOUT error otherwise. ``then``: see
+        :meth:`HighWatermark.wait_committed`."""
         if offset < self._hw.value:
             return  # already committed (always, with one replica): no timer, no future
         try:
             async with asyncio.timeout(timeout):  # not wait_for: that wraps the wait in a task of its own
-                await self._hw.wait_committed(offset)
+                await self._hw.wait_committed(offset, then)
         except TimeoutError:
             raise RequestTimeoutError(
                 f"offset {offset} of {self.name} was not committed within {timeout:.3f}s"
@@ -528,3 +536,9 @@ def _refused(verdict: Verdict, name: str) -> TidelogError:
     if isinstance(verdict, Invalid):
         return InvalidArgumentError(f"{name}: {verdict.reason}")
     return UnknownProducerError(f"{name}: no state for this producer id; re-initialize the producer")
+
+
+def _bind(
+    on_committed: Callable[[int, int], None] | None, base_offset: int, last_offset: int
+) -> Callable[[], None] | None:
+    return None if on_committed is None else functools.partial(on_committed, base_offset, last_offset)

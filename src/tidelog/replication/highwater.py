@@ -11,7 +11,8 @@ visible once enough replicas hold it again.
 
 Producers with acks ``ALL`` wait for the HW to pass their last offset; consumers long-poll for it to move.
 Waiters sit in a heap keyed by the offset they need, so an advance wakes exactly those it satisfies rather than
-every waiter on the partition.
+every waiter on the partition. A waiter may also leave a callback that runs inside the advance itself, before
+it resumes: a produce writes its reply from there, from inside the follower acknowledgement that commits it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
+
+log = logging.getLogger(__name__)
 
 
 class HighWatermark:
@@ -31,7 +35,7 @@ class HighWatermark:
         self._ends: dict[str, int] = {replica: initial_hw for replica in isr}
         self._ends.setdefault(leader_id, initial_hw)
         self._hw = initial_hw
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None], Callable[[], None] | None]] = []
         self._seq = itertools.count()
 
     @property
@@ -58,16 +62,22 @@ class HighWatermark:
             return  # the HW never goes back
         self._hw = hw
         while self._waiters and self._waiters[0][0] < hw:
-            _, _, fut = heapq.heappop(self._waiters)
+            _, _, fut, then = heapq.heappop(self._waiters)
             if not fut.done():
+                if then is not None:
+                    try:
+                        then()
+                    except Exception:  # never into the acknowledgement that moved the HW
+                        log.exception("a high-watermark callback failed")
                 fut.set_result(None)
 
-    async def wait_committed(self, offset: int) -> None:
-        """Return once ``offset`` is below the HW (committed)."""
+    async def wait_committed(self, offset: int, then: Callable[[], None] | None = None) -> None:
+        """Return once ``offset`` is below the HW (committed). ``then`` runs from inside the advance that commits
+        it, before this returns; not when ``offset`` is committed already, nor when the wait ends otherwise."""
         if offset < self._hw:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (offset, next(self._seq), fut))
+        heapq.heappush(self._waiters, (offset, next(self._seq), fut, then))
         await fut
 
     async def wait_beyond(self, offset: int, timeout: float | None) -> bool:
@@ -84,6 +94,6 @@ class HighWatermark:
     def fail_waiters(self, exc: BaseException) -> None:
         """Wake every waiter with ``exc`` (the partition is closing or lost leadership)."""
         waiters, self._waiters = self._waiters, []
-        for _, _, fut in waiters:
+        for _, _, fut, _then in waiters:
             if not fut.done():
                 fut.set_exception(exc)

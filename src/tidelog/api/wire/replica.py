@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.frames import Op
-from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, frame_with_file, route
+from tidelog.api.wire.handlers import SENT, HandlerEnv, Reply, Route, batches_reply, frame_with_file, route
 from tidelog.api.wire.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
@@ -96,15 +96,12 @@ async def replica_fetch(
         push = _TailPush(env, correlation_id, partition, max_bytes)
         await partition.wait_for_log_end(offset, request.max_wait_ms / 1000, env.winding_down, push=push)
         if push.sent:
-            return _SENT
+            return SENT
     end = partition.log_end
     if offset >= end:
         return Reply(encode_message(correlation_id, _bounds(partition)))
     header = _bounds(partition)
     return batches_reply(env, Op.REPLICA_FETCH, correlation_id, header, partition.log, offset, max_bytes, end)
-
-
-_SENT = Reply([])  # what a handler returns once its reply went out through HandlerEnv.reply_now
 
 
 class _TailPush:
