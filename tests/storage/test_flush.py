@@ -196,6 +196,65 @@ async def test_a_failed_fsync_fails_waiters_and_stays_failed(size: int) -> None:
         await flusher.flush()
 
 
+@pytest.mark.parametrize("size", [100, BIG], ids=["inline", "worker"])
+async def test_on_durable_runs_once_the_fsync_returned_and_before_the_waiter_resumes(size: int) -> None:
+    target = FakeTarget()
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
+    order: list[str] = []
+
+    def on_durable() -> None:
+        order.append(f"durable: {target.syncs} fsync, durable {flusher.durable}")
+
+    await flusher.after_write(flusher.note_write(target, size), on_durable)
+    order.append("returned")
+    assert order == ["durable: 1 fsync, durable 1", "returned"]
+
+
+@pytest.mark.parametrize("size", [100, BIG], ids=["inline", "worker"])
+async def test_on_durable_never_runs_when_the_fsync_fails(size: int) -> None:
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
+    called: list[int] = []
+    with pytest.raises(FlushFailedError):
+        await flusher.after_write(flusher.note_write(FakeTarget(fail=True), size), lambda: called.append(1))
+    assert called == []
+
+
+async def test_on_durable_runs_at_once_when_nothing_needs_an_fsync() -> None:
+    flusher = Flusher(FlushPolicy.NEVER, 1000, SystemClock())
+    called: list[int] = []
+    await flusher.after_write(flusher.note_write(FakeTarget(), 100), lambda: called.append(1))
+    assert called == [1]
+
+
+async def test_a_failing_on_durable_neither_fails_the_append_nor_stops_the_round() -> None:
+    gate = threading.Event()
+    target = FakeTarget(gate)
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
+
+    def broken() -> None:
+        raise RuntimeError("bug in a callback")
+
+    first = asyncio.ensure_future(flusher.after_write(flusher.note_write(target, BIG), broken))
+    second = asyncio.ensure_future(flusher.after_write(flusher.note_write(target, BIG)))
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert flusher.durable == 2 and flusher.failed is None
+
+
+async def test_on_durable_is_skipped_for_a_waiter_that_was_cancelled() -> None:
+    gate = threading.Event()
+    target = FakeTarget(gate)
+    flusher = Flusher(FlushPolicy.ALWAYS, 1000, SystemClock())
+    called: list[int] = []
+    waiter = asyncio.ensure_future(flusher.after_write(flusher.note_write(target, BIG), lambda: called.append(1)))
+    assert await asyncio.to_thread(target.started.wait, 10)
+    waiter.cancel()
+    gate.set()
+    await flusher.flush()
+    assert called == [] and flusher.durable == 1
+
+
 async def test_interval_policy_flushes_on_the_clock() -> None:
     clock = ManualClock()
     target = FakeTarget()

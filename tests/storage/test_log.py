@@ -112,6 +112,20 @@ async def test_follower_append_keeps_offsets_and_refuses_overlap(tmp_path: Path)
     await log.close()
 
 
+async def test_a_follower_append_reports_its_end_once_durable(tmp_path: Path) -> None:
+    log = open_log(tmp_path, flush_policy=FlushPolicy.ALWAYS)
+    seen: list[tuple[int, int]] = []  # (end offset given, fsync rounds done) when told
+    await log.append_as_follower(
+        stored(make_batch(3), 0, 1) + stored(make_batch(2), 7, 1),
+        lambda end: seen.append((end, log.flusher.fsync_rounds)),
+    )
+    assert seen == [(9, 1)]  # after the last batch (offsets 7..8), once its fsync was done
+    with pytest.raises(InvalidBatchError):  # refused: nothing written, nothing reported
+        await log.append_as_follower(stored(make_batch(1), 2, 1), lambda end: seen.append((end, -1)))
+    assert seen == [(9, 1)]
+    await log.close()
+
+
 async def test_read_limits(tmp_path: Path) -> None:
     log = open_log(tmp_path, segment_max_bytes=10**6)
     batches = [make_batch(2, tag=str(i)) for i in range(10)]

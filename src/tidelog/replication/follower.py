@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -374,7 +375,9 @@ class ReplicaFetcher:
         appended (producer state, high watermark): its offset is the acknowledgement the leader's high
         watermark, and an acks-ALL producer, wait for. Measured with 1 KiB acks-ALL writes, 3 brokers on 2
         cores: from the append's return to the fetch written to the socket 70–75 µs (p50) before, 50–55 µs
-        now. Not when a lag survey is due next: its request would queue behind the long-poll on the
+        after. It is sent from inside the fsync round itself (the append's ``on_durable``), before the append
+        returns through its awaits: paired runs alternating with and without, 0–15 µs lower p50, 10–20 µs
+        lower p90. Not when a lag survey is due next: its request would queue behind the long-poll on the
         connection."""
         log_ = self._log
         ahead: tuple[int, asyncio.Future[Response]] | None = None  # a fetch sent right after the last append
@@ -394,10 +397,16 @@ class ReplicaFetcher:
                 self._reached_leader()
                 if payload:
                     fetched = self._fetched_since_survey + len(payload)
+                    fetch_next = not (self._copy_threshold and fetched >= self._copy_threshold)
+                    sent: list[tuple[int, asyncio.Future[Response]]] = []
                     try:
-                        await log_.append_as_follower(payload)  # returns once durable per the flush policy
-                        if not (self._copy_threshold and fetched >= self._copy_threshold):
-                            ahead = (log_.end_offset, self._fetch(log_.end_offset))
+                        # Returns once durable per the flush policy; the next fetch (our acknowledgement) is sent
+                        # from inside the fsync round already, as soon as the batches are durable.
+                        await log_.append_as_follower(
+                            payload, functools.partial(self._fetch_into, sent) if fetch_next else None
+                        )
+                        if fetch_next:
+                            ahead = sent[0] if sent else (log_.end_offset, self._fetch(log_.end_offset))
                     finally:
                         if self._producers is not None:  # what was written, even if the append then failed
                             record_replicated(self._producers, log_, payload)
@@ -587,6 +596,13 @@ class ReplicaFetcher:
         if connection is None:
             raise ConnectionClosedError(f"not connected to leader {self.leader_id} at {self.leader_address}")
         return connection.send(request)
+
+    def _fetch_into(self, sent: list[tuple[int, asyncio.Future[Response]]], offset: int) -> None:
+        """The next fetch, sent from inside the fsync round the moment the append is durable (the append's
+        ``on_durable``): the acknowledgement leaves before this task resumes. A connection that is gone sends
+        nothing here; the fetch loop then sends as before, and meets the failure there."""
+        with contextlib.suppress(ConnectionClosedError):
+            sent.append((offset, self._fetch(offset)))
 
     def _fetch(self, offset: int) -> asyncio.Future[Response]:
         """Send a REPLICA_FETCH at ``offset`` (our log end: the acknowledgement of everything below)."""

@@ -123,6 +123,14 @@ class RoundState(enum.Enum):
 # ---------------------------------------------------------------------------------------------- worker threads
 
 
+def _call(on_durable: Callable[[], None]) -> None:
+    """Run an ``on_durable`` callback; its failure is logged, never raised into the round or the append."""
+    try:
+        on_durable()
+    except Exception:
+        log.exception("a durability callback failed")
+
+
 def _ring_fds(targets: Iterable[Syncable]) -> list[int] | None:
     """The descriptors to fdatasync through io_uring; None if a target has none (a test double): a thread then."""
     fds = []
@@ -310,7 +318,7 @@ class Flusher:
         self._dirty: dict[Syncable, None] = {}  # insertion-ordered set
         self._dirty_bytes = 0  # written since the last round's snapshot
         self._dirty_directories: set[Path] = set()
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, asyncio.Future[None], Callable[[], None] | None]] = []
         self._state = RoundState.IDLE
         self._loop: asyncio.AbstractEventLoop | None = None
         self._share = _LoopShare()  # the share of the loop the flusher runs on (looked up when idle)
@@ -354,20 +362,29 @@ class Flusher:
         """``target`` is gone (deleted): there is nothing of it left to sync."""
         self._dirty.pop(target, None)
 
-    async def after_write(self, seq: int) -> None:
-        """What an append waits for before acknowledging: an fsync covering ``seq`` under ALWAYS, else nothing."""
+    async def after_write(self, seq: int, on_durable: Callable[[], None] | None = None) -> None:
+        """What an append waits for before acknowledging: an fsync covering ``seq`` under ALWAYS, else nothing.
+
+        ``on_durable`` runs the moment the fsync covering ``seq`` has returned, from inside the round (before any
+        waiter resumes), or before this returns when no fsync is needed; never when the fsync fails or the wait
+        is cancelled first. A follower
+        sends its acknowledgement from there (:meth:`ReplicaFetcher._on_fetching`)."""
         if self.policy is FlushPolicy.ALWAYS and seq > self.durable:
-            await self.wait_durable(seq)
+            await self.wait_durable(seq, on_durable)
+        elif on_durable is not None:
+            _call(on_durable)
 
     async def flush(self) -> None:
         """Make every write so far durable, whatever the policy."""
         await self.wait_durable(self.written)
 
-    async def wait_durable(self, seq: int) -> None:
+    async def wait_durable(self, seq: int, on_durable: Callable[[], None] | None = None) -> None:
         """Return once a group fsync has covered write ``seq``: inline when the flusher is idle and the loop can
         afford it (module docstring), else joining the scheduled or next worker round."""
         self.check()
         if seq <= self.durable:
+            if on_durable is not None:
+                _call(on_durable)
             return
         loop = asyncio.get_running_loop()
         if self._state is RoundState.IDLE:
@@ -375,6 +392,8 @@ class Flusher:
                 self._loop, self._share = loop, _share_of(loop)
             if self._may_sync_inline():
                 self._sync_inline(loop)  # durable = written >= seq, or raises
+                if on_durable is not None:
+                    _call(on_durable)
                 return
             self._state = RoundState.SCHEDULED
             self._share.rounds += 1
@@ -383,7 +402,7 @@ class Flusher:
             else:
                 self._start_round(loop)  # see allow_inline
         future: asyncio.Future[None] = loop.create_future()
-        self._waiters.append((seq, future))
+        self._waiters.append((seq, future, on_durable))
         await future
 
     # -- inline rounds ---------------------------------------------------------------------------------------
@@ -462,16 +481,19 @@ class Flusher:
         self._note_sync_time(elapsed_ns)
         self.fsync_rounds += 1
         self.durable = max(self.durable, target)
-        still: list[tuple[int, asyncio.Future[None]]] = []
+        still: list[tuple[int, asyncio.Future[None], Callable[[], None] | None]] = []
         woken = 0
-        for seq, future in self._waiters:
+        for waiter in self._waiters:
+            seq, future, on_durable = waiter
             if future.done():
-                continue
+                continue  # gave up (cancelled): nobody to tell
             if seq <= target:
+                if on_durable is not None:
+                    _call(on_durable)
                 future.set_result(None)
                 woken += 1
             else:
-                still.append((seq, future))
+                still.append(waiter)
         self._waiters = still
         loop = asyncio.get_running_loop()
         if woken > 1:  # a wave of appenders resumes next: their appends share one round, none goes inline
@@ -494,7 +516,7 @@ class Flusher:
         """An fsync failed: stay failed, and fail every waiter."""
         self._failed = error
         failure = FlushFailedError(f"fsync failed: {error}")
-        for _, future in self._waiters:
+        for _, future, _on_durable in self._waiters:
             if not future.done():
                 future.set_exception(failure)
         self._waiters.clear()

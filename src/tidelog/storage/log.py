@@ -405,11 +405,13 @@ class Log:
 
         return await self._append(len(view), place)
 
-    async def append_as_follower(self, data: Buffer) -> AppendResult:
+    async def append_as_follower(self, data: Buffer, on_durable: Callable[[int], None] | None = None) -> AppendResult:
         """Append batches that already carry their offsets and leader epochs (copied from a leader).
 
         The first batch must start at or after the log end and each batch after the previous one: offsets may
-        skip forward (a compacted leader has gaps) but never overlap. Stored byte-for-byte.
+        skip forward (a compacted leader has gaps) but never overlap. Stored byte-for-byte. ``on_durable(end)``
+        runs the moment the batches are durable per the flush policy, with the offset after the last one, from
+        inside the fsync round (:meth:`Flusher.after_write`): a follower acknowledges from there.
         """
         view = _frozen(data)
         headers = self._validate(view, leader=False, control=False)
@@ -432,7 +434,7 @@ class Log:
                     self._epochs.assign(header.leader_epoch, header.base_offset)
             return placed, lambda i, j: [view[starts[i] : starts[j]]]
 
-        return await self._append(len(view), place)
+        return await self._append(len(view), place, on_durable)
 
     def _validate(
         self,
@@ -472,7 +474,12 @@ class Log:
             headers.append(header)
         return headers
 
-    async def _append(self, size: int, place: Callable[[], tuple[list[Placed], _Slicer]]) -> AppendResult:
+    async def _append(
+        self,
+        size: int,
+        place: Callable[[], tuple[list[Placed], _Slicer]],
+        on_durable: Callable[[int], None] | None = None,
+    ) -> AppendResult:
         async with self._lock:  # uncontended, this does not suspend
             self._check_writable()
             placed, parts = place()  # offsets are taken under the lock...
@@ -485,7 +492,8 @@ class Log:
             end = placed[-1].next_offset
             for listener in self._write_listeners:
                 listener(end)
-        await self._flusher.after_write(seq)
+        then = None if on_durable is None else functools.partial(on_durable, placed[-1].next_offset)
+        await self._flusher.after_write(seq, then)
         return AppendResult(
             placed[0].base_offset,
             placed[-1].next_offset - 1,
