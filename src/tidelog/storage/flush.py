@@ -123,14 +123,6 @@ class RoundState(enum.Enum):
 # ---------------------------------------------------------------------------------------------- worker threads
 
 
-def _call(on_durable: Callable[[], None]) -> None:
-    """Run an ``on_durable`` callback; its failure is logged, never raised into the round or the append."""
-    try:
-        on_durable()
-    except Exception:
-        log.exception("a durability callback failed")
-
-
 def _ring_fds(targets: Iterable[Syncable]) -> list[int] | None:
     """The descriptors to fdatasync through io_uring; None if a target has none (a test double): a thread then."""
     fds = []
@@ -275,6 +267,14 @@ def _share_of(loop: asyncio.AbstractEventLoop) -> _LoopShare:
 # ---------------------------------------------------------------------------------------------- the flusher
 
 
+def _call(on_durable: Callable[[], None]) -> None:
+    """Run an ``on_durable`` callback; its failure is logged, never raised into the round or the append."""
+    try:
+        on_durable()
+    except Exception:
+        log.exception("a durability callback failed")
+
+
 class Flusher:
     """Flush policy and group commit for one log. All methods run on the event loop thread.
 
@@ -367,8 +367,8 @@ class Flusher:
 
         ``on_durable`` runs the moment the fsync covering ``seq`` has returned, from inside the round (before any
         waiter resumes), or before this returns when no fsync is needed; never when the fsync fails or the wait
-        is cancelled first. A follower
-        sends its acknowledgement from there (:meth:`ReplicaFetcher._on_fetching`)."""
+        is cancelled first. A follower sends its acknowledgement from there
+        (:meth:`~tidelog.replication.follower.ReplicaFetcher._on_fetching`)."""
         if self.policy is FlushPolicy.ALWAYS and seq > self.durable:
             await self.wait_durable(seq, on_durable)
         elif on_durable is not None:

@@ -26,8 +26,9 @@ write's critical path. A small range (:data:`SMALL_FILE_BYTES`) is copied into t
 rather than sent with ``os.sendfile`` after it.
 
 Admission. A route may have an ``admit`` hook that runs as the request is read, before the handler's task
-gets its first turn of the loop: a replica fetch's acknowledgement moves the high watermark
-from there (:func:`tidelog.api.wire.replica.acknowledge`).
+gets its first turn of the loop: a replica fetch's acknowledgement moves the high watermark from there
+(:func:`tidelog.api.wire.replica.acknowledge`), and the acks-ALL produce it commits answers from there too
+(:class:`tidelog.api.wire.handlers._CommittedReply`).
 
 Winding down. When the peer closes its side (EOF), the stream breaks, or the server stops, no further request
 will come: long-polling fetches in progress answer at once (empty) instead of holding the connection open
