@@ -50,11 +50,21 @@ async def record_of(cluster: LocalCluster, stream: str) -> PartitionRecord:
 
 
 async def full_isr(cluster: LocalCluster, stream: str) -> PartitionRecord:
+    """The stream's record once its ISR is full and its leader has applied it: the record in etcd names the
+    leader before that broker's own metadata (its watch) does, and until then it refuses to lead."""
+
     async def ready() -> bool:
         record = await cluster.partition_record(stream, 0)
-        return record is not None and len(record.isr) == 3 and bool(record.leader)
+        if record is None or len(record.isr) != 3 or not record.leader:
+            return False
+        request = api_pb2.FetchPartitionMetadataRequest(stream=stream, partition=0)
+        try:
+            seen = await stub_for(cluster, record.leader).FetchPartitionMetadata(request)
+        except grpc.aio.AioRpcError:
+            return False  # the leader has not heard of the stream yet
+        return bool(seen.metadata.leader == record.leader)
 
-    await cluster.wait_until(ready, BOUND, f"{stream}: three in-sync replicas")
+    await cluster.wait_until(ready, BOUND, f"{stream}: three in-sync replicas, the leader serving")
     return await record_of(cluster, stream)
 
 
