@@ -58,7 +58,16 @@ from collections.abc import Sequence
 from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.frames import Op
-from tidelog.api.wire.handlers import SENT, HandlerEnv, Reply, Route, batches_reply, frame_with_file, route
+from tidelog.api.wire.handlers import (
+    SENT,
+    EarlyReply,
+    HandlerEnv,
+    Reply,
+    Route,
+    batches_reply,
+    frame_with_file,
+    route,
+)
 from tidelog.api.wire.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
@@ -104,30 +113,23 @@ async def replica_fetch(
     return batches_reply(env, Op.REPLICA_FETCH, correlation_id, header, partition.log, offset, max_bytes, end)
 
 
-class _TailPush:
+class _TailPush(EarlyReply):
     """Answers a replica fetch long-polling at the log end from inside the write that ends the wait, with the
     batches as written (:meth:`Partition.wait_for_log_end`) and the partition's bounds at that moment: what the
     woken handler would have read back from the file and sent a turn of the loop later, behind the appender's
-    fsync round and the other followers' answers. Skipped (``sent`` stays False, the handler answers as
-    before) when the write is over the fetch's ``max_bytes`` or the session cannot write at once."""
+    fsync round and the other followers' answers. Not when the write is over the fetch's ``max_bytes``."""
 
-    __slots__ = ("_correlation_id", "_env", "_max_bytes", "_partition", "_task", "sent")
+    __slots__ = ("_max_bytes", "_partition")
 
     def __init__(self, env: HandlerEnv, correlation_id: int, partition: Partition, max_bytes: int) -> None:
-        self._env = env
-        self._correlation_id = correlation_id
+        super().__init__(env, correlation_id)
         self._partition = partition
         self._max_bytes = max_bytes
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task  # the handler's task: the session's slot for this fetch
-        self.sent = False
 
     def __call__(self, batches: Sequence[Buffer], size: int) -> None:
         if self.sent or size > self._max_bytes:
             return
-        reply = Reply(encode_message(self._correlation_id, _bounds(self._partition), batches))
-        self.sent = self._env.reply_now(self._task, reply)
+        self.send(Reply(encode_message(self._correlation_id, _bounds(self._partition), batches)))
 
 
 def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
