@@ -65,6 +65,7 @@ from tidelog.api.wire.messages import (
 )
 from tidelog.client.connection import Connection, ConnectionClosedError, Response
 from tidelog.clock import Clock, SystemClock
+from tidelog.deadline import within
 from tidelog.replication.catch_up import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_COPY_THRESHOLD_BYTES,
@@ -620,9 +621,8 @@ class ReplicaFetcher:
 
     @staticmethod
     async def _response(pending: asyncio.Future[Response], timeout: float) -> tuple[Header, memoryview]:
-        async with asyncio.timeout(timeout):  # no task of its own, unlike wait_for
-            header, payload = await pending
-        return header, payload
+        response = await within(pending, timeout)  # not asyncio.timeout: see tidelog.deadline
+        return response.header, response.payload
 
     def _reached_leader(self) -> None:
         """A response came back: any outage is over, and the next failure starts backing off from the bottom."""
