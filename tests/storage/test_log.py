@@ -126,6 +126,26 @@ async def test_a_follower_append_reports_its_end_once_durable(tmp_path: Path) ->
     await log.close()
 
 
+async def test_an_append_waits_behind_an_operation_queued_for_the_lock(tmp_path: Path) -> None:
+    """A free lock is skipped by an append only while nobody is queued for it: a truncation that waits for an
+    operation in progress runs before an append that arrives after it."""
+    log = open_log(tmp_path)
+    await log.append(make_batch(2), 1)
+    await log.append(make_batch(2), 1)
+    assert log.end_offset == 4
+    async with log._holding_lock():  # stands in for a retention run or a compaction in progress
+        truncation = asyncio.ensure_future(log.truncate_to(2))
+        await asyncio.sleep(0.01)  # queued behind the holder
+        append = asyncio.ensure_future(log.append(make_batch(1), 1))
+        await asyncio.sleep(0.01)
+        assert not truncation.done() and not append.done()
+    await asyncio.wait_for(truncation, 5)
+    result = await asyncio.wait_for(append, 5)
+    assert result.base_offset == 2  # after the truncation, not at 4 before it
+    assert log.end_offset == 3
+    await log.close()
+
+
 async def test_read_limits(tmp_path: Path) -> None:
     log = open_log(tmp_path, segment_max_bytes=10**6)
     batches = [make_batch(2, tag=str(i)) for i in range(10)]
