@@ -489,13 +489,9 @@ class Log:
     ) -> AppendResult:
         if self._lock.locked() or self._lock_queued:
             async with self._holding_lock():
-                self._check_writable()
-                placed, parts = place()  # offsets are taken under the lock...
-                seq = self._write_all(placed, parts)  # ...and written with no await in between
-        else:  # free and nobody queued: the same steps, with no await either (module docstring, "Ordering")
-            self._check_writable()
-            placed, parts = place()
-            seq = self._write_all(placed, parts)
+                placed, parts, seq = self._place_and_write(place)
+        else:  # free and nobody queued: nothing can run before the write either (module docstring, "Ordering")
+            placed, parts, seq = self._place_and_write(place)
         if self._tail_listeners:
             written = parts(0, len(placed))
             for tail_listener in self._tail_listeners:
@@ -513,6 +509,13 @@ class Log:
             size,
             placed[0].max_timestamp if len(placed) == 1 else max(p.max_timestamp for p in placed),
         )
+
+    def _place_and_write(self, place: Callable[[], tuple[list[Placed], _Slicer]]) -> tuple[list[Placed], _Slicer, int]:
+        """Take the offsets and write, with no await in between: nothing interleaves. Returns the write's
+        sequence with the placement."""
+        self._check_writable()
+        placed, parts = place()
+        return placed, parts, self._write_all(placed, parts)
 
     @contextlib.asynccontextmanager
     async def _holding_lock(self) -> AsyncIterator[None]:
