@@ -4,6 +4,7 @@ tells them from damage, and a fill never writes over an append."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import threading
 import time
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from tidelog.clock import ManualClock
+from tidelog.storage import segment as segment_module
 from tidelog.storage.config import FlushPolicy
+from tidelog.storage.flush import FlushFailedError
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import MAX_FILL_RATE, PIECE_BYTES, RATE_WINDOW_NS, AppendRate, Preallocation
 from tidelog.storage.recovery import write_recovery_point
@@ -278,3 +281,74 @@ def test_append_rate_is_measured_per_window() -> None:
     assert not rate.streaming  # the window is not over yet
     rate.add(per_window // 2 + 2, 2 * RATE_WINDOW_NS)
     assert rate.streaming  # just above the limit over the whole window
+
+
+# -- announcing a write to the tail listeners (a leader's followers) before it lands in the room ----------------
+
+
+def _listen(log: Log) -> list[tuple[int, int, int, bytes]]:
+    """Record what the tail listeners hear: (first offset, end offset, the log's end meanwhile, the bytes)."""
+    heard: list[tuple[int, int, int, bytes]] = []
+
+    def listener(first: int, end: int, parts: object) -> None:
+        assert isinstance(parts, list)
+        heard.append((first, end, log.end_offset, b"".join(bytes(part) for part in parts)))
+
+    log.add_tail_listener(listener)
+    return heard
+
+
+def _failing_write(*_args: object) -> None:
+    raise OSError(errno.EIO, "Input/output error")
+
+
+async def test_a_write_into_the_room_is_announced_just_before_it_reaches_the_file(tmp_path: Path) -> None:
+    log = _open(tmp_path)
+    heard = _listen(log)
+    await log.append(make_batch(2, size=100, tag="grows"), 1)  # no room yet: it grows the file
+    await _fills_done(log)
+    await log.append(make_batch(3, size=100, tag="room"), 1)
+    grew, overwrote = heard
+    assert grew[:3] == (0, 2, 2)  # heard after the write: the log end had moved
+    assert overwrote[:3] == (2, 5, 2)  # heard before it: the log still ended at 2
+    assert grew[3] + overwrote[3] == read_everything(log)  # what they heard is byte for byte what was stored
+    await log.close()
+
+
+async def test_a_write_that_fails_after_its_announcement_poisons_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _open(tmp_path)
+    await log.append(make_batch(2, size=100, tag="kept"), 1)
+    await _fills_done(log)
+    kept = read_everything(log)
+    heard = _listen(log)
+    monkeypatch.setattr(segment_module, "_write", _failing_write)
+    with pytest.raises(OSError, match="Input/output error"):
+        await log.append(make_batch(3, size=100, tag="lost"), 1)
+    monkeypatch.undo()
+    assert [h[:2] for h in heard] == [(2, 5)]  # a follower may hold offsets 2-4 now...
+    with pytest.raises(FlushFailedError):  # ...so they are never given to other batches
+        await log.append(make_batch(1, size=100, tag="other"), 1)
+    assert log.end_offset == 2
+    with pytest.raises(FlushFailedError):
+        await log.close()
+    reopened = _open(tmp_path)
+    assert read_everything(reopened) == kept
+    assert (await reopened.append(make_batch(1, size=100, tag="after"), 1)).base_offset == 2
+    await reopened.close()
+
+
+async def test_a_write_that_grows_the_file_is_announced_only_once_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _open(tmp_path, measured=False)  # a log assumed streamed into: no room is filled
+    heard = _listen(log)
+    monkeypatch.setattr(segment_module, "_write", _failing_write)
+    with pytest.raises(OSError, match="Input/output error"):
+        await log.append(make_batch(2, size=100, tag="refused"), 1)
+    monkeypatch.undo()
+    assert heard == []  # nobody heard of it: its offsets are still free, and the log goes on
+    assert (await log.append(make_batch(2, size=100, tag="next"), 1)).base_offset == 0
+    assert [h[:3] for h in heard] == [(0, 2, 2)]
+    await log.close()

@@ -100,8 +100,9 @@ class Appended:
 
 
 ResumeHook = Callable[["Partition"], Awaitable[None]]
-TailPush = Callable[[Sequence[Buffer], int], None]
-"""Answers one long-polling replica fetch from the write that passes it: ``(batches as stored, their size)``."""
+TailPush = Callable[[Sequence[Buffer], int, int], None]
+"""Answers one long-polling replica fetch from the write that passes it: ``(batches as stored, their size, the
+log end once they are in)``; called just before or just after they reach the file (:meth:`Log.add_tail_listener`)."""
 AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 """Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
 
@@ -240,7 +241,7 @@ class Partition(CommittedReads):
                 if not waiting:
                     del self._tail_pushes[offset]
 
-    def _push_tail(self, first: int, _end: int, parts: Sequence[Buffer | FileSlice]) -> None:
+    def _push_tail(self, first: int, end: int, parts: Sequence[Buffer | FileSlice]) -> None:
         """The log's tail listener: hand a write's batches to the fetches long-polling where it starts."""
         pushes = self._tail_pushes.pop(first, None)
         if not pushes:
@@ -253,7 +254,7 @@ class Partition(CommittedReads):
         size = sum(len(part) for part in batches)
         for push in pushes:
             try:
-                push(batches, size)
+                push(batches, size, end)
             except Exception:  # never into the append: its bytes are in the file already
                 log.exception("%s: answering a replica fetch from the write failed", self.name)
 

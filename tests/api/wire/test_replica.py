@@ -37,6 +37,7 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.storage.batch import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
+from tidelog.storage.preallocation import RATE_WINDOW_NS
 
 BOUND = 20.0
 NOW = 1_700_000_000_000_000_000
@@ -184,6 +185,34 @@ async def test_a_long_poll_at_the_tail_is_answered_from_the_write_itself(
     monkeypatch.undo()
     assert header == ReplicaFetchResponse(0, 0, 2, 3)
     assert payload == leader.log.read(0, 1 << 20)  # byte for byte as stored, offsets and epoch included
+
+
+async def test_a_write_into_zero_filled_room_is_pushed_with_the_log_end_it_makes(tmp_path: Path) -> None:
+    # Such a write reaches the followers just before the leader's own pwritev (Log.add_tail_listener): the
+    # answer must still carry the log end as it is once the write is in.
+    log = Log.open(tmp_path / "leader", LogConfig(flush_policy=FlushPolicy.ALWAYS))
+    log._append_rate.add(0, -RATE_WINDOW_NS)  # a writer waiting for each fsync, not a stream: room gets filled
+    log._append_rate.add(0, 0)
+    started = await start_leader(log, epoch=3)
+    try:
+        await started.append(b"grows the file")
+        deadline = time.monotonic() + BOUND
+        active = log._segments[-1]
+        while active.preallocation.running or active.preallocation.allocated <= active.size:
+            assert time.monotonic() < deadline, "no zero-filled room after the first write"
+            await asyncio.sleep(0.005)
+        conn = await Connection.open("127.0.0.1", started.port)
+        try:
+            polling = asyncio.create_task(replica_fetch(conn, 1, wait_ms=int(BOUND * 1000)))
+            await asyncio.sleep(0.05)
+            await started.append(b"into", b"the room")
+            header, payload = await asyncio.wait_for(polling, BOUND)
+        finally:
+            await conn.close()
+        assert (header.log_start, header.log_end, header.leader_epoch) == (0, 3, 3)
+        assert payload == log.read(1, 1 << 20)
+    finally:
+        await started.close()
 
 
 async def test_a_write_over_the_fetchs_max_bytes_is_read_back_from_the_log(leader: Leader, conn: Connection) -> None:

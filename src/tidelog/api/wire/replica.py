@@ -126,10 +126,11 @@ class _TailPush(EarlyReply):
         self._partition = partition
         self._max_bytes = max_bytes
 
-    def __call__(self, batches: Sequence[Buffer], size: int) -> None:
+    def __call__(self, batches: Sequence[Buffer], size: int, log_end: int) -> None:
         if self.sent or size > self._max_bytes:
             return
-        self.send(Reply(encode_message(self._correlation_id, _bounds(self._partition), batches)))
+        bounds = _bounds(self._partition, log_end=log_end)  # the write may not have reached the log yet
+        self.send(Reply(encode_message(self._correlation_id, bounds, batches)))
 
 
 def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
@@ -269,11 +270,12 @@ def _check_follower(partition: Partition, replica_id: str, leader_epoch: int) ->
     return None
 
 
-def _bounds(partition: Partition, error: TidelogError | None = None) -> ReplicaFetchResponse:
+def _bounds(
+    partition: Partition, error: TidelogError | None = None, *, log_end: int | None = None
+) -> ReplicaFetchResponse:
     body = None if error is None else error.to_error_body()
-    return ReplicaFetchResponse(
-        partition.high_watermark, partition.log_start, partition.log_end, partition.record.leader_epoch, body
-    )
+    end = partition.log_end if log_end is None else log_end
+    return ReplicaFetchResponse(partition.high_watermark, partition.log_start, end, partition.record.leader_epoch, body)
 
 
 def _refuse(correlation_id: int, partition: Partition, error: TidelogError) -> Reply:
