@@ -11,8 +11,8 @@ in one type is what keeps the guarantees the same whichever protocol a client sp
 - a read-only partition refuses writes and stores nothing; a paused one resumes on the first write.
 
 Replication, leader side: followers fetch with :meth:`Partition.replica_fetched` (their fetch offset is their
-acknowledgement and feeds the high watermark) and long-poll on the log end, not the HW, with
-:meth:`Partition.wait_for_log_end`, so they copy a batch while the leader is still fsyncing it. The partition
+acknowledgement and feeds the high watermark) and wait at the log end, not the HW, with
+:meth:`Partition.park_at_log_end`, so they copy a batch while the leader is still fsyncing it. The partition
 keeps the ISR honest: a follower that stops keeping up is proposed for removal, a caught-up one for re-entry,
 both through the controller (``alter_isr``); the HW tracker only takes a new ISR once it is in the metadata,
 so the HW never passes data a departing follower lacks before it has left (Rama's ordering).
@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
 from tidelog.api.errors import (
     DuplicateInFlightError,
@@ -62,7 +62,6 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
-from tidelog.replication.offset_waiters import OffsetWaiters
 from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.replication.producer_state import (
     NO_PRODUCER_ID,
@@ -100,9 +99,21 @@ class Appended:
 
 
 ResumeHook = Callable[["Partition"], Awaitable[None]]
-TailPush = Callable[[Sequence[Buffer], int, int], None]
-"""Answers one long-polling replica fetch from the write that passes it: ``(batches as stored, their size, the
-log end once they are in)``; called just before or just after they reach the file (:meth:`Log.add_tail_listener`)."""
+
+
+class TailWaiter(Protocol):
+    """A replica fetch waiting at the log end (:meth:`Partition.park_at_log_end`): told of the write that starts
+    there, or of the partition closing, exactly once, unless it leaves first (:meth:`Partition.unpark`)."""
+
+    def written(self, batches: Sequence[Buffer] | None, size: int, log_end: int) -> None:
+        """The write starting where it waits, just before or just after it reaches the file
+        (:meth:`Log.add_tail_listener`): its batches as stored (``None`` when they are not in memory: copied
+        from a spool file), their size, and the log end once the write is in. Must not raise."""
+
+    def closed(self, error: TidelogError) -> None:
+        """The partition stops serving (closing, or its leadership changing): answer with ``error``."""
+
+
 AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 """Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
 
@@ -151,7 +162,6 @@ class Partition(CommittedReads):
         start_hw = log_.end_offset if initial_hw is None else min(initial_hw, log_.end_offset)
         self._hw = HighWatermark(broker_id, record.isr or (broker_id,), start_hw, min_isr=min_isr)
         self._hw.replica_caught_up_to(broker_id, log_.end_offset)
-        self._log_end = OffsetWaiters(log_.end_offset)
         self.followers = Followers(broker_id, record.replicas, time.monotonic_ns())
         self._epoch_start = log_.end_offset  # the first offset of this leadership (Kafka's ISR-join rule)
         self._isr_change: asyncio.Task[None] | None = None
@@ -165,9 +175,8 @@ class Partition(CommittedReads):
         self._snapshot_offset = -1  # the offset of the last producer snapshot written
         self._snapshot_due_ns = time.monotonic_ns() + SNAPSHOT_INTERVAL_NS
         self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
-        self._tail_pushes: dict[int, list[TailPush]] = {}  # log end -> fetches waiting there (wait_for_log_end)
-        log_.add_tail_listener(self._push_tail)
-        log_.add_write_listener(self._log_end.advance)
+        self._tail_waiters: dict[int, list[TailWaiter]] = {}  # log end -> fetches parked there (park_at_log_end)
+        log_.add_tail_listener(self._tell_waiters)
         log_.flusher.allow_inline = len(record.replicas) == 1  # see Flusher.allow_inline
         self._closed = False
         self.first_received_ns = 0
@@ -213,49 +222,35 @@ class Partition(CommittedReads):
                 self._propose_isr((*self.record.isr, replica))
         return True
 
-    async def wait_for_log_end(
-        self,
-        offset: int,
-        timeout: float,
-        until: asyncio.Future[Any] | None = None,
-        *,
-        push: TailPush | None = None,
-    ) -> bool:
-        """Long-poll for followers: wait until the log holds ``offset`` (written, maybe not yet fsynced), at most
-        ``timeout`` seconds or until ``until`` resolves (the follower's session winds down); False if not.
+    def park_at_log_end(self, offset: int, waiter: TailWaiter) -> None:
+        """Have ``waiter`` told of the write that starts at ``offset`` (the log end), from inside that write,
+        or of the partition closing. No future and no task: a follower's fetch waits here between two writes,
+        and the write answers it with the batches it is writing. Its timeout and its session's winding down
+        are the waiter's own; it leaves with :meth:`unpark`. UNAVAILABLE if the partition is closed."""
+        if self._closed:
+            raise UnavailableError(f"partition {self.name} is closing or changing leader")
+        self._tail_waiters.setdefault(offset, []).append(waiter)
 
-        ``push`` (``offset`` must be the log end): called with the batches of the write that starts at
-        ``offset``, from inside that write (:meth:`Log.add_tail_listener`), so the fetch can be answered before
-        the appender goes on to its fsync and before this waiter's task runs again; not called when the write
-        came from a file (a spooled transactional append): the waiter then reads it from the log as usual."""
-        if push is None:
-            return await self._log_end.wait_beyond(offset, timeout, until=until)
-        pushes = self._tail_pushes.setdefault(offset, [])
-        pushes.append(push)
-        try:
-            return await self._log_end.wait_beyond(offset, timeout, until=until)
-        finally:
-            waiting = self._tail_pushes.get(offset)
-            if waiting is not None and push in waiting:
-                waiting.remove(push)
-                if not waiting:
-                    del self._tail_pushes[offset]
+    def unpark(self, offset: int, waiter: TailWaiter) -> None:
+        """``waiter`` stops waiting at ``offset`` (it timed out, or its connection went): a no-op once told."""
+        waiting = self._tail_waiters.get(offset)
+        if waiting is not None and waiter in waiting:
+            waiting.remove(waiter)
+            if not waiting:
+                del self._tail_waiters[offset]
 
-    def _push_tail(self, first: int, end: int, parts: Sequence[Buffer | FileSlice]) -> None:
-        """The log's tail listener: hand a write's batches to the fetches long-polling where it starts."""
-        pushes = self._tail_pushes.pop(first, None)
-        if not pushes:
+    def _tell_waiters(self, first: int, end: int, parts: Sequence[Buffer | FileSlice]) -> None:
+        """The log's tail listener: tell the fetches parked where a write starts of its batches."""
+        waiters = self._tail_waiters.pop(first, None)
+        if not waiters:
             return
-        batches: list[Buffer] = []
-        for part in parts:
-            if isinstance(part, FileSlice):
-                return  # in a spool file, not in memory: the woken fetches read it back from the log
-            batches.append(part)
-        size = sum(len(part) for part in batches)
-        for push in pushes:
+        in_memory = [part for part in parts if not isinstance(part, FileSlice)]
+        batches = in_memory if len(in_memory) == len(parts) else None  # None: read back from the log (a spool)
+        size = 0 if batches is None else sum(len(batch) for batch in batches)
+        for waiter in waiters:
             try:
-                push(batches, size, end)
-            except Exception:  # never into the append: its bytes are in the file already
+                waiter.written(batches, size, end)
+            except Exception:  # never into the append: its bytes are in the file, or about to be
                 log.exception("%s: answering a replica fetch from the write failed", self.name)
 
     def _propose_isr(self, isr: tuple[str, ...]) -> None:
@@ -492,8 +487,7 @@ class Partition(CommittedReads):
         if self._closed:
             return
         self._closed = True
-        self.log.remove_write_listener(self._log_end.advance)
-        self.log.remove_tail_listener(self._push_tail)
+        self.log.remove_tail_listener(self._tell_waiters)
         self.log.flusher.allow_inline = True
         tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]
         for task in tasks:
@@ -501,7 +495,10 @@ class Partition(CommittedReads):
         await asyncio.gather(*tasks, return_exceptions=True)
         error = UnavailableError(f"partition {self.name} is closing or changing leader")
         self._hw.fail_waiters(error)
-        self._log_end.fail_waiters(error)
+        waiters, self._tail_waiters = self._tail_waiters, {}
+        for parked in waiters.values():
+            for waiter in parked:
+                waiter.closed(error)
         if self._appending:  # the producer table must hold every batch written before it is handed on
             _, late = await asyncio.wait(set(self._appending), timeout=APPEND_SETTLE_TIMEOUT)
             if late:  # a wedged disk: they still record into the same table object when they finish

@@ -315,7 +315,7 @@ class Log:
         before the fsync: ``parts`` are the write's whole batches exactly as stored, in order (buffers, or a
         :class:`FileSlice` where the bytes were copied from another file in the kernel). They are valid during
         the call only. A leader answers its followers' tail fetches from them
-        (:meth:`~tidelog.broker.partition.Partition.wait_for_log_end`) instead of reading the file back a turn
+        (:meth:`~tidelog.broker.partition.Partition.park_at_log_end`) instead of reading the file back a turn
         of the loop later. A listener must not raise. ``end_offset`` is the log end once the write is in.
 
         Usually called right after the write reaches the file. A write that overwrites zero-filled room

@@ -16,7 +16,12 @@ import msgspec
 import pytest
 
 from tests.api.wire.stub_manager import StubManager
-from tidelog.api.errors import ErrorCode, PartitionSuspendedError, UnknownStreamError
+from tidelog.api.errors import (
+    ErrorCode,
+    PartitionSuspendedError,
+    UnavailableError,
+    UnknownStreamError,
+)
 from tidelog.api.wire.messages import (
     Acks,
     EpochEndOffsetRequest,
@@ -29,10 +34,11 @@ from tidelog.api.wire.messages import (
     SegmentListResponse,
 )
 from tidelog.api.wire.server import WireServer
+from tidelog.api.wire.session import Session
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partition import Partition
-from tidelog.client.connection import Connection
+from tidelog.client.connection import Connection, ConnectionClosedError
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.storage.batch import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
@@ -228,6 +234,66 @@ async def test_a_write_over_the_fetchs_max_bytes_is_read_back_from_the_log(leade
 async def test_a_long_poll_times_out_empty(leader: Leader, conn: Connection) -> None:
     header, payload = await replica_fetch(conn, 0, wait_ms=30)
     assert (header, payload) == (ReplicaFetchResponse(0, 0, 0, 3), b"")
+    assert leader.partition._tail_waiters == {}  # it left the partition's waiters
+
+
+def _handler_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "Session._handle"]
+
+
+async def _parked(leader: Leader, offset: int) -> None:
+    """Wait (bounded) until a fetch waits at ``offset`` among the partition's waiters."""
+    deadline = time.monotonic() + BOUND
+    while not leader.partition._tail_waiters.get(offset):
+        assert time.monotonic() < deadline, f"no fetch parked at {offset}"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_fetch_waiting_at_the_tail_has_no_handler_task(leader: Leader, conn: Connection) -> None:
+    polling = asyncio.create_task(replica_fetch(conn, 0, wait_ms=int(BOUND * 1000)))
+    await _parked(leader, 0)
+    assert _handler_tasks() == []  # a future, a timer and a place among the waiters: nothing runs meanwhile
+    await leader.append(b"now")
+    header, payload = await asyncio.wait_for(polling, BOUND)
+    assert header.log_end == 1 and payload == leader.log.read(0, 1 << 20)
+    assert leader.partition._tail_waiters == {}
+
+
+async def test_a_waiting_fetch_the_session_cannot_answer_at_once_is_read_back_from_the_log(
+    leader: Leader, conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As when the connection's transport still holds earlier bytes: the reply must wait its turn in the FIFO.
+    monkeypatch.setattr(Session, "reply_now", lambda _self, _slot, _reply: False)
+    polling = asyncio.create_task(replica_fetch(conn, 0, wait_ms=int(BOUND * 1000)))
+    await _parked(leader, 0)
+    await leader.append(b"late", b"but whole")
+    header, payload = await asyncio.wait_for(polling, BOUND)
+    assert header.log_end == 2 and payload == leader.log.read(0, 1 << 20)
+
+
+async def test_a_fetch_waiting_when_its_follower_goes_leaves_the_partitions_waiters(leader: Leader) -> None:
+    connection = await Connection.open("127.0.0.1", leader.port)
+    polling = asyncio.create_task(replica_fetch(connection, 0, wait_ms=int(BOUND * 1000)))
+    await _parked(leader, 0)
+    await connection.close()
+    with pytest.raises(ConnectionClosedError):
+        await asyncio.wait_for(polling, BOUND)
+    deadline = time.monotonic() + BOUND
+    while leader.partition._tail_waiters:
+        assert time.monotonic() < deadline, "the gone follower's fetch still waits at the tail"
+        await asyncio.sleep(0.005)
+    assert await leader.append(b"still served") == 0
+
+
+async def test_a_fetch_waiting_while_the_partition_closes_is_answered_unavailable(
+    leader: Leader, conn: Connection
+) -> None:
+    polling = asyncio.create_task(replica_fetch(conn, 0, wait_ms=int(BOUND * 1000)))
+    await _parked(leader, 0)
+    await leader.partition.close(close_log=False)
+    with pytest.raises(UnavailableError, match="closing or changing leader"):
+        await asyncio.wait_for(polling, BOUND)
+    assert leader.partition._tail_waiters == {}
 
 
 @pytest.mark.parametrize(

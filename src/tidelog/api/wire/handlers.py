@@ -63,7 +63,7 @@ class Reply(NamedTuple):
             self.file.close()
 
 
-def _never_now(_task: asyncio.Task[Any], _reply: Reply) -> bool:
+def _never_now(_slot: asyncio.Future[Any], _reply: Reply) -> bool:
     return False
 
 
@@ -91,9 +91,10 @@ class EarlyReply:
         self.sent = self._env.reply_now(self._task, reply)
 
 
-ReplyNow = Callable[["asyncio.Task[Any]", Reply], bool]
-"""Write a handler task's reply at once, from outside that task; False when the session cannot (see
-:meth:`~tidelog.api.wire.session.Session.reply_now`): the handler then returns its reply as usual."""
+ReplyNow = Callable[["asyncio.Future[Any]", Reply], bool]
+"""Write the reply of a request at once, given its slot (its handler task, or the future a ``park`` hook
+returned), from outside that task; False when the session cannot (see
+:meth:`~tidelog.api.wire.session.Session.reply_now`): the reply then goes the usual way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,26 +114,32 @@ Handler = Callable[[HandlerEnv, int, Any, memoryview], Coroutine[Any, Any, Reply
 
 
 Admit = Callable[[HandlerEnv, Any], None]
+Park = Callable[[HandlerEnv, int, Any], "asyncio.Future[Reply] | None"]
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     """The request header type of an op, the coroutine that serves it, and optionally what to do the moment
-    the request is read (``admit``), before its handler task first runs a turn of the loop later."""
+    the request is read (``admit``), before its handler task first runs a turn of the loop later, and a way
+    to serve it with no task at all (``park``: the future of its reply, or None for the handler to serve it)."""
 
     request: type[Header]
     handle: Handler
     admit: Admit | None = None
+    park: Park | None = None
 
 
 def route(
     request: type[H],
     handle: Callable[[HandlerEnv, int, H, memoryview], Coroutine[Any, Any, Reply]],
     admit: Callable[[HandlerEnv, H], None] | None = None,
+    park: Callable[[HandlerEnv, int, H], asyncio.Future[Reply] | None] | None = None,
 ) -> Route:
     """A :class:`Route`, checked by mypy to pair a header type with a handler (and an ``admit`` hook: it must
-    not raise, and the handler must not depend on it having run) taking exactly that type."""
-    return Route(request, handle, admit)
+    not raise, and the handler must not depend on it having run; and a ``park`` hook, run after ``admit``: it
+    must not raise, and the future it returns is settled exactly once, with the reply or the error to answer)
+    taking exactly that type."""
+    return Route(request, handle, admit, park)
 
 
 def frame_with_file(op: int, correlation_id: int, header: Header, file: FileRange) -> Reply:

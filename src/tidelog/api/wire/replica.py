@@ -6,14 +6,17 @@ with :meth:`Partition.replica_fetched` as the session reads the request (:func:`
 ``admit`` hook), before the handler even runs, so the high watermark moves as soon as the request arrives,
 not when the next batch does. The answer carries batches from that offset up to the log
 *end* (followers copy uncommitted batches too: that is what lets them acknowledge them), exactly as stored,
-plus the leader's high watermark, bounds and epoch. At the tail the fetch long-polls on
-:meth:`Partition.wait_for_log_end`, which is woken when a write reaches the file, before its fsync: the
-leader's fsync and the followers' copy overlap instead of adding up. The long-poll is one future awaited by
-the handler (no task of its own). The write that ends it answers it itself, from inside the append, with the
-batches it just wrote (:class:`_TailPush`, through the session's ``reply_now``): both followers have their
-copy before the leader's fsync round even starts. When it cannot (a write over the fetch's ``max_bytes``, one
-copied from a spool file, a session busy writing), the woken handler reads the batches from the log and its
-reply goes out from the handler task (the session's fast path).
+plus the leader's high watermark, bounds and epoch. At the tail the fetch waits for the next write, not for
+the HW: the leader's fsync and the followers' copy overlap instead of adding up. It waits *parked*
+(:func:`park_at_tail`, the route's ``park`` hook, run as the session reads it): a future that is its slot in
+the session, a timer, and a place among the partition's waiters (:meth:`Partition.park_at_log_end`), with no
+handler task. The write that ends the wait answers it itself, from inside the append, with the batches being
+written (:class:`_TailFetch`, through the session's ``reply_now``): both followers have their copy before the
+leader's fsync round even starts. When it cannot (a write over the fetch's ``max_bytes``, one copied from a
+spool file, a session busy writing), the batches are read back from the log a turn of the loop later.
+Measured, 1 KiB acks-ALL writes on 3 brokers sharing 2 cores, against the handler task that used to wait
+(a coroutine chain per fetch, started a turn after the fetch was read and stepped again after the write):
+the leader's CPU per write fell by ~25 µs and the p50 latency by 1–70 µs (median ~40) in four alternated runs.
 
 What is refused, and how (errors inside the response, so the follower also learns the leader's epoch and
 bounds without another round trip; a broker that does not lead at all answers with an error frame, from
@@ -60,7 +63,6 @@ from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import (
     SENT,
-    EarlyReply,
     HandlerEnv,
     Reply,
     Route,
@@ -88,7 +90,8 @@ from tidelog.storage.segment import Buffer
 async def replica_fetch(
     env: HandlerEnv, correlation_id: int, request: ReplicaFetchRequest, _payload: memoryview
 ) -> Reply:
-    """Batches from ``request.offset`` up to the log end, long-polling at the tail; see the module docstring."""
+    """Batches from ``request.offset`` up to the log end, at once; see the module docstring. A fetch that waits
+    at the tail never gets here: :func:`park_at_tail` took it as it was read."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
     refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
     if refusal is not None:
@@ -97,40 +100,103 @@ async def replica_fetch(
     if not partition.log_start <= offset <= partition.log_end:
         return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
-    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
-    if offset >= partition.log_end and request.max_wait_ms and not env.winding_down.done():
-        # Until the log holds more, the wait times out, or the session winds down (server stopping or follower
-        # gone), as fetch._long_poll does for the high watermark; a partition closing raises UNAVAILABLE.
-        # The write that ends the wait usually answers it itself (_TailPush).
-        push = _TailPush(env, correlation_id, partition, max_bytes)
-        await partition.wait_for_log_end(offset, request.max_wait_ms / 1000, env.winding_down, push=push)
-        if push.sent:
-            return SENT
+    return _from_log(env, correlation_id, partition, offset, min(request.max_bytes, MAX_FETCH_BYTES))
+
+
+def _from_log(env: HandlerEnv, correlation_id: int, partition: Partition, offset: int, max_bytes: int) -> Reply:
+    """The batches from ``offset`` up to the log end, or just the bounds when there are none."""
     end = partition.log_end
-    if offset >= end:
-        return Reply(encode_message(correlation_id, _bounds(partition)))
     header = _bounds(partition)
+    if offset >= end:
+        return Reply(encode_message(correlation_id, header))
     return batches_reply(env, Op.REPLICA_FETCH, correlation_id, header, partition.log, offset, max_bytes, end)
 
 
-class _TailPush(EarlyReply):
-    """Answers a replica fetch long-polling at the log end from inside the write that ends the wait, with the
-    batches as written (:meth:`Partition.wait_for_log_end`) and the partition's bounds at that moment: what the
-    woken handler would have read back from the file and sent a turn of the loop later, behind the appender's
-    fsync round and the other followers' answers. Not when the write is over the fetch's ``max_bytes``."""
+def park_at_tail(env: HandlerEnv, correlation_id: int, request: ReplicaFetchRequest) -> asyncio.Future[Reply] | None:
+    """The route's ``park`` hook: a fetch at the log end that may wait waits as a :class:`_TailFetch`, with no
+    handler task; None (the handler answers at once) for any other fetch, a refused one included."""
+    if not request.max_wait_ms or env.winding_down.done():
+        return None
+    try:
+        partition = env.broker.manager.leader_of(request.stream, request.partition)
+    except TidelogError:
+        return None
+    offset = request.offset
+    if offset != partition.log_end or _check_follower(partition, request.replica_id, request.leader_epoch):
+        return None
+    fetch = _TailFetch(env, correlation_id, partition, offset, min(request.max_bytes, MAX_FETCH_BYTES))
+    try:
+        partition.park_at_log_end(offset, fetch)
+    except TidelogError:  # closing: the handler answers (with the error)
+        fetch.reply.cancel()
+        return None
+    fetch.start(request.max_wait_ms / 1000)
+    return fetch.reply
 
-    __slots__ = ("_max_bytes", "_partition")
 
-    def __init__(self, env: HandlerEnv, correlation_id: int, partition: Partition, max_bytes: int) -> None:
-        super().__init__(env, correlation_id)
+class _TailFetch:
+    """A replica fetch waiting at the log end: a future that is the session's slot for it, a timer, and a place
+    among the partition's waiters (:meth:`Partition.park_at_log_end`). No task: a follower's fetch waits like
+    this between every two writes, and a handler task cost the leader two task steps and a coroutine chain per
+    fetch, one of them right where the next produce arrives (module docstring, measured).
+
+    The write that starts here answers it from inside the append, with the batches being written and the log
+    end they make, straight to the follower's socket through the session's ``reply_now``. When it cannot (a
+    write over ``max_bytes``, one copied from a spool file, a session busy writing) the batches are read back
+    from the log a turn of the loop later, once the write is in. The timer, and the session winding down
+    (server stopping, follower gone), answer with what the log holds (usually nothing); the partition closing
+    answers with its error."""
+
+    __slots__ = ("_correlation_id", "_env", "_max_bytes", "_offset", "_partition", "_timer", "reply")
+
+    def __init__(self, env: HandlerEnv, correlation_id: int, partition: Partition, offset: int, max_bytes: int) -> None:
+        self._env = env
+        self._correlation_id = correlation_id
         self._partition = partition
+        self._offset = offset
         self._max_bytes = max_bytes
+        self._timer: asyncio.TimerHandle | None = None
+        self.reply: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
-    def __call__(self, batches: Sequence[Buffer], size: int, log_end: int) -> None:
-        if self.sent or size > self._max_bytes:
+    def start(self, timeout: float) -> None:
+        """Parked: start the timer and listen for the session winding down, until the reply is settled."""
+        self._timer = asyncio.get_running_loop().call_later(timeout, self._answer_from_log)
+        self._env.winding_down.add_done_callback(self._wind_down)
+        self.reply.add_done_callback(self._leave)
+
+    def written(self, batches: Sequence[Buffer] | None, size: int, log_end: int) -> None:
+        if self.reply.done():
             return
-        bounds = _bounds(self._partition, log_end=log_end)  # the write may not have reached the log yet
-        self.send(Reply(encode_message(self._correlation_id, bounds, batches)))
+        if batches is not None and size <= self._max_bytes:
+            bounds = _bounds(self._partition, log_end=log_end)  # the write may not have reached the log yet
+            if self._env.reply_now(self.reply, Reply(encode_message(self._correlation_id, bounds, batches))):
+                self.reply.set_result(SENT)
+                return
+        asyncio.get_running_loop().call_soon(self._answer_from_log)  # after the write is in
+
+    def closed(self, error: TidelogError) -> None:
+        if not self.reply.done():
+            self.reply.set_exception(error)
+
+    def _wind_down(self, _winding_down: asyncio.Future[None]) -> None:
+        self._answer_from_log()
+
+    def _answer_from_log(self) -> None:
+        if self.reply.done():
+            return
+        try:
+            reply = _from_log(self._env, self._correlation_id, self._partition, self._offset, self._max_bytes)
+        except Exception as exc:  # the session answers with the error frame, as for a handler's
+            self.reply.set_exception(exc)
+            return
+        self.reply.set_result(reply)
+
+    def _leave(self, _reply: asyncio.Future[Reply]) -> None:
+        """Answered, or dropped by the session (cancelled): stop the timer, leave the partition's waiters."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._env.winding_down.remove_done_callback(self._wind_down)
+        self._partition.unpark(self._offset, self)
 
 
 def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
@@ -283,7 +349,7 @@ def _refuse(correlation_id: int, partition: Partition, error: TidelogError) -> R
 
 
 ROUTES: dict[int, Route] = {
-    Op.REPLICA_FETCH: route(ReplicaFetchRequest, replica_fetch, acknowledge),
+    Op.REPLICA_FETCH: route(ReplicaFetchRequest, replica_fetch, acknowledge, park_at_tail),
     Op.EPOCH_END_OFFSET: route(EpochEndOffsetRequest, epoch_end_offset),
     Op.SEGMENT_LIST: route(SegmentListRequest, segment_list),
     Op.SEGMENT_FETCH: route(SegmentFetchRequest, segment_fetch),

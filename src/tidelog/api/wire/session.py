@@ -31,7 +31,9 @@ rather than sent with ``os.sendfile`` after it.
 Admission. A route may have an ``admit`` hook that runs as the request is read, before the handler's task
 gets its first turn of the loop: a replica fetch's acknowledgement moves the high watermark from there
 (:func:`tidelog.api.wire.replica.acknowledge`), and the acks-ALL produce it commits answers from there too
-(:class:`tidelog.api.wire.handlers._CommittedReply`).
+(:class:`tidelog.api.wire.handlers._CommittedReply`). A route may also have a ``park`` hook, run right after:
+the request is then served with no task at all, its slot being the future the hook returned (a replica fetch
+waiting at the log end, :func:`tidelog.api.wire.replica.park_at_tail`).
 
 Winding down. When the peer closes its side (EOF), the stream breaks, or the server stops, no further request
 will come: long-polling fetches in progress answer at once (empty) instead of holding the connection open
@@ -232,6 +234,11 @@ class Session:
             return
         if handler.admit is not None:
             handler.admit(self._env, header)
+        if handler.park is not None:
+            parked = handler.park(self._env, cid, header)
+            if parked is not None:  # served without a task: the future is its slot
+                self._push(cid, op, nbytes, parked)
+                return
         task: asyncio.Task[Reply] = asyncio.get_running_loop().create_task(
             self._handle(handler.handle(self._env, cid, header, frame.payload))
         )
@@ -253,14 +260,15 @@ class Session:
                 self.abort()
         return reply
 
-    def reply_now(self, task: asyncio.Task[Any], reply: Reply) -> bool:
-        """Write ``task``'s reply now, from wherever this is called, if the fast path allows it (its slot first,
+    def reply_now(self, slot: asyncio.Future[Any], reply: Reply) -> bool:
+        """Write the reply of the request whose slot is ``slot`` (its handler task, or the future its route's
+        ``park`` hook returned) now, from wherever this is called, if the fast path allows it (its slot first,
         the writer idle, the transport's buffer empty); True once written (or the connection failed writing it:
-        then it is aborted). The handler task must then return any reply (:data:`~tidelog.api.wire.handlers.SENT`):
-        its slot has left the FIFO.
+        then it is aborted). The slot must then settle with any reply (:data:`~tidelog.api.wire.handlers.SENT`):
+        it has left the FIFO.
 
-        A replica fetch long-polling at the tail is answered this way from inside the leader's write
-        (:meth:`Partition.wait_for_log_end`): the batches just written, straight to the follower's socket,
+        A replica fetch waiting at the tail is answered this way from inside the leader's write
+        (:meth:`Partition.park_at_log_end`): the batches being written, straight to the follower's socket,
         before the appender's fsync round starts and without the fetch's task running again. Measured with
         1 KiB acks-ALL writes, 3 brokers on 2 cores (p50): woken a turn later and read back from the file, the
         fetches' answers left 130 and 190 µs after the write (write to woken 32, to the first answer 96, to
@@ -268,7 +276,7 @@ class Session:
         to 540 µs, and ``benchmarks.replication --quick`` latency_p50 from 1252 to 1104 µs (medians of three
         runs each, alternated, same hour).
         """
-        if reply.file is not None or not self._writable_now(task):
+        if reply.file is not None or not self._writable_now(slot):
             return False
         self._take_first()
         try:
