@@ -260,14 +260,19 @@ async def test_a_fetch_waiting_at_the_tail_has_no_handler_task(leader: Leader, c
 
 
 async def test_a_waiting_fetch_the_session_cannot_answer_at_once_is_read_back_from_the_log(
-    leader: Leader, conn: Connection, monkeypatch: pytest.MonkeyPatch
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As when the connection's transport still holds earlier bytes: the reply must wait its turn in the FIFO.
+    # Patched before the connection opens: a session hands its handlers its reply_now when it starts.
     monkeypatch.setattr(Session, "reply_now", lambda _self, _slot, _reply: False)
-    polling = asyncio.create_task(replica_fetch(conn, 0, wait_ms=int(BOUND * 1000)))
-    await _parked(leader, 0)
-    await leader.append(b"late", b"but whole")
-    header, payload = await asyncio.wait_for(polling, BOUND)
+    connection = await Connection.open("127.0.0.1", leader.port)
+    try:
+        polling = asyncio.create_task(replica_fetch(connection, 0, wait_ms=int(BOUND * 1000)))
+        await _parked(leader, 0)
+        await leader.append(b"late", b"but whole")
+        header, payload = await asyncio.wait_for(polling, BOUND)
+    finally:
+        await connection.close()
     assert header.log_end == 2 and payload == leader.log.read(0, 1 << 20)
 
 
