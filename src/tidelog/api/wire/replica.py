@@ -128,7 +128,6 @@ def park_at_tail(env: HandlerEnv, correlation_id: int, request: ReplicaFetchRequ
     try:
         partition.park_at_log_end(offset, fetch)
     except TidelogError:  # closing: the handler answers (with the error)
-        fetch.reply.cancel()
         return None
     fetch.start(request.max_wait_ms / 1000)
     return fetch.reply
