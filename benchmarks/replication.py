@@ -93,7 +93,9 @@ TIDELOG_SETTINGS: dict[str, str] = {
 }
 
 APPROACHES = {
-    "tidelog": "LocalCluster: 3 tidelog serve + shared nats-server + etcd; RF 3, acks ALL, flush always; "
+    "tidelog": "LocalCluster: 3 tidelog serve + shared nats-server + etcd; RF 3, acks ALL, flush always; other "
+    "settings at their defaults (a leader polls its sockets for 500 µs after a lone acks-ALL write is fsynced: "
+    "replica_ack_poll_us); "
     "Producer (codec none, default batching, max_in_flight 8); Consumer.fetch_batches() decoding records; "
     "latency: one send_and_wait at a time (linger 0); failover: SIGKILL the partition leader's broker while one "
     "writer sends acks-ALL writes (0.5 s timeout, retry after 10 ms, metadata refreshed after each failure)",

@@ -11,6 +11,7 @@ from tidelog.api.errors import RequestTimeoutError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.replication.ack_poll import poller_for
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
@@ -62,4 +63,61 @@ async def test_an_append_whose_caller_is_cancelled_mid_fsync_still_commits(tmp_p
     task.cancel()
     assert await partition.wait_for_data(1, 5.0), "the cancelled append's records never committed"
     assert partition.high_watermark == 2
+    await partition.close()
+
+
+async def _polling_partition(tmp_path: Path, ack_poll_us: int) -> Partition:
+    log = await Log.open_async(tmp_path, LogConfig(flush_policy=FlushPolicy.ALWAYS))
+    stream = StreamRecord("s", "s", "", 1, 2, 0)
+    record = PartitionRecord("s", 0, ("b", "c"), "b", ("b", "c"))
+    return Partition(stream, record, log, "b", min_isr=1, ack_poll_us=ack_poll_us)
+
+
+async def _written(partition: Partition, end: int) -> None:
+    for _ in range(10_000):
+        if partition.log.flusher.durable >= partition.log.flusher.written and partition.log_end >= end:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the append was not written and fsynced")
+
+
+async def test_a_lone_acks_all_write_keeps_the_leader_polling_past_its_commit(tmp_path: Path) -> None:
+    partition = await _polling_partition(tmp_path, 30_000_000)  # 30 s: the deadline cannot pass mid-test
+    poller = poller_for(asyncio.get_running_loop())
+    assert not poller.polling
+    write = asyncio.ensure_future(partition.append(_batch(2), Acks.ALL, 5))
+    await _written(partition, 2)
+    await asyncio.sleep(0)
+    assert poller.polling and not write.done()  # fsynced here, waiting for "c": polling, not sleeping
+    partition.replica_fetched("c", 2)  # "c" acknowledges
+    assert (await write).last_offset == 1
+    assert poller.polling  # and on, for the next write of a producer that waits for each one
+    await partition.close()
+
+
+async def test_writes_waiting_together_do_not_push_the_polling_out(tmp_path: Path) -> None:
+    partition = await _polling_partition(tmp_path, 30_000_000)
+    poller = poller_for(asyncio.get_running_loop())
+    first = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
+    await _written(partition, 1)
+    await asyncio.sleep(0)
+    deadline = poller.deadline_ns
+    assert poller.polling and deadline > 0
+    second = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
+    await _written(partition, 2)
+    await asyncio.sleep(0)
+    assert poller.deadline_ns == deadline  # pipelined writes: the loop is busy anyway
+    partition.replica_fetched("c", 2)
+    assert [(await w).last_offset for w in (first, second)] == [0, 1]
+    await partition.close()
+
+
+async def test_a_leader_set_not_to_poll_sleeps_while_it_waits(tmp_path: Path) -> None:
+    partition = await _polling_partition(tmp_path, 0)
+    write = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
+    await _written(partition, 1)
+    await asyncio.sleep(0)
+    assert not poller_for(asyncio.get_running_loop()).polling
+    partition.replica_fetched("c", 1)
+    await write
     await partition.close()

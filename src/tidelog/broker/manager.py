@@ -73,6 +73,7 @@ class PartitionManager:
         replica_lag_time_max: float = 15.0,
         replica_fetch_wait_max_ms: int = 500,
         replica_copy_threshold_bytes: int = 256 * 1024 * 1024,
+        replica_ack_poll_us: int = 0,
         nats_duplicate_window_ms: int = 120_000,
         nats_max_msg_ids: int = 100_000,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
@@ -90,6 +91,7 @@ class PartitionManager:
         self._lag_max = replica_lag_time_max
         self._fetch_wait_ms = replica_fetch_wait_max_ms
         self._copy_threshold = replica_copy_threshold_bytes
+        self._ack_poll_us = replica_ack_poll_us
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
@@ -236,6 +238,7 @@ class PartitionManager:
             replica_lag_time_max=self._lag_max,
             producers=producers,
             report_suspension=self._report_suspension,
+            ack_poll_us=self._ack_poll_us if replicated else 0,
         )
         self._partitions[(stream.name, record.id)] = partition
         ingest = NatsIngest(

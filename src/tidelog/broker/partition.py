@@ -59,6 +59,7 @@ from tidelog.api.wire.messages import Acks
 from tidelog.broker.replica_reads import CommittedReads
 from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.replication.ack_poll import poller_for
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
@@ -144,8 +145,10 @@ class Partition(CommittedReads):
         replica_lag_time_max: float = 15.0,
         producers: ProducerStateTable | None = None,
         report_suspension: ReportSuspension | None = None,
+        ack_poll_us: int = 0,
     ) -> None:
         """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
+        ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0: not).
         ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
         :mod:`tidelog.broker.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
@@ -156,6 +159,8 @@ class Partition(CommittedReads):
         self._on_resume = on_resume
         self._alter_isr = alter_isr
         self._lag_max_ns = int(replica_lag_time_max * 1e9)
+        self._ack_poll_ns = ack_poll_us * 1000
+        self._committing = 0  # writes waiting for their commit (wait_committed)
         # With no followers everything written is committed. A leader with followers starts from the HW it
         # knew (checkpointed as a follower or an earlier leader): what lies above was never known committed,
         # and becomes visible only once the ISR has it again.
@@ -456,6 +461,9 @@ class Partition(CommittedReads):
         :meth:`HighWatermark.wait_committed`."""
         if offset < self._hw.value:
             return  # already committed (always, with one replica): no timer, no future
+        if self._ack_poll_ns and not self._committing:  # a lone write: see ack_poll
+            poller_for(asyncio.get_running_loop()).poll_for(self._ack_poll_ns)
+        self._committing += 1
         try:
             async with asyncio.timeout(timeout):  # not wait_for: that wraps the wait in a task of its own
                 await self._hw.wait_committed(offset, then)
@@ -463,6 +471,8 @@ class Partition(CommittedReads):
             raise RequestTimeoutError(
                 f"offset {offset} of {self.name} was not committed within {timeout:.3f}s"
             ) from None
+        finally:
+            self._committing -= 1
 
     async def wait_for_data(self, offset: int, timeout: float | None) -> bool:
         """Long-poll: wait until a record at ``offset`` is committed; False on timeout."""

@@ -153,6 +153,7 @@ class Broker:
                 replica_lag_time_max=cfg.replica_lag_time_max_ms / 1000,
                 replica_fetch_wait_max_ms=cfg.replica_fetch_wait_max_ms,
                 replica_copy_threshold_bytes=cfg.replica_copy_threshold_bytes,
+                replica_ack_poll_us=cfg.replica_ack_poll_us,
                 nats_duplicate_window_ms=cfg.nats_duplicate_window_ms,
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
                 producer_expiry_ms=cfg.producer_expiry_ms,
