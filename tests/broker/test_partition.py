@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from tidelog.api.errors import RequestTimeoutError
+from tidelog.api.errors import RequestTimeoutError, TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.replication.ack_poll import poller_for
+from tidelog.replication.ack_poll import LoopPoller, poller_for
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
+from tidelog.storage.segment import Buffer
 
 
 async def _partition(tmp_path: Path, isr: tuple[str, ...]) -> Partition:
@@ -120,4 +122,41 @@ async def test_a_leader_set_not_to_poll_sleeps_while_it_waits(tmp_path: Path) ->
     assert not poller_for(asyncio.get_running_loop()).polling
     partition.replica_fetched("c", 1)
     await write
+    await partition.close()
+
+
+class _ParkedFetch:
+    """A follower's fetch waiting at the log end; notes the poller's deadline on the loop turn after the push."""
+
+    def __init__(self, poller: LoopPoller) -> None:
+        self._poller = poller
+        self.deadlines: list[int] = []
+
+    def written(self, batches: Sequence[Buffer] | None, size: int, log_end: int) -> None:
+        asyncio.get_running_loop().call_soon(lambda: self.deadlines.append(self._poller.deadline_ns))
+
+    def closed(self, error: TidelogError) -> None:
+        raise AssertionError(f"closed: {error}")
+
+
+async def test_handing_the_next_write_to_waiting_followers_ends_the_polling(tmp_path: Path) -> None:
+    """The followers woken by a write need the CPUs for their own write and fsync; the leader polls again once
+    its own fsync of that write is done."""
+    partition = await _polling_partition(tmp_path, 30_000_000)
+    poller = poller_for(asyncio.get_running_loop())
+    first = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
+    await _written(partition, 1)
+    await asyncio.sleep(0)
+    partition.replica_fetched("c", 1)
+    await first
+    assert poller.polling and poller.deadline_ns > 0  # lingering for the next write
+    parked = _ParkedFetch(poller)
+    partition.park_at_log_end(1, parked)  # "c" waits at the log end for the next write
+    second = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
+    await _written(partition, 2)
+    assert parked.deadlines == [0]  # stopped as the write went to the follower
+    await asyncio.sleep(0)
+    assert poller.polling  # fsynced: polling again for the acknowledgement
+    partition.replica_fetched("c", 2)
+    await second
     await partition.close()

@@ -69,3 +69,16 @@ async def test_each_loop_has_one_poller() -> None:
         assert poller_for(other) is not poller_for(loop)
     finally:
         other.close()
+
+
+async def test_stop_ends_the_polling_before_its_deadline() -> None:
+    clock = _Clock()
+    poller = LoopPoller(asyncio.get_running_loop(), clock)
+    poller.poll_for(1_000)
+    await _turns(3)
+    poller.stop()
+    await _turns(3)
+    assert not poller.polling
+    poller.poll_for(1_000)  # and a later write starts it again
+    await _turns(3)
+    assert poller.polling

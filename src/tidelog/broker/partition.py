@@ -59,7 +59,7 @@ from tidelog.api.wire.messages import Acks
 from tidelog.broker.replica_reads import CommittedReads
 from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.replication.ack_poll import poller_for
+from tidelog.replication.ack_poll import LoopPoller, poller_for
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
@@ -161,6 +161,7 @@ class Partition(CommittedReads):
         self._lag_max_ns = int(replica_lag_time_max * 1e9)
         self._ack_poll_ns = ack_poll_us * 1000
         self._committing = 0  # writes waiting for their commit (wait_committed)
+        self._poller: LoopPoller | None = None  # the loop's, once a write has polled (ack_poll)
         # With no followers everything written is committed. A leader with followers starts from the HW it
         # knew (checkpointed as a follower or an earlier leader): what lies above was never known committed,
         # and becomes visible only once the ISR has it again.
@@ -257,6 +258,8 @@ class Partition(CommittedReads):
                 waiter.written(batches, size, end)
             except Exception:  # never into the append: its bytes are in the file, or about to be
                 log.exception("%s: answering a replica fetch from the write failed", self.name)
+        if self._poller is not None:
+            self._poller.stop()  # the followers it just woke need the CPUs now (ack_poll)
 
     def _propose_isr(self, isr: tuple[str, ...]) -> None:
         """Ask the controller for a new ISR, one request at a time; the change applies when it reaches the
@@ -462,7 +465,9 @@ class Partition(CommittedReads):
         if offset < self._hw.value:
             return  # already committed (always, with one replica): no timer, no future
         if self._ack_poll_ns and not self._committing:  # a lone write: see ack_poll
-            poller_for(asyncio.get_running_loop()).poll_for(self._ack_poll_ns)
+            if self._poller is None:
+                self._poller = poller_for(asyncio.get_running_loop())
+            self._poller.poll_for(self._ack_poll_ns)
         self._committing += 1
         try:
             async with asyncio.timeout(timeout):  # not wait_for: that wraps the wait in a task of its own

@@ -3,19 +3,25 @@
 Once a leader has written and fsynced an acks-ALL write, what is left is the followers' acknowledgements, a few
 hundred microseconds away (their own fsync), and then, from a producer that waits for each write, the next
 write. If the loop sleeps meanwhile, every one of those messages has to wake it: the sender pays for waking an
-idle CPU (on a virtual machine the inter-processor interrupt is a VM exit, tens of microseconds) and the leader
-pays again for coming out of idle. A loop that keeps polling (``epoll_wait`` with a zero timeout) sees each
-message as soon as it is on its socket, and nobody is woken. This is what the kernel's guest halt-polling does
-for a whole virtual CPU, where it is enabled; Seastar-based brokers poll all the time. Here the leader polls only
-after a write that waits alone for its commit, for ``replica_ack_poll_us``.
+idle CPU and the leader pays again for coming out of idle. On a virtual machine that is dear: a blocking
+round trip between two processes on different vCPUs of the benchmark's machine takes 70-110 µs, against 8 µs on
+one vCPU and 23 µs when the receiver polls. A loop that keeps polling (``epoll_wait`` with a zero timeout) sees
+each message as soon as it is on its socket, and nobody is woken. This is what the kernel's guest halt-polling
+does for a whole virtual CPU, where it is enabled; Seastar-based brokers poll all the time.
 
-Only a lone write: when several wait, the producers are pipelining, the loop is busy anyway, and a leader that
-spun in the gaps would take CPU from followers that share its machine (on the benchmark's 2 vCPUs, a poll after
-every write cost 6% of produce throughput).
+Here the leader polls only:
+
+- after a write that waits *alone* for its commit, for ``replica_ack_poll_us``. When several wait, producers
+  are pipelining, the loop is busy anyway, and a leader spinning in the gaps would take CPU from followers that
+  share its machine (on the benchmark's 2 vCPUs, polling after every write cost 6% of produce throughput);
+- until it hands the next write to its followers (:meth:`LoopPoller.stop`): they need the CPUs then, for their
+  own write and fsync, and the leader polls again once its own fsync of that write is done.
 
 Measured on the replication benchmark's machine (three brokers and a client on 2 vCPUs, fresh clusters
-alternating): p50 of sequential acks-ALL writes 854 → 782 and 899 → 832 µs with 500 µs of polling; the leader
-spent about 240 µs more CPU per write. Set it to 0 where a leader shares its CPUs with other busy work.
+alternating, p50 of sequential 1 KiB acks-ALL writes): 894 → 813 µs (medians of three runs) with 500 µs of
+polling; stopping at the hand-over then took another 11-43 µs off and 40 µs of the leader's CPU per write. The
+polling costs the leader about 200 µs of CPU per such write. Set it to 0 where a leader shares its CPUs with
+other busy work.
 
 How: a callback re-schedules itself with ``call_soon`` until the deadline; a loop with a ready callback polls its
 selector without blocking (asyncio and uvloop alike), so each turn of the loop is one non-blocking poll.
@@ -57,6 +63,10 @@ class LoopPoller:
         if not self._polling:
             self._polling = True
             self._loop.call_soon(self._turn)
+
+    def stop(self) -> None:
+        """End the polling at the next turn of the loop, whatever the deadline was."""
+        self._until_ns = 0
 
     def _turn(self) -> None:
         if self._clock() < self._until_ns:
