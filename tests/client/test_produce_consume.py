@@ -113,6 +113,22 @@ async def test_acks_resolve_in_send_order_with_many_requests_in_flight(address: 
     assert [r.value for r in await read_all(address, stream_name)] == [b"%d" % i for i in range(600)]
 
 
+async def test_a_burst_of_sends_is_acknowledged_while_it_still_runs(address: str, stream_name: str) -> None:
+    """An asyncio producer has no I/O thread: ``send()`` yields a turn of the loop when it fills a batch that
+    must wait for a slot, so responses come in and later batches go out while the application keeps sending.
+    Without that, no acknowledgement could arrive before the loop below gives up."""
+    await create(address, stream_name)
+    async with Producer(address, max_records=10, max_in_flight=1, compression=Codec.NONE) as producer:
+        futures = [await producer.send(stream_name, b"0")]
+        deadline = time.monotonic() + 10
+        while not futures[0].done() and len(futures) < 200_000 and time.monotonic() < deadline:
+            futures.append(await producer.send(stream_name, b"%d" % len(futures)))
+        acknowledged_during = futures[0].done()
+        await producer.flush()
+    assert acknowledged_during, f"no acknowledgement during a burst of {len(futures)} sends"
+    assert [f.result().offset for f in futures] == list(range(len(futures)))
+
+
 async def test_keys_choose_partitions_and_each_partition_keeps_its_order(address: str, stream_name: str) -> None:
     await create(address, stream_name, partitions=3)
     records: list[Sent] = [(b"%d" % i, b"user-%d" % (i % 11), (), T0 + i) for i in range(300)]

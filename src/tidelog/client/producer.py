@@ -25,8 +25,13 @@ network, is the limit (see the report in ``benchmarks/``). Throughput comes from
 requests in flight: with flush ``always`` every request waits for an fsync, and those of one partition share
 one (group commit) only when several are in flight.
 
-``send()`` waits (the only time it suspends, apart from the first metadata lookup of a stream) when
-``buffer_memory`` bytes are already waiting for acknowledgement: that is the producer's backpressure.
+``send()`` waits when ``buffer_memory`` bytes are already waiting for acknowledgement: that is the producer's
+backpressure. Apart from that and the first metadata lookup of a stream, it suspends only for one turn of the
+event loop, when the record filled a batch that cannot go yet because ``max_in_flight`` requests are out. An
+asyncio producer has no I/O thread: a loop of ``await send()`` that never yields would queue every batch behind
+the first ``max_in_flight`` until it ends, and only then read their responses and send the rest. Yielding there
+lets the responses in and the next batches out while the application is still sending (30 000 records of
+1 KiB, acks ALL, 3 brokers: 110k → 137k msg/s, medians of eight bursts each).
 
 Idempotence (the default, with ``Acks.ALL`` or ``Acks.LEADER``). On start the producer asks a broker for a
 producer id and epoch (``INIT_PRODUCER``); every batch carries them and a per-partition sequence, so a batch
@@ -48,7 +53,7 @@ from types import TracebackType
 
 from tidelog.api.errors import TidelogError
 from tidelog.api.wire.messages import Acks
-from tidelog.client.accumulator import Accumulator, RecordMetadata
+from tidelog.client.accumulator import Accumulator, PartitionBuffer, RecordMetadata
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.idempotence import ProducerIdentity, ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, Partitioner
@@ -178,7 +183,30 @@ class Producer:
 
         ``timestamp`` is ns since the Unix epoch (now, when omitted). The future fails with the broker's
         :class:`~tidelog.api.errors.TidelogError` (e.g. ``UnknownStreamError``) if the record is refused.
+        Suspends only for backpressure, a stream's first metadata lookup, or one loop turn after filling a
+        batch the sender cannot take yet (module docstring).
         """
+        future = await self._append(stream, value, key, headers, partition, timestamp)
+        buffer = self._last_buffer()  # nothing ran since the append
+        if buffer.open is None and buffer.ready:  # this record sealed a batch, and it has to wait for a slot
+            await asyncio.sleep(0)  # let responses in (they free slots) before the next records are encoded
+        return future
+
+    def _last_buffer(self) -> PartitionBuffer:
+        accumulator = self._accumulator
+        assert accumulator is not None
+        return accumulator.last
+
+    async def _append(
+        self,
+        stream: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers | None,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Encode the record into its partition's open batch (``send()`` without its yield)."""
         accumulator = self._accumulator
         if accumulator is None:
             await self.start()
@@ -207,10 +235,10 @@ class Producer:
     ) -> RecordMetadata:
         """:meth:`send` one record and wait for its acknowledgement; its batch goes at once (no linger), the
         batches of other partitions are left to fill up."""
-        future = await self.send(stream, value, key, headers, partition, timestamp)
+        future = await self._append(stream, value, key, headers, partition, timestamp)
         accumulator, sender = self._accumulator, self._sender
         assert accumulator is not None and sender is not None
-        buffer = accumulator.last  # nothing ran between the append in send() and here
+        buffer = accumulator.last  # nothing ran between the append and here
         accumulator.seal(buffer)
         sender.wake(buffer)
         return await future
