@@ -117,3 +117,13 @@ async def test_turned_off_rounds_go_to_threads(tmp_path: Path, monkeypatch: pyte
     await asyncio.gather(*(log.append(make_batch(1), 1) for _ in range(5)))
     assert log.flusher.ring_rounds == 0 and log.flusher.fsync_rounds >= 1
     await log.close()
+
+
+async def test_a_flusher_told_not_to_use_the_ring_syncs_on_threads(tmp_path: Path) -> None:
+    _ring()  # available: the flusher's own setting is what keeps its rounds off it
+    log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS))
+    log.flusher.allow_inline = log.flusher.use_ring = False  # as on a replicated partition's leader
+    await asyncio.gather(*(log.append(make_batch(1), 1) for _ in range(5)))
+    assert log.flusher.ring_rounds == 0 and log.flusher.fsync_rounds >= 1
+    assert log.flusher.durable == log.flusher.written
+    await log.close()

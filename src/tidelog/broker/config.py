@@ -330,7 +330,8 @@ class BrokerConfig:
         True,
         _bool_kind(),
         "Submit fsync rounds that do not run inline through io_uring (Linux x86-64) instead of a worker thread: "
-        "no GIL handoff per round. Falls back to threads where io_uring is unavailable.",
+        "no GIL handoff per round. Falls back to threads where io_uring is unavailable. A replicated partition's "
+        "leader uses a thread either way: it starts the leader's own fsync sooner.",
     )
     default_ack_timeout_ms: int = _setting(
         5000, _POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
