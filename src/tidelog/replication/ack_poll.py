@@ -19,9 +19,9 @@ Here the leader polls only:
 
 Measured on the replication benchmark's machine (three brokers and a client on 2 vCPUs, fresh clusters
 alternating, p50 of sequential 1 KiB acks-ALL writes): 894 → 813 µs (medians of three runs) with 500 µs of
-polling; stopping at the hand-over then took another 11-43 µs off and 40 µs of the leader's CPU per write. The
-polling costs the leader about 200 µs of CPU per such write. Set it to 0 where a leader shares its CPUs with
-other busy work.
+polling; stopping at the hand-over then took another 11-67 µs off (seven paired rounds) and 35-95 µs of the
+leader's CPU per write. The polling costs the leader 150-230 µs of CPU per such write. Set it to 0 where a
+leader shares its CPUs with other busy work.
 
 How: a callback re-schedules itself with ``call_soon`` until the deadline; a loop with a ready callback polls its
 selector without blocking (asyncio and uvloop alike), so each turn of the loop is one non-blocking poll.
