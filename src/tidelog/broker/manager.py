@@ -238,7 +238,7 @@ class PartitionManager:
             replica_lag_time_max=self._lag_max,
             producers=producers,
             report_suspension=self._report_suspension,
-            ack_poll_us=self._ack_poll_us if replicated else 0,
+            ack_poll_us=self._ack_poll_us,
         )
         self._partitions[(stream.name, record.id)] = partition
         ingest = NatsIngest(

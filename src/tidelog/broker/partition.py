@@ -59,7 +59,7 @@ from tidelog.api.wire.messages import Acks
 from tidelog.broker.replica_reads import CommittedReads
 from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.replication.ack_poll import LoopPoller, poller_for
+from tidelog.replication.ack_poll import poller_for
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
@@ -148,7 +148,8 @@ class Partition(CommittedReads):
         ack_poll_us: int = 0,
     ) -> None:
         """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
-        ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0: not).
+        ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0, or a
+        single replica: not).
         ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
         :mod:`tidelog.broker.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
@@ -161,7 +162,7 @@ class Partition(CommittedReads):
         self._lag_max_ns = int(replica_lag_time_max * 1e9)
         self._ack_poll_ns = ack_poll_us * 1000
         self._committing = 0  # writes waiting for their commit (wait_committed)
-        self._poller: LoopPoller | None = None  # the loop's, once a write has polled (ack_poll)
+        self._poller = poller_for(asyncio.get_running_loop()) if ack_poll_us and self.replicated else None  # ack_poll
         # With no followers everything written is committed. A leader with followers starts from the HW it
         # knew (checkpointed as a follower or an earlier leader): what lies above was never known committed,
         # and becomes visible only once the ISR has it again.
@@ -183,7 +184,7 @@ class Partition(CommittedReads):
         self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
         self._tail_waiters: dict[int, list[TailWaiter]] = {}  # log end -> fetches parked there (park_at_log_end)
         log_.add_tail_listener(self._tell_waiters)
-        log_.flusher.allow_inline = log_.flusher.use_ring = len(record.replicas) == 1  # see these in Flusher
+        log_.flusher.allow_inline = log_.flusher.use_ring = not self.replicated  # see these in Flusher
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
@@ -464,9 +465,7 @@ class Partition(CommittedReads):
         :meth:`HighWatermark.wait_committed`."""
         if offset < self._hw.value:
             return  # already committed (always, with one replica): no timer, no future
-        if self._ack_poll_ns and not self._committing:  # a lone write: see ack_poll
-            if self._poller is None:
-                self._poller = poller_for(asyncio.get_running_loop())
+        if self._poller is not None and not self._committing:  # a lone write: see ack_poll
             self._poller.poll_for(self._ack_poll_ns)
         self._committing += 1
         try:
