@@ -53,7 +53,7 @@ from types import TracebackType
 
 from tidelog.api.errors import TidelogError
 from tidelog.api.wire.messages import Acks
-from tidelog.client.accumulator import Accumulator, PartitionBuffer, RecordMetadata
+from tidelog.client.accumulator import Accumulator, RecordMetadata
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.idempotence import ProducerIdentity, ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, Partitioner
@@ -187,15 +187,11 @@ class Producer:
         batch the sender cannot take yet (module docstring).
         """
         future = await self._append(stream, value, key, headers, partition, timestamp)
-        buffer = self._last_buffer()  # nothing ran since the append
+        assert self._accumulator is not None
+        buffer = self._accumulator.last  # nothing ran since the append
         if buffer.open is None and buffer.ready:  # this record sealed a batch, and it has to wait for a slot
             await asyncio.sleep(0)  # let responses in (they free slots) before the next records are encoded
         return future
-
-    def _last_buffer(self) -> PartitionBuffer:
-        accumulator = self._accumulator
-        assert accumulator is not None
-        return accumulator.last
 
     async def _append(
         self,
