@@ -11,8 +11,11 @@ Also a whole broker restarted on its data. It is here rather than beside the mod
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import nats
@@ -26,11 +29,13 @@ from tidelog.broker.partition import Partition
 from tidelog.broker.server import Broker
 from tidelog.clock import ManualClock
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.storage.batch import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
 
 from .conftest import broker_config
 from .helpers import BOUND, create_stream, read_until_stop, values
 from .test_ingest import FakeNats, open_partition, stored_batches
+from .test_msg_id_window import garble_first_record
 from .test_nats_ingest import receive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -175,3 +180,116 @@ async def publish_and_read(
     finally:
         await client.close()
         await channel.close()
+
+
+# ---------------------------------------------------------------------------------------------- ingest failing to start
+
+
+async def test_a_restarted_broker_ingests_past_an_unreadable_batch_in_the_window(tmp_path: Path) -> None:
+    """A batch of the duplicate window whose records do not decode costs the window its ids, not the ingest."""
+    data_dir = tmp_path / "damaged"
+    first = Broker(broker_config(data_dir))
+    await first.start()
+    try:
+        async with connected(first) as (stub, client):
+            await create_stream(stub, "damaged")
+            await leads(first, "damaged")
+            for i in range(5):
+                await client.publish("damaged", b"old %d" % i, headers={"Nats-Msg-Id": f"old-{i}"})
+            await client.flush()
+            partition = first.manager.local("damaged", 0) if first.manager else None
+            assert partition is not None and await partition.wait_for_data(4, BOUND)
+    finally:
+        await first.stop()
+    (path, position, _, size), *_ = segment_batches_under(data_dir / "streams")
+    garble_first_record(path, position, size, fix_crc=True)
+
+    second = Broker(broker_config(data_dir))
+    await second.start()
+    try:
+        async with connected(second) as (_, client):
+            await leads(second, "damaged")
+            for i in range(10):
+                await client.publish("damaged", b"new %d" % i, headers={"Nats-Msg-Id": f"new-{i}"})
+            await client.flush()
+            assert second.manager is not None
+            partition = second.manager.local("damaged", 0)
+            assert partition is not None
+            assert await partition.wait_for_data(14, BOUND), f"{partition.log_end - 5} of 10 NATS messages stored"
+            assert values_from(partition, 5) == [b"new %d" % i for i in range(10)]
+    finally:
+        await second.stop()
+
+
+async def test_an_ingest_that_fails_to_start_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader whose ingest fails to start says so and keeps trying: it does not lead on without ingest."""
+    real_start = NatsIngest.start
+    failures = [RuntimeError("injected: the first start fails")]
+    started = asyncio.Event()
+
+    async def start(self: NatsIngest) -> None:
+        if failures:
+            raise failures.pop()
+        await real_start(self)
+        started.set()
+
+    monkeypatch.setattr(NatsIngest, "start", start)
+    broker = Broker(broker_config(tmp_path / "retry"))
+    await broker.start()
+    try:
+        async with connected(broker) as (stub, client):
+            await create_stream(stub, "retried")
+            assert broker.manager is not None
+            assert not failures  # the first start failed
+            await asyncio.wait_for(started.wait(), BOUND)  # a retry succeeded
+            assert broker.manager.ingesting("retried", 0)
+            for i in range(10):
+                await client.publish("retried", b"%d" % i)
+            await client.flush()
+            assert values(await receive(stub, "retried", 10)) == [b"%d" % i for i in range(10)]
+    finally:
+        await broker.stop()
+
+
+@contextlib.asynccontextmanager
+async def connected(broker: Broker) -> AsyncIterator[tuple[api_pb2_grpc.APIStub, Any]]:
+    """A gRPC stub and a NATS client for ``broker``."""
+    assert broker.grpc is not None
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc.port}")
+    client = await nats.connect(broker.nats_urls, connect_timeout=BOUND, allow_reconnect=False)
+    try:
+        yield api_pb2_grpc.APIStub(channel), client
+    finally:
+        await client.close()
+        await channel.close()
+
+
+async def leads(broker: Broker, stream: str) -> None:
+    """Return once ``broker`` leads ``stream``'s partition 0 and its manager has acted on it."""
+    assert broker.mirror is not None
+
+    def done(snapshot: MetadataSnapshot) -> bool:
+        record = snapshot.partition(stream, 0)
+        return record is not None and record.leader == broker.id
+
+    await broker.mirror.wait_for(done, BOUND)
+
+
+def segment_batches_under(root: Path) -> list[tuple[Path, int, int, int]]:
+    """(segment file, position, base offset, size) of every batch of the one partition under ``root``."""
+    (directory,) = {path.parent for path in root.rglob("*.log")}
+    found = []
+    for path in sorted(directory.glob("*.log")):
+        for position, header in iter_batches(path.read_bytes(), verify=False):
+            found.append((path, position, header.base_offset, header.size))
+    return found
+
+
+def values_from(partition: Partition, offset: int) -> list[bytes]:
+    """The values of the committed records from ``offset`` on."""
+    found: list[bytes] = []
+    while data := partition.read_committed(offset, 64 * 1024 * 1024):
+        for position, header in iter_batches(data):
+            found += [r.value or b"" for r in decode_records(data, position, header=header)]
+            offset = header.next_offset
+    return found

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from tidelog.broker.ingest_batch import Decoded, IngestEncoder, Message
 from tidelog.broker.msg_id_window import MAX_ID_BYTES, PENDING, MsgIdWindow, msg_id_of, rebuild
 from tidelog.broker.natsproto import Msg, parse_headers
-from tidelog.storage.batch import NewRecord, build_batch, records_of
+from tidelog.storage.batch import (
+    CRC_FIELD,
+    CRC_POS,
+    CRC_START,
+    HEADER_SIZE,
+    NewRecord,
+    build_batch,
+    iter_batches,
+    records_of,
+)
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
 
@@ -158,5 +168,57 @@ async def test_rebuild_of_an_empty_log(tmp_path: Path) -> None:
     log = await Log.open_async(tmp_path / "log", LogConfig())
     try:
         assert await rebuild(MsgIdWindow(SECOND), log, T0) == 0
+    finally:
+        await log.close()
+
+
+def segment_batches(log: Log) -> list[tuple[Path, int, int, int]]:
+    """(segment file, position, base offset, size) of every batch on disk, in offset order."""
+    found = []
+    for path in sorted(log.directory.glob("*.log")):
+        data = path.read_bytes()
+        for position, header in iter_batches(data, verify=False):
+            found.append((path, position, header.base_offset, header.size))
+    return found
+
+
+def garble_first_record(path: Path, position: int, size: int, *, fix_crc: bool) -> None:
+    """Make the first record of the batch at ``position`` undecodable (its length a run of 0xFF); with ``fix_crc``
+    the batch's CRC still matches. The rest of the record, its Nats-Msg-Id header too, is left in place."""
+    data = bytearray(path.read_bytes())
+    data[position + HEADER_SIZE : position + HEADER_SIZE + 10] = b"\xff" * 10
+    if fix_crc:
+        crc = crc32c.crc32c(bytes(data[position + CRC_START : position + size]))
+        CRC_FIELD.pack_into(data, position + CRC_POS, crc)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fix_crc", [True, False], ids=["records-do-not-decode", "crc-mismatch"])
+async def test_rebuild_skips_a_batch_it_cannot_read(
+    tmp_path: Path, fix_crc: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unreadable batch costs the window its own ids only: those before and after it are found."""
+    config = LogConfig(segment_max_bytes=4096)
+    log = await Log.open_async(tmp_path / "log", config)
+    ids = [b"id-%03d" % i for i in range(60)]
+    try:
+        for i, msg_id in enumerate(ids):
+            record = NewRecord(b"v" * 100, headers=[("Nats-Msg-Id", msg_id)], timestamp=T0 + i)
+            await log.append(build_batch([record], timestamp=T0 + i), 0)
+    finally:
+        await log.close()
+    batches = segment_batches(log)
+    sealed = [b for b in batches if b[0] != batches[-1][0]]
+    path, position, damaged, size = sealed[len(sealed) // 2]  # a batch in the middle of a sealed segment
+    garble_first_record(path, position, size, fix_crc=fix_crc)
+    log = await Log.open_async(tmp_path / "log", config)
+    try:
+        window = MsgIdWindow(10 * SECOND)
+        assert await rebuild(window, log, T0 + 5 * SECOND) == len(ids) - 1
+        assert [i for i, msg_id in enumerate(ids) if window.duplicate_of(msg_id, T0 + SECOND) is None] == [damaged]
+        assert f"{damaged}..{damaged}" in caplog.text
+        # The window starting right in the damaged batch: the lookup of its first offset meets the damage too.
+        now = T0 + damaged + 10 * SECOND - 1
+        assert await rebuild(window, log, now) == len(ids) - 1 - damaged
     finally:
         await log.close()

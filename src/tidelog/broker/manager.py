@@ -4,7 +4,8 @@ It listens to the :class:`~tidelog.metadata.mirror.MetadataMirror`. Every partit
 replicas has its log open here, in one of two roles:
 
 - **leader**: a :class:`~tidelog.broker.partition.Partition` (writes, the high watermark, the ISR) and NATS
-  ingest;
+  ingest (an ingest that fails to start is logged as an error and retried with backoff until it subscribes:
+  :meth:`PartitionManager.ingesting` says whether it has);
 - **follower**: a :class:`~tidelog.replication.follower.ReplicaFetcher` pulling from the leader named in the
   metadata, restarted whenever the leader or its epoch changes (and idle while the partition has no live
   leader).
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 LogConfigFactory = Callable[[StreamRecord], LogConfig]
 ResumeHook = Callable[[Partition], Any]
+_INGEST_RETRY_FIRST = 0.5  # seconds before the first retry of an ingest that failed to start; doubles each time
+_INGEST_RETRY_MAX = 30.0
+
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""
 
@@ -98,6 +102,7 @@ class PartitionManager:
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
+        self._ingest_retries: dict[PartitionKey, asyncio.Task[None]] = {}  # ingests that failed to start
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
         self._checkpointer: asyncio.Task[None] | None = None
@@ -241,6 +246,42 @@ class PartitionManager:
             ack_poll_us=self._ack_poll_us,
         )
         self._partitions[(stream.name, record.id)] = partition
+        await self._start_ingest(partition)
+        log.info(
+            "leading %s (epoch %d) on NATS subject %r (log %d..%d, HW %d)",
+            partition.name,
+            record.leader_epoch,
+            partition.subject,
+            log_.start_offset,
+            log_.end_offset,
+            partition.high_watermark,
+        )
+
+    def ingesting(self, stream: str, partition: int) -> bool:
+        """Whether this broker leads the partition and its NATS ingest is subscribed."""
+        return (stream, partition) in self._ingests
+
+    async def _start_ingest(self, partition: Partition) -> None:
+        """Subscribe the partition to its subject; when that fails, log it and keep trying in the background.
+
+        A leader without its ingest would take gRPC publishes and lose every NATS message, so the failure is
+        an error in the log and :meth:`ingesting` answers False until a retry succeeds.
+        """
+        key = (partition.stream.name, partition.record.id)
+        try:
+            self._ingests[key] = await self._new_ingest(partition)
+        except Exception as exc:
+            log.exception(
+                "cannot subscribe %s to NATS subject %r; NATS messages on it are not stored until a retry "
+                "succeeds (next in %.1f s)",
+                partition.name,
+                partition.subject,
+                _INGEST_RETRY_FIRST,
+            )
+            task = asyncio.create_task(self._retry_ingest(partition, repr(exc)), name=f"ingest-{partition.name}")
+            self._ingest_retries[key] = task
+
+    async def _new_ingest(self, partition: Partition) -> NatsIngest:
         ingest = NatsIngest(
             self._nc,
             partition,
@@ -251,19 +292,36 @@ class PartitionManager:
         )
         try:
             await ingest.start()
-        except Exception:
-            log.exception("cannot subscribe %s to NATS subject %s", partition.name, partition.subject)
-        else:
-            self._ingests[(stream.name, record.id)] = ingest
-        log.info(
-            "leading %s (epoch %d) on NATS subject %r (log %d..%d, HW %d)",
-            partition.name,
-            record.leader_epoch,
-            partition.subject,
-            log_.start_offset,
-            log_.end_offset,
-            partition.high_watermark,
-        )
+        except BaseException:
+            await ingest.stop()  # whatever part of it started (a cancelled retry, too)
+            raise
+        return ingest
+
+    async def _retry_ingest(self, partition: Partition, said: str) -> None:
+        """Start the ingest again and again, with backoff, until it works or the partition stops being led here.
+
+        Each new kind of failure is logged as an error; a repeat of the last one only at debug level."""
+        key = (partition.stream.name, partition.record.id)
+        wait = _INGEST_RETRY_FIRST
+        attempts = 1
+        while True:
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, _INGEST_RETRY_MAX)
+            attempts += 1
+            try:
+                ingest = await self._new_ingest(partition)
+            except Exception as exc:
+                text = repr(exc)
+                if text == said:
+                    log.debug("NATS ingest of %s: attempt %d failed again: %s", partition.name, attempts, text)
+                else:
+                    log.error("cannot subscribe %s to NATS subject %r: %s", partition.name, partition.subject, text)
+                said = text
+                continue
+            break
+        self._ingest_retries.pop(key, None)
+        self._ingests[key] = ingest
+        log.warning("NATS ingest of %s subscribed to %r after %d attempts", partition.name, partition.subject, attempts)
 
     async def _follow(self, stream: StreamRecord, record: PartitionRecord, snap: MetadataSnapshot) -> None:
         """Be a follower of ``record``'s leader: demote a local leader first, (re)start the fetcher when the
@@ -342,6 +400,10 @@ class PartitionManager:
                         log.warning("cannot checkpoint the HW of %s", follower.log.directory, exc_info=True)
 
     async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:
+        retry = self._ingest_retries.pop(key, None)
+        if retry is not None:
+            retry.cancel()
+            await asyncio.gather(retry, return_exceptions=True)
         ingest = self._ingests.pop(key, None)
         if ingest is not None:
             await ingest.stop()
@@ -384,6 +446,10 @@ class PartitionManager:
         async with self._lock:
             if self._checkpointer is not None:
                 self._checkpointer.cancel()
+            retries, self._ingest_retries = self._ingest_retries, {}
+            for task in retries.values():
+                task.cancel()
+            await asyncio.gather(*retries.values(), return_exceptions=True)
             ingests, self._ingests = self._ingests, {}
             await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
             partitions, self._partitions = self._partitions, {}

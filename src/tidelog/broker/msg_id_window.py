@@ -39,8 +39,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tidelog.storage.batch import HEADER_SIZE, Codec, decode_records, iter_batches
-from tidelog.storage.errors import OffsetOutOfRangeError
+from tidelog.storage.batch import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
+from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError, OffsetOutOfRangeError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -153,34 +153,100 @@ async def rebuild(window: MsgIdWindow, log_: Log, now_ns: int) -> int:
 
     Reads the whole tail of the log, beyond the high watermark too: a new leader's log is the stream's truth, its
     tail will be committed. Yields to the event loop between reads, as the window may span much data.
+
+    A batch that cannot be read is skipped, with a warning naming its offsets, and the rebuild goes on after it:
+    the window then lacks that batch's ids (a duplicate of one of them is stored again), which is better than no
+    ingest at all. When the damage gives no way past it, the rebuild ends there with what it found.
     """
     window.clear()
     cutoff = now_ns - window.window_ns
-    offset = log_.offset_for_timestamp(cutoff + 1)
+    try:
+        offset = log_.offset_for_timestamp(cutoff + 1)
+    except CorruptSegmentError as exc:  # the lookup met a batch it cannot decode: the window starts there or later
+        offset = exc.first_offset
     found = 0
+    max_bytes = _REBUILD_READ_BYTES
+    careful_until = -1  # after a damaged read: batch by batch up to this offset, to keep the good ones before it
     while offset is not None and offset < log_.end_offset:
+        if offset > careful_until:
+            max_bytes = _REBUILD_READ_BYTES
         try:
-            data = log_.read(offset, _REBUILD_READ_BYTES)
+            data = log_.read(offset, max_bytes)
         except OffsetOutOfRangeError:  # retention removed the start meanwhile: go on from the new start
             if offset >= log_.start_offset:
                 raise
             offset = log_.start_offset
             continue
+        except CorruptSegmentError as exc:
+            if max_bytes > 1:  # somewhere in this read: find it batch by batch
+                max_bytes, careful_until = 1, max(exc.last_offset, offset)
+                continue
+            if exc.last_offset < offset:
+                log.warning(
+                    "Nats-Msg-Id window of %s: cannot read past offset %d (%s); the window holds the %d ids "
+                    "found before it",
+                    log_.directory,
+                    offset,
+                    exc.reason,
+                    found,
+                )
+                break
+            log.warning(
+                "Nats-Msg-Id window of %s: skipping unreadable offsets %d..%d (%s); duplicates of ids stored "
+                "there are not detected",
+                log_.directory,
+                offset,
+                exc.last_offset,
+                exc.reason,
+            )
+            offset = exc.last_offset + 1
+            continue
         if not data:
             break
-        for position, header in iter_batches(data):
-            offset = header.next_offset
-            if header.max_timestamp <= cutoff:
-                continue
-            body = (position + HEADER_SIZE, position + header.size)
-            if header.codec is Codec.NONE and data.find(_MSG_ID_BYTES, *body) < 0:
-                continue  # no record of it carries the header (the fast path's batches never do)
-            for record in decode_records(data, position, header=header):
-                if record.timestamp <= cutoff:
-                    continue
-                msg_id = msg_id_of(record.headers)
-                if msg_id is not None:
-                    window.add(msg_id, record.timestamp, record.offset)
-                    found += 1
+        try:
+            for position, header in iter_batches(data):
+                offset = header.next_offset
+                found += _enter(window, data, position, header, cutoff, log_)
+        except CorruptBatchError as exc:  # a header past the log's own checks: no way to find the next batch
+            log.warning(
+                "Nats-Msg-Id window of %s: cannot read past offset %d (%s); the window holds the %d ids found "
+                "before it",
+                log_.directory,
+                offset,
+                exc,
+                found,
+            )
+            break
         await asyncio.sleep(0)
+    return found
+
+
+def _enter(window: MsgIdWindow, data: bytes, position: int, header: BatchHeader, cutoff: int, log_: Log) -> int:
+    """Enter the ids the batch at ``position`` carries after ``cutoff``; how many. Skips it if it does not
+    decode (logged with its offsets)."""
+    if header.max_timestamp <= cutoff:
+        return 0
+    body = (position + HEADER_SIZE, position + header.size)
+    if header.codec is Codec.NONE and data.find(_MSG_ID_BYTES, *body) < 0:
+        return 0  # no record of it carries the header (the fast path's batches never do)
+    try:
+        records = decode_records(data, position, header=header)
+    except CorruptBatchError as exc:
+        log.warning(
+            "Nats-Msg-Id window of %s: skipping offsets %d..%d, whose records do not decode (%s); duplicates of "
+            "ids stored there are not detected",
+            log_.directory,
+            header.base_offset,
+            header.last_offset,
+            exc,
+        )
+        return 0
+    found = 0
+    for record in records:
+        if record.timestamp <= cutoff:
+            continue
+        msg_id = msg_id_of(record.headers)
+        if msg_id is not None:
+            window.add(msg_id, record.timestamp, record.offset)
+            found += 1
     return found
