@@ -5,6 +5,10 @@ request's deadline (or the broker's default ack timeout when it has none). A req
 also gets its ack published there, as Liftbridge does. ``NONE`` still stores the message before answering: it
 only means the response carries no ack.
 
+``ackInbox``, ``ackPolicy`` and ``PublishToSubject``'s ``subject`` are checked before anything is stored or sent
+(:mod:`tidelog.api.subjects`): a bad one is INVALID_ARGUMENT naming the field, never an error after the write that
+would make the client retry and store a duplicate.
+
 A publish that reaches a broker which does not lead the partition is forwarded to the leader over the wire
 protocol (Liftbridge clients talking to one seed broker keep working through failovers); only an
 ``expectedOffset`` publish is not, since its check belongs with the leader's log: it answers NOT_LEADER. On
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -32,9 +37,12 @@ from tidelog.api.errors import (
     from_error_body,
 )
 from tidelog.api.liftbridge import build_ack, check_user_headers, record_for_publish
+from tidelog.api.subjects import check_ack, check_subject
 from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.broker.context import BrokerContext
 from tidelog.storage.batch import build_batch
+
+log = logging.getLogger(__name__)
 
 
 def request_timeout(ctx: BrokerContext, grpc_context: Any) -> float:
@@ -53,6 +61,7 @@ def _check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> N
 
 async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
     """Store one message and acknowledge it per its ack policy."""
+    check_ack(request.ackInbox, int(request.ackPolicy))  # before anything is stored: an ack that cannot be sent
     try:
         partition = ctx.manager.leader_of(request.stream, request.partition)
     except NotLeaderError:
@@ -92,7 +101,7 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
         return api_pb2.PublishResponse(correlationId=request.correlationId)
     ack = _ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)
     if request.ackInbox:
-        await ctx.nc.publish(request.ackInbox, encode_envelope(MessageType.ACK, ack.SerializeToString()))
+        await _ack_to_inbox(ctx, request.ackInbox, ack)
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
 
@@ -129,8 +138,17 @@ async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout:
     subject = stream.partition_subject(request.partition)
     ack = _build(stream.name, subject, request, header.base_offset, now, time.time_ns())
     if request.ackInbox:
-        await ctx.nc.publish(request.ackInbox, encode_envelope(MessageType.ACK, ack.SerializeToString()))
+        await _ack_to_inbox(ctx, request.ackInbox, ack)
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
+
+
+async def _ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> None:
+    """Also publish the ack on the request's inbox, as Liftbridge does. The message is stored and the response
+    carries the ack, so a failure here is logged, not answered: an error would make the client store it again."""
+    try:
+        await ctx.nc.publish(inbox, encode_envelope(MessageType.ACK, ack.SerializeToString()))
+    except Exception as exc:
+        log.warning("could not publish the ack of %s offset %d to its ack inbox: %r", ack.stream, ack.offset, exc)
 
 
 def _ack(
@@ -215,6 +233,8 @@ async def publish_to_subject(
     ctx: BrokerContext, request: api_pb2.PublishToSubjectRequest, timeout: float
 ) -> api_pb2.PublishToSubjectResponse:
     """Publish a Liftbridge envelope to a NATS subject; wait for the stream's ack unless the policy is NONE."""
+    check_subject(request.subject, "subject", wildcards=False)
+    check_ack(request.ackInbox, int(request.ackPolicy))
     check_user_headers(request.headers.keys())
     _check_size(ctx, request.key, request.value, request.headers)
     policy = int(request.ackPolicy)
