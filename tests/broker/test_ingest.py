@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tidelog.api._gen import api_pb2
+from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
@@ -123,3 +125,33 @@ async def test_stop_stores_what_was_already_received(tmp_path: Path, fake_nats: 
     assert partition.high_watermark == 10
     assert [v for batch in stored_batches(partition) for v in batch] == [b"m%d" % i for i in range(10)]
     await partition.close()
+
+
+@dataclass
+class FlakyNats(FakeNats):
+    """A client whose publish to one subject fails (as any publish does while the connection is down)."""
+
+    failing: str = ""
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        if subject == self.failing:
+            raise ConnectionError("injected: the connection is down")
+        await super().publish(subject, data)
+
+
+async def test_an_ack_that_cannot_be_sent_does_not_stop_the_others(tmp_path: Path) -> None:
+    nc = FlakyNats(failing="acks.broken")
+    partition = await open_partition(tmp_path / "p", LogConfig())
+    ingest = NatsIngest(nc, partition)
+    await ingest.start()
+    inboxes = [f"acks.{i}" for i in range(20)] + ["acks.broken"] + [f"acks.{i}" for i in range(20, 40)]
+    try:
+        for i, inbox in enumerate(inboxes):
+            body = api_pb2.Message(value=b"%d" % i, ackInbox=inbox, correlationId=f"c{i}").SerializeToString()
+            await nc.deliver(Delivered("s", "", encode_envelope(MessageType.PUBLISH, body)))
+        await ingest.stop()  # waits for the appends and their acks
+        assert partition.high_watermark == len(inboxes)
+        assert sorted(subject for subject, _ in nc.published) == sorted(i for i in inboxes if i != "acks.broken")
+        assert ingest.ack_failures == 1
+    finally:
+        await partition.close()

@@ -138,3 +138,21 @@ def test_acks_name_their_record_in_the_read() -> None:
 def test_limits_are_checked(max_bytes: int, max_records: int) -> None:
     with pytest.raises(ValueError):
         IngestEncoder(SUBJECT, max_batch_bytes=max_bytes, max_batch_records=max_records)
+
+
+def test_a_message_that_cannot_be_taken_is_refused_alone() -> None:
+    """A refused envelope, or a message that fails to encode for any reason, costs none of its neighbours."""
+    bad_policy = envelope(value=b"v", ackInbox="acks", correlationId="c1", ackPolicy=300)
+    bad_inbox = envelope(value=b"v", ackInbox="a b", correlationId="c2")
+    unencodable = Decoded(SUBJECT, "", b"v", [("lone \udc80 surrogate", b"x")])  # a header name UTF-8 cannot hold
+    messages: list[Message] = [memoryview(b"a"), memoryview(bad_policy), memoryview(b"b")]
+    messages += [memoryview(bad_inbox), unencodable, memoryview(b"c")]
+    encoded = IngestEncoder(SUBJECT, max_batch_bytes=BIG, max_batch_records=100).encode(messages, T0)
+
+    expected = [NewRecord(v, timestamp=T0 + k) for k, v in enumerate([b"a", b"b", b"c"])]
+    assert bytes(encoded.data) == build_batch(expected, timestamp=T0)
+    policy, inbox, other = encoded.refused
+    assert "ackPolicy" in policy.reason and "300" in policy.reason and policy.subject == SUBJECT
+    assert policy.ack is not None and (policy.ack.ack_inbox, policy.ack.correlation_id) == ("acks", "c1")
+    assert "ackInbox" in inbox.reason and inbox.ack is None  # nowhere to answer
+    assert "UnicodeEncodeError" in other.reason and other.ack is None

@@ -218,6 +218,57 @@ async def test_malformed_envelopes_are_stored_whole(
     assert good_one.value == b"sentinel"
 
 
+# ---------------------------------------------------------------------------------------------- refused envelopes
+
+
+@pytest.mark.parametrize("policy", [300, -1, 3], ids=["300", "minus-1", "3"])
+async def test_an_envelope_with_an_ack_policy_outside_the_enum_is_refused_alone(
+    stub: Stub, nc: Any, stream_name: str, policy: int
+) -> None:
+    """The envelope is answered with an error ack and not stored; the plain messages of its read all are."""
+    await create_stream(stub, stream_name)
+    ack_subject = f"{stream_name}.acks"
+    plain = [b"plain %d" % i for i in range(200)]
+    async with inbox(nc, ack_subject) as acks:
+        for payload in plain[:100]:
+            await nc.publish(stream_name, payload)
+        await nc.publish(
+            stream_name, envelope(value=b"bad", ackInbox=ack_subject, correlationId="bad", ackPolicy=policy)
+        )
+        await nc.publish(stream_name, envelope(value=b"silent", ackPolicy=policy))  # no inbox: dropped, logged
+        for payload in plain[100:]:
+            await nc.publish(stream_name, payload)
+        error_ack = parse_ack(await bounded(acks.get()))
+    assert (error_ack.correlationId, error_ack.offset) == ("bad", -1)
+    assert error_ack.ackError == api_pb2.Ack.UNKNOWN
+    assert values(await receive(stub, stream_name, 200)) == plain
+    assert values(await read_until_stop(stub, stream_name)) == plain
+
+
+async def test_envelopes_with_bad_ack_inboxes_are_refused_alone(stub: Stub, nc: Any, stream_name: str) -> None:
+    """Neither an inbox NATS refuses ('a b') nor one longer than the server's control line stops the other acks
+    of the same append, or breaks the broker's NATS connection for later ones."""
+    await create_stream(stub, stream_name)
+    ack_subject = f"{stream_name}.acks"
+
+    def good(i: int) -> bytes:
+        return envelope(value=b"%d" % i, ackInbox=ack_subject, correlationId=f"c{i}", ackPolicy=api_pb2.LEADER)
+
+    async with inbox(nc, ack_subject) as acks:
+        for i in range(20):
+            await nc.publish(stream_name, good(i))
+        await nc.publish(stream_name, envelope(value=b"space", ackInbox="a b", correlationId="space"))
+        await nc.publish(stream_name, envelope(value=b"long", ackInbox="_INBOX." + "x" * 5000, correlationId="long"))
+        for i in range(20, 40):
+            await nc.publish(stream_name, good(i))
+        received = [parse_ack(await bounded(acks.get())) for _ in range(40)]
+        assert sorted((a.offset, a.correlationId) for a in received) == [(i, f"c{i}") for i in range(40)]
+
+        await nc.publish(stream_name, good(40))  # the broker still publishes acks
+        assert parse_ack(await bounded(acks.get())).offset == 40
+    assert values(await read_until_stop(stub, stream_name)) == [b"%d" % i for i in range(41)]
+
+
 # ---------------------------------------------------------------------------------------------- subjects and groups
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, parse_envelope
 from tidelog.api.errors import InvalidArgumentError
+from tidelog.api.subjects import ack_problem, quote, subject_problem
 from tidelog.storage.batch import NewRecord, Record
 
 RESERVED_PREFIX = "_tl."
@@ -43,6 +44,17 @@ class AckRequest:
     correlation_id: str
     ack_policy: int
     msg_subject: str
+
+
+class RefusedEnvelopeError(InvalidArgumentError):
+    """A Liftbridge envelope whose fields cannot be honoured; it is not stored.
+
+    ``ack`` is where to send the error ack (policy LEADER), when the envelope named a usable ack inbox.
+    """
+
+    def __init__(self, message: str, ack: AckRequest | None) -> None:
+        super().__init__(message)
+        self.ack = ack
 
 
 def check_user_headers(headers: Iterable[str]) -> None:
@@ -91,7 +103,9 @@ def record_from_nats(
     """Turn one NATS message into a record, decoding a Liftbridge envelope when there is one.
 
     A message that is not a well-formed envelope (or whose protobuf does not parse) is stored whole as the
-    value: a NATS message is never dropped. ``nats_headers`` are the message's NATS headers in order (a name may
+    value: a NATS message is never dropped. An envelope that decodes but asks for what cannot be done (an ack
+    policy outside the enum, an ack inbox that is no valid NATS subject) raises :class:`RefusedEnvelopeError`:
+    the caller refuses that message alone. ``nats_headers`` are the message's NATS headers in order (a name may
     repeat); those with the reserved prefix are left out, and an envelope's own headers replace them.
     """
     env = parse_envelope(data) if data[:1] == b"\xb9" else None
@@ -102,6 +116,12 @@ def record_from_nats(
         except Exception:
             msg = None
         if msg is not None:
+            policy = int(msg.ackPolicy)
+            problem = ack_problem(msg.ackInbox, policy)
+            if problem is not None:
+                inbox_ok = bool(msg.ackInbox) and subject_problem(msg.ackInbox, wildcards=False) is None
+                error_ack = AckRequest(msg.ackInbox, msg.correlationId, _LEADER, subject) if inbox_ok else None
+                raise RefusedEnvelopeError(f"envelope on {quote(subject)}: {problem}", error_ack)
             user_headers = {k: v for k, v in msg.headers.items() if not k.startswith(RESERVED_PREFIX)}
             record = record_for_publish(
                 key=msg.key,
@@ -113,9 +133,9 @@ def record_from_nats(
                 reply=reply,
                 ack_inbox=msg.ackInbox,
                 correlation_id=msg.correlationId,
-                ack_policy=int(msg.ackPolicy),
+                ack_policy=policy,
             )
-            ack = AckRequest(msg.ackInbox, msg.correlationId, int(msg.ackPolicy), subject) if msg.ackInbox else None
+            ack = AckRequest(msg.ackInbox, msg.correlationId, policy, subject) if msg.ackInbox else None
             return record, ack
     hdrs = [(k, v) for k, v in nats_headers if not k.startswith(RESERVED_PREFIX)]
     if subject != partition_subject:

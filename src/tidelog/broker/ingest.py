@@ -22,7 +22,14 @@ and per-byte copies are what count; on this class of machine copying a kilobyte 
    records keep NATS's order.
 4. **Ack** — to the Liftbridge ack inbox of enveloped messages per their policy: ``LEADER`` once the batch is in
    the leader's log, ``ALL`` once it is committed, ``NONE`` never. Plain NATS messages carry no ack inbox. Acks
-   are published through the broker's nats-py client.
+   are published through the broker's nats-py client, each on its own: one that cannot be sent is counted
+   (:attr:`NatsIngest.ack_failures`) and logged, and the others still go.
+
+**Refused messages.** A message the encoder cannot take — a Liftbridge envelope whose ack policy is outside the
+enum or whose ack inbox is no valid NATS subject, or one that fails to encode for any other reason — is left out
+alone, never its neighbours of the same read: counted (:attr:`NatsIngest.refused`), logged (one warning per read,
+naming the subject and what was wrong), and, when the envelope named a usable ack inbox, answered there with an
+``Ack`` whose ``ackError`` is UNKNOWN and offset -1 (Liftbridge's ack has no field for a reason).
 
 **Deduplication** (JetStream's, on this partition): a message whose ``Nats-Msg-Id`` header this partition stored
 within ``duplicate_window_ms`` is not stored again (:mod:`tidelog.broker.msg_id_window`: which id counts, the
@@ -49,11 +56,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, encode_envelope
-from tidelog.api.errors import TidelogError
+from tidelog.api.errors import InvalidArgumentError, TidelogError
 from tidelog.api.liftbridge import AckRequest, build_ack
+from tidelog.api.subjects import quote
 from tidelog.api.wire.messages import Acks
-from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message
+from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message, Refused
 from tidelog.broker.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.nats_connection import UnsupportedServerError, supports
 from tidelog.broker.nats_reader import NatsReader
@@ -124,6 +133,8 @@ class NatsIngest:
         self.failed = 0
         self.pauses = 0  # times reading was paused because too much waited to be stored
         self.duplicates = 0  # messages not stored because their Nats-Msg-Id was within the window
+        self.refused = 0  # messages not stored because they could not be taken (e.g. a refused envelope)
+        self.ack_failures = 0  # acks that could not be published
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -189,6 +200,8 @@ class NatsIngest:
         self._next_timestamp = timestamp + records
         if encoded.duplicates:
             self._on_duplicates(encoded.duplicates)
+        if encoded.refused:
+            self._on_refused(encoded.refused)
         if encoded.too_large:
             self.failed += len(encoded.too_large)
             log.warning(
@@ -220,6 +233,48 @@ class NatsIngest:
             task = asyncio.get_running_loop().create_task(self._ack_duplicates(acks))
             self._acking.add(task)  # stop() waits for it
             task.add_done_callback(self._acking.discard)
+
+    def _on_refused(self, refused: list[Refused]) -> None:
+        """Messages the encoder could not take: counted, logged (one line per read), answered where possible."""
+        self.refused += len(refused)
+        first = refused[0]
+        log.warning(
+            "NATS ingest %s: %d message(s) refused and not stored; the first, on subject %s: %s",
+            self._partition.name,
+            len(refused),
+            quote(first.subject),
+            first.reason,
+        )
+        acks = [r.ack for r in refused if r.ack is not None]
+        if acks:
+            task = asyncio.get_running_loop().create_task(self._ack_refused(acks))
+            self._acking.add(task)  # stop() waits for it
+            task.add_done_callback(self._acking.discard)
+
+    async def _ack_refused(self, acks: list[AckRequest]) -> None:
+        """An error ack (``ackError`` UNKNOWN, offset -1) for each refused envelope that named a usable inbox."""
+        now = self._clock.now_ns()
+        partition = self._partition
+        error = int(InvalidArgumentError().spec.ack_error)
+        messages = [
+            (
+                ack.ack_inbox,
+                build_ack(
+                    stream=partition.stream.name,
+                    partition_subject=partition.subject,
+                    msg_subject=ack.msg_subject,
+                    offset=-1,
+                    ack_inbox=ack.ack_inbox,
+                    correlation_id=ack.correlation_id,
+                    ack_policy=ack.ack_policy,
+                    received_ns=now,
+                    committed_ns=now,
+                    error=error,
+                ),
+            )
+            for ack in acks
+        ]
+        await self._publish_acks(messages)
 
     async def _ack_duplicates(self, acks: list[tuple[Entry, AckRequest]]) -> None:
         """Ack each duplicate with its original's offset (skipped while the original's append is in flight)."""
@@ -317,17 +372,42 @@ class NatsIngest:
             last = base_offset + max(i for i, a in acks if a.ack_policy == Acks.ALL)
             await partition.wait_committed(last, self._ack_timeout)
         committed = self._clock.now_ns()
-        for i, ack in acks:
-            message = build_ack(
-                stream=partition.stream.name,
-                partition_subject=partition.subject,
-                msg_subject=ack.msg_subject,
-                offset=base_offset + i,
-                ack_inbox=ack.ack_inbox,
-                correlation_id=ack.correlation_id,
-                ack_policy=ack.ack_policy,
-                received_ns=received_ns,
-                committed_ns=committed,
+        messages = [
+            (
+                ack.ack_inbox,
+                build_ack(
+                    stream=partition.stream.name,
+                    partition_subject=partition.subject,
+                    msg_subject=ack.msg_subject,
+                    offset=base_offset + i,
+                    ack_inbox=ack.ack_inbox,
+                    correlation_id=ack.correlation_id,
+                    ack_policy=ack.ack_policy,
+                    received_ns=received_ns,
+                    committed_ns=committed,
+                ),
             )
-            payload = encode_envelope(MessageType.ACK, message.SerializeToString())
-            await self._nc.publish(ack.ack_inbox, payload)
+            for i, ack in acks
+        ]
+        await self._publish_acks(messages)
+
+    async def _publish_acks(self, messages: list[tuple[str, api_pb2.Ack]]) -> None:
+        """Publish each ack on its own: one that fails is counted and logged (once per call), never stopping the
+        others. Ack inboxes were checked where the messages entered, so a failure here is the NATS connection's."""
+        failed = 0
+        first: Exception | None = None
+        for inbox, ack in messages:
+            try:
+                await self._nc.publish(inbox, encode_envelope(MessageType.ACK, ack.SerializeToString()))
+            except Exception as exc:
+                failed += 1
+                first = first or exc
+        if failed:
+            self.ack_failures += failed
+            log.warning(
+                "NATS ingest %s: %d of %d acks could not be sent (the messages are stored); the first: %r",
+                self._partition.name,
+                failed,
+                len(messages),
+                first,
+            )

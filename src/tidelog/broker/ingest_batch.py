@@ -36,6 +36,9 @@ plain message has no headers, so it has no id and its path gains no work.
 
 A batch never exceeds the log's batch limit: a read that does not fit one batch is split, and a message that
 could not fit even alone is reported back rather than handed to the log, which would refuse the whole append.
+Likewise a message that cannot be encoded at all — a Liftbridge envelope with an ack policy outside the enum or
+an ack inbox that is no NATS subject (:class:`~tidelog.api.liftbridge.RefusedEnvelopeError`), or any other
+failure — is reported back in :attr:`Encoded.refused` and left out alone: its neighbours of the read are stored.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import NamedTuple, cast
 import crc32c
 
 from tidelog.api.envelope import MAGIC
-from tidelog.api.liftbridge import AckRequest, record_from_nats
+from tidelog.api.liftbridge import AckRequest, RefusedEnvelopeError, record_from_nats
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.natsproto import Msg, parse_headers
@@ -77,6 +80,26 @@ Message = memoryview | Msg | Decoded
 """What :meth:`IngestEncoder.encode` takes: a plain payload, a parsed :class:`Msg`, or a :class:`Decoded`."""
 
 
+class Refused(NamedTuple):
+    """A message the encoder could not take (a Liftbridge envelope it refuses, or any failure to encode it)."""
+
+    subject: str
+    reason: str
+    ack: AckRequest | None  # where to send the error ack, if anywhere
+
+
+def _refusal(message: Message, partition_subject: str, exc: Exception) -> Refused:
+    if type(message) is Msg:
+        subject = message.subject.decode(errors="replace")
+    elif type(message) is Decoded:
+        subject = message.subject
+    else:
+        subject = partition_subject
+    if isinstance(exc, RefusedEnvelopeError):
+        return Refused(subject, exc.message, exc.ack)
+    return Refused(subject, f"{type(exc).__name__}: {exc}", None)
+
+
 @dataclass(slots=True)
 class Encoded:
     """What one read became: its batches, back to back in one buffer (offsets still to be assigned by the log).
@@ -90,6 +113,7 @@ class Encoded:
     too_large: list[int]  # payload sizes of messages no batch of this log can hold (not stored)
     ids: list[tuple[int, Entry]] = field(default_factory=list)  # (index among stored records, its window entry)
     duplicates: list[tuple[Entry, AckRequest | None]] = field(default_factory=list)  # left out: original, ack
+    refused: list[Refused] = field(default_factory=list)  # messages that could not be taken (not stored)
 
     @property
     def records(self) -> int:
@@ -201,6 +225,7 @@ class IngestEncoder:
         acks: list[tuple[int, AckRequest]] = []
         ids: list[tuple[int, Entry]] = []
         duplicates: list[tuple[Entry, AckRequest | None]] = []
+        refused: list[Refused] = []
         window = self._window
         marks: list[tuple[int, int, int, int]] = []  # closed batches: position, body size, records, first timestamp
         parts: list[bytes | memoryview] = [_HEADER_SPACE]
@@ -239,14 +264,18 @@ class IngestEncoder:
                 k += 1
                 continue
             timestamp = first_timestamp + stored + k
-            record, ack = self._record(message, timestamp)
+            try:
+                record, ack = self._record(message, timestamp)
+                pieces, record_size = _general_record(k, record.key, record.value, record.headers)
+            except Exception as exc:  # this message alone: never its neighbours of the same read
+                refused.append(_refusal(message, self._subject, exc))
+                continue
             msg_id = None
             if window is not None and record.headers:
                 msg_id = msg_id_of(record.headers)
                 if msg_id is not None and (original := window.duplicate_of(msg_id, timestamp)) is not None:
                     duplicates.append((original, ack))
                     continue
-            pieces, record_size = _general_record(k, record.key, record.value, record.headers)
             if k == max_records or size + record_size > max_body:
                 if k:
                     if owed:
@@ -278,7 +307,7 @@ class IngestEncoder:
             parts.pop()  # the space of a batch that got no record
         data = bytearray().join(parts)
         _fill_headers(data, marks)
-        return Encoded(data, [count for _, _, count, _ in marks], acks, too_large, ids, duplicates)
+        return Encoded(data, [count for _, _, count, _ in marks], acks, too_large, ids, duplicates, refused)
 
     def _record(self, message: Message, timestamp: int) -> tuple[NewRecord, AckRequest | None]:
         """The general path: envelope decoding, reserved headers for subject and reply, NATS headers."""
