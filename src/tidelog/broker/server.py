@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import aetcd
-import nats
 
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
@@ -30,6 +29,7 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.broker.manager import PartitionManager
+from tidelog.broker.nats_client import BrokerNats
 from tidelog.broker.partition import Partition
 from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
@@ -210,13 +210,8 @@ class Broker:
         if cfg.embedded_etcd:
             self.embedded_etcd = EmbeddedEtcd(cfg.data_dir, host="127.0.0.1", client_port=cfg.embedded_etcd_port)
         await asyncio.gather(*(s.start() for s in (self.embedded_nats, self.embedded_etcd) if s is not None))
-        self.nc = await nats.connect(
-            self.nats_urls,
-            name=f"tidelog-broker-{self.id}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            pending_size=64 * 1024 * 1024,
-        )
+        self.nc = BrokerNats(self.nats_urls, name=f"tidelog-broker-{self.id}")
+        await self.nc.connect()
         host, port = parse_etcd_endpoint(self.etcd_endpoints[0])
         self.etcd = aetcd.Client(host=host, port=port, timeout=10)
         await self.etcd.connect()

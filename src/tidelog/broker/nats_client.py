@@ -1,0 +1,175 @@
+"""The broker's own NATS client (acks, ``PublishToSubject``, the nats-py ingest path), connected again whenever the
+server closes it for good.
+
+nats-py reconnects by itself after a network failure, but when the server answers ``-ERR`` (for instance
+``maximum control line exceeded``, for an over-long subject) it closes the client for ever: every later publish
+fails with ``nats: connection closed``, for every partition of the broker. Subjects that clients hand us are
+checked where they enter (:mod:`tidelog.api.subjects`), so this should not happen; :class:`BrokerNats` is what
+keeps one slip from taking the broker's NATS traffic down until a restart. It holds a nats-py client and, when the
+server closes it, logs why and connects a new one (backing off while that fails), and subscribes again whatever
+was subscribed through it. Messages published to those subscriptions in between are not received (NATS core
+delivers at most once), as after any reconnect.
+
+It offers the part of nats-py's client the broker uses: :meth:`publish`, :meth:`subscribe` (whose subscription
+has ``unsubscribe()``), :meth:`flush` and :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import nats
+
+log = logging.getLogger(__name__)
+
+_RECONNECT_MAX_WAIT = 5.0  # seconds between attempts to connect a new client, at most (doubling from reconnect_wait)
+
+
+class Subscription:
+    """A subscription made through :class:`BrokerNats`; it is made again on every new client."""
+
+    def __init__(self, owner: BrokerNats, subject: str, options: dict[str, Any]) -> None:
+        self._owner = owner
+        self.subject = subject
+        self.options = options
+        self.sub: Any = None  # nats-py's subscription on the current client
+
+    async def unsubscribe(self) -> None:
+        self._owner._subscriptions.discard(self)
+        if self.sub is not None:
+            with contextlib.suppress(Exception):  # already gone with a closed client, or max_msgs reached
+                await self.sub.unsubscribe()
+
+
+class BrokerNats:
+    """A nats-py client to ``servers`` that is replaced by a new one whenever the server closes it."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        *,
+        name: str,
+        connect_timeout: float = 5.0,
+        reconnect_wait: float = 0.5,
+        pending_size: int = 64 * 1024 * 1024,
+    ) -> None:
+        self._servers = list(servers)
+        self._name = name
+        self._connect_timeout = connect_timeout
+        self._reconnect_wait = reconnect_wait
+        self._pending_size = pending_size
+        self._client: Any = None
+        self._closing = False
+        self._last_error: Exception | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._subscriptions: set[Subscription] = set()
+        self._changed = asyncio.Event()  # set on every new client (waiters clear nothing: they compare generation)
+        self.generation = 0  # clients connected so far
+
+    async def connect(self) -> None:
+        self._client = await self._new_client(1)
+        self._connected()
+
+    async def _new_client(self, generation: int) -> Any:
+        async def closed() -> None:
+            await self._on_closed(generation)
+
+        async def error(exc: Exception) -> None:
+            self._last_error = exc
+            log.warning("NATS client %s: %r", self._name, exc)
+
+        return await nats.connect(
+            self._servers,
+            name=self._name,
+            connect_timeout=self._connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=self._reconnect_wait,
+            pending_size=self._pending_size,
+            closed_cb=closed,
+            error_cb=error,
+        )
+
+    def _connected(self) -> None:
+        self.generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _on_closed(self, generation: int) -> None:
+        if self._closing or generation != self.generation or self._reconnecting is not None:
+            return
+        log.error(
+            "NATS client %s: the server closed the connection (%r); connecting a new one. Acks and "
+            "PublishToSubject fail until it is connected",
+            self._name,
+            self._last_error,
+        )
+        self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect(), name=f"{self._name}-reconnect")
+
+    async def _reconnect(self) -> None:
+        wait = self._reconnect_wait
+        said = ""
+        try:
+            while not self._closing:
+                try:
+                    client = await self._new_client(self.generation + 1)
+                except Exception as exc:
+                    text = repr(exc)
+                    log.log(logging.DEBUG if text == said else logging.WARNING, "NATS client %s: %s", self._name, text)
+                    said = text
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, _RECONNECT_MAX_WAIT)
+                    continue
+                self._client = client
+                for subscription in list(self._subscriptions):
+                    await self._subscribe(subscription)
+                self._connected()
+                log.warning("NATS client %s: connected again", self._name)
+                return
+        finally:
+            self._reconnecting = None
+
+    async def wait_generation(self, generation: int) -> None:
+        """Return once the ``generation``-th client has connected."""
+        while self.generation < generation:
+            await self._changed.wait()
+
+    async def _current(self) -> Any:
+        """The client to use: while a new one is being connected, wait for it (up to the connect timeout)."""
+        reconnecting = self._reconnecting
+        if reconnecting is not None and not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reconnecting), self._connect_timeout)
+        return self._client
+
+    # ------------------------------------------------------------------------------------------ nats-py's API
+
+    async def publish(self, subject: str, payload: bytes = b"", **options: Any) -> None:
+        await (await self._current()).publish(subject, payload, **options)
+
+    async def subscribe(self, subject: str, *, cb: Callable[[Any], Awaitable[None]], **options: Any) -> Subscription:
+        subscription = Subscription(self, subject, {"cb": cb, **options})
+        await self._subscribe(subscription, await self._current())
+        self._subscriptions.add(subscription)
+        return subscription
+
+    async def _subscribe(self, subscription: Subscription, client: Any = None) -> None:
+        subscription.sub = await (client or self._client).subscribe(subscription.subject, **subscription.options)
+
+    async def flush(self, timeout: float = 10.0) -> None:
+        await (await self._current()).flush(timeout)
+
+    @property
+    def is_connected(self) -> bool:
+        return self._client is not None and bool(self._client.is_connected)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            await asyncio.gather(self._reconnecting, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
