@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidelog.api.errors import (
+    MAX_STATUS_DETAILS_BYTES,
     SPECS,
     ErrorCode,
     InternalError,
@@ -20,6 +21,7 @@ from tidelog.api.errors import (
     from_error_body,
     grpc_status,
     make_error,
+    status_details,
     to_error_body,
 )
 from tidelog.api.wire.frames import FrameDecoder, FrameError, Kind, Op, ProtocolError
@@ -218,3 +220,10 @@ def test_a_tidelog_error_translates_to_itself() -> None:
     assert as_tidelog_error(error) is error
     assert to_error_body(error) == ErrorBody(int(ErrorCode.NOT_LEADER), "b2 leads", True)
     assert "RuntimeError: boom" in as_tidelog_error(RuntimeError("boom")).message
+
+
+def test_status_details_are_cut_with_a_marker() -> None:
+    assert status_details("short") == "short"
+    for text in ("x" * 100_000, "é" * 50_000):
+        cut = status_details(text)
+        assert len(cut.encode()) <= MAX_STATUS_DETAILS_BYTES and cut.endswith("more bytes cut]")

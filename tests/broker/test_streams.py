@@ -22,6 +22,34 @@ def test_invalid_subjects(subject: str) -> None:
         validate_subject(subject)
 
 
+@pytest.mark.parametrize(
+    ("subject", "partitions"), [("x" * 1024, 1), ("x" * 1022, 10), ("a.>", 1), ("a.*", 3), ("x" * 1019, 10_000)]
+)
+def test_subjects_whose_partition_subjects_fit(subject: str, partitions: int) -> None:
+    validate_subject(subject, partitions)
+
+
+@pytest.mark.parametrize(
+    ("subject", "partitions", "what"),
+    [
+        ("x" * 1025, 1, "1025 bytes long"),
+        ("x" * 1023, 2, "partition 1 would listen on"),
+        ("x" * 1020, 10_000, "partition 9999 would listen on"),
+        ("a.>", 2, "'>' before its last token"),
+    ],
+)
+def test_subjects_whose_partition_subjects_do_not_fit(subject: str, partitions: int, what: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=what) as raised:
+        validate_subject(subject, partitions)
+    assert len(raised.value.message) < 400  # the subject is quoted in part, never whole
+
+
+def test_the_name_is_quoted_in_part() -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        validate_stream_name("n" * 10_000)
+    assert "10000 characters" in raised.value.message and len(raised.value.message) < 300
+
+
 @pytest.mark.parametrize("name", ["a", "orders-2024.eu_west", "X" * 249])
 def test_valid_stream_names(name: str) -> None:
     validate_stream_name(name)

@@ -423,6 +423,20 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
     return InternalError(f"{type(exc).__name__}: {exc}")
 
 
+MAX_STATUS_DETAILS_BYTES = 1024
+"""Longest error message (UTF-8 bytes) sent as a gRPC status's details: gRPC carries it percent-encoded in the
+trailers, whose metadata is limited (8 KiB by default), so an error quoting a huge input would itself fail."""
+
+
+def status_details(message: str) -> str:
+    """``message`` as a gRPC status's details: cut to :data:`MAX_STATUS_DETAILS_BYTES`, with a marker saying so."""
+    data = message.encode(errors="replace")
+    if len(data) <= MAX_STATUS_DETAILS_BYTES:
+        return message
+    kept = data[: MAX_STATUS_DETAILS_BYTES - 48].decode(errors="ignore")
+    return f"{kept}... [{len(data) - len(kept.encode())} more bytes cut]"
+
+
 def to_error_body(exc: BaseException) -> ErrorBody:
     """The ``ErrorBody`` to send for ``exc`` (see :func:`as_tidelog_error`)."""
     return as_tidelog_error(exc).to_error_body()

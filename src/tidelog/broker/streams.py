@@ -10,7 +10,6 @@ broker it asked.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -24,6 +23,7 @@ from tidelog.api.errors import (
     UnknownPartitionError,
     UnknownStreamError,
 )
+from tidelog.api.subjects import check_queue_group, check_subject, quote, subject_problem
 from tidelog.api.wire.messages import CreateStreamRequest, DeleteStreamRequest, SetStreamStateRequest
 from tidelog.broker.controller_link import call_controller
 from tidelog.metadata.mirror import MetadataMirror
@@ -38,29 +38,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 10_000
-_SUBJECT_TOKEN = re.compile(r"^[^\s.*>]+$")
 _APPLY_TIMEOUT = 10.0
 _CAS_ATTEMPTS = 8
 
 
-def validate_subject(subject: str) -> None:
-    """NATS subject rules: dot-separated non-empty tokens, ``*`` as a whole token, ``>`` only as the last."""
-    if not subject:
-        raise InvalidArgumentError("a stream needs a NATS subject")
-    tokens = subject.split(".")
-    for i, token in enumerate(tokens):
-        if token in ("*",) or (token == ">" and i == len(tokens) - 1):
-            continue
-        if not _SUBJECT_TOKEN.match(token):
+def validate_subject(subject: str, partitions: int = 1) -> None:
+    """NATS subject rules (:mod:`tidelog.api.subjects`: wildcards as whole tokens, the length limit) for a stream's
+    subject and for those of its partitions: partition ``i > 0`` listens on ``subject.i``, which must be valid too
+    (so ``>`` cannot end the subject of a stream with several partitions, and the suffix counts to the limit)."""
+    check_subject(subject, "subject", wildcards=True)
+    if partitions > 1:
+        last = f"{subject}.{partitions - 1}"
+        problem = subject_problem(last, wildcards=True)
+        if problem is not None:
             raise InvalidArgumentError(
-                f"invalid NATS subject {subject!r}: token {token!r} must be non-empty without spaces, or be '*', "
-                "or be '>' as the last token"
+                f"subject {quote(subject)} cannot have {partitions} partitions: partition {partitions - 1} would "
+                f"listen on {quote(last)}, which {problem}"
             )
 
 
 def validate_stream_name(name: str) -> None:
     if not STREAM_NAME_RE.match(name):
-        raise InvalidArgumentError(f"invalid stream name {name!r}: use 1-249 letters, digits, '_', '-' or '.'")
+        raise InvalidArgumentError(f"invalid stream name {quote(name)}: use 1-249 letters, digits, '_', '-' or '.'")
 
 
 def validate_config(config: StreamConfig) -> None:
@@ -134,11 +133,12 @@ class StreamAdmin:
     ) -> StreamRecord:
         """Create a stream; creating one that exists with the same subject succeeds and changes nothing."""
         validate_stream_name(name)
-        validate_subject(subject)
         if partitions == 0:
             partitions = 1
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidArgumentError(f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+        validate_subject(subject, partitions)
+        check_queue_group(group)
         config = config or StreamConfig()
         validate_config(config)
         writer = self._writer(forwarded)

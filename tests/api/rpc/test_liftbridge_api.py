@@ -199,6 +199,50 @@ async def test_create_stream_refuses_bad_subjects(stub: Stub, stream_name: str, 
     assert (await stream_metadata(stub, stream_name)).error == api_pb2.StreamMetadata.UNKNOWN_STREAM
 
 
+@pytest.mark.parametrize(
+    ("subject", "partitions", "what"),
+    [
+        ("x" * 5000, 1, "the limit is 1024"),
+        ("x" * 1022, 11, "partition 10 would listen on"),  # 'subject.10' is 1025 bytes
+        ("wild.>", 2, "'>' before its last token"),  # partition 1 would listen on 'wild.>.1'
+    ],
+    ids=["too-long", "suffix-too-long", "gt-with-partitions"],
+)
+async def test_create_stream_refuses_subjects_its_partitions_cannot_subscribe_to(
+    stub: Stub, stream_name: str, subject: str, partitions: int, what: str
+) -> None:
+    details = await expect_code(Code.INVALID_ARGUMENT, create_stream(stub, stream_name, subject, partitions=partitions))
+    assert what in details and len(details) < 400
+    assert (await stream_metadata(stub, stream_name)).error == api_pb2.StreamMetadata.UNKNOWN_STREAM
+
+
+async def test_a_subject_at_the_limit_is_subscribed_to(stub: Stub, nc: Any, stream_name: str) -> None:
+    subject = "s" * 1021  # partition 1 listens on 's...s.1': 1023 bytes
+    await create_stream(stub, stream_name, subject, partitions=2)
+    await nc.publish(subject, b"zero")
+    await nc.publish(f"{subject}.1", b"one")
+    async with subscription(stub, stream_name, 0, startPosition=api_pb2.EARLIEST) as tail:
+        assert (await tail.next()).value == b"zero"
+    async with subscription(stub, stream_name, 1, startPosition=api_pb2.EARLIEST) as tail:
+        assert (await tail.next()).value == b"one"
+
+
+async def test_create_stream_refuses_a_group_nats_cannot_carry(stub: Stub, stream_name: str) -> None:
+    for group in ("has space", "g" * 1025):
+        details = await expect_code(Code.INVALID_ARGUMENT, create_stream(stub, stream_name, group=group))
+        assert "group" in details and len(details) < 400
+    assert (await stream_metadata(stub, stream_name)).error == api_pb2.StreamMetadata.UNKNOWN_STREAM
+
+
+async def test_errors_never_echo_a_huge_input_whole(stub: Stub) -> None:
+    """A 10,000-character name is quoted in part: the error still fits gRPC's metadata and names the problem."""
+    name = "n" * 10_000
+    details = await expect_code(Code.INVALID_ARGUMENT, create_stream(stub, name, subject="huge.names"))
+    assert "invalid stream name" in details and "10000 characters" in details and len(details) < 400
+    details = await expect_code(Code.NOT_FOUND, publish(stub, name, b"v"))  # echoed by a message not written for it
+    assert "more bytes cut" in details and len(details.encode()) <= 1024
+
+
 @pytest.mark.parametrize("partitions", [-1, 10_001])
 async def test_create_stream_refuses_bad_partition_counts(stub: Stub, stream_name: str, partitions: int) -> None:
     await expect_code(Code.INVALID_ARGUMENT, create_stream(stub, stream_name, partitions=partitions))

@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tidelog.api._gen import api_pb2_grpc
 from tidelog.api._gen.tidelog.v1 import append_pb2_grpc
-from tidelog.api.errors import InternalError, TidelogError, as_tidelog_error
+from tidelog.api.errors import InternalError, TidelogError, as_tidelog_error, status_details
 from tidelog.api.rpc import metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.broker.context import BrokerContext
@@ -31,7 +31,7 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException
     err = as_tidelog_error(exc)
     if isinstance(err, InternalError) and not isinstance(exc, TidelogError):
         log.exception("internal error serving a gRPC request", exc_info=exc)
-    await context.abort(err.grpc_status, err.message)
+    await context.abort(err.grpc_status, status_details(err.message))
 
 
 async def _guard(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[T]) -> T:
