@@ -110,25 +110,31 @@ class BrokerNats:
         self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect(), name=f"{self._name}-reconnect")
 
     async def _reconnect(self) -> None:
+        """Connect new clients (backing off) until one is connected with every subscription made again."""
         wait = self._reconnect_wait
         said = ""
         try:
             while not self._closing:
+                client: Any = None
                 try:
                     client = await self._new_client(self.generation + 1)
+                    self._client = client
+                    self._connected()
+                    for subscription in list(self._subscriptions):
+                        await self._subscribe(subscription, client)
                 except Exception as exc:
                     text = repr(exc)
                     log.log(logging.DEBUG if text == said else logging.WARNING, "NATS client %s: %s", self._name, text)
                     said = text
-                    await asyncio.sleep(wait)
-                    wait = min(wait * 2, _RECONNECT_MAX_WAIT)
-                    continue
-                self._client = client
-                for subscription in list(self._subscriptions):
-                    await self._subscribe(subscription)
-                self._connected()
-                log.warning("NATS client %s: connected again", self._name)
-                return
+                    if client is not None and not client.is_closed:  # connected, but a subscription failed
+                        with contextlib.suppress(Exception):
+                            await client.close()
+                else:
+                    if not client.is_closed:  # else it was closed again meanwhile: its own callback saw us busy
+                        log.warning("NATS client %s: connected again", self._name)
+                        return
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, _RECONNECT_MAX_WAIT)
         finally:
             self._reconnecting = None
 
