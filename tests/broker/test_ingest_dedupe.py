@@ -4,7 +4,8 @@ The window's end (the clock moves, nothing sleeps) and restarts that rebuild the
 that must *not* be stored is always followed by one that must, from the same connection (NATS keeps a
 connection's order): once the second is stored, the first was seen and left out, with no timed wait.
 
-Also a whole broker restarted on its data. It is here rather than beside the module-scoped broker of
+Also a whole broker restarted on its data (one test with a damaged batch in the window it rebuilds), and a broker
+whose ingest fails to start. It is here rather than beside the module-scoped broker of
 ``test_nats_dedupe``: spawning nats-server and etcd while that broker's gRPC threads run crashed the forked child
 (status -11, "Other threads are currently calling into gRPC, skipping fork() handlers") in most runs.
 """
