@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.metadata.lease_session import RenewalSchedule
 from tidelog.metadata.records import (
     BrokerRecord,
     Keys,
@@ -93,9 +94,7 @@ class MetadataStore:
         """
         self._lease = await self._client.lease(ttl_seconds)
         await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
-        self._keepalive = asyncio.create_task(
-            self._keep_alive(record, ttl_seconds, max(ttl_seconds / 3, 0.5)), name="broker-lease"
-        )
+        self._keepalive = asyncio.create_task(self._keep_alive(record, ttl_seconds), name="broker-lease")
 
     async def deregister_broker(self) -> None:
         """Revoke the lease (removing the broker's key at once) and stop keeping it alive."""
@@ -109,11 +108,19 @@ class MetadataStore:
                 await self._lease.revoke()
             self._lease = None
 
-    async def _keep_alive(self, record: BrokerRecord, ttl_seconds: int, interval: float) -> None:
+    async def _keep_alive(self, record: BrokerRecord, ttl_seconds: int) -> None:
+        """Refresh the lease on the :class:`RenewalSchedule` (early, retried soon after a failure)."""
+        loop = asyncio.get_running_loop()
+        schedule = RenewalSchedule(ttl_seconds, loop.time())
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(schedule.delay(loop.time()))
+            sent = loop.time()
+            if schedule.late_by(sent) > ttl_seconds / 6:
+                log.warning("broker lease refreshed %.1f s late (the event loop was busy)", schedule.late_by(sent))
             try:
-                reply = await self._lease.refresh()
+                async with asyncio.timeout(schedule.timeout):
+                    reply = await self._lease.refresh()
+                schedule.confirmed(sent)
                 if reply is not None and getattr(reply, "TTL", 1) <= 0:
                     # The lease lapsed (this broker was paused or cut off longer than its TTL) and etcd removed
                     # the registration with it; register again under a new lease rather than stay invisible.
@@ -122,6 +129,7 @@ class MetadataStore:
                     await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
             except Exception:  # etcd briefly unreachable: keep trying until the lease is really gone
                 log.warning("could not refresh the broker lease", exc_info=True)
+                schedule.failed()
 
 
 def _prefix_end(prefix: bytes) -> bytes:
