@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -20,22 +19,13 @@ from tidelog.metadata.records import (
     Keys,
     PartitionRecord,
     StreamRecord,
-    decode_stream,
     encode,
 )
+from tidelog.metadata.stream_creation import CreateOutcome, StreamCreation, plain_transact, prefix_end
+
+__all__ = ["CreateOutcome", "MetadataStore"]
 
 log = logging.getLogger(__name__)
-
-
-class CreateOutcome(enum.Enum):
-    """What :meth:`MetadataStore.create_stream` found."""
-
-    CREATED = "created"
-    """The stream did not exist and now does."""
-    SAME_EXISTS = "same-exists"
-    """A stream with this name and subject already exists: creation is idempotent, nothing was written."""
-    CONFLICT = "conflict"
-    """A stream with this name exists with a different subject."""
 
 
 class MetadataStore:
@@ -48,21 +38,12 @@ class MetadataStore:
         self._keepalive: asyncio.Task[None] | None = None
 
     async def create_stream(self, stream: StreamRecord, partitions: Sequence[PartitionRecord]) -> CreateOutcome:
-        """Create ``stream`` and its partitions in one transaction, unless the name is taken."""
-        tx = self._client.transactions
-        key = self._keys.stream(stream.name)
-        ok, responses = await self._client.transaction(
-            compare=[tx.version(key) == 0],
-            success=[tx.put(key, encode(stream))]
-            + [tx.put(self._keys.partition(p.stream, p.id), encode(p)) for p in partitions],
-            failure=[tx.get(key)],
+        """Create ``stream`` and its partitions unless the name is taken: in several transactions, visible at once
+        (:mod:`tidelog.metadata.stream_creation`). Unfenced: a creation marker in the way is taken over."""
+        creation = StreamCreation(
+            self._client, self._keys, plain_transact(self._client), 0, abandoned=lambda _marker: True
         )
-        if ok:
-            return CreateOutcome.CREATED
-        existing = responses[0][0][0] if responses and responses[0] else None
-        if existing is not None and decode_stream(existing).subject == stream.subject:
-            return CreateOutcome.SAME_EXISTS
-        return CreateOutcome.CONFLICT
+        return await creation.create(stream, partitions)
 
     async def delete_stream(self, name: str) -> bool:
         """Delete a stream and its partitions; False when there was no such stream."""
@@ -71,7 +52,7 @@ class MetadataStore:
         prefix = self._keys.partitions_of(name)
         ok, _ = await self._client.transaction(
             compare=[tx.version(key) > 0],
-            success=[tx.delete(key), tx.delete(prefix, range_end=_prefix_end(prefix))],
+            success=[tx.delete(key), tx.delete(prefix, range_end=prefix_end(prefix))],
             failure=[],
         )
         return bool(ok)
@@ -130,10 +111,3 @@ class MetadataStore:
             except Exception:  # etcd briefly unreachable: keep trying until the lease is really gone
                 log.warning("could not refresh the broker lease", exc_info=True)
                 schedule.failed()
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The etcd range end that covers every key starting with ``prefix``."""
-    end = bytearray(prefix)
-    end[-1] += 1
-    return bytes(end)
