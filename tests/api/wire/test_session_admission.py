@@ -114,3 +114,19 @@ async def test_no_turn_of_the_loop_starts_more_handlers_than_the_turn_budget() -
     probe.ticking = False
     assert cids == list(range(1, 2001))
     assert max(probe.started_in_turn.values()) <= 16
+
+
+async def test_a_request_on_another_connection_does_not_wait_for_a_flood_to_be_admitted() -> None:
+    flooded, other = Probe(), Probe()
+    budget = TurnBudget(requests=16)  # shared, as by all the connections of one server
+    async with (
+        session_over_socketpair(flooded, max_in_flight=4096, budget=budget) as (flood, flood_reader),
+        session_over_socketpair(other, max_in_flight=4096, budget=budget) as (single, single_reader),
+    ):
+        flood.feed(pipelined(2000))
+        single.feed(pipelined(1))
+        (cid,) = await replies(single_reader, 1)
+        started_before_it = flooded.started_in_turn.total()
+        assert await replies(flood_reader, 2000) == list(range(1, 2001))
+    assert cid == 1
+    assert started_before_it < 2000  # its turn came while the flood was still being admitted

@@ -193,24 +193,34 @@ class Session:
             self._input_over = (None,)
         self._admit_waiting()
 
-    def _admit_waiting(self) -> None:
-        """Admit the waiting requests in order while the connection has room and the turn has budget; pause
-        reading while any still wait, resume it once none do and there is room."""
+    def _admit_waiting(self, share: int | None = None) -> None:
+        """Admit the waiting requests in order while the connection has room and the turn has budget (or, called
+        by the budget at the start of a turn, up to this session's ``share`` of it); pause reading while any
+        still wait, resume it once none do and there is room."""
         self._admit_scheduled = False
         if self._no_more_slots:
             return
         waiting = self._waiting
+        budget = self._budget
+        admitted = 0
         try:
             while waiting:
                 frame = waiting[0]
                 nbytes = len(frame.header) + len(frame.payload)
                 if not self._has_room(nbytes):
-                    break  # _take_first schedules the next round as replies leave
-                if not self._budget.take(nbytes):
+                    break  # _take_first queues the next round as replies leave
+                if share is None:
+                    if not budget.take(nbytes):
+                        self._schedule_admission()
+                        break
+                elif admitted >= share or (admitted and budget.bytes_left < nbytes):
                     self._schedule_admission()
                     break
+                else:
+                    budget.spend(nbytes)
                 waiting.popleft()
                 self._admit(frame, nbytes)
+                admitted += 1
         except Exception:  # a bug in an admit hook: this connection's requests can no longer be trusted
             log.exception("wire connection %s: reading a request failed; closing it", self.peer)
             waiting.clear()
@@ -237,11 +247,11 @@ class Session:
         return slots == 0 or (slots < self._max_in_flight and self._held_bytes + nbytes <= self._max_in_flight_bytes)
 
     def _schedule_admission(self) -> None:
-        """Admit the waiting requests on a later turn, not from inside whatever freed the room (a reply written
-        from a handler or from another connection's admit hook)."""
+        """Admit the waiting requests on the next turn, in the budget's queue (fair among connections), and not
+        from inside whatever freed the room (a reply written from a handler or another connection's hook)."""
         if not self._admit_scheduled:
             self._admit_scheduled = True
-            asyncio.get_running_loop().call_soon(self._admit_waiting)
+            self._budget.wait_turn(self._admit_waiting)
 
     def _stream_broken(self, exc: FrameError) -> None:
         """The byte stream lost its framing: the replies owed go out, then one ERROR frame, then the close."""
