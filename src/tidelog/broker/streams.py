@@ -273,13 +273,14 @@ class StreamAdmin:
         """Have the controller make a partition change, then wait until this broker's mirror shows it."""
         assert self._link is not None
         ids = self._partition_ids(name, partitions)
-        await self._link.forward(request, _APPLY_TIMEOUT)
+        timeout = _apply_timeout(len(ids))  # the controller writes one partition per transaction
+        await self._link.forward(request, timeout)
 
         def done(snap: MetadataSnapshot) -> bool:
             records = [snap.partition(name, pid) for pid in ids]
             return all(r is None or applied(r) for r in records)
 
-        await self._wait(done, f"{name} to update")
+        await self._wait(done, f"{name} to update", timeout)
 
     async def _update(
         self, name: str, partitions: Sequence[int], change: Callable[[PartitionRecord], PartitionRecord]
