@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 10_000
 _APPLY_TIMEOUT = 10.0
+_APPLY_SECONDS_PER_PARTITION = 0.02
+"""Creating or deleting a stream opens or closes every local partition of it before the request is answered: the
+wait allows for that on top of ``_APPLY_TIMEOUT`` (10,000 partitions: 210 s)."""
+
+
+def _apply_timeout(partitions: int) -> float:
+    return _APPLY_TIMEOUT + partitions * _APPLY_SECONDS_PER_PARTITION
+
+
 _CAS_ATTEMPTS = 8
 
 
@@ -147,8 +156,10 @@ class StreamAdmin:
             request = CreateStreamRequest(
                 name, subject, partitions, replication_factor, group, config_strings(config), forwarded=True
             )
-            await self._link.forward(request, _APPLY_TIMEOUT)
-            snap = await self._wait(lambda s: _stream_ready(s, name), f"stream {name!r} to be created")
+            await self._link.forward(request, _apply_timeout(partitions))
+            snap = await self._wait(
+                lambda s: _stream_ready(s, name), f"stream {name!r} to be created", _apply_timeout(partitions)
+            )
             return snap.streams[name]
         snap = self._mirror.snapshot
         brokers = sorted(snap.brokers) or [self._broker_id]
@@ -167,11 +178,15 @@ class StreamAdmin:
             for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load, leaders))
         ]
         outcome = await call_controller(writer.create_stream(record, parts))
+        if outcome is CreateOutcome.IN_PROGRESS:
+            raise UnavailableError(f"stream {name!r} is being created by another request; retry")
         if outcome is CreateOutcome.CONFLICT:
             existing = self._mirror.snapshot.stream(name)
             other = f" on subject {existing.subject!r}" if existing else ""
             raise StreamExistsError(f"stream {name!r} already exists{other}")
-        snap = await self._wait(lambda s: _stream_ready(s, name), f"stream {name!r} to be created")
+        snap = await self._wait(
+            lambda s: _stream_ready(s, name), f"stream {name!r} to be created", _apply_timeout(partitions)
+        )
         created = snap.streams[name]
         if outcome is CreateOutcome.CREATED:
             log.info("created stream %s on %r with %d partition(s)", name, subject, partitions)
@@ -179,15 +194,19 @@ class StreamAdmin:
 
     async def delete_stream(self, name: str, *, forwarded: bool = False) -> None:
         writer = self._writer(forwarded)
+        known = self._mirror.snapshot.stream(name)
+        timeout = _apply_timeout(known.partitions if known is not None else 0)
         if writer is None:
             assert self._link is not None
-            if self._mirror.snapshot.stream(name) is None:
+            if known is None:
                 raise UnknownStreamError(f"no stream named {name!r}")
-            await self._link.forward(DeleteStreamRequest(name, forwarded=True), _APPLY_TIMEOUT)
+            await self._link.forward(DeleteStreamRequest(name, forwarded=True), timeout)
         elif not await call_controller(writer.delete_stream(name)):
             raise UnknownStreamError(f"no stream named {name!r}")
         await self._wait(
-            lambda s: name not in s.streams and not any(k[0] == name for k in s.partitions), f"stream {name!r} to go"
+            lambda s: name not in s.streams and not any(k[0] == name for k in s.partitions),
+            f"stream {name!r} to go",
+            timeout,
         )
         log.info("deleted stream %s", name)
 
@@ -254,13 +273,14 @@ class StreamAdmin:
         """Have the controller make a partition change, then wait until this broker's mirror shows it."""
         assert self._link is not None
         ids = self._partition_ids(name, partitions)
-        await self._link.forward(request, _APPLY_TIMEOUT)
+        timeout = _apply_timeout(len(ids))  # the controller writes one partition per transaction
+        await self._link.forward(request, timeout)
 
         def done(snap: MetadataSnapshot) -> bool:
             records = [snap.partition(name, pid) for pid in ids]
             return all(r is None or applied(r) for r in records)
 
-        await self._wait(done, f"{name} to update")
+        await self._wait(done, f"{name} to update", timeout)
 
     async def _update(
         self, name: str, partitions: Sequence[int], change: Callable[[PartitionRecord], PartitionRecord]
@@ -281,9 +301,11 @@ class StreamAdmin:
                 raise UnavailableError(f"partition {name}/{pid} kept changing; try again")
             await self._wait(_is(name, pid, wanted), f"{name}/{pid} to update")
 
-    async def _wait(self, predicate: Callable[[MetadataSnapshot], bool], what: str) -> MetadataSnapshot:
+    async def _wait(
+        self, predicate: Callable[[MetadataSnapshot], bool], what: str, timeout: float = _APPLY_TIMEOUT
+    ) -> MetadataSnapshot:
         try:
-            return await self._mirror.wait_for(predicate, _APPLY_TIMEOUT)
+            return await self._mirror.wait_for(predicate, timeout)
         except TimeoutError:
             raise UnavailableError(f"timed out waiting for {what}") from None
 

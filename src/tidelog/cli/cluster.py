@@ -93,6 +93,9 @@ async def read_cluster(endpoint: str, prefix: str = "/tidelog") -> ClusterView:
             await asyncio.wait_for(client.close(), ETCD_TIMEOUT)
     view = ClusterView()
     controller_key = keys.controller()
+    streams = {
+        bytes(kv.key)[len(keys.streams) :].decode() for kv in found if bytes(kv.key).startswith(keys.streams.encode())
+    }
     for kv in found:
         key, value = bytes(kv.key), bytes(kv.value)
         if key == controller_key:
@@ -101,7 +104,9 @@ async def read_cluster(endpoint: str, prefix: str = "/tidelog") -> ClusterView:
             record = decode_broker(value)
             view.brokers[record.id] = record
         elif key.startswith(keys.partitions.encode()):
-            view.partitions.append(decode_partition(value))
+            partition = decode_partition(value)
+            if partition.stream in streams:  # not a stream being created (or deleted): nobody acts on those
+                view.partitions.append(partition)
     view.partitions.sort(key=lambda p: (p.stream, p.id))
     await _fetch_bounds(view)
     return view

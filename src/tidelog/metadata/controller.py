@@ -76,11 +76,10 @@ from tidelog.metadata.records import (
     StreamRecord,
     decode_broker,
     decode_partition,
-    decode_stream,
     encode,
 )
 from tidelog.metadata.snapshot import MetadataSnapshot
-from tidelog.metadata.store import CreateOutcome
+from tidelog.metadata.stream_creation import CHUNK_PARTITIONS, CreateOutcome, StreamCreation
 from tidelog.metadata.suspension import (
     HeadRejection,
     LeaderBounds,
@@ -127,12 +126,14 @@ class Controller:
         retry_max: float = 5.0,
         probe_timeout: float = 0.5,
         write_concurrency: int = 32,
+        create_chunk: int = CHUNK_PARTITIONS,
         clock: Clock | None = None,
     ) -> None:
         """``election`` may be given later through :meth:`attach` (see the module docstring);
         ``unclean_default`` is the broker default for streams that do not set ``unclean_leader_election``;
         ``balance_initial_delay`` defaults to ``balance_interval``; ``write_concurrency`` bounds the partition
-        transactions in flight at once (a failover of many partitions should not take one round trip each)."""
+        transactions in flight at once (a failover of many partitions should not take one round trip each);
+        ``create_chunk`` the partitions a stream creation writes per transaction."""
         self.broker_id = broker_id
         self._client = client
         self._keys = keys
@@ -144,6 +145,7 @@ class Controller:
         self._retry_max = retry_max
         self._probe_timeout = probe_timeout
         self._write_concurrency = write_concurrency
+        self._create_chunk = create_chunk
         self._clock = clock or SystemClock()
         self._latest = mirror.snapshot  # the newest snapshot the mirror has announced (ahead of mirror.snapshot)
         self._shutting_down: set[str] = set()
@@ -197,6 +199,7 @@ class Controller:
         self._tasks = [
             asyncio.create_task(self._reconcile_loop(writer), name=f"controller-reconcile-{term.epoch}"),
             asyncio.create_task(self._balance_loop(writer), name=f"controller-balance-{term.epoch}"),
+            asyncio.create_task(self._clean_creations(writer), name=f"controller-creations-{term.epoch}"),
         ]
         self._notify()
         log.info("controller %s: active for epoch %d", self.broker_id, term.epoch)
@@ -317,29 +320,17 @@ class Controller:
         return plan.still_leading + missed
 
     async def create_stream(self, stream: StreamRecord, partitions: Sequence[PartitionRecord]) -> CreateOutcome:
-        """Create ``stream`` and its partitions in one fenced transaction, unless the name is taken.
+        """Create ``stream`` and its partitions, fenced, unless the name is taken: in transactions of at most
+        ``create_chunk`` partitions, visible whole at once (:mod:`tidelog.metadata.stream_creation`).
 
-        Same outcomes as :meth:`~tidelog.metadata.store.MetadataStore.create_stream`: creating a stream that
-        exists on the same subject is idempotent, on another subject a conflict.
+        Creating a stream that exists on the same subject is idempotent (``SAME_EXISTS``), on another subject a
+        conflict; ``IN_PROGRESS`` while another creation of the name is under way.
         """
-        writer = self._current_writer()
-        tx = self._client.transactions
-        key = self._keys.stream(stream.name)
-        result = await writer.transaction(
-            compare=[tx.version(key) == 0],
-            success=[tx.put(key, encode(stream))]
-            + [tx.put(self._keys.partition(p.stream, p.id), encode(p)) for p in partitions],
-            failure=[tx.get(key)],
-        )
-        if result.committed:
-            return CreateOutcome.CREATED
-        existing = _value_of(result.responses[0])
-        if existing is not None and decode_stream(existing).subject == stream.subject:
-            return CreateOutcome.SAME_EXISTS
-        return CreateOutcome.CONFLICT
+        return await self._creation(self._current_writer()).create(stream, partitions)
 
     async def delete_stream(self, name: str) -> bool:
-        """Delete a stream and its partitions in one fenced transaction; False when there was no such stream."""
+        """Delete a stream and its partitions in one fenced transaction (two operations, a key and a range, however
+        many partitions); False when there was no such stream."""
         writer = self._current_writer()
         tx = self._client.transactions
         key = self._keys.stream(name)
@@ -432,6 +423,25 @@ class Controller:
                 )
             await self._clock.sleep(self._balance_interval)
 
+    async def _clean_creations(self, writer: FencedWriter) -> None:
+        """Undo the stream creations earlier controllers left unfinished (their partition keys and markers)."""
+        backoff = self._retry_initial
+        while True:
+            try:
+                await self._creation(writer).clean_abandoned(self._client)
+                return
+            except ControllerFencedError:
+                return
+            except Exception as error:
+                log.warning(
+                    "controller %s: cleaning abandoned stream creations failed (%s); retrying in %.1fs",
+                    self.broker_id,
+                    error,
+                    backoff,
+                )
+                await self._clock.sleep(backoff)
+                backoff = min(backoff * 2, self._retry_max)
+
     async def _stop_tasks(self) -> None:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
@@ -440,6 +450,9 @@ class Controller:
             await asyncio.wait(tasks)  # not gather: a cancellation of the caller itself must still propagate
 
     # ---- writing ----
+
+    def _creation(self, writer: FencedWriter) -> StreamCreation:
+        return StreamCreation(self._client, self._keys, writer.transaction, writer.term.epoch, chunk=self._create_chunk)
 
     def _current_writer(self) -> FencedWriter:
         """The writer of the current term, or :class:`NotControllerError` naming the controller to forward to."""

@@ -2,7 +2,10 @@
 
 Keys written with the session's lease live exactly as long as the lease: when the holder dies, is paused, or is
 cut off from etcd for longer than the TTL, etcd deletes them on its own, atomically, and every watcher sees the
-deletion. A background task refreshes the lease every third of its TTL through the injected clock.
+deletion. A background task refreshes the lease a third of its TTL after etcd last confirmed it, through the
+injected clock (:class:`RenewalSchedule`): a refresh that fails or hangs is retried a few times a second, not a
+third of the TTL later, and one that comes late because the event loop was busy is logged, so a lease survives
+a busy moment or a lost packet with two thirds of its TTL to spare.
 
 A session only ever moves from alive to lost. It is lost when etcd answers a refresh with a TTL of zero (etcd's
 way of saying "no such lease": it expired, or somebody revoked it) or when an operation that used the lease was
@@ -26,6 +29,45 @@ log = logging.getLogger(__name__)
 
 LEASE_NOT_FOUND = "requested lease not found"
 """What etcd says, in the error's text, about a put or transaction that names a lease it no longer has."""
+
+
+RETRY_SECONDS = 0.25
+"""How soon a failed or timed-out lease refresh is tried again (a tenth of the TTL when that is sooner)."""
+
+
+class RenewalSchedule:
+    """When to refresh a lease of ``ttl`` seconds, from when etcd last confirmed it (times in seconds)."""
+
+    __slots__ = ("_confirmed", "_failed", "_ttl")
+
+    def __init__(self, ttl: float, now: float) -> None:
+        self._ttl = ttl
+        self._confirmed = now  # when the last refresh that etcd answered was sent
+        self._failed = False  # the last refresh failed: retry soon
+
+    @property
+    def timeout(self) -> float:
+        """How long one refresh may take before it counts as failed (it is then retried)."""
+        return max(self._ttl / 3, RETRY_SECONDS)
+
+    def delay(self, now: float) -> float:
+        """Seconds to wait before the next refresh."""
+        if self._failed:
+            return min(RETRY_SECONDS, self._ttl / 10)
+        return max(self._confirmed + self._ttl / 3 - now, 0.0)
+
+    def confirmed(self, sent: float) -> None:
+        """etcd answered the refresh sent at ``sent``: the lease held its full TTL from then."""
+        self._confirmed = sent
+        self._failed = False
+
+    def failed(self) -> None:
+        self._failed = True
+
+    def late_by(self, now: float) -> float:
+        """How far past its time a refresh starting at ``now`` is; more than a sixth of the TTL is worth a
+        warning (the event loop was busy that long)."""
+        return now - (self._confirmed + self._ttl / 3) if not self._failed else 0.0
 
 
 def is_lease_not_found(error: BaseException) -> bool:
@@ -98,14 +140,28 @@ class LeaseSession:
         self._lost.set()
 
     async def _keep_alive(self) -> None:
-        interval = max(self._ttl / 3, 0.1)
+        schedule = RenewalSchedule(self._ttl, self._now())
         while not self._closing:
-            await self._clock.sleep(interval)
+            await self._clock.sleep(schedule.delay(self._now()))
+            sent = self._now()
+            if schedule.late_by(sent) > self._ttl / 6:
+                log.warning(
+                    "%s: lease %x refreshed %.1f s late (the event loop was busy)",
+                    self._name,
+                    self._lease.id,
+                    schedule.late_by(sent),
+                )
             try:
-                reply = await self._lease.refresh()
+                async with asyncio.timeout(schedule.timeout):
+                    reply = await self._lease.refresh()
             except Exception:  # etcd briefly unreachable: the lease may well still be alive, keep trying
                 log.warning("%s: could not refresh lease %x", self._name, self._lease.id, exc_info=True)
+                schedule.failed()
                 continue
             if reply is None or int(reply.TTL) <= 0:
                 self.mark_lost()
                 return
+            schedule.confirmed(sent)
+
+    def _now(self) -> float:
+        return self._clock.monotonic_ns() / 1e9

@@ -4,6 +4,13 @@ The mirror loads the whole prefix once, then follows a watch from the next revis
 exactly once and in etcd's order. Each applied change produces a new :class:`MetadataSnapshot`; listeners are
 called with the old and new snapshot and reconcile what they run (open a partition, start a subscription).
 ``wait_for`` lets a request that just wrote to etcd wait until this broker has acted on it.
+
+A partition appears in a snapshot only while its stream record exists. A stream's partitions are written before
+its record, in several transactions when there are many (:mod:`tidelog.metadata.stream_creation`): the mirror
+holds them back (``_hidden``, no snapshot is published for them) and publishes them with the stream record, in
+one snapshot. A deleted stream takes its partitions out of the snapshot with it, in the same way. So no listener
+or reader ever sees a stream without all its partitions, or acts on the partitions of a stream half created,
+abandoned or being deleted.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tidelog.metadata.records import Keys, decode_broker, decode_partition, decode_stream
+from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_partition, decode_stream
 from tidelog.metadata.snapshot import MetadataSnapshot
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,7 @@ class MetadataMirror:
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._watch: Any = None
+        self._hidden: dict[str, dict[int, PartitionRecord]] = {}  # partitions of streams not in the snapshot
 
     @property
     def snapshot(self) -> MetadataSnapshot:
@@ -49,8 +57,8 @@ class MetadataMirror:
         streams: dict[str, Any] = {}
         partitions: dict[Any, Any] = {}
         brokers: dict[str, Any] = {}
-        for kv in result:
-            self._apply_kv(streams, partitions, brokers, kv.key, kv.value)
+        for kv in sorted(result, key=lambda kv: not kv.key.startswith(self._keys.streams.encode())):
+            self._apply_kv(streams, partitions, brokers, kv.key, kv.value)  # streams first: their partitions show
         revision = result.header.revision
         await self._publish(MetadataSnapshot(revision, streams, partitions, brokers))
         self._watch = await self._client.watch_prefix(self._keys.prefix.encode() + b"/", start_revision=revision + 1)
@@ -84,6 +92,8 @@ class MetadataMirror:
 
     async def _follow(self) -> None:
         async for event in self._watch:
+            if self._held_back(event):
+                continue  # a partition of a stream not (or no longer) in the snapshot: nothing anyone sees changed
             snap = self._snapshot
             streams, partitions, brokers = dict(snap.streams), dict(snap.partitions), dict(snap.brokers)
             if event.kind == "DELETE":
@@ -91,6 +101,25 @@ class MetadataMirror:
             else:
                 self._apply_kv(streams, partitions, brokers, event.kv.key, event.kv.value)
             await self._publish(MetadataSnapshot(event.kv.mod_revision, streams, partitions, brokers))
+
+    def _held_back(self, event: Any) -> bool:
+        """Apply ``event`` to the held-back partitions if it is about one of a stream the snapshot does not have
+        (True), without copying the snapshot: a stream of 10,000 partitions is 10,000 events."""
+        text = event.kv.key.decode()
+        if not text.startswith(self._keys.partitions):
+            return False
+        stream, _, pid = text[len(self._keys.partitions) :].rpartition("/")
+        if stream in self._snapshot.streams:
+            return False
+        if event.kind == "DELETE":
+            held = self._hidden.get(stream)
+            if held is not None:
+                held.pop(int(pid), None)
+                if not held:
+                    del self._hidden[stream]
+        else:
+            self._apply_kv({}, {}, {}, event.kv.key, event.kv.value)
+        return True
 
     async def _publish(self, new: MetadataSnapshot) -> None:
         old = self._snapshot
@@ -108,13 +137,20 @@ class MetadataMirror:
     def _apply_kv(
         self, streams: dict[Any, Any], partitions: dict[Any, Any], brokers: dict[Any, Any], key: bytes, value: bytes
     ) -> None:
+        """Apply a put (a partition of a stream not in ``streams`` is held back)."""
         text = key.decode()
         try:
             if text.startswith(self._keys.streams):
                 record = decode_stream(value)
+                if record.name not in streams:  # created: its partitions, written first, show with it
+                    for p in self._hidden.pop(record.name, {}).values():
+                        partitions[(p.stream, p.id)] = p
                 streams[record.name] = record
             elif text.startswith(self._keys.partitions):
                 p = decode_partition(value)
+                if p.stream not in streams:
+                    self._hidden.setdefault(p.stream, {})[p.id] = p
+                    return
                 partitions[(p.stream, p.id)] = p
             elif text.startswith(self._keys.brokers):
                 b = decode_broker(value)
@@ -125,9 +161,13 @@ class MetadataMirror:
     def _delete_kv(
         self, streams: dict[Any, Any], partitions: dict[Any, Any], brokers: dict[Any, Any], key: bytes
     ) -> None:
+        """Apply a delete (a stream's partitions are held back until their own deletes arrive)."""
         text = key.decode()
         if text.startswith(self._keys.streams):
-            streams.pop(text[len(self._keys.streams) :], None)
+            name = text[len(self._keys.streams) :]
+            streams.pop(name, None)
+            for pkey in [k for k in partitions if k[0] == name]:  # held back until their own deletes arrive
+                self._hidden.setdefault(name, {})[pkey[1]] = partitions.pop(pkey)
         elif text.startswith(self._keys.partitions):
             stream, _, pid = text[len(self._keys.partitions) :].rpartition("/")
             partitions.pop((stream, int(pid)), None)

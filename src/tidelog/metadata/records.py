@@ -11,6 +11,11 @@ half-updated partition. Key layout under the cluster prefix (default ``/tidelog`
     {prefix}/controller-epoch                    the controller epoch, a msgpack integer
     {prefix}/producer-ids                        the next idempotent-producer id to hand out, a msgpack integer
     {prefix}/producers/{name}                    ProducerRecord    (a named producer's id and latest epoch)
+    {prefix}/creating/{stream}                   CreationRecord    (a stream being created in several transactions)
+
+Partitions whose stream record does not exist are invisible: the mirror holds them back until the stream record
+arrives, so a stream whose partitions are written in several transactions appears whole, at once (see
+:mod:`tidelog.metadata.stream_creation`).
 
 Durations are milliseconds and timestamps nanoseconds since the Unix epoch, as in Liftbridge's API.
 """
@@ -115,6 +120,7 @@ class Keys:
         self.brokers = f"{self.prefix}/brokers/"
         self.streams = f"{self.prefix}/streams/"
         self.partitions = f"{self.prefix}/partitions/"
+        self.creations = f"{self.prefix}/creating/"
 
     def broker(self, broker_id: str) -> bytes:
         return f"{self.brokers}{broker_id}".encode()
@@ -127,6 +133,10 @@ class Keys:
 
     def partitions_of(self, stream: str) -> bytes:
         return f"{self.partitions}{stream}/".encode()
+
+    def creation(self, stream: str) -> bytes:
+        """The marker of ``stream``'s creation while its partitions are being written (:class:`CreationRecord`)."""
+        return f"{self.creations}{stream}".encode()
 
     def controller(self) -> bytes:
         """The key whose holder is the controller; it lives only as long as that broker's lease."""
@@ -225,3 +235,23 @@ def encode_counter(value: int) -> bytes:
 
 def decode_counter(data: bytes) -> int:
     return _epoch_decoder.decode(data)
+
+
+class CreationRecord(msgspec.Struct, frozen=True, array_like=True):
+    """A stream creation in progress: who started it (a token of its own, and the controller epoch it was started
+    in: a creation of an older epoch is abandoned, its controller can no longer write) and when."""
+
+    token: str
+    epoch: int
+    started_ns: int
+
+
+_creation_decoder = msgspec.msgpack.Decoder(CreationRecord)
+
+
+def encode_creation(record: CreationRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_creation(data: bytes) -> CreationRecord:
+    return _creation_decoder.decode(data)

@@ -9,32 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.metadata.lease_session import RenewalSchedule
 from tidelog.metadata.records import (
     BrokerRecord,
     Keys,
     PartitionRecord,
     StreamRecord,
-    decode_stream,
     encode,
 )
+from tidelog.metadata.stream_creation import CreateOutcome, StreamCreation, plain_transact, prefix_end
+
+__all__ = ["CreateOutcome", "MetadataStore"]
 
 log = logging.getLogger(__name__)
-
-
-class CreateOutcome(enum.Enum):
-    """What :meth:`MetadataStore.create_stream` found."""
-
-    CREATED = "created"
-    """The stream did not exist and now does."""
-    SAME_EXISTS = "same-exists"
-    """A stream with this name and subject already exists: creation is idempotent, nothing was written."""
-    CONFLICT = "conflict"
-    """A stream with this name exists with a different subject."""
 
 
 class MetadataStore:
@@ -47,21 +38,12 @@ class MetadataStore:
         self._keepalive: asyncio.Task[None] | None = None
 
     async def create_stream(self, stream: StreamRecord, partitions: Sequence[PartitionRecord]) -> CreateOutcome:
-        """Create ``stream`` and its partitions in one transaction, unless the name is taken."""
-        tx = self._client.transactions
-        key = self._keys.stream(stream.name)
-        ok, responses = await self._client.transaction(
-            compare=[tx.version(key) == 0],
-            success=[tx.put(key, encode(stream))]
-            + [tx.put(self._keys.partition(p.stream, p.id), encode(p)) for p in partitions],
-            failure=[tx.get(key)],
+        """Create ``stream`` and its partitions unless the name is taken: in several transactions, visible at once
+        (:mod:`tidelog.metadata.stream_creation`). Unfenced: a creation marker in the way is taken over."""
+        creation = StreamCreation(
+            self._client, self._keys, plain_transact(self._client), 0, abandoned=lambda _marker: True
         )
-        if ok:
-            return CreateOutcome.CREATED
-        existing = responses[0][0][0] if responses and responses[0] else None
-        if existing is not None and decode_stream(existing).subject == stream.subject:
-            return CreateOutcome.SAME_EXISTS
-        return CreateOutcome.CONFLICT
+        return await creation.create(stream, partitions)
 
     async def delete_stream(self, name: str) -> bool:
         """Delete a stream and its partitions; False when there was no such stream."""
@@ -70,7 +52,7 @@ class MetadataStore:
         prefix = self._keys.partitions_of(name)
         ok, _ = await self._client.transaction(
             compare=[tx.version(key) > 0],
-            success=[tx.delete(key), tx.delete(prefix, range_end=_prefix_end(prefix))],
+            success=[tx.delete(key), tx.delete(prefix, range_end=prefix_end(prefix))],
             failure=[],
         )
         return bool(ok)
@@ -93,9 +75,7 @@ class MetadataStore:
         """
         self._lease = await self._client.lease(ttl_seconds)
         await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
-        self._keepalive = asyncio.create_task(
-            self._keep_alive(record, ttl_seconds, max(ttl_seconds / 3, 0.5)), name="broker-lease"
-        )
+        self._keepalive = asyncio.create_task(self._keep_alive(record, ttl_seconds), name="broker-lease")
 
     async def deregister_broker(self) -> None:
         """Revoke the lease (removing the broker's key at once) and stop keeping it alive."""
@@ -109,11 +89,19 @@ class MetadataStore:
                 await self._lease.revoke()
             self._lease = None
 
-    async def _keep_alive(self, record: BrokerRecord, ttl_seconds: int, interval: float) -> None:
+    async def _keep_alive(self, record: BrokerRecord, ttl_seconds: int) -> None:
+        """Refresh the lease on the :class:`RenewalSchedule` (early, retried soon after a failure)."""
+        loop = asyncio.get_running_loop()
+        schedule = RenewalSchedule(ttl_seconds, loop.time())
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(schedule.delay(loop.time()))
+            sent = loop.time()
+            if schedule.late_by(sent) > ttl_seconds / 6:
+                log.warning("broker lease refreshed %.1f s late (the event loop was busy)", schedule.late_by(sent))
             try:
-                reply = await self._lease.refresh()
+                async with asyncio.timeout(schedule.timeout):
+                    reply = await self._lease.refresh()
+                schedule.confirmed(sent)
                 if reply is not None and getattr(reply, "TTL", 1) <= 0:
                     # The lease lapsed (this broker was paused or cut off longer than its TTL) and etcd removed
                     # the registration with it; register again under a new lease rather than stay invisible.
@@ -122,10 +110,4 @@ class MetadataStore:
                     await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
             except Exception:  # etcd briefly unreachable: keep trying until the lease is really gone
                 log.warning("could not refresh the broker lease", exc_info=True)
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The etcd range end that covers every key starting with ``prefix``."""
-    end = bytearray(prefix)
-    end[-1] += 1
-    return bytes(end)
+                schedule.failed()

@@ -142,7 +142,7 @@ async def test_a_connection_at_its_in_flight_limit_is_not_read_until_a_reply_lea
     async with serving(tmp_path, max_in_flight=2) as served:
         peer = await Peer.connect(served.port)
         # Two long-polls at the tail fill the connection's limit: a produce sent after them is not read...
-        # (what arrives in the same read as the request that reaches the limit is read with it)
+        # (even when it arrives in the same read: it waits there, decoded but not admitted)
         peer.send(1, FetchRequest("s", 0, 0, max_wait_ms=700))
         peer.send(2, FetchRequest("s", 0, 0, max_wait_ms=700))
         await asyncio.sleep(0.1)

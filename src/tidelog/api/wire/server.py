@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidelog.api.wire import admin, append, control, fetch, handlers, producers, replica
+from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
@@ -63,7 +64,8 @@ class WireServer:
         zero_copy: bool = True,
     ) -> None:
         """``max_in_flight`` requests or ``max_in_flight_bytes`` of request bytes unanswered on one connection
-        make it stop reading until replies go out. ``zero_copy`` allows ``os.sendfile`` for fetches on
+        make it stop reading until replies go out; what all connections together start in one turn of the loop
+        is bounded too (:mod:`tidelog.api.wire.admission`). ``zero_copy`` allows ``os.sendfile`` for fetches on
         connections without TLS (it is always off with TLS, whose bytes must pass through Python)."""
         self._ctx = ctx
         self._host = host
@@ -72,6 +74,7 @@ class WireServer:
         self._max_frame_bytes = max_frame_bytes
         self._max_in_flight = max_in_flight
         self._max_in_flight_bytes = max_in_flight_bytes
+        self._budget = TurnBudget()
         self._zero_copy = zero_copy and ssl is None and hasattr(os, "sendfile")
         self._server: asyncio.Server | None = None
         self._port = 0
@@ -111,6 +114,7 @@ class WireServer:
             max_frame_bytes=self._max_frame_bytes,
             max_in_flight=self._max_in_flight,
             max_in_flight_bytes=self._max_in_flight_bytes,
+            budget=self._budget,
         )
         task = asyncio.current_task()
         assert task is not None

@@ -5,9 +5,14 @@ Two halves per connection:
 - **reading** happens in the transport's callback (:meth:`Session.feed`, called by the server's protocol with
   each chunk the socket delivers): it cuts the byte stream into frames (:class:`FrameDecoder`, which refuses an
   oversized frame from its length prefix alone), starts a handler task for each request *as it arrives*, and
-  appends a :class:`_Slot` for it to a FIFO. It pauses the transport's reading while too many requests
-  (``max_in_flight``) or too many request bytes (``max_in_flight_bytes``) are unanswered, and resumes it as
-  replies leave: that is the connection's backpressure, passed on to the client through TCP. No task reads:
+  appends a :class:`_Slot` for it to a FIFO. A request is admitted only while fewer than ``max_in_flight``
+  requests and at most ``max_in_flight_bytes`` request bytes are unanswered (one request alone is always
+  admitted): the frames a read completes beyond that wait, decoded, in arrival order, and the transport's
+  reading is paused until replies leave and they are all admitted. That is the connection's backpressure,
+  passed on to the client through TCP. The server's :class:`~tidelog.api.wire.admission.TurnBudget` also
+  bounds what all its connections admit in one turn of the loop: the rest waits for a later turn, so one read
+  of thousands of tiny pipelined frames never runs thousands of handlers before other connections and the
+  etcd lease keep-alive get their turn. No task reads:
   with a reader task every request cost one more turn of the loop (the task woken by the stream, then the
   handler started), about 10 µs each on loopback, and a replicated acks-ALL write has two requests on its
   critical path (the produce and the second follower's acknowledgement).
@@ -64,6 +69,7 @@ from tidelog.api.errors import (
     UnsupportedError,
     as_tidelog_error,
 )
+from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
 from tidelog.api.wire.messages import decode_as, encode_error
@@ -99,6 +105,7 @@ class Session:
         max_frame_bytes: int,
         max_in_flight: int,
         max_in_flight_bytes: int,
+        budget: TurnBudget | None = None,
     ) -> None:
         self._winding_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._env = HandlerEnv(broker, self._winding_down, zero_copy, background, reply_now=self.reply_now)
@@ -108,8 +115,12 @@ class Session:
         self._decoder = FrameDecoder(max_frame_bytes)
         self._max_in_flight = max_in_flight
         self._max_in_flight_bytes = max_in_flight_bytes
+        self._budget = budget if budget is not None else TurnBudget()
         self._slots: deque[_Slot] = deque()
         self._held_bytes = 0
+        self._waiting: deque[Frame] = deque()  # read, not yet admitted (no room, or the turn's budget spent)
+        self._admit_scheduled = False  # _admit_waiting will run on a later turn
+        self._input_over: tuple[FrameError | None] | None = None  # the input ended (how) behind the waiting
         self._writer_wanted = asyncio.Event()  # the first slot's reply is ready and unwritten, or input ended
         self._no_more_slots = False  # no further request will be read: the writer ends once the FIFO is empty
         self._reading_paused = False  # by backpressure
@@ -129,7 +140,8 @@ class Session:
             self.abort()
 
     def stop_reading(self) -> None:
-        """Take no further requests; the ones already read are answered, then the connection closes."""
+        """Take no further requests; the ones already admitted are answered, then the connection closes."""
+        self._waiting.clear()
         self._end_input()
 
     def _wind_down(self) -> None:
@@ -141,6 +153,7 @@ class Session:
         """Close now: cancel unfinished handlers and the writer, release file ranges, drop uncommitted
         transactional appends, close the transport."""
         self._no_more_slots = True
+        self._waiting.clear()
         self._env.appends.abort_all()
         if self._writer_task is not None:
             self._writer_task.cancel()
@@ -151,22 +164,15 @@ class Session:
     # -- reading -------------------------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        """Take the bytes the socket delivered: admit every request they complete (the module docstring)."""
-        if self._no_more_slots:
+        """Take the bytes the socket delivered: admit the requests they complete, as far as the connection's
+        limits and the turn's budget allow; the rest wait, and reading pauses (the module docstring)."""
+        if self._no_more_slots or self._input_over is not None:
             return  # stopped reading, or the stream broke: nothing more is answered
         try:
-            frames = self._decoder.feed(data)
-            for frame in frames:
-                self._admit(frame)
+            self._waiting.extend(self._decoder.feed(data))
         except FrameError as exc:
-            self._stream_broken(exc)
-            return
-        except Exception:  # a bug in an admit hook: this connection's requests can no longer be trusted
-            log.exception("wire connection %s: reading a request failed; closing it", self.peer)
-            self._end_input()
-            return
-        if len(self._slots) >= self._max_in_flight or self._held_bytes > self._max_in_flight_bytes:
-            self._pause_reading()
+            self._input_over = (exc,)  # answered once the requests read before it are admitted
+        self._admit_waiting()
 
     def end_of_input(self, exc: BaseException | None = None) -> None:
         """The peer closed its side (``exc`` None) or the connection broke: no request will follow."""
@@ -174,14 +180,78 @@ class Session:
             return
         if exc is not None:
             log.debug("wire connection %s: read failed: %s", self.peer, exc)
+            self._waiting.clear()  # nobody is left to answer
             self._end_input()
+            return
+        if self._input_over is not None:
             return
         try:
             self._decoder.eof()
         except FrameError as exc_:
-            self._stream_broken(exc_)
+            self._input_over = (exc_,)
+        else:
+            self._input_over = (None,)
+        self._admit_waiting()
+
+    def _admit_waiting(self, share: int | None = None) -> None:
+        """Admit the waiting requests in order while the connection has room and the turn has budget (or, called
+        by the budget at the start of a turn, up to this session's ``share`` of it); pause reading while any
+        still wait, resume it once none do and there is room."""
+        self._admit_scheduled = False
+        if self._no_more_slots:
             return
-        self._end_input()
+        waiting = self._waiting
+        budget = self._budget
+        admitted = 0
+        try:
+            while waiting:
+                frame = waiting[0]
+                nbytes = len(frame.header) + len(frame.payload)
+                if not self._has_room(nbytes):
+                    break  # _take_first queues the next round as replies leave
+                if share is None:
+                    if not budget.take(nbytes):
+                        self._schedule_admission()
+                        break
+                elif admitted >= share or (admitted and budget.bytes_left < nbytes):
+                    self._schedule_admission()
+                    break
+                else:
+                    budget.spend(nbytes)
+                waiting.popleft()
+                self._admit(frame, nbytes)
+                admitted += 1
+        except Exception:  # a bug in an admit hook: this connection's requests can no longer be trusted
+            log.exception("wire connection %s: reading a request failed; closing it", self.peer)
+            waiting.clear()
+            self._end_input()
+            return
+        if waiting:
+            self._pause_reading()
+        elif self._input_over is not None:
+            error = self._input_over[0]
+            if error is not None:
+                self._stream_broken(error)
+            else:
+                self._end_input()
+        elif not self._has_room(0):
+            self._pause_reading()
+        elif self._reading_paused:
+            self._reading_paused = False
+            with contextlib.suppress(RuntimeError):
+                self._transport.resume_reading()
+
+    def _has_room(self, nbytes: int) -> bool:
+        """Whether a request of ``nbytes`` fits the connection's in-flight limits (one alone always does)."""
+        slots = len(self._slots)
+        return slots == 0 or (slots < self._max_in_flight and self._held_bytes + nbytes <= self._max_in_flight_bytes)
+
+    def _schedule_admission(self) -> None:
+        """Admit the waiting requests on the next turn, in the budget's queue (fair among connections), and not
+        from inside whatever freed the room (a reply written from a handler or another connection's hook)."""
+        if not self._admit_scheduled:
+            self._admit_scheduled = True
+            self._budget.wait_turn(self._admit_waiting)
 
     def _stream_broken(self, exc: FrameError) -> None:
         """The byte stream lost its framing: the replies owed go out, then one ERROR frame, then the close."""
@@ -208,20 +278,20 @@ class Session:
         slot = self._slots.popleft()
         self._held_bytes -= slot.nbytes
         self._want_writer_if_due()
-        if (
-            self._reading_paused
-            and not self._no_more_slots
-            and len(self._slots) < self._max_in_flight
-            and self._held_bytes <= self._max_in_flight_bytes
-        ):
-            self._reading_paused = False
-            with contextlib.suppress(RuntimeError):
-                self._transport.resume_reading()
+        if self._reading_paused and not self._no_more_slots and not self._admit_scheduled:
+            if self._waiting:
+                first = self._waiting[0]
+                if self._has_room(len(first.header) + len(first.payload)):
+                    self._schedule_admission()
+            elif self._has_room(0):
+                self._reading_paused = False
+                with contextlib.suppress(RuntimeError):
+                    self._transport.resume_reading()
         return slot
 
-    def _admit(self, frame: Frame) -> None:
+    def _admit(self, frame: Frame, nbytes: int) -> None:
         """Start the handler of one request frame (or decide its error reply) and give it its slot."""
-        cid, op, nbytes = frame.correlation_id, frame.op, len(frame.header) + len(frame.payload)
+        cid, op = frame.correlation_id, frame.op
         try:
             if frame.kind is not Kind.REQUEST:
                 raise ProtocolError(f"a client sends request frames, not {frame.kind.name.lower()} frames")
