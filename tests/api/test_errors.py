@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import grpc
 import pytest
 from hypothesis import given
@@ -55,6 +57,7 @@ STABLE_NUMBERS = {
     "REGISTER_MISMATCH": 25,
     "APPEND_TOO_SLOW": 26,
     "PARTITION_SUSPENDED": 27,
+    "DISK_FULL": 28,
 }
 
 S = grpc.StatusCode
@@ -80,6 +83,7 @@ EXPECTED_STATUS = {
     ErrorCode.REGISTER_MISMATCH: S.ABORTED,
     ErrorCode.APPEND_TOO_SLOW: S.ABORTED,
     ErrorCode.PARTITION_SUSPENDED: S.FAILED_PRECONDITION,
+    ErrorCode.DISK_FULL: S.RESOURCE_EXHAUSTED,
 }
 RETRIABLE = {
     ErrorCode.NOT_LEADER,
@@ -89,6 +93,7 @@ RETRIABLE = {
     ErrorCode.FENCED_LEADER_EPOCH,
     ErrorCode.STALE_GROUP_EPOCH,
     ErrorCode.DUPLICATE_IN_FLIGHT,
+    ErrorCode.DISK_FULL,
 }
 
 
@@ -218,3 +223,16 @@ def test_a_tidelog_error_translates_to_itself() -> None:
     assert as_tidelog_error(error) is error
     assert to_error_body(error) == ErrorBody(int(ErrorCode.NOT_LEADER), "b2 leads", True)
     assert "RuntimeError: boom" in as_tidelog_error(RuntimeError("boom")).message
+
+
+def test_a_full_disk_is_a_retriable_resource_exhausted_that_says_so() -> None:
+    for raised in (
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        storage_errors.DiskFullError("the disk is full: the write was refused; writes resume once space is freed"),
+    ):
+        error = as_tidelog_error(raised)
+        assert error.code is ErrorCode.DISK_FULL and error.retriable
+        assert error.grpc_status is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "disk is full" in error.message and "once space is freed" in error.message
+    assert as_tidelog_error(OSError(errno.EIO, "Input/output error")).code is ErrorCode.INTERNAL

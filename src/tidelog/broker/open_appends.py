@@ -91,11 +91,9 @@ class OpenAppend:
         except AppendTooLargeError as exc:
             self.fail(AppendRefused(ErrorCode.MESSAGE_TOO_LARGE, f"append {self.append_id}: {exc}", -1, EMPTY))
         except OSError as exc:  # the spool file could not be written (a full disk): nothing of it is kept
-            self.fail(
-                AppendRefused(
-                    ErrorCode.UNAVAILABLE, f"append {self.append_id}: could not spool its records: {exc}", -1, EMPTY
-                )
-            )
+            error = as_tidelog_error(exc)
+            code = error.code if error.code is ErrorCode.DISK_FULL else ErrorCode.UNAVAILABLE
+            self.fail(AppendRefused(code, f"append {self.append_id}: could not spool its records: {exc}", -1, EMPTY))
 
     @property
     def received(self) -> int:
