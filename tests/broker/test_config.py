@@ -129,6 +129,12 @@ def test_unknown_environment_variable_is_refused() -> None:
     assert load_config(env={"OTHER_PORT": "1", "TIDELOGPORT": "1"}) == BrokerConfig()  # not our prefix
 
 
+def test_the_open_append_bytes_cap_must_hold_the_largest_append() -> None:
+    with pytest.raises(BadConfigValueError, match=r"max_open_append_bytes_per_connection.*largest append"):
+        BrokerConfig(max_append_bytes=64 * 1024 * 1024, max_open_append_bytes_per_connection=32 * 1024 * 1024)
+    BrokerConfig(max_append_bytes=1024, max_open_append_bytes_per_connection=1024)
+
+
 def test_a_removed_key_is_refused_saying_it_was_removed(tmp_path: Path) -> None:
     path = tmp_path / "broker.toml"
     path.write_text("fsync_io_uring = false\n")

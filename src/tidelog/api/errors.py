@@ -37,7 +37,8 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── RegisterMismatchError     REGISTER_MISMATCH     ABORTED               re-read the registers, decide again
      ├── AppendTooSlowError        APPEND_TOO_SLOW       ABORTED               stream the append faster
      ├── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
-     └── DiskFullError             DISK_FULL             RESOURCE_EXHAUSTED    retriable: once space is freed
+     ├── DiskFullError             DISK_FULL             RESOURCE_EXHAUSTED    retriable: once space is freed
+     └── OpenAppendsLimitError     OPEN_APPENDS_LIMIT    RESOURCE_EXHAUSTED    commit or abort open appends first
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -66,6 +67,9 @@ should not retry until the system state has been fixed"):
   retriable (Kafka's KAFKA_STORAGE_ERROR is too): the write was refused and undone, nothing of it was stored,
   and the partition stays healthy, so the same write succeeds once space is freed
   (:mod:`tidelog.storage.disk_full`). Any ``ENOSPC``/``EDQUOT`` reaching a boundary answers it.
+- OPEN_APPENDS_LIMIT is RESOURCE_EXHAUSTED ("perhaps a per-user quota") and not retriable as such: the
+  connection holds as many uncommitted transactional appends (or spooled bytes) as the broker allows, and the
+  same request fails again until the client commits or aborts some of them.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -120,6 +124,7 @@ class ErrorCode(enum.IntEnum):
     APPEND_TOO_SLOW = 26
     PARTITION_SUSPENDED = 27
     DISK_FULL = 28
+    OPEN_APPENDS_LIMIT = 29
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -206,6 +211,8 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.FAILED_PRECONDITION, _A.INTERNAL, _K.UNKNOWN),
     ErrorSpec(_C.DISK_FULL, "the broker's disk is full: writes resume once space is freed", True,
               _S.RESOURCE_EXHAUSTED, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.OPEN_APPENDS_LIMIT, "the connection has too many transactional appends open", False,
+              _S.RESOURCE_EXHAUSTED, _A.BAD_REQUEST, _K.UNKNOWN),
 )
 # fmt: on
 
@@ -374,6 +381,11 @@ class PartitionSuspendedError(TidelogError, code=ErrorCode.PARTITION_SUSPENDED):
 class DiskFullError(TidelogError, code=ErrorCode.DISK_FULL):
     """The broker's disk (or quota) is full: the write was refused and nothing of it stored; the partition keeps
     serving, and the same write succeeds once space is freed."""
+
+
+class OpenAppendsLimitError(TidelogError, code=ErrorCode.OPEN_APPENDS_LIMIT):
+    """A connection's uncommitted transactional appends reached ``max_open_appends_per_connection`` or
+    ``max_open_append_bytes_per_connection``: commit or abort some before beginning (or growing) another."""
 
 
 if set(_CLASSES) != set(ErrorCode):

@@ -376,6 +376,19 @@ class BrokerConfig:
     append_rate_window_ms: int = _setting(
         5_000, _POSITIVE, "The window over which append_min_rate_bytes is measured, and the longest pause allowed."
     )
+    max_open_appends_per_connection: int = _setting(
+        64,
+        _POSITIVE,
+        "Most transactional appends one wire connection may have begun and not yet committed or aborted; one "
+        "more is refused with OPEN_APPENDS_LIMIT (their records wait in spool files on the data disk).",
+    )
+    max_open_append_bytes_per_connection: int = _setting(
+        512 * _MIB,
+        _POSITIVE,
+        "Most record bytes one wire connection's open transactional appends may hold spooled together; the append "
+        "whose chunk would pass it fails with OPEN_APPENDS_LIMIT and its spool is dropped. At least the largest "
+        "append (max_append_bytes, or segment_max_bytes if smaller).",
+    )
 
     # -- segments, retention, compaction --
     segment_max_bytes: int = _setting(256 * _MIB, _POSITIVE, "Roll to a new segment file at this size.")
@@ -456,6 +469,14 @@ class BrokerConfig:
                 "the combined configuration",
                 self.max_message_bytes,
                 f"at most segment_max_bytes ({self.segment_max_bytes})",
+            )
+        largest_append = min(self.max_append_bytes, self.segment_max_bytes)
+        if self.max_open_append_bytes_per_connection < largest_append:
+            raise BadConfigValueError(
+                "max_open_append_bytes_per_connection",
+                "the combined configuration",
+                self.max_open_append_bytes_per_connection,
+                f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
             )
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
