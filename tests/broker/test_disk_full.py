@@ -11,7 +11,10 @@ import pytest
 import pytest_asyncio
 
 from tidelog.api._gen import api_pb2, api_pb2_grpc
+from tidelog.api.errors import DiskFullError
 from tidelog.broker.server import Broker
+from tidelog.client import Admin, Appender
+from tidelog.replication.registers import LabelSet
 from tidelog.testing.small_disk import Ballast, mount_small_disk
 
 from .conftest import broker_config
@@ -85,3 +88,25 @@ async def test_a_disk_full_at_a_segment_roll_refuses_writes_until_space_is_freed
         await bounded(send(b"after"))
         stored = [message.value for message in await read_until_stop(stub, "full")]
         assert stored == acknowledged  # every acknowledged message, in order; nothing of the refused writes
+
+
+async def test_a_transactional_append_refused_on_a_full_disk_leaves_the_registers_as_they_were(
+    small_broker: tuple[Broker, Path],
+) -> None:
+    broker, streams = small_broker
+    assert broker.wire is not None
+    address = f"127.0.0.1:{broker.wire.port}"
+    async with Admin(address) as admin:
+        await admin.create_stream("txn")
+    async with Appender(address) as appender:
+        first = await appender.append("txn", 0, [b"a"], union_registers=LabelSet.of(("owner", "one")))
+        ballast = Ballast(streams / "ballast")
+        ballast.fill()
+        with pytest.raises(DiskFullError, match="disk is full"):  # an iterator: the appender does not retry it
+            await appender.append(
+                "txn", 0, iter([b"x" * VALUE_BYTES] * 5), union_registers=LabelSet.of(("owner", "two"))
+            )
+        ballast.free()
+        after = await appender.append("txn", 0, [b"b", b"c"])
+    assert first.registers == after.registers == LabelSet.of(("owner", "one"))  # "two" was never written
+    assert (after.base_offset, after.last_offset) == (1, 2)
