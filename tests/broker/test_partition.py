@@ -8,15 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.test_fail_to_safety import until
 from tidelog.api.errors import RequestTimeoutError, TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.ack_poll import LoopPoller, poller_for
+from tidelog.replication.hw_checkpoint import checkpointed_hw
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.segment import Buffer
+from tidelog.testing.small_disk import Ballast, mount_small_disk
 
 
 async def _partition(tmp_path: Path, isr: tuple[str, ...]) -> Partition:
@@ -178,3 +181,28 @@ async def test_a_replicated_leader_fsyncs_on_threads_and_gives_the_log_back_as_i
     sole = await _partition(tmp_path / "sole", ("b",))
     assert sole.log.flusher.allow_inline
     await sole.close()
+
+
+async def test_a_full_disk_delays_the_high_watermark_checkpoint_and_never_stops_the_partitions_upkeep(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writing the HW checkpoint on a full disk (a real tmpfs) is logged and retried at the next tick: the
+    partition's upkeep (ISR shrinking, producer expiry, checkpoints) goes on, and the checkpoint lands once space
+    is freed."""
+    try:
+        mounted = mount_small_disk(tmp_path / "disk", 1024 * 1024)
+        disk = mounted.__enter__()
+    except OSError as exc:
+        pytest.skip(str(exc))
+    try:
+        partition = await _partition(disk / "log", ("b", "c"))
+        await partition.append(_batch(2), Acks.LEADER, 5)
+        ballast = Ballast(disk / "ballast")
+        ballast.fill()
+        partition.replica_fetched("c", 2)  # the HW moves to 2: the next tick checkpoints it, on a full disk
+        await until(lambda: "cannot checkpoint the high watermark" in caplog.text, "the failed checkpoint")
+        ballast.free()
+        await until(lambda: checkpointed_hw(partition.log) == 2, "the checkpoint once space is freed")
+        await partition.close()
+    finally:
+        mounted.__exit__(None, None, None)

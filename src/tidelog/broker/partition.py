@@ -293,7 +293,10 @@ class Partition(CommittedReads):
             if lagging and self._isr_change is None:
                 log.warning("%s: followers %s fell behind; removing them from the ISR", self.name, lagging)
                 self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
-            await self.checkpoint_hw()
+            try:
+                await self.checkpoint_hw()
+            except OSError as exc:  # a full disk: the checkpoint lags (a restart serves less), the next tick retries
+                log.warning("%s: cannot checkpoint the high watermark: %s", self.name, exc)
 
     def _maintain_producers(self) -> None:
         self.producers.remove_expired()
