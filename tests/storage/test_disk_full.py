@@ -112,3 +112,21 @@ async def test_a_write_beyond_preallocated_room_on_a_full_disk_is_undone(disk: P
     await log.append(big, 0)
     assert log.end_offset == 2
     await log.close()
+
+
+async def test_a_log_closed_on_a_full_disk_closes_and_reopens_with_everything(
+    disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ballast = Ballast(disk / "ballast")
+    log = Log.open(disk / "log", small_config(**_config(index_interval_bytes=256)))
+    await _fill_segment(log, 1000)
+    data = read_everything(log, chunk=10**6)
+    ballast.fill()
+    with caplog.at_level(logging.WARNING):
+        await log.close()  # its index files and clean-shutdown marker find no room
+    assert log.closed and "without a clean-shutdown marker" in caplog.text
+    ballast.free()
+    reopened = Log.open(disk / "log", small_config(**_config(index_interval_bytes=256)))
+    assert not reopened.recovery.clean_shutdown
+    assert read_everything(reopened, chunk=10**6) == data
+    await reopened.close()

@@ -20,7 +20,8 @@ fails itself.
 
 A sealed segment's index files and the recovery point are derived data: a full disk while the background seal
 writes them is logged and the seal goes on (recovery rebuilds or extends a short index and scans from an older
-recovery point). The seal's ``fsync`` of the segment's data still poisons when it fails.
+recovery point). The seal's ``fsync`` of the segment's data still poisons when it fails. Closing a log on a full
+disk likewise writes no clean-shutdown marker and says so: the next open recovers, as after a crash.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from tidelog.storage.errors import DiskFullError
 from tidelog.storage.flush import Flusher
-from tidelog.storage.recovery import write_recovery_point
+from tidelog.storage.recovery import write_clean_marker, write_recovery_point
 from tidelog.storage.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -141,3 +142,19 @@ def advance_recovery_point(segment: Segment, offset: int) -> bool:
         log.warning("%s: recovery point not moved to %d, the disk is full: %s", segment.directory, offset, exc)
         return False
     return True
+
+
+def close_files(segments: list[Segment], directory: Path) -> None:
+    """Blocking, at a log's close (its data already fsynced): persist every index, then the clean-shutdown
+    marker. On a full disk the marker is not written (logged): the close completes, and the next open scans."""
+    try:
+        for segment in segments:
+            segment.persist_indexes()
+        last = segments[-1]
+        write_clean_marker(directory, last.base_offset, last.size)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        log.warning(
+            "%s: closed without a clean-shutdown marker, the disk is full (the next open recovers): %s", directory, exc
+        )

@@ -74,7 +74,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.flush import Flusher
 from tidelog.storage.preallocation import AppendRate
-from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
+from tidelog.storage.recovery import RecoveryReport, recover, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Planned, Segment, SegmentInfo
 from tidelog.storage.segment_install import (
@@ -1019,13 +1019,12 @@ class Log:
         await asyncio.shield(locked())
 
     def _finish_close(self) -> None:
-        """Blocking: persist every index, then the clean-shutdown marker (only after all else is durable)."""
+        """Blocking: persist every index, then the clean-shutdown marker (only after all else is durable; on a
+        full disk neither, and the next open recovers: :func:`~tidelog.storage.disk_full.close_files`)."""
         last = self._segments[-1]
         if last.trim():
             last.sync()
-        for segment in self._segments:
-            segment.persist_indexes()
-        write_clean_marker(self._directory, last.base_offset, last.size)
+        full.close_files(self._segments, self._directory)
 
     def __repr__(self) -> str:
         return f"Log({self._directory}, offsets {self.start_offset}..{self.end_offset}, {len(self._segments)} segments)"
