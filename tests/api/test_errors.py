@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import grpc
 import pytest
 from hypothesis import given
@@ -57,6 +59,8 @@ STABLE_NUMBERS = {
     "REGISTER_MISMATCH": 25,
     "APPEND_TOO_SLOW": 26,
     "PARTITION_SUSPENDED": 27,
+    "DISK_FULL": 28,
+    "OPEN_APPENDS_LIMIT": 29,
 }
 
 S = grpc.StatusCode
@@ -82,6 +86,8 @@ EXPECTED_STATUS = {
     ErrorCode.REGISTER_MISMATCH: S.ABORTED,
     ErrorCode.APPEND_TOO_SLOW: S.ABORTED,
     ErrorCode.PARTITION_SUSPENDED: S.FAILED_PRECONDITION,
+    ErrorCode.DISK_FULL: S.RESOURCE_EXHAUSTED,
+    ErrorCode.OPEN_APPENDS_LIMIT: S.RESOURCE_EXHAUSTED,
 }
 RETRIABLE = {
     ErrorCode.NOT_LEADER,
@@ -91,6 +97,7 @@ RETRIABLE = {
     ErrorCode.FENCED_LEADER_EPOCH,
     ErrorCode.STALE_GROUP_EPOCH,
     ErrorCode.DUPLICATE_IN_FLIGHT,
+    ErrorCode.DISK_FULL,
 }
 
 
@@ -227,3 +234,16 @@ def test_status_details_are_cut_with_a_marker() -> None:
     for text in ("x" * 100_000, "é" * 50_000):
         cut = status_details(text)
         assert len(cut.encode()) <= MAX_STATUS_DETAILS_BYTES and cut.endswith("more bytes cut]")
+
+
+def test_a_full_disk_is_a_retriable_resource_exhausted_that_says_so() -> None:
+    for raised in (
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        storage_errors.DiskFullError("the disk is full: the write was refused; writes resume once space is freed"),
+    ):
+        error = as_tidelog_error(raised)
+        assert error.code is ErrorCode.DISK_FULL and error.retriable
+        assert error.grpc_status is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "disk is full" in error.message and "once space is freed" in error.message
+    assert as_tidelog_error(OSError(errno.EIO, "Input/output error")).code is ErrorCode.INTERNAL

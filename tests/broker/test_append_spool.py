@@ -103,3 +103,34 @@ def test_a_spool_that_cannot_be_written_fails_the_append_cleanly(tmp_path: Path)
         assert opened.failed.done()
 
     asyncio.run(run())
+
+
+def test_a_spool_on_a_full_disk_fails_the_append_with_disk_full(tmp_path: Path) -> None:
+    """A real tmpfs filled to the last byte: the append is refused with the retriable DISK_FULL, keeping nothing."""
+    import asyncio
+
+    from tidelog.api.errors import SPECS, ErrorCode
+    from tidelog.broker.open_appends import AppendLimits, OpenAppend
+    from tidelog.broker.transactional import Expectations
+    from tidelog.testing.small_disk import Ballast, mount_small_disk
+
+    async def run(disk: Path) -> None:
+        Ballast(disk / "ballast").fill()
+        limits = AppendLimits(disk, 1 << 30, 0, 5.0)
+        opened = OpenAppend(1, None, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
+        parts, _, _ = chunks(3, 400, 1000)  # over MEMORY_BYTES: the spool moves to a file, which fails
+        for part in parts:
+            opened.add(memoryview(part))
+        assert opened.failure is not None and opened.failure.code == ErrorCode.DISK_FULL
+        assert SPECS[ErrorCode.DISK_FULL].retriable
+        assert "disk is full" in opened.failure.message and "once space is freed" in opened.failure.message
+
+    try:
+        mounted = mount_small_disk(tmp_path / "disk", 256 * 1024)
+        disk = mounted.__enter__()
+    except OSError as exc:
+        pytest.skip(str(exc))
+    try:
+        asyncio.run(run(disk))
+    finally:
+        mounted.__exit__(None, None, None)

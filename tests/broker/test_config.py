@@ -129,6 +129,21 @@ def test_unknown_environment_variable_is_refused() -> None:
     assert load_config(env={"OTHER_PORT": "1", "TIDELOGPORT": "1"}) == BrokerConfig()  # not our prefix
 
 
+def test_the_open_append_bytes_cap_must_hold_the_largest_append() -> None:
+    with pytest.raises(BadConfigValueError, match=r"max_open_append_bytes_per_connection.*largest append"):
+        BrokerConfig(max_append_bytes=64 * 1024 * 1024, max_open_append_bytes_per_connection=32 * 1024 * 1024)
+    BrokerConfig(max_append_bytes=1024, max_open_append_bytes_per_connection=1024)
+
+
+def test_a_removed_key_is_refused_saying_it_was_removed(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("fsync_io_uring = false\n")
+    with pytest.raises(UnknownConfigKeyError, match=r"fsync_io_uring.*removed: every fsync runs on worker threads"):
+        load_config(path, env={})
+    with pytest.raises(UnknownConfigKeyError, match=r"TIDELOG_FSYNC_IO_URING.*removed"):
+        load_config(env={"TIDELOG_FSYNC_IO_URING": "false"})
+
+
 def test_unknown_flag_is_refused() -> None:
     with pytest.raises(UnknownConfigKeyError, match="flag --no-such"):
         load_config(env={}, flags={"no_such": 1})

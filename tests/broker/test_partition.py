@@ -8,15 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.test_fail_to_safety import until
 from tidelog.api.errors import RequestTimeoutError, TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.ack_poll import LoopPoller, poller_for
+from tidelog.replication.hw_checkpoint import checkpointed_hw
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.segment import Buffer
+from tidelog.testing.small_disk import Ballast, mount_small_disk
 
 
 async def _partition(tmp_path: Path, isr: tuple[str, ...]) -> Partition:
@@ -163,18 +166,43 @@ async def test_handing_the_next_write_to_waiting_followers_ends_the_polling(tmp_
 
 
 async def test_a_replicated_leader_fsyncs_on_threads_and_gives_the_log_back_as_it_found_it(tmp_path: Path) -> None:
-    """Its own fsync should start before the followers' (Flusher.use_ring); a sole replica keeps io_uring."""
+    """Its own fsync should start before the followers' (Flusher.allow_inline); a sole replica may fsync inline."""
     partition = await _polling_partition(tmp_path / "replicated", 0)
     flusher = partition.log.flusher
-    assert not flusher.use_ring and not flusher.allow_inline
+    assert not flusher.allow_inline
     write = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
     await _written(partition, 1)
     partition.replica_fetched("c", 1)
     await write
-    assert flusher.ring_rounds == 0 and flusher.inline_rounds == 0 and flusher.fsync_rounds >= 1
+    assert flusher.inline_rounds == 0 and flusher.fsync_rounds >= 1
     await partition.close(close_log=False)
-    assert flusher.use_ring and flusher.allow_inline  # the log's next role (a follower) starts from the defaults
+    assert flusher.allow_inline  # the log's next role (a follower) starts from the defaults
     await partition.log.close()
     sole = await _partition(tmp_path / "sole", ("b",))
-    assert sole.log.flusher.use_ring and sole.log.flusher.allow_inline
+    assert sole.log.flusher.allow_inline
     await sole.close()
+
+
+async def test_a_full_disk_delays_the_high_watermark_checkpoint_and_never_stops_the_partitions_upkeep(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writing the HW checkpoint on a full disk (a real tmpfs) is logged and retried at the next tick: the
+    partition's upkeep (ISR shrinking, producer expiry, checkpoints) goes on, and the checkpoint lands once space
+    is freed."""
+    try:
+        mounted = mount_small_disk(tmp_path / "disk", 1024 * 1024)
+        disk = mounted.__enter__()
+    except OSError as exc:
+        pytest.skip(str(exc))
+    try:
+        partition = await _partition(disk / "log", ("b", "c"))
+        await partition.append(_batch(2), Acks.LEADER, 5)
+        ballast = Ballast(disk / "ballast")
+        ballast.fill()
+        partition.replica_fetched("c", 2)  # the HW moves to 2: the next tick checkpoints it, on a full disk
+        await until(lambda: "cannot checkpoint the high watermark" in caplog.text, "the failed checkpoint")
+        ballast.free()
+        await until(lambda: checkpointed_hw(partition.log) == 2, "the checkpoint once space is freed")
+        await partition.close()
+    finally:
+        mounted.__exit__(None, None, None)

@@ -36,7 +36,9 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── DuplicateInFlightError    DUPLICATE_IN_FLIGHT   UNAVAILABLE           retriable: after a backoff
      ├── RegisterMismatchError     REGISTER_MISMATCH     ABORTED               re-read the registers, decide again
      ├── AppendTooSlowError        APPEND_TOO_SLOW       ABORTED               stream the append faster
-     └── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
+     ├── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
+     ├── DiskFullError             DISK_FULL             RESOURCE_EXHAUSTED    retriable: once space is freed
+     └── OpenAppendsLimitError     OPEN_APPENDS_LIMIT    RESOURCE_EXHAUSTED    commit or abort open appends first
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -61,6 +63,13 @@ should not retry until the system state has been fixed"):
   ``append_min_rate_bytes``; nothing of it was stored, and the client may start it again.
 - PARTITION_SUSPENDED is FAILED_PRECONDITION: the leader found evidence that its log lost acknowledged data
   (seed 002, "fail to safety") and refuses appends until an operator runs ``tidelog partition reset-head``.
+- DISK_FULL is RESOURCE_EXHAUSTED, gRPC's own example ("the entire file system is out of space"), and
+  retriable (Kafka's KAFKA_STORAGE_ERROR is too): the write was refused and undone, nothing of it was stored,
+  and the partition stays healthy, so the same write succeeds once space is freed
+  (:mod:`tidelog.storage.disk_full`). Any ``ENOSPC``/``EDQUOT`` reaching a boundary answers it.
+- OPEN_APPENDS_LIMIT is RESOURCE_EXHAUSTED ("perhaps a per-user quota") and not retriable as such: the
+  connection holds as many uncommitted transactional appends (or spooled bytes) as the broker allows, and the
+  same request fails again until the client commits or aborts some of them.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -71,6 +80,7 @@ Codes are stable on the wire: append new ones, never renumber or reuse. 0 is not
 from __future__ import annotations
 
 import enum
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -113,6 +123,8 @@ class ErrorCode(enum.IntEnum):
     REGISTER_MISMATCH = 25
     APPEND_TOO_SLOW = 26
     PARTITION_SUSPENDED = 27
+    DISK_FULL = 28
+    OPEN_APPENDS_LIMIT = 29
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -197,6 +209,10 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.ABORTED, _A.BAD_REQUEST, _K.UNKNOWN),
     ErrorSpec(_C.PARTITION_SUSPENDED, "the partition refuses appends until an operator confirms its head", False,
               _S.FAILED_PRECONDITION, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.DISK_FULL, "the broker's disk is full: writes resume once space is freed", True,
+              _S.RESOURCE_EXHAUSTED, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.OPEN_APPENDS_LIMIT, "the connection has too many transactional appends open", False,
+              _S.RESOURCE_EXHAUSTED, _A.BAD_REQUEST, _K.UNKNOWN),
 )
 # fmt: on
 
@@ -362,6 +378,16 @@ class PartitionSuspendedError(TidelogError, code=ErrorCode.PARTITION_SUSPENDED):
     appends until an operator confirms the head with ``tidelog partition reset-head``."""
 
 
+class DiskFullError(TidelogError, code=ErrorCode.DISK_FULL):
+    """The broker's disk (or quota) is full: the write was refused and nothing of it stored; the partition keeps
+    serving, and the same write succeeds once space is freed."""
+
+
+class OpenAppendsLimitError(TidelogError, code=ErrorCode.OPEN_APPENDS_LIMIT):
+    """A connection's uncommitted transactional appends reached ``max_open_appends_per_connection`` or
+    ``max_open_append_bytes_per_connection``: commit or abort some before beginning (or growing) another."""
+
+
 if set(_CLASSES) != set(ErrorCode):
     raise AssertionError("every ErrorCode needs exactly one TidelogError subclass")
 
@@ -416,6 +442,10 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
         return InvalidArgumentError(str(exc))
     if isinstance(exc, storage_errors.OffsetMismatchError):
         return IncorrectOffsetError(str(exc))
+    if isinstance(exc, storage_errors.DiskFullError):
+        return DiskFullError(str(exc))
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"the broker's disk is full ({exc}): writes resume once space is freed")
     if isinstance(exc, storage_errors.LogClosedError):
         return UnavailableError(str(exc) or "the partition's log is closed")
     if isinstance(exc, TimeoutError):

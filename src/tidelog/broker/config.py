@@ -77,13 +77,20 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message says which key, from where, and what would be accepted."""
 
 
+REMOVED_KEYS = {
+    "fsync_io_uring": "removed: every fsync runs on worker threads now (io_uring rounds could hang); delete the key",
+}
+"""Keys earlier versions accepted, with why they went: refused like any unknown key, but saying so."""
+
+
 class UnknownConfigKeyError(ConfigError):
     def __init__(self, key: str, source: str, allowed: tuple[str, ...], *, noun: str = "key") -> None:
         self.key = key
         self.source = source
         self.allowed = allowed
+        removed = REMOVED_KEYS.get(key.lower().removeprefix(ENV_PREFIX.lower()))
         close = difflib.get_close_matches(key, allowed, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = f" ({removed})" if removed else f" (did you mean {close[0]!r}?)" if close else ""
         super().__init__(
             f"unknown configuration {noun} {key!r} in {source}{hint}; allowed {noun}s: {', '.join(allowed)}"
         )
@@ -326,13 +333,6 @@ class BrokerConfig:
         "default_flush_interval_ms, 'never' (durability from replication alone).",
     )
     default_flush_interval_ms: int = _setting(1000, _POSITIVE, "fsync period under the 'interval' flush policy.")
-    fsync_io_uring: bool = _setting(
-        True,
-        _bool_kind(),
-        "Submit fsync rounds that do not run inline through io_uring (Linux x86-64) instead of a worker thread: "
-        "no GIL handoff per round. Falls back to threads where io_uring is unavailable. A replicated partition's "
-        "leader uses a thread either way: it starts the leader's own fsync sooner.",
-    )
     default_ack_timeout_ms: int = _setting(
         5000, _POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
     )
@@ -375,6 +375,19 @@ class BrokerConfig:
     )
     append_rate_window_ms: int = _setting(
         5_000, _POSITIVE, "The window over which append_min_rate_bytes is measured, and the longest pause allowed."
+    )
+    max_open_appends_per_connection: int = _setting(
+        64,
+        _POSITIVE,
+        "Most transactional appends one wire connection may have begun and not yet committed or aborted; one "
+        "more is refused with OPEN_APPENDS_LIMIT (their records wait in spool files on the data disk).",
+    )
+    max_open_append_bytes_per_connection: int = _setting(
+        512 * _MIB,
+        _POSITIVE,
+        "Most record bytes one wire connection's open transactional appends may hold spooled together; the append "
+        "whose chunk would pass it fails with OPEN_APPENDS_LIMIT and its spool is dropped. At least the largest "
+        "append (max_append_bytes, or segment_max_bytes if smaller).",
     )
 
     # -- segments, retention, compaction --
@@ -456,6 +469,14 @@ class BrokerConfig:
                 "the combined configuration",
                 self.max_message_bytes,
                 f"at most segment_max_bytes ({self.segment_max_bytes})",
+            )
+        largest_append = min(self.max_append_bytes, self.segment_max_bytes)
+        if self.max_open_append_bytes_per_connection < largest_append:
+            raise BadConfigValueError(
+                "max_open_append_bytes_per_connection",
+                "the combined configuration",
+                self.max_open_append_bytes_per_connection,
+                f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
             )
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(

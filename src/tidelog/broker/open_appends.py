@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog.api.errors import ErrorCode, InvalidArgumentError, TidelogError, as_tidelog_error
+from tidelog.api.errors import ErrorCode, InvalidArgumentError, OpenAppendsLimitError, TidelogError, as_tidelog_error
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.append_spool import AppendSpool, AppendTooLargeError, Declared
 from tidelog.broker.partition import Partition
@@ -40,6 +40,8 @@ class AppendLimits:
     max_bytes: int
     min_rate_bytes: int  # per second; 0: no minimum
     window: float  # seconds
+    max_open: int = 64  # uncommitted appends per connection
+    max_open_bytes: int = 512 * 1024 * 1024  # their spooled record bytes together, per connection
 
 
 class OpenAppend:
@@ -91,11 +93,14 @@ class OpenAppend:
         except AppendTooLargeError as exc:
             self.fail(AppendRefused(ErrorCode.MESSAGE_TOO_LARGE, f"append {self.append_id}: {exc}", -1, EMPTY))
         except OSError as exc:  # the spool file could not be written (a full disk): nothing of it is kept
-            self.fail(
-                AppendRefused(
-                    ErrorCode.UNAVAILABLE, f"append {self.append_id}: could not spool its records: {exc}", -1, EMPTY
-                )
-            )
+            error = as_tidelog_error(exc)
+            code = error.code if error.code is ErrorCode.DISK_FULL else ErrorCode.UNAVAILABLE
+            reason = error.message if code is ErrorCode.DISK_FULL else str(exc)
+            self.fail(AppendRefused(code, f"append {self.append_id}: could not spool its records: {reason}", -1, EMPTY))
+
+    @property
+    def limits(self) -> AppendLimits:
+        return self._limits
 
     @property
     def received(self) -> int:
@@ -165,10 +170,39 @@ class OpenAppend:
 
 
 class OpenAppends:
-    """A connection's appends by id."""
+    """A connection's appends by id, within the connection's limits (``max_open`` appends, ``max_open_bytes``
+    spooled): a client cannot fill the data disk with appends it never commits."""
 
     def __init__(self) -> None:
         self._open: dict[int, OpenAppend] = {}
+
+    def admit(self, append_id: int, chunk: int, limits: AppendLimits) -> None:
+        """Refuse (OPEN_APPENDS_LIMIT) to begin one more append with a first chunk of ``chunk`` bytes."""
+        if len(self._open) >= limits.max_open:
+            raise OpenAppendsLimitError(
+                f"append {append_id}: this connection has {len(self._open)} transactional appends open, the most "
+                f"max_open_appends_per_connection ({limits.max_open}) allows; commit or abort one first"
+            )
+        self._check_bytes(append_id, chunk, limits)
+
+    def add(self, append: OpenAppend, chunk: memoryview, declared: Declared | None = None) -> None:
+        """:meth:`OpenAppend.add`, failing the append instead when the connection's spooled bytes would pass
+        ``max_open_bytes`` (its spool is dropped: the space goes back at once)."""
+        try:
+            self._check_bytes(append.append_id, len(chunk), append.limits)
+        except OpenAppendsLimitError as exc:
+            append.fail(AppendRefused(exc.code, exc.message, -1, EMPTY))
+            return
+        append.add(chunk, declared)
+
+    def _check_bytes(self, append_id: int, chunk: int, limits: AppendLimits) -> None:
+        held = sum(each.received for each in self._open.values())
+        if held + chunk > limits.max_open_bytes:
+            raise OpenAppendsLimitError(
+                f"append {append_id}: this connection's open transactional appends would hold {held + chunk} "
+                f"bytes, above max_open_append_bytes_per_connection ({limits.max_open_bytes}); commit or abort "
+                "some first"
+            )
 
     def begin(self, append: OpenAppend) -> None:
         if append.append_id in self._open:

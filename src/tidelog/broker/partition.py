@@ -184,7 +184,7 @@ class Partition(CommittedReads):
         self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
         self._tail_waiters: dict[int, list[TailWaiter]] = {}  # log end -> fetches parked there (park_at_log_end)
         log_.add_tail_listener(self._tell_waiters)
-        log_.flusher.allow_inline = log_.flusher.use_ring = not self.replicated  # see these in Flusher
+        log_.flusher.allow_inline = not self.replicated  # see Flusher.allow_inline
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
@@ -293,7 +293,10 @@ class Partition(CommittedReads):
             if lagging and self._isr_change is None:
                 log.warning("%s: followers %s fell behind; removing them from the ISR", self.name, lagging)
                 self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
-            await self.checkpoint_hw()
+            try:
+                await self.checkpoint_hw()
+            except OSError as exc:  # a full disk: the checkpoint lags (a restart serves less), the next tick retries
+                log.warning("%s: cannot checkpoint the high watermark: %s", self.name, exc)
 
     def _maintain_producers(self) -> None:
         self.producers.remove_expired()
@@ -502,7 +505,7 @@ class Partition(CommittedReads):
             return
         self._closed = True
         self.log.remove_tail_listener(self._tell_waiters)
-        self.log.flusher.allow_inline = self.log.flusher.use_ring = True
+        self.log.flusher.allow_inline = True
         tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]
         for task in tasks:
             task.cancel()

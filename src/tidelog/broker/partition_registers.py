@@ -61,6 +61,11 @@ class PartitionRegisters:
             raise RuntimeError("registers changed before they were recovered")
         self._history.record(end_offset, registers)
 
+    def forget_after(self, end_offset: int) -> None:
+        """A placed append was undone (a full disk refused its write): the log ends at ``end_offset`` again."""
+        if self._history is not None:
+            self._history.truncate_to(end_offset)
+
     async def checkpoint(self, high_watermark: int) -> None:
         """Store the registers at the high watermark, when it moved past a change since the last checkpoint."""
         history = self._history

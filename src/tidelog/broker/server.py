@@ -39,7 +39,6 @@ from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
 from tidelog.metadata.store import MetadataStore
-from tidelog.storage import uring
 from tidelog.storage.config import FlushPolicy, LogConfig
 
 log = logging.getLogger(__name__)
@@ -111,7 +110,6 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        uring.set_enabled(cfg.fsync_io_uring)
         try:
             await self._start_backplane()
             keys = Keys()

@@ -49,6 +49,7 @@ from tidelog.replication.registers import (
     encode_labels,
     matches,
 )
+from tidelog.storage.errors import DiskFullError
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,9 @@ class TransactionalAppends:
                 raise AppendRefused(
                     ErrorCode.INCORRECT_OFFSET, exc.message, partition.log.end_offset, registers
                 ) from None
+            except DiskFullError:  # refused and undone after ``placed`` recorded its registers: forget them too
+                self.registers.forget_after(partition.log.end_offset)
+                raise
             finally:
                 del batch  # the spool's memory map may close only once no view of it is left
             if updated != registers:

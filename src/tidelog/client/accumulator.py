@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from tidelog.client.idempotence import NO_STAMP
 from tidelog.storage.batch import HEADER_SIZE, BatchBuilder
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tidelog.client.connection import Connection
@@ -97,10 +100,22 @@ class ProducerBatch:
         self._finish()
 
     def fail(self, exc: BaseException) -> None:
-        """Fail every record's future with ``exc``."""
+        """Fail every record's future with ``exc``, and report the failure once for the batch.
+
+        A caller may send without ever awaiting a record's future (fire and forget, then ``flush``, which never
+        raises): the producer's own warning is then what tells of records that were not acknowledged, once per
+        batch, when it happens. The futures are marked as looked at, so asyncio does not add a "Future exception
+        was never retrieved" with a traceback for each record when they are collected; awaiting one still
+        raises ``exc``.
+        """
+        failed = 0
         for future in self.futures:
             if not future.done():
                 future.set_exception(exc)
+                future.exception()  # retrieved: reported below, once
+                failed += 1
+        if failed:
+            log.warning("%d produced record(s) failed, not acknowledged: %s", failed, exc)
         self._finish()
 
     def _finish(self) -> None:

@@ -85,7 +85,7 @@ from tidelog.replication.producer_sync import (
 )
 from tidelog.replication.truncation import truncation_step
 from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
-from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, LogClosedError
+from tidelog.storage.errors import CorruptBatchError, DiskFullError, InvalidBatchError, LogClosedError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,8 @@ class ReplicaFetcher:
                 except (CorruptBatchError, InvalidBatchError, ProtocolError) as exc:
                     self._note_failure(f"bad data from leader {self.leader_id}: {exc}", logging.ERROR)
                     self._truncated = False  # re-establish where the logs agree before copying again
+                except DiskFullError as exc:  # nothing of the write was kept: copy it again once space is freed
+                    self._note_failure(str(exc), logging.WARNING)
                 except CatchUpIncompleteError as exc:
                     self._note_failure(str(exc), logging.WARNING)
                 except CatchUpNeededError as exc:

@@ -9,6 +9,7 @@
      ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
+     ├── DiskFullError          a write refused because the disk is full; nothing of it was kept (retry later)
      └── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
 
 Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
@@ -78,6 +79,14 @@ class OffsetMismatchError(StorageError):
         super().__init__(f"expected the log to end at offset {expected}, it ends at {actual}")
         self.expected = expected
         self.actual = actual
+
+
+class DiskFullError(StorageError):
+    """The disk (or the user's quota) is full: the write was refused and undone, and the log stays healthy.
+
+    Nothing of the write was acknowledged or handed out, so the same write may simply be tried again once space
+    is freed (:mod:`tidelog.storage.disk_full`).
+    """
 
 
 class CheckpointError(StorageError):

@@ -10,15 +10,12 @@ cannot be sure it covered them, so they wait for the next round, which starts as
 and covers all of them at once. Under load, one fsync therefore acknowledges every batch appended since the
 previous one; with a single appender it costs one fsync per append, as a plain write-then-fsync loop would.
 
-Where the fsync runs. A round normally runs off the loop, so the event loop goes on serving while the disk
-works: submitted through io_uring (:mod:`tidelog.storage.uring`: no thread and no GIL handoff), or in a worker
-thread where io_uring is unavailable, the round also syncs a directory, or the log is a replicated partition's
-leader (:attr:`Flusher.use_ring` says why). But for a lone append the hop *is*
-the latency: waking a worker, handing it the GIL and waking the loop again cost more than the fsync blocks the
-loop (``benchmarks/append_latency.py``, 1 KiB, here: 290–330 µs per append through the worker against
-190–220 µs for write + fdatasync in one thread), and on a busy machine each of those wake-ups also waits for
-the scheduler. So a round runs *inline*, on the loop thread, when nothing else could use the loop meanwhile
-and blocking it is cheap:
+Where the fsync runs. A round normally runs off the loop, in a worker thread, so the event loop goes on serving
+while the disk works. But for a lone append the hop *is* the latency: waking a worker, handing it the GIL and
+waking the loop again cost more than the fsync blocks the loop (``benchmarks/append_latency.py``, 1 KiB, here:
+290–330 µs per append through the worker against 190–220 µs for write + fdatasync in one thread), and on a busy
+machine each of those wake-ups also waits for the scheduler. So a round runs *inline*, on the loop thread, when
+nothing else could use the loop meanwhile and blocking it is cheap:
 
 - the flusher is idle (no round scheduled or running) and the policy is ``ALWAYS``: the append asking is the
   only one waiting, so there is nobody to group with and no fsync to overlap with;
@@ -78,7 +75,6 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from tidelog.clock import Clock
-from tidelog.storage import uring
 from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.errors import StorageError
@@ -122,17 +118,6 @@ class RoundState(enum.Enum):
 
 
 # ---------------------------------------------------------------------------------------------- worker threads
-
-
-def _ring_fds(targets: Iterable[Syncable]) -> list[int] | None:
-    """The descriptors to fdatasync through io_uring; None if a target has none (a test double): a thread then."""
-    fds = []
-    for target in targets:
-        fd = getattr(target, "sync_fd", -1)
-        if fd < 0:
-            return None
-        fds.append(fd)
-    return fds
 
 
 def _sync_all(targets: Iterable[Syncable], directories: Iterable[Path]) -> None:
@@ -298,8 +283,6 @@ class Flusher:
         """Completed group fsync rounds, inline ones included (for tests and metrics)."""
         self.inline_rounds = 0
         """Completed rounds that ran inline on the loop thread (for tests and metrics)."""
-        self.ring_rounds = 0
-        """Rounds submitted through io_uring rather than to a worker thread (for tests and metrics)."""
         self.allow_inline = True
         """False: every round runs on the worker, and a round is started at once rather than at the next turn
         of the loop. A replicated partition's leader sets it, so that followers woken by a write fetch it while
@@ -310,19 +293,9 @@ class Flusher:
         same turn then join the next round; under load rounds run back to back either way.
 
         Now that followers are answered from inside the write (before any fsync), a replicated leader could
-        fsync inline after all; measured (six alternated 6 s runs each, p50): 1010 µs inline against 993 µs
-        through io_uring. Nor did it help to start the leader's round before answering the followers (their
-        receive gap fell from 118 to 60 µs, but the submission delayed the answers by 25 µs) or to delay it
-        until they had the data."""
-        self.use_ring = True
-        """False: rounds that do not run inline go to a worker thread even where io_uring is available. A
-        replicated partition's leader sets it, with ``allow_inline``: its own fsync should reach the disk before
-        the followers' do, and a worker thread starts it sooner than io_uring's kernel worker, which on a busy
-        machine waits for a CPU (perf sched: 334 µs on average with three brokers on 2 vCPUs). Measured, 1 KiB
-        acks-ALL writes, 3 brokers on 2 vCPUs, fresh clusters alternating, p50: 28–64 µs lower (six rounds out
-        of six) with the leader polling for acknowledgements (``replica_ack_poll_us``, the default); without
-        it, +27 and −31 µs (no difference to speak of). Produce throughput did not change (30k 1 KiB records,
-        five bursts each: medians 164.5k against 158.6k msg/s)."""
+        fsync inline after all; measured, that was no faster. Nor did it help to start the leader's round before
+        answering the followers (their receive gap fell from 118 to 60 µs, but the submission delayed the
+        answers by 25 µs) or to delay it until they had the data."""
         self.sync_ewma_ns = 0.0
         """Moving average of this flusher's fsync rounds, in ns of its clock (inline and worker)."""
         self._dirty: dict[Syncable, None] = {}  # insertion-ordered set
@@ -451,12 +424,11 @@ class Flusher:
     # -- worker rounds ---------------------------------------------------------------------------------------
 
     def _start_round(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Snapshot what is written and dirty, and fsync it through io_uring or in a worker thread.
+        """Snapshot what is written and dirty, and fsync it in a worker thread.
 
-        A round is a chain of callbacks, not a task: the ring's completion (:mod:`~tidelog.storage.uring`) or
-        the thread's ``call_soon_threadsafe`` reports back, and :meth:`_end_round` wakes the waiters on the
-        loop, so an acknowledgement costs one wake-up of the loop. The round finishes even if every waiter was
-        cancelled meanwhile. io_uring takes segments only: a round that also syncs a directory goes to a thread.
+        A round is a chain of callbacks, not a task: the thread's ``call_soon_threadsafe`` reports back, and
+        :meth:`_end_round` wakes the waiters on the loop, so an acknowledgement costs one wake-up of the loop.
+        The round finishes even if every waiter was cancelled meanwhile.
         """
         target = self.written
         targets = list(self._dirty)
@@ -467,18 +439,9 @@ class Flusher:
         for each in targets:
             each.pin()
         self._state = RoundState.SYNCING
-        ring = None if directories or not self.use_ring else uring.ring_for(loop)
-        if ring is not None and (fds := _ring_fds(targets)) is not None:
-            started = self._clock.monotonic_ns()
-            if ring.fdatasync(fds, functools.partial(self._ring_done, target, targets, started)):
-                self.ring_rounds += 1
-                return
         _THREADS.submit(
             functools.partial(_round_in_thread, loop, self._end_round, self._clock, target, targets, directories)
         )
-
-    def _ring_done(self, target: int, targets: list[Syncable], started_ns: int, error: OSError | None) -> None:
-        self._end_round(target, targets, error, self._clock.monotonic_ns() - started_ns)
 
     def _end_round(self, target: int, targets: list[Syncable], error: BaseException | None, elapsed_ns: int) -> None:
         """On the loop: release the targets, then wake (or fail) every waiter the round covered."""

@@ -51,6 +51,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from tidelog.clock import Clock, SystemClock
+from tidelog.storage import disk_full as full
 from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.batch import (
     LEADER_EPOCH_POS,
@@ -73,7 +74,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.flush import Flusher
 from tidelog.storage.preallocation import AppendRate
-from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
+from tidelog.storage.recovery import RecoveryReport, recover, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Planned, Segment, SegmentInfo
 from tidelog.storage.segment_install import (
@@ -157,11 +158,6 @@ def _seal_delay_ms(config: LogConfig) -> int:
     if config.flush_policy is FlushPolicy.INTERVAL:
         return config.flush_interval_ms
     return NEVER_SEAL_DELAY_MS
-
-
-def _seal(segment: Segment) -> None:
-    segment.sync()
-    segment.persist_indexes()
 
 
 def _persist_all(segments: list[Segment]) -> None:
@@ -520,7 +516,11 @@ class Log:
         with the write's sequence."""
         self._check_writable()
         placed, parts = place()
-        return placed, self._write_all(placed, parts)
+        mark = full.WriteMark.of(self._segments)
+        try:
+            return placed, self._write_all(placed, parts)
+        except BaseException as exc:  # a full disk: undone, the log stays healthy (tidelog.storage.disk_full)
+            raise full.undo_write(self._segments, mark, placed[0].base_offset, self._flusher, exc) from exc
 
     @contextlib.asynccontextmanager
     async def _holding_lock(self) -> AsyncIterator[None]:
@@ -643,10 +643,12 @@ class Log:
             if not old.size:
                 return
             base_offset = old.next_offset
+        # Created first: a full disk refuses the roll with nothing changed.
+        new = full.create_segment(self._directory, base_offset, self._config.index_interval_bytes)
         if old.trim():  # its zero-filled room: the next round fsyncs the cut, before the new segment's acks
             self._flusher.note_write(old)
         old.seal_prepare()
-        self._segments.append(Segment.create(self._directory, base_offset, self._config.index_interval_bytes))
+        self._segments.append(new)
         self._flusher.note_directory(self._directory)
         due = self._clock.monotonic_ns() + self._seal_delay_ns
         self._sealing = asyncio.get_running_loop().create_task(self._seal(old, base_offset, due, self._sealing))
@@ -658,8 +660,9 @@ class Log:
 
         Seals run one after another (each awaits the previous), so the recovery point only ever moves over
         segments that are all durable. The fsync waits until ``due_ns`` (on the log's clock) unless something
-        needs it sooner (:meth:`_settle`): see ``_seal_delay_ns``. A failure poisons the flusher: the log
-        then refuses appends.
+        needs it sooner (:meth:`_settle`): see ``_seal_delay_ns``. A failed fsync poisons the flusher: the log
+        then refuses appends. A full disk does not (:mod:`tidelog.storage.disk_full`), and a roll that a refused
+        write undid is not sealed.
         """
         if previous is not None:
             await asyncio.wait([previous])
@@ -670,13 +673,16 @@ class Log:
             await asyncio.wait([timer, expedite], return_when=asyncio.FIRST_COMPLETED)
             timer.cancel()
             expedite.cancel()
-        if self._flusher.failed is not None:
+        if self._flusher.failed is not None or not full.still_rolled(self._segments, segment, following_base):
             return
         segment.pin()
         try:
-            await self._flusher.run_blocking(_seal, segment)
-            if following_base > self._recovery_point and not segment.closed:
-                await self._flusher.run_blocking(write_recovery_point, self._directory, following_base)
+            await self._flusher.run_blocking(full.seal_files, segment)
+            if (
+                following_base > self._recovery_point
+                and not segment.closed
+                and await self._flusher.run_blocking(full.advance_recovery_point, segment, following_base)
+            ):
                 self._recovery_point = following_base
         except Exception as exc:
             self._flusher.poison(exc)
@@ -1013,13 +1019,12 @@ class Log:
         await asyncio.shield(locked())
 
     def _finish_close(self) -> None:
-        """Blocking: persist every index, then the clean-shutdown marker (only after all else is durable)."""
+        """Blocking: persist every index, then the clean-shutdown marker (only after all else is durable; on a
+        full disk neither, and the next open recovers: :func:`~tidelog.storage.disk_full.close_files`)."""
         last = self._segments[-1]
         if last.trim():
             last.sync()
-        for segment in self._segments:
-            segment.persist_indexes()
-        write_clean_marker(self._directory, last.base_offset, last.size)
+        full.close_files(self._segments, self._directory)
 
     def __repr__(self) -> str:
         return f"Log({self._directory}, offsets {self.start_offset}..{self.end_offset}, {len(self._segments)} segments)"

@@ -272,11 +272,6 @@ class Segment:
         self.offset_index.delete()
         self.time_index.delete()
 
-    @property
-    def sync_fd(self) -> int:
-        """The descriptor a flush round fdatasyncs (-1 once closed): see :mod:`tidelog.storage.uring`."""
-        return self._fd
-
     def sync(self) -> None:
         """fdatasync the log file (blocking: call from a worker thread, with the segment pinned)."""
         if self._fd >= 0:

@@ -57,7 +57,14 @@ def _limits(config: BrokerConfig) -> AppendLimits:
     directory = config.data_dir / SPOOL_DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
     max_bytes = min(config.max_append_bytes, config.segment_max_bytes - HEADER_SIZE - REGISTERS_ROOM)
-    return AppendLimits(directory, max_bytes, config.append_min_rate_bytes, config.append_rate_window_ms / 1000)
+    return AppendLimits(
+        directory,
+        max_bytes,
+        config.append_min_rate_bytes,
+        config.append_rate_window_ms / 1000,
+        config.max_open_appends_per_connection,
+        config.max_open_append_bytes_per_connection,
+    )
 
 
 def expectations_of(request: AppendRequest) -> Expectations:
@@ -117,6 +124,9 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
         partition = env.broker.manager.leader_of(request.stream, request.partition)
         timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
         first_timestamp = request.first_timestamp or time.time_ns()
+        limits = limits_of(env.broker)
+        if phase is AppendPhase.BEGIN:  # before anything is spooled (WHOLE is never held open)
+            env.appends.admit(request.append_id, len(payload), limits)
         opened = OpenAppend(
             request.append_id,
             partition,
@@ -124,7 +134,7 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
             first_timestamp,
             request.acks,
             timeout,
-            limits_of(env.broker),
+            limits,
         )
         opened.precheck()
         opened.add(payload, declared_of(request))
@@ -134,13 +144,13 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
         return _reply(correlation_id, _status(opened))
     if phase is AppendPhase.CHUNK:
         chunked = env.appends.get(request.append_id)
-        chunked.add(payload, declared_of(request))
+        env.appends.add(chunked, payload, declared_of(request))
         return _reply(correlation_id, _status(chunked))
     if phase is AppendPhase.ABORT:
         env.appends.finish(request.append_id).abort()
         return _reply(correlation_id, AppendResponse(request.append_id))
+    env.appends.add(env.appends.get(request.append_id), payload, declared_of(request))
     finishing = env.appends.finish(request.append_id)
-    finishing.add(payload, declared_of(request))
     return await _commit(correlation_id, finishing)
 
 

@@ -43,6 +43,8 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_REGISTER_MISMATCH: _ClassVar[Status]
     STATUS_APPEND_TOO_SLOW: _ClassVar[Status]
     STATUS_PARTITION_SUSPENDED: _ClassVar[Status]
+    STATUS_DISK_FULL: _ClassVar[Status]
+    STATUS_OPEN_APPENDS_LIMIT: _ClassVar[Status]
 ACKS_UNSPECIFIED: Acks
 ACKS_LEADER: Acks
 ACKS_ALL: Acks
@@ -74,6 +76,8 @@ STATUS_DUPLICATE_IN_FLIGHT: Status
 STATUS_REGISTER_MISMATCH: Status
 STATUS_APPEND_TOO_SLOW: Status
 STATUS_PARTITION_SUSPENDED: Status
+STATUS_DISK_FULL: Status
+STATUS_OPEN_APPENDS_LIMIT: Status
 
 class AppendRequest(_message.Message):
     __slots__ = ("header", "records", "commit")
