@@ -15,6 +15,7 @@ import pytest
 from tidelog.clock import ManualClock
 from tidelog.storage import segment as segment_module
 from tidelog.storage.config import FlushPolicy
+from tidelog.storage.damage import DamagedLogError
 from tidelog.storage.flush import FlushFailedError
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import MAX_FILL_RATE, PIECE_BYTES, RATE_WINDOW_NS, AppendRate, Preallocation
@@ -142,9 +143,10 @@ async def test_after_a_crash_recovery_trims_the_zeros_without_reporting_a_cut(tm
     await reopened.close()
 
 
-async def test_a_zero_tail_on_an_earlier_segment_is_still_a_cut(tmp_path: Path) -> None:
+async def test_a_zero_tail_on_an_earlier_segment_is_damage_not_preallocation(tmp_path: Path) -> None:
     # Segments are trimmed, durably, before anything in the next one is acknowledged: zeros after the batches of
-    # a segment that is not the last are what a lost write leaves, and the log must stay a clean prefix.
+    # a segment that is not the last are what a lost write leaves. Intact segments follow, so recovery does not
+    # cut them by itself (storage.damage); allowed to, it cuts there and the log stays a clean prefix.
     log = open_log(tmp_path, segment_max_bytes=1000)  # NEVER: nothing is sealed before the crash
     for i in range(12):
         await log.append(make_batch(2, size=50, tag=str(i)), 1)
@@ -152,7 +154,9 @@ async def test_a_zero_tail_on_an_earlier_segment_is_still_a_cut(tmp_path: Path) 
     write_recovery_point(tmp_path, 0)  # as if no seal had been fsynced yet: every segment is scanned
     files = _zeros_after_first_segment(tmp_path, 100)
     assert len(files) >= 3
-    reopened = open_log(tmp_path, segment_max_bytes=1000)
+    with pytest.raises(DamagedLogError):
+        open_log(tmp_path, segment_max_bytes=1000)
+    reopened = Log.open(tmp_path, small_config(segment_max_bytes=1000), truncate_damaged=True)
     report = reopened.recovery
     assert report.truncated_bytes == 100 and report.preallocated_bytes == 0
     assert len(report.deleted_segments) == len(files) - 1

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
+from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import AlterIsr, Partition
@@ -44,6 +45,7 @@ from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoi
 from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.replication.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
+from tidelog.storage.damage import DamagedLogError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ class PartitionManager:
         nats_duplicate_window_ms: int = 120_000,
         nats_max_msg_ids: int = 100_000,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
+        recovery_truncate_damaged: bool = False,
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
@@ -95,6 +98,7 @@ class PartitionManager:
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
+        self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged)
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
@@ -119,6 +123,9 @@ class PartitionManager:
         if not 0 <= partition < record.partitions:
             raise UnknownPartitionError(f"stream {stream!r} has partitions 0..{record.partitions - 1}, not {partition}")
         meta = self._snapshot.partition(stream, partition)
+        refusal = self.damaged.error((stream, partition))
+        if refusal is not None and meta is not None and meta.leader == self.broker_id:
+            raise refusal
         leader = meta.leader if meta is not None else "?"
         raise NotLeaderError(f"this broker ({self.broker_id}) does not lead {stream}/{partition}; {leader} does")
 
@@ -160,6 +167,8 @@ class PartitionManager:
             }
             for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
                 await self._stop(key, delete=key[0] not in new.streams)
+            for key in [k for k in self.damaged.refused() if k not in mine]:
+                self.damaged.forget(key)
             for key, record in mine.items():
                 stream = new.streams[key[0]]
                 if record.leader == self.broker_id:
@@ -176,11 +185,21 @@ class PartitionManager:
                 else:
                     await self._follow(stream, record, new)
 
-    async def _open_log(self, stream: StreamRecord, partition: int) -> tuple[Log, ProducerStateTable] | None:
-        """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop)."""
+    async def _open_log(self, stream: StreamRecord, record: PartitionRecord) -> tuple[Log, ProducerStateTable] | None:
+        """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop).
+
+        None if it cannot be opened; a log damaged in the middle only when :class:`DamagedPartitions` says who
+        may cut it (and is then remembered as refused, so it is not tried again in the same role)."""
+        partition = record.id
         path = self.path_of(stream, partition)
+        if self.damaged.still_refused(record):
+            return None
         try:
-            log_ = await Log.open_async(path, self._log_config_for(stream))
+            cut = self.damaged.may_cut(record)
+            log_ = await Log.open_async(path, self._log_config_for(stream), truncate_damaged=cut)
+        except DamagedLogError as exc:
+            self.damaged.refuse(record, exc)
+            return None
         except Exception:
             log.exception("cannot open partition %s/%d at %s", stream.name, partition, path)
             return None
@@ -190,6 +209,7 @@ class PartitionManager:
             log.exception("cannot load the producer state of %s/%d", stream.name, partition)
             await log_.close()
             return None
+        self.damaged.forget((stream.name, partition))
         return log_, producers
 
     async def _take_log(
@@ -203,7 +223,7 @@ class PartitionManager:
             if follower.fetcher is not None:
                 await follower.fetcher.stop()
             return follower.log, follower.known_committed, follower.producers
-        opened = await self._open_log(stream, record.id)
+        opened = await self._open_log(stream, record)
         if opened is None:
             return None
         log_, producers = opened
@@ -276,7 +296,7 @@ class PartitionManager:
                 await self._stop(key, delete=False, keep_log=True)  # its appends settle into its table first
                 log_, producers, hw = partition.log, partition.producers, partition.high_watermark
             else:
-                opened = await self._open_log(stream, record.id)
+                opened = await self._open_log(stream, record)
                 if opened is None:
                     return
                 (log_, producers), hw = opened, None

@@ -225,20 +225,36 @@ class Log:
     # ------------------------------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None, *, clock: Clock | None = None) -> Log:
-        """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync."""
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        truncate_damaged: bool = False,
+    ) -> Log:
+        """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync.
+
+        Damage in the middle of the log raises :class:`~tidelog.storage.damage.DamagedLogError` unless
+        ``truncate_damaged`` (see :mod:`tidelog.storage.recovery`).
+        """
         directory = Path(path)
         config = LogConfig() if config is None else config
         discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log
-        segments, report = recover(directory, config.index_interval_bytes)
+        segments, report = recover(directory, config.index_interval_bytes, truncate_damaged=truncate_damaged)
         return cls(directory, config, SystemClock() if clock is None else clock, segments, report)
 
     @classmethod
     async def open_async(
-        cls, path: str | os.PathLike[str], config: LogConfig | None = None, *, clock: Clock | None = None
+        cls,
+        path: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        truncate_damaged: bool = False,
     ) -> Log:
         """:meth:`open` in a worker thread, keeping recovery's disk work off the event loop."""
-        opener = functools.partial(cls.open, path, config, clock=clock)
+        opener = functools.partial(cls.open, path, config, clock=clock, truncate_damaged=truncate_damaged)
         return await asyncio.get_running_loop().run_in_executor(None, opener)
 
     async def __aenter__(self) -> Log:
