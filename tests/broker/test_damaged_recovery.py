@@ -1,7 +1,8 @@
-"""Start-up recovery of a real ``tidelog serve`` that was SIGKILLed with a damaged batch in the middle of a
+"""Start-up recovery of a real ``tidelog serve``. One SIGKILLed with a damaged batch in the middle of a
 single-replica partition's active segment: the intact, acknowledged batches after the damage are kept, the
 partition is not opened (CORRUPT_DATA naming the damaged offsets, an ERROR naming the action), until the operator
 sets ``recovery_truncate_damaged=true``: then the cut is made, logged with its offsets, and the partition serves.
+One whose ``leader-epoch-checkpoint`` was damaged: rebuilt from the batch headers, and the partition serves.
 """
 
 from __future__ import annotations
@@ -99,5 +100,27 @@ async def test_single_replica_damage_in_the_middle_waits_for_the_operator(tmp_pa
         assert await produce(broker, b"after") == damaged
         cut = [line for line in broker.process.log_tail(400).splitlines() if "cut damaged data" in line]
         assert cut and f"the log now ends at offset {damaged}" in cut[0], broker.process.log_tail()
+    finally:
+        await broker.stop()
+
+
+async def test_a_damaged_leader_epoch_checkpoint_is_rebuilt_and_the_partition_serves(tmp_path: Path) -> None:
+    broker = await start_served_broker(tmp_path)
+    try:
+        async with Admin(broker.wire_address) as admin:
+            await admin.create_stream(STREAM)
+        for i in range(3):
+            assert await produce(broker, b"record-%d" % i) == i
+    finally:
+        await broker.stop()
+    (checkpoint,) = (tmp_path / "data" / "streams").glob(f"{STREAM}@*/0/leader-epoch-checkpoint")
+    checkpoint.write_bytes(b"\x00garbage\xff" * 8)
+
+    broker = await start_served_broker(tmp_path)
+    try:
+        assert await produce(broker, b"after") == 3  # led and writable, not "this broker does not lead"
+        assert await read(broker) == [b"record-0", b"record-1", b"record-2", b"after"]
+        rebuilt = [line for line in broker.process.log_tail(400).splitlines() if "leader-epoch-checkpoint" in line]
+        assert rebuilt and "rebuilt from the batch headers" in rebuilt[0] and "WARNING" in rebuilt[0]
     finally:
         await broker.stop()

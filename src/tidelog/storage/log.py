@@ -73,7 +73,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.flush import Flusher
 from tidelog.storage.preallocation import AppendRate
-from tidelog.storage.recovery import RecoveryReport, recover, write_clean_marker, write_recovery_point
+from tidelog.storage.recovery import RecoveryReport, batch_epochs, recover, write_clean_marker, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Planned, Segment, SegmentInfo
 from tidelog.storage.segment_install import (
@@ -216,7 +216,8 @@ class Log:
         self._closed = False
         # Leader epoch -> start offset (KIP-101/279). An entry may outlive the bytes it names when a crash came
         # between writing the checkpoint and the batch, so what lies at or past the log end is dropped here.
-        self._epochs = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT_FILE)
+        epochs_file = directory / LEADER_EPOCH_CHECKPOINT_FILE  # derived: rebuilt from the batches if damaged
+        self._epochs = LeaderEpochCache.load_or_rebuild(epochs_file, lambda: batch_epochs(segments))
         self._epochs.truncate_from_end(self.end_offset)
         self._epochs.truncate_from_start(self.start_offset)  # a crash between deleting a prefix and this
         self._write_listeners: list[Callable[[int], None]] = []

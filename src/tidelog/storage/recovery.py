@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +55,7 @@ from tidelog.storage.atomic import fsync_directory, write_atomically
 from tidelog.storage.checkpoint import decode_checkpoint, encode_checkpoint
 from tidelog.storage.compaction import CLEANED_SUFFIX
 from tidelog.storage.damage import DamagedLogError, DamagedRange, find_damage
-from tidelog.storage.errors import CheckpointError
+from tidelog.storage.errors import CheckpointError, CorruptBatchError
 from tidelog.storage.index import TMP_SUFFIX, DamagedIndexError
 from tidelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
 
@@ -269,6 +270,20 @@ def _recover_segments(
         segment.sync()
         if segment is not segments[-1]:
             segment.persist_indexes()
+
+
+def batch_epochs(segments: list[Segment]) -> Iterator[tuple[int, int]]:
+    """Leader epoch and base offset of every readable batch, in offset order (to rebuild the epoch cache).
+
+    Headers only, no CRC check; a segment's scan stops at its first unreadable batch (damage stays reported by
+    reads, and the epochs after it are found again in later batches of that epoch or the next)."""
+    for segment in segments:
+        end = segment.size if segment.corrupt_from is None else segment.corrupt_from
+        try:
+            for _, header in segment.scan(0, end, verify=False):
+                yield header.leader_epoch, header.base_offset
+        except CorruptBatchError:
+            continue
 
 
 def _log_cut(directory: Path, report: RecoveryReport) -> None:
