@@ -338,3 +338,15 @@ async def test_never_policy_seals_once_the_kernel_had_time_to_write_back(tmp_pat
         await asyncio.sleep(0.01)
     assert _recovery_point(tmp_path) == sealed_up_to
     await log.close()
+
+
+@pytest.mark.parametrize("damage", [b"", b"tidelog recovery-point 1\n1\n", b"\x00\xff" * 9])
+async def test_a_damaged_recovery_point_means_scan_everything(tmp_path: Path, damage: bytes) -> None:
+    log, content = await _build(tmp_path, close=False)
+    await crash(log)
+    (tmp_path / RECOVERY_POINT_FILE).write_bytes(damage)
+    log = _reopen(tmp_path)
+    assert log.recovery.scanned == [int(f.stem) for f in _segment_files(tmp_path)]
+    assert read_everything(log) == content
+    assert _recovery_point(tmp_path) == log.segments[-1].base_offset  # written again, valid
+    await log.close()
