@@ -10,11 +10,17 @@ may cut them, when a replica's log is opened:
   (epoch truncation, then fetching, as after any restart). The records are not lost: the leader holds them.
 - nobody else. A single-replica partition, or one this broker leads (a leader with the cut log would make its
   followers cut their copies too), is **not opened**: the broker logs an ERROR naming the partition, the damaged
-  offsets, what follows them and the exact action, and answers every request for the partition with
-  CORRUPT_DATA saying the same. The metadata is unchanged, so the partition stays unavailable until the
-  operator acts: for a leader with other in-sync replicas, a graceful stop of this broker (controlled shutdown
-  hands its leaderships to in-sync replicas; restarted as a follower it cuts and fetches again); else the
-  setting, and a restart.
+  offsets, what follows them and what happens next, and answers every request for the partition with
+  CORRUPT_DATA saying the same.
+
+  - A leader with other in-sync replicas **steps down**: it asks the controller for an ISR without itself
+    (AlterIsr, :func:`~tidelog.metadata.controller_plans.decide_alter_isr`), which hands the leadership to a
+    live in-sync replica one epoch later — a replica that holds the records. The new record makes this broker
+    a follower: it opens the log again, now cutting at the damage, and fetches the range from the new leader,
+    then rejoins the ISR as any follower does. The request is retried until the controller answers (or the
+    record moves on).
+  - Otherwise no replica holds the records: the partition stays unavailable until the operator sets
+    ``recovery_truncate_damaged=true`` and restarts the broker (the ERROR says so, with the offsets at stake).
 
 A refusal is remembered per partition, so later metadata changes do not rerun recovery while the role is the
 same; a leader that became a follower opens the log again (and may then cut).
@@ -22,9 +28,12 @@ same; a leader that became a follower opens the log again (and may then cut).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
 
-from tidelog.api.errors import CorruptDataError
+from tidelog.api.errors import CorruptDataError, TidelogError
+from tidelog.broker.partition import AlterIsr
 from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.snapshot import PartitionKey
 from tidelog.storage.damage import DamagedLogError
@@ -32,15 +41,18 @@ from tidelog.storage.damage import DamagedLogError
 log = logging.getLogger(__name__)
 
 SETTING = "recovery_truncate_damaged"
+STEP_DOWN_RETRY_MAX = 5.0  # seconds between attempts to reach the controller, at most
 
 
 class DamagedPartitions:
     """This broker's refusals to open a damaged log, and the rule for when a cut is allowed."""
 
-    def __init__(self, broker_id: str, *, truncate_damaged: bool) -> None:
+    def __init__(self, broker_id: str, *, truncate_damaged: bool, alter_isr: AlterIsr | None = None) -> None:
         self._broker_id = broker_id
         self._truncate = truncate_damaged
+        self._alter_isr = alter_isr
         self._refused: dict[PartitionKey, tuple[bool, str]] = {}  # key -> (refused as leader, the refusal)
+        self._stepping_down: dict[PartitionKey, asyncio.Task[None]] = {}
 
     def may_cut(self, record: PartitionRecord) -> bool:
         """Whether recovery may cut damage in the middle of this replica's log (module docstring)."""
@@ -54,12 +66,13 @@ class DamagedPartitions:
     def refuse(self, record: PartitionRecord, exc: DamagedLogError) -> None:
         """Remember that the log was not opened, and log an ERROR naming the damage and the operator's action."""
         name = f"{record.stream}/{record.id}"
-        others = [b for b in record.isr if b != self._broker_id]
-        if len(record.replicas) > 1 and record.leader == self._broker_id and others:
+        key = (record.stream, record.id)
+        others = tuple(b for b in record.isr if b != self._broker_id)
+        step_down = record.leader == self._broker_id and bool(others) and self._alter_isr is not None
+        if step_down:
             action = (
-                f"another in-sync replica ({', '.join(others)}) holds these records: stop broker {self._broker_id} "
-                "gracefully (SIGTERM: controlled shutdown hands its leaderships to in-sync replicas); restarted as a "
-                "follower it cuts the damage and fetches the range again"
+                f"another in-sync replica ({', '.join(others)}) holds these records: broker {self._broker_id} steps "
+                "down as leader, then cuts the damage and fetches the range again as a follower (nothing to do)"
             )
         else:
             lost = exc.damage.intact_batches
@@ -69,8 +82,34 @@ class DamagedPartitions:
                 f"the log at offset {exc.damage.first_offset}, giving up the {lost} intact batch(es) after the damage"
             )
         message = f"{name} was not opened: start-up recovery found {exc.damage.describe()}. To resolve: {action}"
-        self._refused[(record.stream, record.id)] = (record.leader == self._broker_id, message)
+        self._refused[key] = (record.leader == self._broker_id, message)
         log.error("%s", message)
+        if step_down and key not in self._stepping_down:
+            task = asyncio.create_task(self._step_down(record, others), name=f"step-down-{name}")
+            self._stepping_down[key] = task
+            task.add_done_callback(lambda done: self._stepping_down.pop(key, None) if done is task else None)
+
+    async def _step_down(self, record: PartitionRecord, others: Sequence[str]) -> None:
+        """Ask the controller for an ISR without this broker until it answers; a refusal ends it (logged)."""
+        assert self._alter_isr is not None
+        name = f"{record.stream}/{record.id}"
+        delay = 0.1
+        while True:
+            try:
+                await self._alter_isr(record, tuple(others))
+            except TidelogError as exc:
+                if not exc.retriable:
+                    log.error("%s: the controller refused the step-down of leader %s: %s", name, self._broker_id, exc)
+                    return
+                failure: Exception = exc
+            except (OSError, ConnectionError) as exc:
+                failure = exc
+            else:
+                log.warning("%s: leader %s stepped down for in-sync replicas %s", name, self._broker_id, others)
+                return
+            log.warning("%s: could not step down yet (%s); retrying in %.1fs", name, failure, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STEP_DOWN_RETRY_MAX)
 
     def refused(self) -> list[PartitionKey]:
         return list(self._refused)
@@ -78,6 +117,16 @@ class DamagedPartitions:
     def forget(self, key: PartitionKey) -> None:
         """The partition was deleted, or its log opened after all."""
         self._refused.pop(key, None)
+        task = self._stepping_down.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        """Stop every step-down still under way (the broker stops)."""
+        tasks, self._stepping_down = list(self._stepping_down.values()), {}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def error(self, key: PartitionKey) -> CorruptDataError | None:
         """What a request for the partition gets while its log stays unopened, else None."""

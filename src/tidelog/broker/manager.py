@@ -98,7 +98,7 @@ class PartitionManager:
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
-        self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged)
+        self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr)
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
@@ -404,6 +404,7 @@ class PartitionManager:
         async with self._lock:
             if self._checkpointer is not None:
                 self._checkpointer.cancel()
+            await self.damaged.close()
             ingests, self._ingests = self._ingests, {}
             await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
             partitions, self._partitions = self._partitions, {}
