@@ -6,8 +6,10 @@ may cut them, when a replica's log is opened:
 
 - **the operator**, with the broker setting ``recovery_truncate_damaged=true``: every such log is cut at the
   damage (logged with the offsets lost).
-- **a follower** of a replicated partition: it cuts at the damage and fetches the range again from its leader
-  (epoch truncation, then fetching, as after any restart). The records are not lost: the leader holds them.
+- **a follower** of a replicated partition with a leader: it cuts at the damage and fetches the range again
+  from its leader (epoch truncation, then fetching, as after any restart). The records are not lost: the leader
+  holds them. Without a leader (the partition is offline, perhaps waiting for this very replica) it does not
+  cut: it waits for one.
 - nobody else. A single-replica partition, or one this broker leads (a leader with the cut log would make its
   followers cut their copies too), is **not opened**: the broker logs an ERROR naming the partition, the damaged
   offsets, what follows them and what happens next, and answers every request for the partition with
@@ -22,8 +24,8 @@ may cut them, when a replica's log is opened:
   - Otherwise no replica holds the records: the partition stays unavailable until the operator sets
     ``recovery_truncate_damaged=true`` and restarts the broker (the ERROR says so, with the offsets at stake).
 
-A refusal is remembered per partition, so later metadata changes do not rerun recovery while the role is the
-same; a leader that became a follower opens the log again (and may then cut).
+A refusal is remembered per partition with the leader it was made under, so later metadata changes do not rerun
+recovery while the leader is the same; under another leader the log is opened again (and may then be cut).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Sequence
 
 from tidelog.api.errors import CorruptDataError, TidelogError
 from tidelog.broker.partition import AlterIsr
+from tidelog.metadata.controller_plans import OFFLINE
 from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.snapshot import PartitionKey
 from tidelog.storage.damage import DamagedLogError
@@ -51,17 +54,18 @@ class DamagedPartitions:
         self._broker_id = broker_id
         self._truncate = truncate_damaged
         self._alter_isr = alter_isr
-        self._refused: dict[PartitionKey, tuple[bool, str]] = {}  # key -> (refused as leader, the refusal)
+        self._refused: dict[PartitionKey, tuple[str, str]] = {}  # key -> (the leader then, the refusal)
         self._stepping_down: dict[PartitionKey, asyncio.Task[None]] = {}
 
     def may_cut(self, record: PartitionRecord) -> bool:
         """Whether recovery may cut damage in the middle of this replica's log (module docstring)."""
-        return self._truncate or (len(record.replicas) > 1 and record.leader != self._broker_id)
+        has_leader = record.leader not in (OFFLINE, self._broker_id)
+        return self._truncate or (len(record.replicas) > 1 and has_leader)
 
     def still_refused(self, record: PartitionRecord) -> bool:
-        """Whether the log was refused already in the role ``record`` gives this broker (so not opened again)."""
+        """Whether the log was refused already under the leader ``record`` names (so it is not opened again)."""
         refused = self._refused.get((record.stream, record.id))
-        return refused is not None and refused[0] == (record.leader == self._broker_id)
+        return refused is not None and refused[0] == record.leader
 
     def refuse(self, record: PartitionRecord, exc: DamagedLogError) -> None:
         """Remember that the log was not opened, and log an ERROR naming the damage and the operator's action."""
@@ -74,6 +78,11 @@ class DamagedPartitions:
                 f"another in-sync replica ({', '.join(others)}) holds these records: broker {self._broker_id} steps "
                 "down as leader, then cuts the damage and fetches the range again as a follower (nothing to do)"
             )
+        elif record.leader == OFFLINE and len(record.replicas) > 1:
+            action = (
+                f"the partition has no leader: once another replica leads, broker {self._broker_id} cuts the damage "
+                "and fetches the range again as its follower (if it is elected itself, it refuses again and says why)"
+            )
         else:
             lost = exc.damage.intact_batches
             action = (
@@ -82,7 +91,7 @@ class DamagedPartitions:
                 f"the log at offset {exc.damage.first_offset}, giving up the {lost} intact batch(es) after the damage"
             )
         message = f"{name} was not opened: start-up recovery found {exc.damage.describe()}. To resolve: {action}"
-        self._refused[key] = (record.leader == self._broker_id, message)
+        self._refused[key] = (record.leader, message)
         log.error("%s", message)
         if step_down and key not in self._stepping_down:
             task = asyncio.create_task(self._step_down(record, others), name=f"step-down-{name}")
