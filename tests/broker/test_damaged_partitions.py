@@ -11,7 +11,7 @@ from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.metadata.records import PartitionRecord
 from tidelog.storage.damage import DamagedLogError, DamagedRange
 
-DAMAGE = DamagedRange("/d/0/00000000000000000000.log", 140, 2, 3, 12, 12, 14, "CRC mismatch")
+DAMAGE = DamagedRange("/d/0/00000000000000000000.log", 140, 2, 3, 12, 12, 14, "CRC mismatch", 0)
 
 
 def record(replicas: str, leader: str, isr: str) -> PartitionRecord:

@@ -58,13 +58,25 @@ class DamagedRange:
     """The last offset of the intact batches counted."""
     reason: str
     """Why the first bad batch was refused (torn, CRC mismatch, offsets out of order)."""
+    next_good_segment: int
+    """Base offset of the segment holding the first intact batch (this one's, or a later one's)."""
+
+    @property
+    def bad_tail_only(self) -> bool:
+        """No offset is missing: the first intact batch is at the offset expected at the damage. When it starts
+        a later segment, only bytes after this segment's last batch are bad, and cutting them loses nothing."""
+        return self.next_good_offset == self.first_offset and self.next_good_segment == self.next_good_offset
 
     def describe(self) -> str:
         """One line naming the file, the damaged offsets and what follows them."""
+        if self.next_good_offset > self.first_offset:
+            lost = f"offsets {self.first_offset}..{self.next_good_offset - 1} unreadable"
+        else:
+            lost = f"no offset missing (bad bytes after offset {self.first_offset - 1})"
         return (
-            f"damaged batch at byte {self.position} of {self.path} ({self.reason}): offsets "
-            f"{self.first_offset}..{self.next_good_offset - 1} unreadable, followed by {self.intact_batches} intact "
-            f"batch(es) ({self.intact_records} record(s), offsets {self.next_good_offset}..{self.last_intact_offset})"
+            f"damaged batch at byte {self.position} of {self.path} ({self.reason}): {lost}, followed by "
+            f"{self.intact_batches} intact batch(es) ({self.intact_records} record(s), offsets "
+            f"{self.next_good_offset}..{self.last_intact_offset})"
         )
 
 
@@ -86,22 +98,25 @@ def find_damage(segments: list[Segment], index: int, position: int, reason: str)
     """
     segment = segments[index]
     expected = segment.next_offset
-    runs: list[Iterator[BatchHeader]] = [_valid(later, 0) for later in segments[index + 1 :]]
+    runs = [(later.base_offset, _valid(later, 0)) for later in segments[index + 1 :]]
     found = _next_batch(segment, position, expected)
     if found is not None:
-        runs.insert(0, _valid(segment, found))
-    first: BatchHeader | None = None
+        runs.insert(0, (segment.base_offset, _valid(segment, found)))
+    first: tuple[int, BatchHeader] | None = None
     batches = records = 0
     last = expected - 1
-    for run in runs:
+    for base, run in runs:
         for header in run:
             if header.base_offset <= last:
                 break  # offsets went back: not part of this log's sequence
-            first = first or header
+            first = first or (base, header)
             batches, records, last = batches + 1, records + header.record_count, header.last_offset
     if first is None:
         return None
-    return DamagedRange(str(segment.path), position, expected, first.base_offset, batches, records, last, reason)
+    where, header = first
+    return DamagedRange(
+        str(segment.path), position, expected, header.base_offset, batches, records, last, reason, where
+    )
 
 
 def _next_batch(segment: Segment, position: int, expected: int) -> int | None:

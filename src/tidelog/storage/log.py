@@ -235,10 +235,7 @@ class Log:
         truncate_damaged: bool = False,
     ) -> Log:
         """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync.
-
-        Damage in the middle of the log raises :class:`~tidelog.storage.damage.DamagedLogError` unless
-        ``truncate_damaged`` (see :mod:`tidelog.storage.recovery`).
-        """
+        Damage in the middle raises :class:`~tidelog.storage.damage.DamagedLogError` unless ``truncate_damaged``."""
         directory = Path(path)
         config = LogConfig() if config is None else config
         discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log

@@ -28,6 +28,8 @@ What recovery does, in order:
 
    - nothing valid: a **torn tail**. That segment is cut there (and fdatasynced) and every later segment
      deleted: what a crash can tear is data nobody was promised, and the log must stay a clean prefix.
+   - only bytes after a segment's last batch are bad and the next segment goes on at the next offset (a lost
+     write at a roll): nothing is missing, those bytes are trimmed (logged), the later segments kept.
    - CRC-valid batches at higher offsets: **damage in the middle** (bit rot, a bad sector; not a crash). The
      batches after it were most likely acknowledged, so recovery does not cut by itself: it raises
      :class:`~tidelog.storage.damage.DamagedLogError` naming the damaged offsets and what follows, and
@@ -91,6 +93,9 @@ class RecoveryReport:
     """How many times recovery cut the log (0 or 1 per open: a torn tail, or damage it was allowed to cut)."""
     cut_from_offset: int | None = None
     """The first offset cut: the log's end offset after the cut."""
+    trimmed_bad_tails: list[int] = field(default_factory=list)
+    """Segments (not the last) whose bad bytes after their last batch were cut, the next one starting at their
+    next offset: no offset lost, so not counted as a cut."""
     damage: DamagedRange | None = None
     """Damage in the middle that recovery was allowed to cut (the intact batches after it went with it)."""
 
@@ -189,6 +194,11 @@ def _scan(segments: list[Segment], i: int, report: RecoveryReport, *, truncate_d
         report.preallocated_bytes += file_size - result.end
         return False
     damage = find_damage(segments, i, result.end, str(result.error))
+    if damage is not None and damage.bad_tail_only and damage.next_good_segment != segment.base_offset:
+        segment.cut_file(result.end)  # nothing lost: the next segment goes on at the next offset
+        report.trimmed_bad_tails.append(segment.base_offset)
+        log.warning("recovery of %s trimmed %s", segment.path.parent, damage.describe())
+        return False
     if damage is not None and not truncate_damaged:
         raise DamagedLogError(str(segment.path.parent), damage)
     segment.cut_file(result.end)
