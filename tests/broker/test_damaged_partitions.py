@@ -9,9 +9,9 @@ import pytest
 from tidelog.api.errors import CorruptDataError
 from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.metadata.records import PartitionRecord
-from tidelog.storage.damage import DamagedLogError, DamagedRange
+from tidelog.storage.recovery_damage import DamagedLogError, RecoveryDamage
 
-DAMAGE = DamagedRange("/d/0/00000000000000000000.log", 140, 2, 3, 12, 12, 14, "CRC mismatch", 0)
+DAMAGE = RecoveryDamage("/d/0/00000000000000000000.log", 140, 2, 3, 12, 12, 14, "CRC mismatch", 0)
 
 
 def record(replicas: str, leader: str, isr: str) -> PartitionRecord:

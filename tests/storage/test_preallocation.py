@@ -16,11 +16,11 @@ from tidelog.clock import ManualClock
 from tidelog.storage import segment as segment_module
 from tidelog.storage.batch import iter_batches
 from tidelog.storage.config import FlushPolicy
-from tidelog.storage.damage import DamagedLogError
 from tidelog.storage.flush import FlushFailedError
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import MAX_FILL_RATE, PIECE_BYTES, RATE_WINDOW_NS, AppendRate, Preallocation
 from tidelog.storage.recovery import write_recovery_point
+from tidelog.storage.recovery_damage import DamagedLogError
 
 from .logutil import crash, make_batch, open_log, read_everything, small_config
 
@@ -147,7 +147,7 @@ async def test_after_a_crash_recovery_trims_the_zeros_without_reporting_a_cut(tm
 async def test_a_zero_tail_on_an_earlier_segment_is_trimmed_and_the_later_segments_kept(tmp_path: Path) -> None:
     # Segments are trimmed, durably, before anything in the next one is acknowledged: zeros after the batches of
     # a segment that is not the last are what a lost write leaves, not room written ahead. Here the next segment
-    # goes on at the next offset, so no offset is missing: the zeros are cut, nothing else (storage.damage).
+    # goes on at the next offset, so no offset is missing: the zeros are cut, nothing else (storage.recovery_damage).
     log = open_log(tmp_path, segment_max_bytes=1000)  # NEVER: nothing is sealed before the crash
     for i in range(12):
         await log.append(make_batch(2, size=50, tag=str(i)), 1)

@@ -12,10 +12,10 @@ import pytest
 
 from tidelog.clock import ManualClock
 from tidelog.storage.batch import iter_batches, records_of
-from tidelog.storage.damage import DamagedLogError
 from tidelog.storage.errors import CorruptSegmentError
 from tidelog.storage.log import NEVER_SEAL_DELAY_MS, Log
 from tidelog.storage.recovery import MARKER_FILE, RECOVERY_POINT_FILE, write_recovery_point
+from tidelog.storage.recovery_damage import DamagedLogError
 
 from .logutil import crash, make_batch, open_log, read_everything, small_config
 

@@ -1,7 +1,7 @@
 """Partitions whose log start-up recovery found damaged in the middle, and who may cut the damage.
 
 Recovery (:mod:`tidelog.storage.recovery`) cuts a torn tail by itself, but not a damaged batch that intact
-batches follow (:mod:`tidelog.storage.damage`): those were written, fsynced and most likely acknowledged. Who
+batches follow (:mod:`tidelog.storage.recovery_damage`): those were written, fsynced and most likely acknowledged. Who
 may cut them, when a replica's log is opened:
 
 - **the operator**, with the broker setting ``recovery_truncate_damaged=true``: every such log is cut at the
@@ -39,7 +39,7 @@ from tidelog.broker.partition import AlterIsr
 from tidelog.metadata.controller_plans import OFFLINE
 from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.snapshot import PartitionKey
-from tidelog.storage.damage import DamagedLogError
+from tidelog.storage.recovery_damage import DamagedLogError
 
 log = logging.getLogger(__name__)
 

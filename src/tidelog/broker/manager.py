@@ -45,8 +45,8 @@ from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoi
 from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.replication.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
-from tidelog.storage.damage import DamagedLogError
 from tidelog.storage.log import Log
+from tidelog.storage.recovery_damage import DamagedLogError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      ├── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
-     └── DamagedLogError        (in storage.damage) opening found damage with intact batches after it; not cut
+     └── DamagedLogError        (in storage.recovery_damage) opening found damage with intact batches after it; not cut
 
 Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
 """

@@ -235,7 +235,8 @@ class Log:
         truncate_damaged: bool = False,
     ) -> Log:
         """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync.
-        Damage in the middle raises :class:`~tidelog.storage.damage.DamagedLogError` unless ``truncate_damaged``."""
+        Damage in the middle raises :class:`~tidelog.storage.recovery_damage.DamagedLogError` unless
+        ``truncate_damaged``."""
         directory = Path(path)
         config = LogConfig() if config is None else config
         discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log

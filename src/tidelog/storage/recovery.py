@@ -24,7 +24,7 @@ What recovery does, in order:
    bytes stay and reads that reach it raise ``CorruptSegmentError`` naming the offsets.
 4. The others (the last segment, and any at or above the recovery point), in offset order: every batch is read
    and CRC-checked. At the first batch that is torn, fails its CRC or goes back in offsets, recovery looks at
-   what follows (:func:`~tidelog.storage.damage.find_damage`):
+   what follows (:func:`~tidelog.storage.recovery_damage.find_damage`):
 
    - nothing valid: a **torn tail**. That segment is cut there (and fdatasynced) and every later segment
      deleted: what a crash can tear is data nobody was promised, and the log must stay a clean prefix.
@@ -32,7 +32,7 @@ What recovery does, in order:
      write at a roll): nothing is missing, those bytes are trimmed (logged), the later segments kept.
    - CRC-valid batches at higher offsets: **damage in the middle** (bit rot, a bad sector; not a crash). The
      batches after it were most likely acknowledged, so recovery does not cut by itself: it raises
-     :class:`~tidelog.storage.damage.DamagedLogError` naming the damaged offsets and what follows, and
+     :class:`~tidelog.storage.recovery_damage.DamagedLogError` naming the damaged offsets and what follows, and
      leaves every file as it was. Only when the caller allows it (``truncate_damaged``: an operator's word,
      or a replica that will fetch the range again) is the log cut there like a torn tail.
 
@@ -56,9 +56,9 @@ from pathlib import Path
 from tidelog.storage.atomic import fsync_directory, write_atomically
 from tidelog.storage.checkpoint import decode_checkpoint, encode_checkpoint
 from tidelog.storage.compaction import CLEANED_SUFFIX
-from tidelog.storage.damage import DamagedLogError, DamagedRange, find_damage
 from tidelog.storage.errors import CheckpointError, CorruptBatchError
 from tidelog.storage.index import TMP_SUFFIX, DamagedIndexError
+from tidelog.storage.recovery_damage import DamagedLogError, RecoveryDamage, find_damage
 from tidelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class RecoveryReport:
     trimmed_bad_tails: list[int] = field(default_factory=list)
     """Segments (not the last) whose bad bytes after their last batch were cut, the next one starting at their
     next offset: no offset lost, so not counted as a cut."""
-    damage: DamagedRange | None = None
+    damage: RecoveryDamage | None = None
     """Damage in the middle that recovery was allowed to cut (the intact batches after it went with it)."""
 
 

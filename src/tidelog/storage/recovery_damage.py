@@ -1,4 +1,7 @@
-"""Damage in the middle of a log: a bad batch with intact, CRC-valid batches after it.
+"""Damage that start-up recovery finds in the middle of a log: a bad batch with intact, CRC-valid batches after it.
+
+(Damage found while the log runs, in segments recovery trusts, is :mod:`tidelog.storage.damage`'s on branches
+that have it; this module is only the decision recovery makes for the segments it scans.)
 
 Recovery (:mod:`tidelog.storage.recovery`) scans the segments a crash may have torn and stops at the first
 batch that is torn or fails its CRC. What it does next depends on what lies *after* that batch:
@@ -11,7 +14,7 @@ batch that is torn or fails its CRC. What it does next depends on what lies *aft
   fsynced and most likely acknowledged: they are not cut without an operator's word (a single replica) or a
   replica to fetch them from (see :mod:`tidelog.broker.damaged_partitions`).
 
-:class:`DamagedRange` describes such damage; :class:`DamagedLogError` is what opening a log raises when it
+:class:`RecoveryDamage` describes such damage; :class:`DamagedLogError` is what opening a log raises when it
 finds some and was not allowed to cut it. :func:`find_damage` decides between the two cases.
 
 Finding the next good batch: when the bad batch's length field still leads to a valid batch, that is it;
@@ -39,7 +42,7 @@ _FORMAT_POS = 16  # the format version byte follows base_offset (8), batch_lengt
 
 
 @dataclass(frozen=True, slots=True)
-class DamagedRange:
+class RecoveryDamage:
     """A damaged stretch of one segment followed by intact batches."""
 
     path: str
@@ -81,15 +84,15 @@ class DamagedRange:
 
 
 class DamagedLogError(StorageError):
-    """Opening a log found damage in the middle (:class:`DamagedRange`) and was not allowed to cut it."""
+    """Opening a log found damage in the middle (:class:`RecoveryDamage`) and was not allowed to cut it."""
 
-    def __init__(self, directory: str, damage: DamagedRange) -> None:
+    def __init__(self, directory: str, damage: RecoveryDamage) -> None:
         super().__init__(f"{directory}: {damage.describe()}; not cut: intact data follows the damage")
         self.directory = directory
         self.damage = damage
 
 
-def find_damage(segments: list[Segment], index: int, position: int, reason: str) -> DamagedRange | None:
+def find_damage(segments: list[Segment], index: int, position: int, reason: str) -> RecoveryDamage | None:
     """Whether CRC-valid batches follow the bad batch at ``position`` of ``segments[index]``.
 
     ``segments[index].next_offset`` must be the offset expected at ``position`` (one past the last good batch,
@@ -114,7 +117,7 @@ def find_damage(segments: list[Segment], index: int, position: int, reason: str)
     if first is None:
         return None
     where, header = first
-    return DamagedRange(
+    return RecoveryDamage(
         str(segment.path), position, expected, header.base_offset, batches, records, last, reason, where
     )
 
