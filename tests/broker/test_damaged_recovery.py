@@ -150,6 +150,11 @@ async def test_a_leader_whose_recovery_found_damage_steps_down_and_fetches_the_r
         controller = await cluster.controller_id()
         (before,) = [r for r in await records() if r.leader != controller]  # one partition each, as placed
         leader, partition = before.leader, before.id
+
+        async def leading() -> bool:
+            return await read(cluster.broker(leader).wire_address, partition) == []
+
+        await cluster.wait_until(leading, TIMEOUT, f"{leader} to lead partition {partition}")
         for i in range(BATCHES):
             assert await produce(cluster.broker(leader).wire_address, b"r%d" % i, partition) == i
 

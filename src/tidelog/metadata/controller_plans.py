@@ -272,12 +272,12 @@ def decide_alter_isr(
     a broker in controlled shutdown must not rejoin while it is leaving. Members it keeps are not checked: the
     failover plan removes dead ones on its own.
 
-    **Stepping down**: an ISR without the leader, made only of current ISR members, hands the leadership (one
-    epoch later) to the first of them in replicas order that is live and not shutting down, and leaves the old
-    leader out of the ISR. A leader whose log lost records it cannot serve (start-up recovery found damage with
-    intact data after it: :mod:`tidelog.broker.damaged_partitions`) asks this so that a replica holding the records
-    leads, while it cuts its log and fetches them again as a follower. It is a clean election: every ISR member
-    holds everything committed.
+    **Stepping down**: an ISR without the leader (itself in the ISR), made only of current ISR members, hands the
+    leadership (one epoch later) to the first of them in replicas order that is live and not shutting down, and
+    leaves the old leader out of the ISR. A leader whose log lost records it cannot serve (start-up recovery
+    found damage with intact data after it: :mod:`tidelog.broker.damaged_partitions`) asks this so that a replica
+    holding the records leads, while it cuts its log and fetches them again as a follower. It is a clean
+    election: every ISR member holds everything committed.
     """
     name = f"{request.stream}/{request.partition}"
     if record is None:
@@ -304,8 +304,8 @@ def decide_alter_isr(
         )
     wanted = set(request.isr)
     problems = []
-    stepping_down = request.leader_id not in wanted
-    if not wanted:
+    stepping_down = request.leader_id not in wanted and request.leader_id in record.isr
+    if not wanted or (request.leader_id not in wanted and not stepping_down):
         problems.append(f"it lacks the leader {request.leader_id}")
     if strangers := sorted(wanted.difference(record.replicas)):
         problems.append(f"{', '.join(strangers)} {'is' if len(strangers) == 1 else 'are'} not a replica")
