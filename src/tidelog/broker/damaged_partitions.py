@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from tidelog.api.errors import CorruptDataError, TidelogError
 from tidelog.broker.partition import AlterIsr
@@ -54,7 +55,7 @@ class DamagedPartitions:
         self._broker_id = broker_id
         self._truncate = truncate_damaged
         self._alter_isr = alter_isr
-        self._refused: dict[PartitionKey, tuple[str, str]] = {}  # key -> (the leader then, the refusal)
+        self._refused: dict[PartitionKey, tuple[str, str, Path]] = {}  # key -> (leader then, refusal, directory)
         self._stepping_down: dict[PartitionKey, asyncio.Task[None]] = {}
 
     def may_cut(self, record: PartitionRecord) -> bool:
@@ -91,7 +92,7 @@ class DamagedPartitions:
                 f"the log at offset {exc.damage.first_offset}, giving up the {lost} intact batch(es) after the damage"
             )
         message = f"{name} was not opened: start-up recovery found {exc.damage.describe()}. To resolve: {action}"
-        self._refused[key] = (record.leader, message)
+        self._refused[key] = (record.leader, message, Path(exc.directory))
         log.error("%s", message)
         if step_down and key not in self._stepping_down:
             task = asyncio.create_task(self._step_down(record, others), name=f"step-down-{name}")
@@ -123,12 +124,13 @@ class DamagedPartitions:
     def refused(self) -> list[PartitionKey]:
         return list(self._refused)
 
-    def forget(self, key: PartitionKey) -> None:
-        """The partition was deleted, or its log opened after all."""
-        self._refused.pop(key, None)
+    def forget(self, key: PartitionKey) -> Path | None:
+        """The partition was deleted, or its log opened after all; returns its directory if it was refused."""
+        refused = self._refused.pop(key, None)
         task = self._stepping_down.pop(key, None)
         if task is not None:
             task.cancel()
+        return None if refused is None else refused[2]
 
     async def close(self) -> None:
         """Stop every step-down still under way (the broker stops)."""

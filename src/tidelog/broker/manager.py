@@ -168,7 +168,10 @@ class PartitionManager:
             for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
                 await self._stop(key, delete=key[0] not in new.streams)
             for key in [k for k in self.damaged.refused() if k not in mine]:
-                self.damaged.forget(key)
+                directory = self.damaged.forget(key)
+                if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
+                    await _delete_directory(directory)
+                    log.info("deleted partition %s/%d (it was not opened: damaged)", *key)
             for key, record in mine.items():
                 stream = new.streams[key[0]]
                 if record.leader == self.broker_id:
@@ -381,11 +384,7 @@ class PartitionManager:
                 await follower.log.close()
         if delete and log_ is not None:
             await log_.close()
-            path = log_.directory
-            await asyncio.to_thread(shutil.rmtree, path, True)
-            parent = path.parent
-            if parent.exists() and not any(parent.iterdir()):
-                parent.rmdir()
+            await _delete_directory(log_.directory)
             log.info("deleted partition %s/%d", *key)
 
     async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
@@ -412,6 +411,14 @@ class PartitionManager:
             followers, self._followers = self._followers, {}
             await asyncio.gather(*(f.fetcher.stop() for f in followers.values() if f.fetcher), return_exceptions=True)
             await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
+
+
+async def _delete_directory(path: Path) -> None:
+    """Delete a partition's directory, and its stream's once empty."""
+    await asyncio.to_thread(shutil.rmtree, path, True)
+    parent = path.parent
+    if parent.exists() and not any(parent.iterdir()):
+        parent.rmdir()
 
 
 async def _close_follower(follower: FollowerReplica) -> None:
