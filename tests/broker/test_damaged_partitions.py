@@ -33,6 +33,15 @@ def test_who_may_cut(partition: PartitionRecord, setting: bool, allowed: bool) -
     assert DamagedPartitions("a", truncate_damaged=setting).may_cut(partition) is allowed
 
 
+async def test_a_leader_that_can_step_down_does_not_cut_even_when_allowed() -> None:
+    async def alter_isr(record: PartitionRecord, isr: tuple[str, ...]) -> None:
+        pass
+
+    damaged = DamagedPartitions("a", truncate_damaged=True, alter_isr=alter_isr)
+    assert not damaged.may_cut(record("ab", "a", "ab"))  # b holds the records: step down instead
+    assert damaged.may_cut(record("ab", "a", "a"))  # the last in-sync replica: the operator's word applies
+
+
 def test_a_refusal_names_the_offsets_and_the_action_and_is_kept_per_leader(caplog: pytest.LogCaptureFixture) -> None:
     damaged = DamagedPartitions("a", truncate_damaged=False)
     single = record("a", "a", "a")
@@ -43,5 +52,6 @@ def test_a_refusal_names_the_offsets_and_the_action_and_is_kept_per_leader(caplo
     error = damaged.error(("s", 0))
     assert isinstance(error, CorruptDataError) and "offsets 3..14" in str(error)
     assert damaged.still_refused(single) and not damaged.still_refused(record("ab", "b", "ab"))
+    assert not damaged.still_refused(record("ab", "a", "ab"))  # another ISR: asked again
     damaged.forget(("s", 0))
     assert damaged.error(("s", 0)) is None and not damaged.still_refused(single)

@@ -24,8 +24,10 @@ may cut them, when a replica's log is opened:
   - Otherwise no replica holds the records: the partition stays unavailable until the operator sets
     ``recovery_truncate_damaged=true`` and restarts the broker (the ERROR says so, with the offsets at stake).
 
-A refusal is remembered per partition with the leader it was made under, so later metadata changes do not rerun
-recovery while the leader is the same; under another leader the log is opened again (and may then be cut).
+The setting does not make a leader that can step down cut: a replica holds the records, so nothing needs to be
+lost. A refusal is remembered per partition with the leader and ISR it was made under, so later metadata changes
+do not rerun recovery while they are the same; under another leader or ISR the log is opened again (and may then
+be cut: a follower now, or the last in-sync replica with the setting on).
 """
 
 from __future__ import annotations
@@ -55,25 +57,33 @@ class DamagedPartitions:
         self._broker_id = broker_id
         self._truncate = truncate_damaged
         self._alter_isr = alter_isr
-        self._refused: dict[PartitionKey, tuple[str, str, Path]] = {}  # key -> (leader then, refusal, directory)
+        # key -> ((leader, ISR) then, the refusal, the partition's directory)
+        self._refused: dict[PartitionKey, tuple[tuple[str, tuple[str, ...]], str, Path]] = {}
         self._stepping_down: dict[PartitionKey, asyncio.Task[None]] = {}
 
     def may_cut(self, record: PartitionRecord) -> bool:
-        """Whether recovery may cut damage in the middle of this replica's log (module docstring)."""
-        has_leader = record.leader not in (OFFLINE, self._broker_id)
-        return self._truncate or (len(record.replicas) > 1 and has_leader)
+        """Whether recovery may cut damage in the middle of this replica's log (module docstring). A leader that
+        can step down to another in-sync replica does so even when the setting allows a cut: nothing is lost."""
+        if len(record.replicas) > 1 and record.leader not in (OFFLINE, self._broker_id):
+            return True
+        return self._truncate and not self._can_step_down(record)
+
+    def _can_step_down(self, record: PartitionRecord) -> bool:
+        others = any(b != self._broker_id for b in record.isr)
+        return record.leader == self._broker_id and others and self._alter_isr is not None
 
     def still_refused(self, record: PartitionRecord) -> bool:
-        """Whether the log was refused already under the leader ``record`` names (so it is not opened again)."""
+        """Whether the log was refused already under the leader and ISR ``record`` names (then it is not opened
+        again; another leader or ISR may change the answer)."""
         refused = self._refused.get((record.stream, record.id))
-        return refused is not None and refused[0] == record.leader
+        return refused is not None and refused[0] == (record.leader, record.isr)
 
     def refuse(self, record: PartitionRecord, exc: DamagedLogError) -> None:
         """Remember that the log was not opened, and log an ERROR naming the damage and the operator's action."""
         name = f"{record.stream}/{record.id}"
         key = (record.stream, record.id)
         others = tuple(b for b in record.isr if b != self._broker_id)
-        step_down = record.leader == self._broker_id and bool(others) and self._alter_isr is not None
+        step_down = self._can_step_down(record)
         if step_down:
             action = (
                 f"another in-sync replica ({', '.join(others)}) holds these records: broker {self._broker_id} steps "
@@ -92,12 +102,19 @@ class DamagedPartitions:
                 f"the log at offset {exc.damage.first_offset}, giving up the {lost} intact batch(es) after the damage"
             )
         message = f"{name} was not opened: start-up recovery found {exc.damage.describe()}. To resolve: {action}"
-        self._refused[key] = (record.leader, message, Path(exc.directory))
+        self._refused[key] = ((record.leader, record.isr), message, Path(exc.directory))
         log.error("%s", message)
-        if step_down and key not in self._stepping_down:
+        running = self._stepping_down.pop(key, None)
+        if running is not None:
+            running.cancel()  # asked with an older record: ask again with this one
+        if step_down:
             task = asyncio.create_task(self._step_down(record, others), name=f"step-down-{name}")
             self._stepping_down[key] = task
-            task.add_done_callback(lambda done: self._stepping_down.pop(key, None) if done is task else None)
+            task.add_done_callback(lambda done: self._forget_task(key, done))
+
+    def _forget_task(self, key: PartitionKey, done: asyncio.Task[None]) -> None:
+        if self._stepping_down.get(key) is done:  # not a newer one that replaced it
+            del self._stepping_down[key]
 
     async def _step_down(self, record: PartitionRecord, others: Sequence[str]) -> None:
         """Ask the controller for an ISR without this broker until it answers; a refusal ends it (logged)."""
