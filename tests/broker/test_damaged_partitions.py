@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
-from tidelog.api.errors import CorruptDataError
+from tidelog.api.errors import CorruptDataError, InvalidArgumentError, UnavailableError
+from tidelog.broker import damaged_partitions
 from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.metadata.records import PartitionRecord
 from tidelog.storage.recovery_damage import DamagedLogError, RecoveryDamage
@@ -55,3 +57,25 @@ def test_a_refusal_names_the_offsets_and_the_action_and_is_kept_per_leader(caplo
     assert not damaged.still_refused(record("ab", "a", "ab"))  # another ISR: asked again
     damaged.forget(("s", 0))
     assert damaged.error(("s", 0)) is None and not damaged.still_refused(single)
+
+
+async def test_a_refused_leader_steps_down_asking_again_until_the_controller_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(damaged_partitions, "STEP_DOWN_RETRY_MAX", 0.01)
+    answers: list[Exception | None] = [InvalidArgumentError("no in-sync replica is live"), UnavailableError("x"), None]
+    asked: list[tuple[str, ...]] = []
+    done = asyncio.Event()
+
+    async def alter_isr(_: PartitionRecord, isr: tuple[str, ...]) -> None:
+        asked.append(isr)
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+        done.set()
+
+    damaged = DamagedPartitions("a", truncate_damaged=False, alter_isr=alter_isr)
+    damaged.refuse(record("abc", "a", "abc"), DamagedLogError("/d/0", DAMAGE))
+    await asyncio.wait_for(done.wait(), 10)
+    assert asked == [("b", "c")] * 3  # an ISR without the damaged leader: it steps down
+    await damaged.close()

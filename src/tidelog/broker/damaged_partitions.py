@@ -37,7 +37,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from tidelog.api.errors import CorruptDataError, TidelogError
+from tidelog.api.errors import CorruptDataError, FencedLeaderEpochError, TidelogError
 from tidelog.broker.partition import AlterIsr
 from tidelog.metadata.controller_plans import OFFLINE
 from tidelog.metadata.records import PartitionRecord
@@ -117,17 +117,26 @@ class DamagedPartitions:
             del self._stepping_down[key]
 
     async def _step_down(self, record: PartitionRecord, others: Sequence[str]) -> None:
-        """Ask the controller for an ISR without this broker until it answers; a refusal ends it (logged)."""
+        """Ask the controller for an ISR without this broker until it takes it. A fenced request ends it (another
+        leadership began: the metadata moves this replica on); a refused one (no other ISR member is live right
+        now) is logged once and asked again slowly, until it is taken or the record changes (a newer task)."""
         assert self._alter_isr is not None
         name = f"{record.stream}/{record.id}"
         delay = 0.1
+        refused = False
         while True:
             try:
                 await self._alter_isr(record, tuple(others))
+            except FencedLeaderEpochError as exc:
+                log.warning("%s: step-down of leader %s fenced: %s", name, self._broker_id, exc)
+                return
             except TidelogError as exc:
                 if not exc.retriable:
-                    log.error("%s: the controller refused the step-down of leader %s: %s", name, self._broker_id, exc)
-                    return
+                    if not refused:
+                        log.error("%s: the controller refused the step-down of %s: %s", name, self._broker_id, exc)
+                    refused, delay = True, STEP_DOWN_RETRY_MAX
+                    await asyncio.sleep(delay)
+                    continue
                 failure: Exception = exc
             except (OSError, ConnectionError) as exc:
                 failure = exc
