@@ -18,6 +18,10 @@ its data deleted; for a changed record (paused, read-only, ISR) the leader gets 
 open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
 state follows one source of truth whatever protocol the change came through.
 
+A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
+:class:`~tidelog.broker.damaged_partitions.DamagedPartitions` allows the cut; otherwise the partition is not run
+here, and its requests get CORRUPT_DATA naming the damage.
+
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
 means a stream deleted while this broker was down and then created again under the same name never adopts the
 old stream's files.
