@@ -3,6 +3,7 @@ log truncated below a checkpoint is rescanned rather than trusted."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -59,4 +60,23 @@ async def test_a_produce_batch_cannot_carry_registers(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     with pytest.raises(InvalidBatchError, match="registers"):
         await log.append(build_batch([NewRecord(b"x")], timestamp=1, registers=encode_labels(A)), 0)
+    await log.close()
+
+
+@pytest.mark.parametrize("damage", [b"", b"tidelog registers 1\n", b"\xff\x00 garbage", b"tidelog registers 9\n0\n"])
+async def test_a_damaged_checkpoint_is_rebuilt_from_the_log(
+    tmp_path: Path, damage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = open_log(tmp_path)
+    await append(log, b"1", A)
+    await append(log, b"2", B)
+    registers = PartitionRegisters(log)
+    assert await registers.current() == B
+    await registers.checkpoint(2)
+    await log.close()
+    (tmp_path / REGISTERS_CHECKPOINT_FILE).write_bytes(damage)
+    log = open_log(tmp_path)  # a restart
+    with caplog.at_level(logging.WARNING):
+        assert await PartitionRegisters(log).current() == B  # scanned from the log start instead
+    assert REGISTERS_CHECKPOINT_FILE in caplog.text and "ignoring the registers checkpoint" in caplog.text
     await log.close()

@@ -337,7 +337,7 @@ async def test_alter_isr_validates_the_leader_and_its_epoch(cluster: Cluster) ->
     assert await refused("a", 4, ["a"]) is AlterIsrRejection.STALE_EPOCH
     assert await refused("a", 6, ["a"]) is AlterIsrRejection.NEWER_EPOCH
     assert await refused("b", 5, ["b"]) is AlterIsrRejection.NOT_LEADER
-    assert await refused("a", 5, ["b"]) is AlterIsrRejection.INVALID_ISR
+    assert await refused("a", 5, ["c"]) is AlterIsrRejection.INVALID_ISR
     assert await refused("a", 5, ["a", "z"]) is AlterIsrRejection.INVALID_ISR
     with pytest.raises(AlterIsrError) as unknown:
         await ctl.alter_isr("nope", 0, "a", 5, ["a"])

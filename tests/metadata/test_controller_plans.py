@@ -205,12 +205,28 @@ def test_alter_isr_sets_the_isr_in_replica_order_without_an_epoch_bump() -> None
         (part("abc", "a", "ab", 4), "a", 5, "a", "abc", "", AlterIsrRejection.NEWER_EPOCH, True),
         (part("abc", "a", "ab", 4), "b", 4, "b", "abc", "", AlterIsrRejection.NOT_LEADER, False),
         (part("abc", "", "ab", 4), "a", 4, "a", "abc", "", AlterIsrRejection.NOT_LEADER, False),
-        (part("abc", "a", "ab", 4), "a", 4, "b", "abc", "", AlterIsrRejection.INVALID_ISR, False),
+        (part("abc", "a", "ab", 4), "a", 4, "", "abc", "", AlterIsrRejection.INVALID_ISR, False),
         (part("abc", "a", "ab", 4), "a", 4, "ad", "abcd", "", AlterIsrRejection.INVALID_ISR, False),
+        (part("abc", "a", "ab", 4), "a", 4, "bc", "abc", "", AlterIsrRejection.INVALID_ISR, False),
+        (part("abc", "a", "ab", 4), "a", 4, "b", "ac", "", AlterIsrRejection.INVALID_ISR, False),
+        (part("abc", "a", "ab", 4), "a", 4, "b", "abc", "b", AlterIsrRejection.INVALID_ISR, False),
         (part("abc", "a", "ab", 4), "a", 4, "abc", "ab", "", AlterIsrRejection.INVALID_ISR, False),
         (part("abc", "a", "ab", 4), "a", 4, "abc", "abc", "c", AlterIsrRejection.INVALID_ISR, False),
     ],
-    ids=["unknown", "stale", "newer", "not-leader", "offline", "no-leader", "stranger", "adds-dead", "adds-leaving"],
+    ids=[
+        "unknown",
+        "stale",
+        "newer",
+        "not-leader",
+        "offline",
+        "empty",
+        "stranger",
+        "step-down-adds",
+        "step-down-to-dead",
+        "step-down-to-leaving",
+        "adds-dead",
+        "adds-leaving",
+    ],
 )
 def test_alter_isr_rejections(
     record: PartitionRecord | None,
@@ -225,6 +241,11 @@ def test_alter_isr_rejections(
     error = rejection(record, leader, epoch, isr, live, down)
     assert error.reason is reason and error.retriable is retriable and error.current == record
     assert reason.value in str(error)
+
+
+def test_a_leader_steps_down_to_a_live_in_sync_replica_one_epoch_later() -> None:
+    assert alter(part("abc", "a", "abc", 4), "a", 4, "cb") == part("abc", "b", "bc", 5)
+    assert alter(part("abc", "a", "abc", 4), "a", 4, "cb", live="ac") == part("abc", "c", "bc", 5)
 
 
 def test_alter_isr_may_keep_a_dead_member_it_does_not_add() -> None:
@@ -338,6 +359,10 @@ def test_alter_isr_either_refuses_or_keeps_the_invariants(
         assert error.current == record
         return
     assert record is not None
+    if leader not in isr:  # stepping down: to a live member of the old ISR, one epoch later, without the leader
+        assert new.leader_epoch == epoch + 1 and new.leader in record.isr and leader not in new.isr
+        assert new.leader in snapshot.brokers and new.leader not in down and set(new.isr) <= set(record.isr)
+        return
     assert msgspec.structs.replace(new, isr=record.isr) == record
     assert new.leader == leader and new.leader_epoch == epoch and leader in new.isr
     assert set(new.isr) <= set(new.replicas)

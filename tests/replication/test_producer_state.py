@@ -3,6 +3,7 @@ scan, and a stateful comparison against a model that derives everything from the
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -609,3 +610,29 @@ ProducerStateMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestProducerState = ProducerStateMachine.TestCase
+
+
+@pytest.mark.parametrize(
+    "damage", [b"", b"tidelog producer-state 1\n3\n", b"\x00\xff" * 40, b"tidelog producer-state 7\n"]
+)
+async def test_a_damaged_snapshot_on_restart_is_skipped_and_the_state_rebuilt_from_the_log(
+    tmp_path: Path, damage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    log, _ = await produced_log(tmp_path)
+    expected = ProducerStateTable()
+    expected.rebuild(iter_log_headers(log, 0))
+    snapshots = ProducerSnapshots(tmp_path)
+    older = ProducerStateTable()
+    older.rebuild(iter_log_headers(log, 0, 10))
+    snapshots.write(older, 10)
+    snapshots.write(expected, log.end_offset)
+    await log.close()
+    snapshots.path_for(log.end_offset).write_bytes(damage)
+    log = Log.open(tmp_path, LogConfig(segment_max_bytes=2048, flush_policy=FlushPolicy.NEVER))  # a restart
+    with caplog.at_level(logging.WARNING):
+        loaded = load_producer_state(log, snapshots, clock=ManualClock(T0))
+    assert loaded.entries() == expected.entries()  # the older snapshot plus the log after it
+    assert "skipping producer snapshot" in caplog.text and snapshots.path_for(log.end_offset).name in caplog.text
+    snapshots.path_for(10).write_bytes(damage)  # every snapshot damaged: a full scan
+    assert load_producer_state(log, snapshots, clock=ManualClock(T0)).entries() == expected.entries()
+    await log.close()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.storage.checkpoint import CheckpointFile
+from tidelog.storage.checkpoint import CheckpointFile, seal
 from tidelog.storage.epoch_cache import (
     LEADER_EPOCH_CHECKPOINT_FILE,
     UNDEFINED_EPOCH,
@@ -18,8 +19,12 @@ from tidelog.storage.epoch_cache import (
     LeaderEpochCache,
 )
 from tidelog.storage.errors import CheckpointError
+from tidelog.storage.log import Log
+
+from .logutil import make_batch, small_config
 
 UNDEFINED = (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
+FILE = LEADER_EPOCH_CHECKPOINT_FILE
 
 
 def cache_with(path: Path, *entries: tuple[int, int]) -> LeaderEpochCache:
@@ -451,3 +456,39 @@ def test_prefix_deletion_then_failover(tmp_path: Path) -> None:
     assert pairs(a.cache) == [(1, 5), (2, 10)]
     assert a.cache.end_offset_for_epoch(1, a.leo) == (1, 10)
     assert b.divergence_point(a) == 15  # B is simply behind: nothing to truncate
+
+
+# --------------------------------------------------------------------------------------------- a damaged file
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"",  # empty
+        b"tidelog leader-epoch 1\n3\n0 0\n",  # torn: entries and checksum missing
+        b"\x00\xff garbage \x13\x37" * 10,
+        b"tidelog leader-epoch 9\n0\ncrc32c 00000000\n",  # another format version
+        b"tidelog leader-epoch 1\n2\n5 0\n2 10\n",  # sealed below: entries out of order
+    ],
+    ids=["empty", "torn", "garbage", "version", "out-of-order"],
+)
+async def test_a_damaged_file_is_rebuilt_from_the_batch_headers(
+    tmp_path: Path, damage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = Log.open(tmp_path, small_config(segment_max_bytes=1000))
+    for epoch, batches in ((1, 3), (4, 5), (7, 4)):  # three leaderships, over several segments
+        for i in range(batches):
+            await log.append(make_batch(2, size=60, tag=f"{epoch}-{i}"), epoch)
+    expected = pairs(LeaderEpochCache(tmp_path / FILE))
+    assert expected == [(1, 0), (4, 6), (7, 16)]
+    await log.close()
+    if damage.endswith(b"10\n"):
+        damage = seal(damage)
+    (tmp_path / FILE).write_bytes(damage)
+    with caplog.at_level(logging.WARNING, logger="tidelog.storage.epoch_cache"):
+        log = Log.open(tmp_path, small_config(segment_max_bytes=1000))  # opened, not refused
+    assert FILE in caplog.text and "rebuilt from the batch headers" in caplog.text
+    assert log.latest_epoch == 7
+    assert log.end_offset_for_epoch(4) == (4, 16) and log.end_offset_for_epoch(2) == (1, 6)
+    await log.close()
+    assert pairs(LeaderEpochCache(tmp_path / FILE)) == expected  # written back, valid

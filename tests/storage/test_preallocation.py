@@ -14,11 +14,13 @@ import pytest
 
 from tidelog.clock import ManualClock
 from tidelog.storage import segment as segment_module
+from tidelog.storage.batch import iter_batches
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.flush import FlushFailedError
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import MAX_FILL_RATE, PIECE_BYTES, RATE_WINDOW_NS, AppendRate, Preallocation
 from tidelog.storage.recovery import write_recovery_point
+from tidelog.storage.recovery_damage import DamagedLogError
 
 from .logutil import crash, make_batch, open_log, read_everything, small_config
 
@@ -142,20 +144,43 @@ async def test_after_a_crash_recovery_trims_the_zeros_without_reporting_a_cut(tm
     await reopened.close()
 
 
-async def test_a_zero_tail_on_an_earlier_segment_is_still_a_cut(tmp_path: Path) -> None:
+async def test_a_zero_tail_on_an_earlier_segment_is_trimmed_and_the_later_segments_kept(tmp_path: Path) -> None:
     # Segments are trimmed, durably, before anything in the next one is acknowledged: zeros after the batches of
-    # a segment that is not the last are what a lost write leaves, and the log must stay a clean prefix.
+    # a segment that is not the last are what a lost write leaves, not room written ahead. Here the next segment
+    # goes on at the next offset, so no offset is missing: the zeros are cut, nothing else (storage.recovery_damage).
     log = open_log(tmp_path, segment_max_bytes=1000)  # NEVER: nothing is sealed before the crash
     for i in range(12):
         await log.append(make_batch(2, size=50, tag=str(i)), 1)
+    content = read_everything(log)
     await crash(log)
     write_recovery_point(tmp_path, 0)  # as if no seal had been fsynced yet: every segment is scanned
     files = _zeros_after_first_segment(tmp_path, 100)
     assert len(files) >= 3
     reopened = open_log(tmp_path, segment_max_bytes=1000)
     report = reopened.recovery
-    assert report.truncated_bytes == 100 and report.preallocated_bytes == 0
-    assert len(report.deleted_segments) == len(files) - 1
+    assert report.trimmed_bad_tails == [0] and report.cuts == 0 and report.deleted_segments == []
+    assert report.truncated_bytes == 0 and report.preallocated_bytes == 0
+    assert read_everything(reopened) == content
+    await reopened.close()
+
+
+async def test_a_zero_tail_on_an_earlier_segment_with_offsets_missing_is_damage(tmp_path: Path) -> None:
+    log = open_log(tmp_path, segment_max_bytes=1000)
+    for i in range(12):
+        await log.append(make_batch(2, size=50, tag=str(i)), 1)
+    await crash(log)
+    write_recovery_point(tmp_path, 0)
+    files = _zeros_after_first_segment(tmp_path, 0)
+    data = files[0].read_bytes()
+    position, header = list(iter_batches(data))[-1]
+    files[0].write_bytes(data[:position] + bytes(header.size))  # its last batch lost: its offsets are missing
+    with pytest.raises(DamagedLogError) as info:
+        open_log(tmp_path, segment_max_bytes=1000)
+    assert info.value.damage.first_offset == header.base_offset
+    assert info.value.damage.next_good_offset == header.next_offset
+    reopened = Log.open(tmp_path, small_config(segment_max_bytes=1000), truncate_damaged=True)
+    assert reopened.recovery.cuts == 1 and reopened.end_offset == header.base_offset
+    assert len(reopened.recovery.deleted_segments) == len(files) - 1
     await reopened.close()
 
 

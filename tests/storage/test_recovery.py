@@ -4,6 +4,7 @@ sealed segments reported (never served, never silently dropped)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tidelog.storage.batch import iter_batches, records_of
 from tidelog.storage.errors import CorruptSegmentError
 from tidelog.storage.log import NEVER_SEAL_DELAY_MS, Log
 from tidelog.storage.recovery import MARKER_FILE, RECOVERY_POINT_FILE, write_recovery_point
+from tidelog.storage.recovery_damage import DamagedLogError
 
 from .logutil import crash, make_batch, open_log, read_everything, small_config
 
@@ -35,6 +37,11 @@ def _reopen(path: Path) -> Log:
 
 def _segment_files(path: Path) -> list[Path]:
     return sorted(path.glob("*.log"))
+
+
+def read_everything_from_files(path: Path) -> bytes:
+    """Every segment file's bytes, in offset order (the log's content while it cannot be opened)."""
+    return b"".join(f.read_bytes() for f in _segment_files(path))
 
 
 def _append_bytes(path: Path, data: bytes) -> None:
@@ -98,17 +105,58 @@ async def test_garbage_after_the_last_batch_is_cut(tmp_path: Path) -> None:
     await log.close()
 
 
-async def test_bit_flip_in_the_active_segment_cuts_from_there(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["body", "length"])
+async def test_damage_in_the_middle_of_the_active_segment_is_not_cut(tmp_path: Path, where: str) -> None:
+    log, content = await _build(tmp_path, close=False)
+    await crash(log)
+    last = _segment_files(tmp_path)[-1]
+    batches = list(iter_batches(last.read_bytes()))
+    position, header = batches[1]
+    _flip(last, position + (70 if where == "body" else 9))  # a bit of the record section, or of batch_length
+    before = last.read_bytes()
+    with pytest.raises(DamagedLogError) as info:
+        _reopen(tmp_path)
+    damage = info.value.damage
+    assert (damage.path, damage.position) == (str(last), position)
+    assert (damage.first_offset, damage.next_good_offset) == (header.base_offset, header.next_offset)
+    assert damage.intact_batches == len(batches) - 2 and damage.last_intact_offset == batches[-1][1].last_offset
+    assert last.read_bytes() == before  # nothing was cut
+    with pytest.raises(DamagedLogError):
+        _reopen(tmp_path)  # still refused on the next attempt: nothing was lost meanwhile
+    assert last.read_bytes() == before
+    assert len(read_everything_from_files(tmp_path)) == len(content)
+
+
+async def test_damage_in_the_middle_is_cut_when_allowed_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     log, _ = await _build(tmp_path, close=False)
     await crash(log)
     last = _segment_files(tmp_path)[-1]
     batches = list(iter_batches(last.read_bytes()))
     position, header = batches[1]
     _flip(last, position + 70)
-    log = _reopen(tmp_path)
-    assert log.end_offset == header.base_offset
-    assert log.recovery.truncated_at == (log.segments[-1].base_offset, position)
+    with caplog.at_level(logging.WARNING, logger="tidelog.storage.recovery"):
+        log = Log.open(tmp_path, small_config(segment_max_bytes=1000), truncate_damaged=True)
+    report = log.recovery
+    assert log.end_offset == header.base_offset and report.cut_from_offset == header.base_offset
+    assert report.truncated_at == (log.segments[-1].base_offset, position) and report.cuts == 1
+    assert report.damage is not None and report.damage.intact_batches == len(batches) - 2
+    assert f"the log now ends at offset {header.base_offset}" in caplog.text and "intact" in caplog.text
     assert list(records_of(read_everything(log)))  # every byte left passes its CRC
+    await log.close()
+
+
+async def test_a_torn_tail_cut_is_logged_with_offsets(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log, _ = await _build(tmp_path, close=False)
+    await crash(log)
+    last = _segment_files(tmp_path)[-1]
+    position, header = list(iter_batches(last.read_bytes()))[-1]
+    os.truncate(last, position + header.size - 5)
+    with caplog.at_level(logging.WARNING, logger="tidelog.storage.recovery"):
+        log = _reopen(tmp_path)
+    assert log.recovery.cuts == 1 and log.recovery.cut_from_offset == header.base_offset
+    assert "torn tail" in caplog.text and f"ends at offset {header.base_offset}" in caplog.text
     await log.close()
 
 
@@ -220,14 +268,18 @@ async def test_empty_directory_and_missing_directory(tmp_path: Path) -> None:
     await log.close()
 
 
-async def test_segments_above_the_recovery_point_are_scanned_and_a_torn_one_ends_the_log(tmp_path: Path) -> None:
+async def test_a_torn_segment_above_the_recovery_point_with_later_ones_is_cut_only_when_allowed(tmp_path: Path) -> None:
     log, content = await _build(tmp_path, close=False)
     await crash(log)
     files = _segment_files(tmp_path)
     write_recovery_point(tmp_path, int(files[2].stem))  # as if the seal of segment 2 never completed
     position, header = list(iter_batches(files[2].read_bytes()))[-1]
     os.truncate(files[2], position + header.size - 7)  # and a power loss tore its tail
-    log = _reopen(tmp_path)
+    with pytest.raises(DamagedLogError) as info:  # the later segments hold intact batches: not cut by itself
+        _reopen(tmp_path)
+    assert info.value.damage.next_good_offset == header.next_offset
+    assert info.value.damage.intact_batches == sum(len(list(iter_batches(f.read_bytes()))) for f in files[3:])
+    log = Log.open(tmp_path, small_config(segment_max_bytes=1000), truncate_damaged=True)
     assert log.recovery.scanned == [int(files[2].stem)]
     assert log.recovery.truncated_at == (int(files[2].stem), position)
     assert log.recovery.deleted_segments == [int(f.stem) for f in files[3:]]
@@ -285,4 +337,16 @@ async def test_never_policy_seals_once_the_kernel_had_time_to_write_back(tmp_pat
             break
         await asyncio.sleep(0.01)
     assert _recovery_point(tmp_path) == sealed_up_to
+    await log.close()
+
+
+@pytest.mark.parametrize("damage", [b"", b"tidelog recovery-point 1\n1\n", b"\x00\xff" * 9])
+async def test_a_damaged_recovery_point_means_scan_everything(tmp_path: Path, damage: bytes) -> None:
+    log, content = await _build(tmp_path, close=False)
+    await crash(log)
+    (tmp_path / RECOVERY_POINT_FILE).write_bytes(damage)
+    log = _reopen(tmp_path)
+    assert log.recovery.scanned == [int(f.stem) for f in _segment_files(tmp_path)]
+    assert read_everything(log) == content
+    assert _recovery_point(tmp_path) == log.segments[-1].base_offset  # written again, valid
     await log.close()

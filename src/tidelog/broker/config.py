@@ -333,6 +333,14 @@ class BrokerConfig:
         "default_flush_interval_ms, 'never' (durability from replication alone).",
     )
     default_flush_interval_ms: int = _setting(1000, _POSITIVE, "fsync period under the 'interval' flush policy.")
+    recovery_truncate_damaged: bool = _setting(
+        False,
+        _bool_kind(),
+        "Let start-up recovery cut a partition's log at a damaged batch that intact batches follow (bit rot, a bad "
+        "sector; not a crash), losing those batches. Off: such a single-replica partition (or a leader with no "
+        "other in-sync replica) is not opened, and the broker logs the damaged offsets; a follower always cuts "
+        "and fetches the range again from its leader. Every cut is logged with its offsets.",
+    )
     default_ack_timeout_ms: int = _setting(
         5000, _POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
     )

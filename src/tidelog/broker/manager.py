@@ -19,6 +19,10 @@ its data deleted; for a changed record (paused, read-only, ISR) the leader gets 
 open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
 state follows one source of truth whatever protocol the change came through.
 
+A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
+:class:`~tidelog.broker.damaged_partitions.DamagedPartitions` allows the cut; otherwise the partition is not run
+here, and its requests get CORRUPT_DATA naming the damage.
+
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
 means a stream deleted while this broker was down and then created again under the same name never adopts the
 old stream's files.
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
+from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import AlterIsr, Partition
@@ -46,6 +51,7 @@ from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, Produ
 from tidelog.replication.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
+from tidelog.storage.recovery_damage import DamagedLogError
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +87,7 @@ class PartitionManager:
         nats_duplicate_window_ms: int = 120_000,
         nats_max_msg_ids: int = 100_000,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
+        recovery_truncate_damaged: bool = False,
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
@@ -99,6 +106,7 @@ class PartitionManager:
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
+        self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr)
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowerReplica] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
@@ -124,6 +132,9 @@ class PartitionManager:
         if not 0 <= partition < record.partitions:
             raise UnknownPartitionError(f"stream {stream!r} has partitions 0..{record.partitions - 1}, not {partition}")
         meta = self._snapshot.partition(stream, partition)
+        refusal = self.damaged.error((stream, partition))
+        if refusal is not None and meta is not None and meta.leader == self.broker_id:
+            raise refusal
         leader = meta.leader if meta is not None else "?"
         raise NotLeaderError(f"this broker ({self.broker_id}) does not lead {stream}/{partition}; {leader} does")
 
@@ -165,6 +176,11 @@ class PartitionManager:
             }
             for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
                 await self._stop(key, delete=key[0] not in new.streams)
+            for key in [k for k in self.damaged.refused() if k not in mine]:
+                directory = self.damaged.forget(key)
+                if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
+                    await _delete_directory(directory)
+                    log.info("deleted partition %s/%d (it was not opened: damaged)", *key)
             for key, record in mine.items():
                 stream = new.streams[key[0]]
                 if record.leader == self.broker_id:
@@ -181,11 +197,21 @@ class PartitionManager:
                 else:
                     await self._follow(stream, record, new)
 
-    async def _open_log(self, stream: StreamRecord, partition: int) -> tuple[Log, ProducerStateTable] | None:
-        """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop)."""
+    async def _open_log(self, stream: StreamRecord, record: PartitionRecord) -> tuple[Log, ProducerStateTable] | None:
+        """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop).
+
+        None if it cannot be opened; a log damaged in the middle only when :class:`DamagedPartitions` says who
+        may cut it (and is then remembered as refused, so it is not tried again in the same role)."""
+        partition = record.id
         path = self.path_of(stream, partition)
+        if self.damaged.still_refused(record):
+            return None
         try:
-            log_ = await Log.open_async(path, self._log_config_for(stream))
+            cut = self.damaged.may_cut(record)
+            log_ = await Log.open_async(path, self._log_config_for(stream), truncate_damaged=cut)
+        except DamagedLogError as exc:
+            self.damaged.refuse(record, exc)
+            return None
         except Exception:
             log.exception("cannot open partition %s/%d at %s", stream.name, partition, path)
             return None
@@ -195,6 +221,7 @@ class PartitionManager:
             log.exception("cannot load the producer state of %s/%d", stream.name, partition)
             await log_.close()
             return None
+        self.damaged.forget((stream.name, partition))
         return log_, producers
 
     async def _take_log(
@@ -208,7 +235,7 @@ class PartitionManager:
             if follower.fetcher is not None:
                 await follower.fetcher.stop()
             return follower.log, follower.known_committed, follower.producers
-        opened = await self._open_log(stream, record.id)
+        opened = await self._open_log(stream, record)
         if opened is None:
             return None
         log_, producers = opened
@@ -334,7 +361,7 @@ class PartitionManager:
                 await self._stop(key, delete=False, keep_log=True)  # its appends settle into its table first
                 log_, producers, hw = partition.log, partition.producers, partition.high_watermark
             else:
-                opened = await self._open_log(stream, record.id)
+                opened = await self._open_log(stream, record)
                 if opened is None:
                     return
                 (log_, producers), hw = opened, None
@@ -423,11 +450,7 @@ class PartitionManager:
                 await follower.log.close()
         if delete and log_ is not None:
             await log_.close()
-            path = log_.directory
-            await asyncio.to_thread(shutil.rmtree, path, True)
-            parent = path.parent
-            if parent.exists() and not any(parent.iterdir()):
-                parent.rmdir()
+            await _delete_directory(log_.directory)
             log.info("deleted partition %s/%d", *key)
 
     async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
@@ -450,6 +473,7 @@ class PartitionManager:
             for task in retries.values():
                 task.cancel()
             await asyncio.gather(*retries.values(), return_exceptions=True)
+            await self.damaged.close()
             ingests, self._ingests = self._ingests, {}
             await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
             partitions, self._partitions = self._partitions, {}
@@ -457,6 +481,14 @@ class PartitionManager:
             followers, self._followers = self._followers, {}
             await asyncio.gather(*(f.fetcher.stop() for f in followers.values() if f.fetcher), return_exceptions=True)
             await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
+
+
+async def _delete_directory(path: Path) -> None:
+    """Delete a partition's directory, and its stream's once empty."""
+    await asyncio.to_thread(shutil.rmtree, path, True)
+    parent = path.parent
+    if parent.exists() and not any(parent.iterdir()):
+        parent.rmdir()
 
 
 async def _close_follower(follower: FollowerReplica) -> None:

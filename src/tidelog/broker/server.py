@@ -155,6 +155,7 @@ class Broker:
                 nats_duplicate_window_ms=cfg.nats_duplicate_window_ms,
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
                 producer_expiry_ms=cfg.producer_expiry_ms,
+                recovery_truncate_damaged=cfg.recovery_truncate_damaged,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()

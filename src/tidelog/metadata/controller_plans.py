@@ -225,7 +225,8 @@ class AlterIsrRejection(enum.Enum):
     NOT_LEADER = "not-leader"
     """The epoch matches but the sender is not the partition's leader."""
     INVALID_ISR = "invalid-isr"
-    """The new ISR lacks the leader, names a non-replica, or adds a broker that is dead or shutting down."""
+    """The new ISR is empty, names a non-replica, adds a broker that is dead or shutting down, or (stepping down)
+    names no live in-sync replica to lead."""
     CONFLICT = "conflict"
     """The partition kept changing under the controller's compare-and-swap. Retriable."""
 
@@ -247,7 +248,8 @@ class AlterIsrError(ControllerError):
 
 @dataclass(frozen=True, slots=True)
 class AlterIsrRequest:
-    """A leader asks to set the ISR of its partition. ``isr`` is the whole new set, the leader included."""
+    """A leader asks to set the ISR of its partition. ``isr`` is the whole new set, the leader included, or
+    without the leader to step down (see :func:`decide_alter_isr`)."""
 
     stream: str
     partition: int
@@ -269,6 +271,13 @@ def decide_alter_isr(
     leader working from an older view must not put back a follower the controller has just removed as dead, and
     a broker in controlled shutdown must not rejoin while it is leaving. Members it keeps are not checked: the
     failover plan removes dead ones on its own.
+
+    **Stepping down**: an ISR without the leader (itself in the ISR), made only of current ISR members, hands the
+    leadership (one epoch later) to the first of them in replicas order that is live and not shutting down, and
+    leaves the old leader out of the ISR. A leader whose log lost records it cannot serve (start-up recovery
+    found damage with intact data after it: :mod:`tidelog.broker.damaged_partitions`) asks this so that a replica
+    holding the records leads, while it cuts its log and fetches them again as a follower. It is a clean
+    election: every ISR member holds everything committed.
     """
     name = f"{request.stream}/{request.partition}"
     if record is None:
@@ -295,14 +304,25 @@ def decide_alter_isr(
         )
     wanted = set(request.isr)
     problems = []
-    if request.leader_id not in wanted:
+    stepping_down = request.leader_id not in wanted and request.leader_id in record.isr
+    if not wanted or (request.leader_id not in wanted and not stepping_down):
         problems.append(f"it lacks the leader {request.leader_id}")
     if strangers := sorted(wanted.difference(record.replicas)):
         problems.append(f"{', '.join(strangers)} {'is' if len(strangers) == 1 else 'are'} not a replica")
     if dead := sorted(b for b in wanted.difference(record.isr) if b not in live or b in shutting_down):
         problems.append(f"it adds {', '.join(dead)}, dead or shutting down")
+    isr = tuple(b for b in record.replicas if b in wanted)
+    successor = next((b for b in isr if b in live and b not in shutting_down), None)
+    if stepping_down and wanted and not problems:
+        if added := sorted(wanted.difference(record.isr)):
+            problems.append(f"leader {request.leader_id} steps down to in-sync replicas only, not {', '.join(added)}")
+        elif successor is None:
+            problems.append(f"leader {request.leader_id} steps down, but no in-sync replica is live to lead")
     if problems:
         raise AlterIsrError(
             AlterIsrRejection.INVALID_ISR, f"ISR {list(request.isr)} for {name}: {'; '.join(problems)}", record
         )
-    return msgspec.structs.replace(record, isr=tuple(b for b in record.replicas if b in wanted))
+    if stepping_down:
+        assert successor is not None
+        return _move_leader(record, successor, isr)
+    return msgspec.structs.replace(record, isr=isr)

@@ -4,6 +4,12 @@ A partition's ``hw-checkpoint`` is written by whichever role the replica has (th
 follower's, a role change, a shutdown), and a write runs in a worker thread that a cancelled caller does not
 stop. :func:`~tidelog.storage.atomic.write_atomically` allows one writer per target, so writes of one file are
 serialized here with a lock per file, held inside the thread.
+
+The checkpoint is derived state: a damaged one (empty, torn, garbage, another version) is never fatal. Reading
+falls back to the log start, logged as a WARNING, the choice Kafka makes for a missing checkpoint: nothing is
+exposed as committed that was not, a leader's HW rises again as its followers fetch (reads above it wait until
+then), a follower's as its leader reports it. It is not a safety evidence either way: a fallback below the true
+HW can only hide a loss that :mod:`tidelog.broker.safety` would otherwise have found.
 """
 
 from __future__ import annotations
@@ -51,7 +57,13 @@ def checkpointed_hw(log_: Log) -> int:
     leader suspends appends on it (:mod:`tidelog.broker.safety`)."""
     try:
         hw = HighWatermarkCheckpoint(log_.directory / HW_CHECKPOINT_FILE).read(0)
-    except Exception:  # a damaged checkpoint: fall back to the safe value, nothing beyond the log start
-        log.warning("unreadable high-watermark checkpoint in %s; starting from the log start", log_.directory)
+    except Exception as exc:  # a damaged checkpoint: fall back to the safe value, nothing beyond the log start
+        log.warning(
+            "unreadable %s (%s); starting from the log start %d: a leader's HW moves up as its followers fetch, a "
+            "follower's as its leader tells it (Kafka does the same)",
+            log_.directory / HW_CHECKPOINT_FILE,
+            exc,
+            log_.start_offset,
+        )
         hw = 0
     return max(log_.start_offset, hw)

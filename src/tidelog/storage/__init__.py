@@ -12,5 +12,8 @@ Essential types:
 - :class:`~tidelog.storage.config.LogConfig` — roll, flush, retention and compaction settings of a log.
 - :class:`~tidelog.storage.checkpoint.HighWatermarkCheckpoint`, :class:`~tidelog.storage.epoch_cache.LeaderEpochCache`.
 
+Opening a log runs :mod:`tidelog.storage.recovery`: a torn tail is cut (logged), damage with intact batches after
+it is not (:mod:`tidelog.storage.recovery_damage`), derived files (indexes, the epoch cache) are rebuilt when damaged.
+
 Errors are drawn in :mod:`tidelog.storage.errors`.
 """

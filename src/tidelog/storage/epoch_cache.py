@@ -15,6 +15,11 @@ Who changes it:
 - the log truncates its tail → :meth:`~LeaderEpochCache.truncate_from_end`;
 - retention deletes a prefix → :meth:`~LeaderEpochCache.truncate_from_start`.
 
+The file is derived data: the epoch of every batch is in its header. A damaged file (torn by hand, garbage,
+another version, empty, entries out of order) is rebuilt from the batch headers when the log opens
+(:meth:`LeaderEpochCache.load_or_rebuild`, logged as a WARNING), never fatal: a partition must not become
+unavailable over a file it can recompute.
+
 Every change is written to ``leader-epoch-checkpoint`` (:mod:`tidelog.storage.checkpoint`, atomic) *before*
 it becomes visible in memory, so a failed write leaves the cache as it was. Writers are serialized by the owning
 log; readers may run concurrently because the entries are an immutable tuple replaced as a whole.
@@ -24,11 +29,15 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 from tidelog.storage.checkpoint import CheckpointFile
 from tidelog.storage.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 LEADER_EPOCH_CHECKPOINT_FILE = "leader-epoch-checkpoint"
 UNDEFINED_EPOCH = -1
@@ -72,6 +81,25 @@ class LeaderEpochCache:
         except ValueError as exc:
             raise CheckpointError(str(path), str(exc)) from exc
         self._entries = entries
+
+    @classmethod
+    def load_or_rebuild(cls, path: Path, batch_epochs: Callable[[], Iterable[tuple[int, int]]]) -> LeaderEpochCache:
+        """Open the cache; if its file is damaged, rebuild it from ``batch_epochs`` (each batch's leader epoch
+        and base offset, in offset order) and write it again. Blocking."""
+        try:
+            return cls(path)
+        except CheckpointError as exc:
+            damage = exc
+        entries: list[EpochEntry] = []
+        for epoch, base_offset in batch_epochs():
+            if epoch >= 0 and (not entries or epoch > entries[-1].epoch):
+                entries.append(EpochEntry(epoch, base_offset))
+        path.unlink(missing_ok=True)
+        cache = cls(path)
+        if entries:
+            cache._replace(tuple(entries))
+        log.warning("%s was damaged (%s); rebuilt from the batch headers: %r", path, damage, cache)
+        return cache
 
     # ------------------------------------------------------------------------------------------- queries
 

@@ -10,7 +10,8 @@
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      ├── DiskFullError          a write refused because the disk is full; nothing of it was kept (retry later)
-     └── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
+     ├── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
+     └── DamagedLogError        (in storage.recovery_damage) opening found damage with intact batches after it; not cut
 
 Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
 """

@@ -74,7 +74,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.flush import Flusher
 from tidelog.storage.preallocation import AppendRate
-from tidelog.storage.recovery import RecoveryReport, recover, write_recovery_point
+from tidelog.storage.recovery import RecoveryReport, batch_epochs, recover, write_recovery_point
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Planned, Segment, SegmentInfo
 from tidelog.storage.segment_install import (
@@ -212,7 +212,8 @@ class Log:
         self._closed = False
         # Leader epoch -> start offset (KIP-101/279). An entry may outlive the bytes it names when a crash came
         # between writing the checkpoint and the batch, so what lies at or past the log end is dropped here.
-        self._epochs = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT_FILE)
+        epochs_file = directory / LEADER_EPOCH_CHECKPOINT_FILE  # derived: rebuilt from the batches if damaged
+        self._epochs = LeaderEpochCache.load_or_rebuild(epochs_file, lambda: batch_epochs(segments))
         self._epochs.truncate_from_end(self.end_offset)
         self._epochs.truncate_from_start(self.start_offset)  # a crash between deleting a prefix and this
         self._write_listeners: list[Callable[[int], None]] = []
@@ -221,20 +222,34 @@ class Log:
     # ------------------------------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], config: LogConfig | None = None, *, clock: Clock | None = None) -> Log:
-        """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync."""
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        truncate_damaged: bool = False,
+    ) -> Log:
+        """Open (or create) the log in directory ``path``, running recovery. Blocking: may read and fsync.
+        Damage in the middle raises :class:`~tidelog.storage.recovery_damage.DamagedLogError` unless
+        ``truncate_damaged``."""
         directory = Path(path)
         config = LogConfig() if config is None else config
         discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log
-        segments, report = recover(directory, config.index_interval_bytes)
+        segments, report = recover(directory, config.index_interval_bytes, truncate_damaged=truncate_damaged)
         return cls(directory, config, SystemClock() if clock is None else clock, segments, report)
 
     @classmethod
     async def open_async(
-        cls, path: str | os.PathLike[str], config: LogConfig | None = None, *, clock: Clock | None = None
+        cls,
+        path: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        truncate_damaged: bool = False,
     ) -> Log:
         """:meth:`open` in a worker thread, keeping recovery's disk work off the event loop."""
-        opener = functools.partial(cls.open, path, config, clock=clock)
+        opener = functools.partial(cls.open, path, config, clock=clock, truncate_damaged=truncate_damaged)
         return await asyncio.get_running_loop().run_in_executor(None, opener)
 
     async def __aenter__(self) -> Log:
