@@ -36,7 +36,8 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── DuplicateInFlightError    DUPLICATE_IN_FLIGHT   UNAVAILABLE           retriable: after a backoff
      ├── RegisterMismatchError     REGISTER_MISMATCH     ABORTED               re-read the registers, decide again
      ├── AppendTooSlowError        APPEND_TOO_SLOW       ABORTED               stream the append faster
-     └── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
+     ├── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
+     └── OffsetDamagedError        OFFSET_DAMAGED        DATA_LOSS             read on from the next offset
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -61,6 +62,10 @@ should not retry until the system state has been fixed"):
   ``append_min_rate_bytes``; nothing of it was stored, and the client may start it again.
 - PARTITION_SUSPENDED is FAILED_PRECONDITION: the leader found evidence that its log lost acknowledged data
   (seed 002, "fail to safety") and refuses appends until an operator runs ``tidelog partition reset-head``.
+- OFFSET_DAMAGED is DATA_LOSS: the offsets read are damaged on the leader's disk (bit rot) and no replica
+  restored them. The message names the range and the next readable offset (a wire FETCH also carries them as
+  fields); reading from there succeeds, and once an operator confirms skipping the range
+  (``tidelog partition skip-damaged``) reads pass over it silently.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -113,6 +118,7 @@ class ErrorCode(enum.IntEnum):
     REGISTER_MISMATCH = 25
     APPEND_TOO_SLOW = 26
     PARTITION_SUSPENDED = 27
+    OFFSET_DAMAGED = 28
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -197,6 +203,7 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.ABORTED, _A.BAD_REQUEST, _K.UNKNOWN),
     ErrorSpec(_C.PARTITION_SUSPENDED, "the partition refuses appends until an operator confirms its head", False,
               _S.FAILED_PRECONDITION, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.OFFSET_DAMAGED, "the offset is damaged on disk", False, _S.DATA_LOSS, _A.INTERNAL, _K.UNKNOWN),
 )
 # fmt: on
 
@@ -362,6 +369,22 @@ class PartitionSuspendedError(TidelogError, code=ErrorCode.PARTITION_SUSPENDED):
     appends until an operator confirms the head with ``tidelog partition reset-head``."""
 
 
+class OffsetDamagedError(TidelogError, code=ErrorCode.OFFSET_DAMAGED):
+    """The offset lies in a range found damaged on disk. ``first``/``last`` name the range and ``next_offset``
+    where reading resumes, when known (-1 otherwise: the message still says it)."""
+
+    def __init__(
+        self, message: str | None = None, *, retriable: bool | None = None, first: int = -1, last: int = -1
+    ) -> None:
+        super().__init__(message, retriable=retriable)
+        self.first = first
+        self.last = last
+
+    @property
+    def next_offset(self) -> int:
+        return self.last + 1 if self.last >= 0 else -1
+
+
 if set(_CLASSES) != set(ErrorCode):
     raise AssertionError("every ErrorCode needs exactly one TidelogError subclass")
 
@@ -408,6 +431,8 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
         return InvalidArgumentError(str(exc))
     if isinstance(exc, storage_errors.OffsetOutOfRangeError):
         return OffsetOutOfRangeError(str(exc))
+    if isinstance(exc, storage_errors.OffsetDamagedError):
+        return OffsetDamagedError(str(exc), first=exc.first, last=exc.last)
     if isinstance(
         exc, storage_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError
     ):

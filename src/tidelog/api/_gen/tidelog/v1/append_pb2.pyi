@@ -43,6 +43,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_REGISTER_MISMATCH: _ClassVar[Status]
     STATUS_APPEND_TOO_SLOW: _ClassVar[Status]
     STATUS_PARTITION_SUSPENDED: _ClassVar[Status]
+    STATUS_OFFSET_DAMAGED: _ClassVar[Status]
 ACKS_UNSPECIFIED: Acks
 ACKS_LEADER: Acks
 ACKS_ALL: Acks
@@ -74,6 +75,7 @@ STATUS_DUPLICATE_IN_FLIGHT: Status
 STATUS_REGISTER_MISMATCH: Status
 STATUS_APPEND_TOO_SLOW: Status
 STATUS_PARTITION_SUSPENDED: Status
+STATUS_OFFSET_DAMAGED: Status
 
 class AppendRequest(_message.Message):
     __slots__ = ("header", "records", "commit")
