@@ -50,18 +50,29 @@ async def rotten_stream(served: ServedBroker, name: str) -> Path:
     records; returns the damaged segment file."""
     async with Admin(served.wire_address) as admin:
         await admin.create_stream(name, config={"segment.max.bytes": 4096})
-    async with Producer(served.wire_address) as producer:
+    await produce_batches(served.wire_address, name)
+    return rot(served.data_dir, name)
+
+
+async def produce_batches(address: str, name: str) -> None:
+    """BATCHES batches of PER_BATCH incompressible records each (segments of 4 KiB roll every other batch)."""
+    async with Producer(address) as producer:
         for _ in range(BATCHES):
             for _ in range(PER_BATCH):
-                await producer.send(name, os.urandom(150))  # incompressible: the segments roll
+                await producer.send(name, os.urandom(150))
             await producer.flush()
-    (partition_dir,) = served.data_dir.glob(f"streams/{name}@*/0")
+
+
+def rot(data_dir: Path, name: str) -> Path:
+    """Flip one byte inside the records of the batch at FIRST (its header stays sound) in a sealed segment of
+    ``name``/0 under a broker's ``data_dir``; returns the segment file."""
+    (partition_dir,) = data_dir.glob(f"streams/{name}@*/0")
     for path in sorted(partition_dir.glob("*.log"))[:-1]:  # sealed segments only
         data = path.read_bytes()
         for position, header in iter_batches(data):
             if header.base_offset == FIRST:
                 assert header.last_offset == LAST, "the producer made batches of another size"
-                flip_at = position + HEADER_SIZE + 5  # inside the records: the header (and its length) stay sound
+                flip_at = position + HEADER_SIZE + 5
                 fd = os.open(path, os.O_WRONLY)
                 try:
                     os.pwrite(fd, bytes([data[flip_at] ^ 0xFF]), flip_at)

@@ -9,6 +9,7 @@ import pytest
 
 from tidelog.storage.batch import HEADER_SIZE, iter_batches
 from tidelog.storage.damage import DAMAGE_FILE, DamageRegistry
+from tidelog.storage.damage_repair import RepairRefusedError
 from tidelog.storage.errors import OffsetDamagedError
 from tidelog.storage.log import Log
 
@@ -144,3 +145,24 @@ async def test_truncation_and_retention_forget_ranges_whose_bytes_are_gone(tmp_p
 def test_an_unreadable_file_is_ignored(tmp_path: Path) -> None:
     (tmp_path / DAMAGE_FILE).write_bytes(b"\x00not json")
     assert DamageRegistry.load(tmp_path).ranges == []
+
+
+async def test_a_replicas_copy_restores_the_range_in_place(tmp_path: Path) -> None:
+    sound = open_log(tmp_path / "replica", segment_max_bytes=1000)
+    for i in range(BATCHES):
+        await sound.append(make_batch(3, size=40, tag=str(i)), 1)
+    copy = sound.read(30, 10**6)
+    flip(await filled(tmp_path / "damaged"), 30, at=HEADER_SIZE + 3)
+    log = open_log(tmp_path / "damaged", segment_max_bytes=1000)
+    assert read_around(log) != batch_offsets(read_everything(sound))
+    (damaged,) = log.damage.ranges
+    with pytest.raises(RepairRefusedError, match="starts at offset 33"):
+        await log.repair_damaged(damaged, sound.read(33, 10**6))
+    with pytest.raises(RepairRefusedError, match="damaged too"):
+        await log.repair_damaged(damaged, copy[:20] + bytes([copy[20] ^ 1]) + copy[21:])
+    await log.repair_damaged(damaged, copy)
+    assert log.damage.ranges == [] and log.damage.repaired_total == 1
+    assert read_everything(log) == read_everything(sound)
+    await log.close()
+    await sound.close()
+    assert DamageRegistry.load(tmp_path / "damaged").ranges == []

@@ -157,6 +157,7 @@ class Broker:
                 nats_duplicate_window_ms=cfg.nats_duplicate_window_ms,
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
                 producer_expiry_ms=cfg.producer_expiry_ms,
+                peers=self.peers,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()

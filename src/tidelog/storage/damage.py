@@ -17,8 +17,10 @@ does run: a read of bytes not yet verified in this process (a sealed segment aft
   a restart neither forgets them nor the operator's confirmation. The file holds only offsets and notes; a file
   that cannot be parsed is logged and ignored (the damage is found again by the next read that checks it).
 
-Ranges that fall below the log start (retention) or at or past a truncation point (a follower re-fetching)
-are dropped: the bytes they described are gone.
+Ranges that fall below the log start (retention) or at or past a truncation point are dropped: the bytes they
+described are gone. A replicated partition restores a range from a replica (``on_found`` starts it,
+:mod:`tidelog.broker.damage_repair`); while that runs, reads inside the range are told to retry
+(``OffsetDamagedError.repairing``), and a restored range is forgotten.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -66,8 +69,13 @@ class DamageRegistry:
     def __init__(self, directory: Path, ranges: list[DamagedRange]) -> None:
         self._path = directory / DAMAGE_FILE
         self._ranges = sorted(ranges, key=lambda r: r.first)
+        self._repairing: set[DamagedRange] = set()
         self.found_total = 0
         """Ranges found by this process (a counter for metrics)."""
+        self.repaired_total = 0
+        """Ranges restored from a replica by this process (a counter for metrics)."""
+        self.on_found: Callable[[DamagedRange], None] | None = None
+        """Called with each newly found range (the broker starts restoring it from a replica, if it has one)."""
 
     @classmethod
     def load(cls, directory: Path) -> DamageRegistry:
@@ -107,7 +115,8 @@ class DamageRegistry:
                 continue
             if damaged.first <= offset:
                 if not damaged.confirmed:
-                    raise OffsetDamagedError(damaged.first, damaged.last, damaged.reason)
+                    repairing = damaged in self._repairing
+                    raise OffsetDamagedError(damaged.first, damaged.last, damaged.reason, repairing=repairing)
                 offset = damaged.next_offset
                 continue
             return offset, min(limit, damaged.first)
@@ -142,7 +151,22 @@ class DamageRegistry:
             damaged.next_offset,
         )
         self._save()
+        if self.on_found is not None:
+            self.on_found(damaged)
         return damaged
+
+    def repairing(self, damaged: DamagedRange, underway: bool) -> None:
+        """Mark ``damaged`` as being restored from a replica (readers retry meanwhile), or no longer."""
+        if underway:
+            self._repairing.add(damaged)
+        else:
+            self._repairing.discard(damaged)
+
+    def repaired(self, damaged: DamagedRange) -> None:
+        """``damaged`` holds a replica's sound copy now: forget it."""
+        self._repairing.discard(damaged)
+        self.repaired_total += 1
+        self._set([r for r in self._ranges if r != damaged])
 
     def confirm(self, first: int, last: int) -> DamagedRange:
         """An operator confirms skipping the range ``first..last`` (exactly as recorded). Raises ``KeyError``

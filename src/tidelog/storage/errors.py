@@ -64,13 +64,15 @@ class OffsetDamagedError(StorageError):
     """A read at an offset inside ``first..last``, offsets whose bytes failed validation on disk and that no
     operator has confirmed skipping yet (:mod:`tidelog.storage.damage`). Reading resumes at ``last + 1``."""
 
-    def __init__(self, first: int, last: int, reason: str) -> None:
+    def __init__(self, first: int, last: int, reason: str, *, repairing: bool = False) -> None:
         super().__init__(
             f"offsets {first}..{last} are damaged on disk ({reason}); the next readable offset is {last + 1}"
         )
         self.first = first
         self.last = last
         self.reason = reason
+        self.repairing = repairing
+        """A replica's copy is being fetched to restore them: retry soon."""
 
     @property
     def next_offset(self) -> int:

@@ -64,7 +64,8 @@ from tidelog.storage.batch import (
 )
 from tidelog.storage.compaction import CompactionResult, compact_segment_files
 from tidelog.storage.config import FlushPolicy, LogConfig
-from tidelog.storage.damage import DamageRegistry
+from tidelog.storage.damage import DamagedRange, DamageRegistry
+from tidelog.storage.damage_repair import covering, locate, write_patch
 from tidelog.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, EpochEndOffset, LeaderEpochCache
 from tidelog.storage.errors import (
     CorruptBatchError,
@@ -791,6 +792,19 @@ class Log:
                 last = exc
         assert last is not None
         raise last
+
+    async def repair_damaged(self, damaged: DamagedRange, copy: bytes) -> None:
+        """Overwrite ``damaged`` with a replica's byte-identical copy (its fetch answer from ``damaged.first``)
+        and forget the range; :class:`RepairRefusedError` when the copy does not fit exactly (steps:
+        :mod:`tidelog.storage.damage_repair`)."""
+
+        async def run() -> None:
+            patch = locate(self._segments, damaged, covering(copy, damaged))
+            await self._flusher.run_blocking(write_patch, patch)
+            patch.segment.read(patch.plan)  # read back: raises CorruptSegmentError unless every CRC passes now
+
+        await self._exclusive(run)
+        self._damage.repaired(damaged)
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int | None:
         """The first offset whose record timestamp is ≥ ``timestamp_ns``; None if there is none."""

@@ -11,7 +11,8 @@ range, then ends once with ``DATA_LOSS`` whose message names the range and the o
 UNAVAILABLE, from the offset after the last one they got, which is inside the range; on any other status they
 hand the error to the application. A subscription starting inside the range ends the same way at once; once an
 operator has confirmed skipping the range (``tidelog partition skip-damaged``) subscriptions pass over it
-silently, as over a compacted gap.
+silently, as over a compacted gap. While a replicated partition restores the range from a replica, the
+subscription ends with UNAVAILABLE instead, so that Liftbridge clients resubscribe and get the restored records.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from tidelog.api._gen import api_pb2
-from tidelog.api.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError
+from tidelog.api.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
 from tidelog.api.liftbridge import message_from_record
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.follower_replica import FollowerReplica
@@ -96,6 +97,10 @@ async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> As
         try:
             data = partition.read_committed(offset, READ_BYTES)
         except storage_errors.OffsetDamagedError as exc:
+            if exc.repairing:
+                raise UnavailableError(
+                    f"{partition.name}: offsets {exc.first}..{exc.last} are being restored from a replica"
+                ) from None
             raise OffsetDamagedError(
                 f"{partition.name}: offsets {exc.first}..{exc.last} are damaged on disk ({exc.reason}); "
                 f"resubscribe from offset {exc.next_offset} to read on",

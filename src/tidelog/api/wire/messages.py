@@ -126,6 +126,7 @@ class FetchRequest(Header, frozen=True):
     min_bytes: ByteCount = 1
     isolation: Isolation = Isolation.COMMITTED
     verify: bool = False  # the client's CRC check failed on an answer from this offset: check the disk's bytes
+    replica: bool = False  # read this broker's copy even as an in-sync follower (a replica restoring damage)
 
 
 class FetchResponse(Header, frozen=True):
