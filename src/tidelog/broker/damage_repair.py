@@ -47,14 +47,20 @@ class DamageRepairs:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def watch(self, log_: Log, stream: str, partition: int) -> None:
-        """Restore what ``log_`` finds damaged from now on (replacing any earlier watcher of it)."""
+        """Restore what ``log_`` finds damaged from now on (replacing any earlier watcher of it), and what it
+        found before (in an earlier role, or before a restart) and nobody confirmed skipping."""
 
         def found(damaged: DamagedRange) -> None:
             self._start(log_, stream, partition, damaged)
 
         log_.damage.on_found = found
+        for damaged in log_.damage.ranges:
+            if not damaged.confirmed:
+                self._start(log_, stream, partition, damaged)
 
     def _start(self, log_: Log, stream: str, partition: int, damaged: DamagedRange) -> None:
+        if log_.damage.is_repairing(damaged):
+            return
         sources = self._sources(stream, partition)
         if self._peers is None or not sources:
             log.error(_NO_REPLICA, stream, partition, "no in-sync replica can", damaged.first, damaged.last)

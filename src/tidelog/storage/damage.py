@@ -162,6 +162,9 @@ class DamageRegistry:
         else:
             self._repairing.discard(damaged)
 
+    def is_repairing(self, damaged: DamagedRange) -> bool:
+        return damaged in self._repairing
+
     def repaired(self, damaged: DamagedRange) -> None:
         """``damaged`` holds a replica's sound copy now: forget it."""
         self._repairing.discard(damaged)

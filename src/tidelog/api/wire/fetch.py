@@ -57,7 +57,12 @@ MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
 
 async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _payload: memoryview) -> Reply:
     """Whole batches from ``request.offset``; see the module docstring for the rules."""
-    partition = env.broker.manager.reader_of(request.stream, request.partition, isr_replica=request.replica)
+    manager = env.broker.manager
+    partition: Replica
+    if request.replica:
+        partition = manager.reader_of(request.stream, request.partition, isr_replica=True)
+    else:
+        partition = manager.leader_of(request.stream, request.partition)
     if isinstance(partition, Partition):
         await partition.tail_visible()
     offset = request.offset
