@@ -37,16 +37,22 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
         yield running
 
 
+async def full_isr(cluster: LocalCluster, name: str) -> PartitionRecord:
+    async def ready() -> bool:
+        record = await cluster.partition_record(name, 0)
+        return record is not None and len(record.isr) == 3 and bool(record.leader)
+
+    await cluster.wait_until(ready, CLUSTER_BOUND, f"{name}: three in-sync replicas")
+    record = await cluster.partition_record(name, 0)
+    assert record is not None
+    return record
+
+
 async def replicated_stream(cluster: LocalCluster, name: str) -> PartitionRecord:
     """A stream on all three brokers holding EVERY offset, every replica in sync with all of it."""
     async with Admin(cluster.bootstrap()) as admin:
         await admin.create_stream(name, replication_factor=3, config={"segment.max.bytes": 4096})
-
-        async def full_isr() -> bool:
-            record = await cluster.partition_record(name, 0)
-            return record is not None and len(record.isr) == 3 and bool(record.leader)
-
-        await cluster.wait_until(full_isr, CLUSTER_BOUND, f"{name}: three in-sync replicas")
+        await full_isr(cluster, name)
         await produce_batches(cluster.bootstrap()[0], name)
 
         def replicated() -> bool:
@@ -120,3 +126,33 @@ async def test_a_follower_restores_a_rotten_batch_from_its_leader(cluster: Local
     assert received == EVERY
     assert grpc.StatusCode.DATA_LOSS not in statuses
     assert damaged.read_bytes() == segment_bytes(cluster, record.leader, "heal-follower", damaged)
+
+
+async def test_a_follower_catching_up_through_a_rotten_batch_makes_its_leader_restore_it(
+    cluster: LocalCluster,
+) -> None:
+    name = "heal-catch-up"
+    async with Admin(cluster.bootstrap()) as admin:
+        await admin.create_stream(name, replication_factor=3, config={"segment.max.bytes": 4096})
+    record = await full_isr(cluster, name)
+    late = next(r for r in record.replicas if r != record.leader)
+    await cluster.stop_broker(late)
+
+    async def shrunk() -> bool:
+        current = await cluster.partition_record(name, 0)
+        return current is not None and late not in current.isr
+
+    await cluster.wait_until(shrunk, CLUSTER_BOUND, f"{late} to leave the ISR")
+    await produce_batches(cluster.bootstrap()[0], name)
+    # The leader wrote these bytes itself, so it serves them without checking: the follower's check finds it.
+    rot(cluster.broker(record.leader).data_dir, name)
+    await cluster.restart(late)
+
+    def caught_up() -> bool:
+        return stored_end(cluster.broker(late).data_dir, name) == len(EVERY)
+
+    await cluster.wait_until(caught_up, CLUSTER_BOUND, f"{late} to copy every offset")
+    other = next(r for r in record.replicas if r not in (record.leader, late))
+    for broker_id in (record.leader, late):
+        for path in sorted(cluster.broker(broker_id).data_dir.glob(f"streams/{name}@*/0/*.log"))[:-1]:
+            assert path.read_bytes() == segment_bytes(cluster, other, name, path), f"{broker_id}: {path.name}"

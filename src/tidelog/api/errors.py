@@ -432,6 +432,8 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
     if isinstance(exc, storage_errors.OffsetOutOfRangeError):
         return OffsetOutOfRangeError(str(exc))
     if isinstance(exc, storage_errors.OffsetDamagedError):
+        if exc.repairing:  # a replica's copy is on its way: retry, do not skip
+            return UnavailableError(f"offsets {exc.first}..{exc.last} are being restored from a replica")
         return OffsetDamagedError(str(exc), first=exc.first, last=exc.last)
     if isinstance(
         exc, storage_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError

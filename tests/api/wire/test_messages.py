@@ -157,7 +157,9 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         st.lists(st.builds(DamagedSpan, offset, offset, st.booleans(), text), max_size=3).map(tuple),
         st.integers(0, INT32_MAX),
     ),
-    ReplicaFetchRequest: st.builds(ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis),
+    ReplicaFetchRequest: st.builds(
+        ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis, st.booleans()
+    ),
     ReplicaFetchResponse: st.builds(ReplicaFetchResponse, offset, offset, offset, epoch, maybe_error),
     EpochEndOffsetRequest: st.builds(EpochEndOffsetRequest, names, partition, names, epoch_or_none, epoch_or_none),
     EpochEndOffsetResponse: st.builds(EpochEndOffsetResponse, epoch_or_none, offset_or_none, maybe_error),

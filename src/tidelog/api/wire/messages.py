@@ -392,6 +392,7 @@ class ReplicaFetchRequest(Header, frozen=True):
     leader_epoch: LeaderEpoch
     max_bytes: ByteCount = 1024 * 1024  # soft, as for FETCH: the first batch comes whole
     max_wait_ms: Millis = 500  # long-poll at the log end (not the HW: followers copy uncommitted batches)
+    verify: bool = False  # the follower's copy of the last answer failed its CRC: check the disk's bytes
 
 
 class ReplicaFetchResponse(Header, frozen=True):
