@@ -92,7 +92,7 @@ async def test_a_leader_restores_a_rotten_batch_from_a_follower(cluster: LocalCl
     assert damaged.read_bytes() == segment_bytes(cluster, follower, "heal-leader", damaged)
     async with Admin(cluster.bootstrap()) as admin:
         listed = await admin.skip_damaged("heal-leader", 0)
-    assert (listed.ranges, listed.found_total) == ((), 1)
+    assert (listed.ranges, listed.found_total, listed.repaired_total) == ((), 1, 1)
 
 
 async def test_a_follower_restores_a_rotten_batch_from_its_leader(cluster: LocalCluster) -> None:

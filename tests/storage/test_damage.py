@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tidelog.replication.producer_snapshot import iter_log_headers
 from tidelog.storage.batch import HEADER_SIZE, iter_batches
 from tidelog.storage.damage import DAMAGE_FILE, DamageRegistry
 from tidelog.storage.damage_repair import RepairRefusedError
@@ -166,3 +167,11 @@ async def test_a_replicas_copy_restores_the_range_in_place(tmp_path: Path) -> No
     await log.close()
     await sound.close()
     assert DamageRegistry.load(tmp_path / "damaged").ranges == []
+
+
+async def test_the_producer_state_scan_passes_over_damage(tmp_path: Path) -> None:
+    flip(await filled(tmp_path), 30, at=HEADER_SIZE + 3)
+    log = open_log(tmp_path, segment_max_bytes=1000)
+    headers = [(h.base_offset, h.last_offset) for h in iter_log_headers(log, 0)]
+    assert headers == [(3 * i, 3 * i + 2) for i in range(BATCHES) if i != 10]
+    await log.close()

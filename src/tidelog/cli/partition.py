@@ -105,6 +105,10 @@ async def skip_damaged(
 
 
 def _show_damage(stream: str, partition_id: int, listed: SkipDamagedResponse) -> None:
+    console.print(
+        f"{stream}/{partition_id}: the leader found {listed.found_total} damaged range(s) since it started and "
+        f"restored {listed.repaired_total} from a replica"
+    )
     if not listed.ranges:
         console.print(f"{stream}/{partition_id}: no damaged offsets known")
         return

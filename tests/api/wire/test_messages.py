@@ -156,6 +156,7 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         SkipDamagedResponse,
         st.lists(st.builds(DamagedSpan, offset, offset, st.booleans(), text), max_size=3).map(tuple),
         st.integers(0, INT32_MAX),
+        st.integers(0, INT32_MAX),
     ),
     ReplicaFetchRequest: st.builds(
         ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis, st.booleans()

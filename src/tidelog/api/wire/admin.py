@@ -123,7 +123,7 @@ async def skip_damaged(env: HandlerEnv, correlation_id: int, request: SkipDamage
         except KeyError as exc:
             raise InvalidArgumentError(f"{request.stream}/{request.partition}: {exc.args[0]}") from None
     spans = tuple(DamagedSpan(r.first, r.last, r.confirmed, r.reason) for r in damage.ranges)
-    return Reply(encode_message(correlation_id, SkipDamagedResponse(spans, damage.found_total)))
+    return Reply(encode_message(correlation_id, SkipDamagedResponse(spans, damage.found_total, damage.repaired_total)))
 
 
 async def list_streams(env: HandlerEnv, correlation_id: int, request: ListStreamsRequest, _: memoryview) -> Reply:

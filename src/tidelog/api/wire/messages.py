@@ -287,10 +287,12 @@ class DamagedSpan(Header, frozen=True):
 
 
 class SkipDamagedResponse(Header, frozen=True):
-    """The partition's damaged ranges after the request, and how many the leader found since it started."""
+    """The partition's damaged ranges after the request, and how many the leader found and restored from a replica
+    since it started (counters for metrics)."""
 
     ranges: tuple[DamagedSpan, ...] = ()
     found_total: Annotated[int, msgspec.Meta(ge=0)] = 0
+    repaired_total: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 # -- offsets ------------------------------------------------------------------------------------------------------
