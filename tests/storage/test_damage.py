@@ -14,7 +14,7 @@ from tidelog.storage.damage_repair import RepairRefusedError
 from tidelog.storage.errors import OffsetDamagedError
 from tidelog.storage.log import Log
 
-from .logutil import batch_offsets, make_batch, open_log, read_everything
+from .logutil import BASE_TS, batch_offsets, make_batch, open_log, read_everything
 
 BATCHES = 30  # three records each: batch i holds offsets 3i..3i+2
 
@@ -174,4 +174,17 @@ async def test_the_producer_state_scan_passes_over_damage(tmp_path: Path) -> Non
     log = open_log(tmp_path, segment_max_bytes=1000)
     headers = [(h.base_offset, h.last_offset) for h in iter_log_headers(log, 0)]
     assert headers == [(3 * i, 3 * i + 2) for i in range(BATCHES) if i != 10]
+    await log.close()
+
+
+async def test_a_timestamp_lookup_landing_on_damage_answers_where_it_starts(tmp_path: Path) -> None:
+    log = open_log(tmp_path, segment_max_bytes=1000)
+    for i in range(BATCHES):
+        await log.append(make_batch(3, size=40, tag=str(i), timestamp=BASE_TS + i * 1000), 1)
+    await log.close()
+    flip(log_files(tmp_path), 30, at=HEADER_SIZE + 3)
+    log = open_log(tmp_path, segment_max_bytes=1000)
+    assert log.offset_for_timestamp(BASE_TS + 10 * 1000) == 30
+    with pytest.raises(OffsetDamagedError):
+        log.read(30, 100)
     await log.close()

@@ -807,16 +807,21 @@ class Log:
         self._damage.repaired(damaged)
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int | None:
-        """The first offset whose record timestamp is ≥ ``timestamp_ns``; None if there is none."""
+        """The first offset whose record timestamp is ≥ ``timestamp_ns``; None if there is none. A damaged batch
+        there answers its base offset (and is recorded): a read from it names the damaged range."""
         self._check_open()
         for segment in self._segments:
             found = segment.batch_for_timestamp(timestamp_ns)
             if found is None:
                 continue
             position, header = found
-            data = segment.read(Planned(position, position + header.size, header.base_offset, header.next_offset))
             try:
+                plan = Planned(position, position + header.size, header.base_offset, header.next_offset)
+                data = segment.read(plan)
                 records = decode_records(data, 0, header=check_batch(data))
+            except CorruptSegmentError as exc:
+                self._damage.record(exc)
+                return header.base_offset
             except CorruptBatchError as exc:
                 raise segment.corruption(position, header.base_offset, f"records: {exc}") from None
             for record in records:  # one batch, off the hot path
