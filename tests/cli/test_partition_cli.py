@@ -28,3 +28,14 @@ def test_no_broker_is_one_line_and_exit_1() -> None:
     result = CliRunner().invoke(cli, ["partition", "reset-head", "s", "0", "--yes", "--brokers", address])
     assert result.exit_code == 1
     assert "Error:" in result.output and "Traceback" not in result.output
+
+
+def test_skip_damaged_says_what_it_does_and_wants_both_bounds() -> None:
+    result = CliRunner().invoke(cli, ["partition", "skip-damaged", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "found damaged on disk" in result.output
+    for option in ("--from", "--to", "--yes", "--brokers"):
+        assert option in result.output
+    for args in (["s", "0", "--from", "5"], ["s", "0", "--to", "5"], ["s", "0", "--from", "-1", "--to", "2"]):
+        result = CliRunner().invoke(cli, ["partition", "skip-damaged", *args, "--brokers", "127.0.0.1:1"])
+        assert result.exit_code == 2, (args, result.output)

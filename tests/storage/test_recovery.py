@@ -12,7 +12,7 @@ import pytest
 
 from tidelog.clock import ManualClock
 from tidelog.storage.batch import iter_batches, records_of
-from tidelog.storage.errors import CorruptSegmentError
+from tidelog.storage.errors import OffsetDamagedError
 from tidelog.storage.log import NEVER_SEAL_DELAY_MS, Log
 from tidelog.storage.recovery import MARKER_FILE, RECOVERY_POINT_FILE, write_recovery_point
 from tidelog.storage.recovery_damage import DamagedLogError
@@ -196,13 +196,13 @@ async def test_flip_in_a_sealed_segment_is_reported_with_offsets_not_served(tmp_
     _flip(sealed, position + 80)
     log = _reopen(tmp_path)
     assert log.recovery.truncated_bytes == 0  # nothing cut from a sealed segment
-    with pytest.raises(CorruptSegmentError) as info:
+    with pytest.raises(OffsetDamagedError) as info:
         log.read(header.base_offset, 1)
-    assert (info.value.first_offset, info.value.last_offset) == (header.base_offset, header.last_offset)
-    assert info.value.path == str(sealed)
-    with pytest.raises(CorruptSegmentError):
-        log.read(batches[0][1].base_offset, 10**6)  # a read that would include it
-    with pytest.raises(CorruptSegmentError):
+    assert (info.value.first, info.value.last) == (header.base_offset, header.last_offset)
+    assert [r.where for r in log.damage.ranges] == [str(sealed)]
+    before = list(iter_batches(log.read(batches[0][1].base_offset, 10**6)))  # a read that would include it
+    assert before[-1][1].next_offset == header.base_offset  # stops just before it
+    with pytest.raises(OffsetDamagedError):
         log.read_range(header.base_offset, 1)
     good_before = log.read(batches[0][1].base_offset, 1)
     good_after = log.read(header.next_offset, 10**6)
@@ -219,9 +219,9 @@ async def test_flip_in_a_sealed_segment_found_while_rebuilding_its_index(tmp_pat
     log = _reopen(tmp_path)
     assert log.recovery.corrupt_segments == [0]
     assert log.segments[0].size == sealed.stat().st_size  # the bytes are kept
-    with pytest.raises(CorruptSegmentError) as info:
+    with pytest.raises(OffsetDamagedError) as info:
         log.read(header.base_offset, 1)
-    assert info.value.first_offset == header.base_offset
+    assert info.value.first == header.base_offset
     await log.close()
 
 

@@ -38,7 +38,8 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── AppendTooSlowError        APPEND_TOO_SLOW       ABORTED               stream the append faster
      ├── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
      ├── DiskFullError             DISK_FULL             RESOURCE_EXHAUSTED    retriable: once space is freed
-     └── OpenAppendsLimitError     OPEN_APPENDS_LIMIT    RESOURCE_EXHAUSTED    commit or abort open appends first
+     ├── OpenAppendsLimitError     OPEN_APPENDS_LIMIT    RESOURCE_EXHAUSTED    commit or abort open appends first
+     └── OffsetDamagedError        OFFSET_DAMAGED        DATA_LOSS             read on from the next offset
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -70,6 +71,10 @@ should not retry until the system state has been fixed"):
 - OPEN_APPENDS_LIMIT is RESOURCE_EXHAUSTED ("perhaps a per-user quota") and not retriable as such: the
   connection holds as many uncommitted transactional appends (or spooled bytes) as the broker allows, and the
   same request fails again until the client commits or aborts some of them.
+- OFFSET_DAMAGED is DATA_LOSS: the offsets read are damaged on the leader's disk (bit rot) and no replica
+  restored them. The message names the range and the next readable offset (a wire FETCH also carries them as
+  fields); reading from there succeeds, and once an operator confirms skipping the range
+  (``tidelog partition skip-damaged``) reads pass over it silently.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -125,6 +130,7 @@ class ErrorCode(enum.IntEnum):
     PARTITION_SUSPENDED = 27
     DISK_FULL = 28
     OPEN_APPENDS_LIMIT = 29
+    OFFSET_DAMAGED = 30
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -213,6 +219,7 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.RESOURCE_EXHAUSTED, _A.INTERNAL, _K.UNKNOWN),
     ErrorSpec(_C.OPEN_APPENDS_LIMIT, "the connection has too many transactional appends open", False,
               _S.RESOURCE_EXHAUSTED, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.OFFSET_DAMAGED, "the offset is damaged on disk", False, _S.DATA_LOSS, _A.INTERNAL, _K.UNKNOWN),
 )
 # fmt: on
 
@@ -388,6 +395,22 @@ class OpenAppendsLimitError(TidelogError, code=ErrorCode.OPEN_APPENDS_LIMIT):
     ``max_open_append_bytes_per_connection``: commit or abort some before beginning (or growing) another."""
 
 
+class OffsetDamagedError(TidelogError, code=ErrorCode.OFFSET_DAMAGED):
+    """The offset lies in a range found damaged on disk. ``first``/``last`` name the range and ``next_offset``
+    where reading resumes, when known (-1 otherwise: the message still says it)."""
+
+    def __init__(
+        self, message: str | None = None, *, retriable: bool | None = None, first: int = -1, last: int = -1
+    ) -> None:
+        super().__init__(message, retriable=retriable)
+        self.first = first
+        self.last = last
+
+    @property
+    def next_offset(self) -> int:
+        return self.last + 1 if self.last >= 0 else -1
+
+
 if set(_CLASSES) != set(ErrorCode):
     raise AssertionError("every ErrorCode needs exactly one TidelogError subclass")
 
@@ -434,6 +457,10 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
         return InvalidArgumentError(str(exc))
     if isinstance(exc, storage_errors.OffsetOutOfRangeError):
         return OffsetOutOfRangeError(str(exc))
+    if isinstance(exc, storage_errors.OffsetDamagedError):
+        if exc.repairing:  # a replica's copy is on its way: retry, do not skip
+            return UnavailableError(f"offsets {exc.first}..{exc.last} are being restored from a replica")
+        return OffsetDamagedError(str(exc), first=exc.first, last=exc.last)
     if isinstance(
         exc, storage_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError
     ):

@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
+from tidelog.broker.damage_repair import DamageRepairs
 from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import AlterIsr, Partition
+from tidelog.broker.peers import Peers
 from tidelog.broker.safety import ReportSuspension, apply_confirmed_head
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
@@ -88,6 +90,7 @@ class PartitionManager:
         nats_max_msg_ids: int = 100_000,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
         recovery_truncate_damaged: bool = False,
+        peers: Peers | None = None,
     ) -> None:
         self.broker_id = broker_id
         self._root = data_dir / "streams"
@@ -114,6 +117,7 @@ class PartitionManager:
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
         self._checkpointer: asyncio.Task[None] | None = None
+        self._repairs = DamageRepairs(peers, self._repair_sources)  # bit rot: restore from a replica
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -157,6 +161,17 @@ class PartitionManager:
             if follower is not None and self.broker_id in follower.record.isr:
                 return follower
         return self.leader_of(stream, partition)
+
+    def _repair_sources(self, stream: str, partition: int) -> list[str]:
+        """Who holds a sound copy of a range this broker found damaged: as leader its in-sync followers, as a
+        follower its leader."""
+        leading = self._partitions.get((stream, partition))
+        if leading is not None:
+            return [b for b in leading.record.isr if b != self.broker_id]
+        following = self._followers.get((stream, partition))
+        if following is not None and following.record.leader and following.record.leader != self.broker_id:
+            return [following.record.leader]
+        return []
 
     def path_of(self, stream: StreamRecord, partition: int) -> Path:
         return self._root / f"{stream.name}@{stream.created_ns}" / str(partition)
@@ -273,6 +288,7 @@ class PartitionManager:
             ack_poll_us=self._ack_poll_us,
         )
         self._partitions[(stream.name, record.id)] = partition
+        self._repairs.watch(log_, stream.name, record.id)
         await self._start_ingest(partition)
         log.info(
             "leading %s (epoch %d) on NATS subject %r (log %d..%d, HW %d)",
@@ -369,6 +385,7 @@ class PartitionManager:
             # from; a log just opened starts from its checkpoint.
             follower = FollowerReplica(stream, record, log_, producers, high_watermark=hw)
             self._followers[key] = follower
+            self._repairs.watch(log_, stream.name, record.id)
         follower.record = record
         broker = snap.brokers.get(record.leader) if record.leader else None
         wanted = None if broker is None else (record.leader, record.leader_epoch, f"{broker.host}:{broker.wire_port}")
@@ -474,6 +491,7 @@ class PartitionManager:
                 task.cancel()
             await asyncio.gather(*retries.values(), return_exceptions=True)
             await self.damaged.close()
+            await self._repairs.stop()
             ingests, self._ingests = self._ingests, {}
             await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
             partitions, self._partitions = self._partitions, {}

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tidelog.storage.batch import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
-from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError, OffsetOutOfRangeError
+from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError, OffsetDamagedError, OffsetOutOfRangeError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,17 @@ async def rebuild(window: MsgIdWindow, log_: Log, now_ns: int) -> int:
             if offset >= log_.start_offset:
                 raise
             offset = log_.start_offset
+            continue
+        except OffsetDamagedError as exc:  # a range the log already knows is damaged: go on after it
+            log.warning(
+                "Nats-Msg-Id window of %s: skipping damaged offsets %d..%d (%s); duplicates of ids stored there are "
+                "not detected",
+                log_.directory,
+                exc.first,
+                exc.last,
+                exc.reason,
+            )
+            offset = exc.next_offset
             continue
         except CorruptSegmentError as exc:
             if max_bytes > 1:  # somewhere in this read: find it batch by batch

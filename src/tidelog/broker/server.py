@@ -156,6 +156,7 @@ class Broker:
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
+                peers=self.peers,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()

@@ -1,4 +1,5 @@
-"""``tidelog partition reset-head``: confirm the head of a suspended partition (fail to safety).
+"""``tidelog partition reset-head``: confirm the head of a suspended partition (fail to safety);
+``tidelog partition skip-damaged``: list the offsets a leader found damaged on disk, and confirm skipping them.
 
 A leader that finds evidence of lost consistency — a replica holding offsets beyond its log end, or a log that
 ends below what it knew committed — refuses appends with PARTITION_SUSPENDED until an operator has looked and
@@ -12,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tidelog.api.wire.messages import PartitionInfo
+from tidelog.api.wire.messages import PartitionInfo, SkipDamagedResponse
 from tidelog.cli.common import async_command, bootstrap, brokers_option
 from tidelog.client import Admin
 
@@ -70,6 +71,51 @@ async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bo
         console.print(f"cut {result.log_end - result.head} uncommitted record(s) from the leader's log")
     if result.cleared:
         console.print(f"cleared: {result.cleared}", soft_wrap=True)
+
+
+@partition.command("skip-damaged")
+@click.argument("stream")
+@click.argument("partition_id", metavar="PARTITION", type=click.IntRange(0))
+@click.option("--from", "first", type=click.IntRange(0), default=None, help="First offset of the range to skip.")
+@click.option("--to", "last", type=click.IntRange(0), default=None, help="Last offset of the range (inclusive).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@brokers_option
+@async_command
+async def skip_damaged(
+    stream: str, partition_id: int, first: int | None, last: int | None, yes: bool, brokers: str
+) -> None:
+    """List the offsets of PARTITION of STREAM that its leader found damaged on disk (bit rot); with --from and
+    --to (a range exactly as listed), confirm skipping it: readers then pass over those offsets silently.
+
+    Readers are told about an unconfirmed range (OFFSET_DAMAGED, gRPC DATA_LOSS) and may read on past it. Skipped
+    offsets are given up for good on this broker: restore them from a replica or a backup first if you can.
+    """
+    if (first is None) != (last is None):
+        raise click.UsageError("give both --from and --to, or neither (to list the damaged ranges)")
+    async with Admin(bootstrap(brokers)) as admin:
+        listed = await admin.skip_damaged(stream, partition_id)
+        _show_damage(stream, partition_id, listed)
+        if first is None or last is None:
+            return
+        if not yes:
+            click.confirm(f"Skip offsets {first}..{last} of {stream}/{partition_id} for good?", abort=True)
+        result = await admin.skip_damaged(stream, partition_id, first, last)
+    console.print(f"offsets {first}..{last} of [bold]{stream}/{partition_id}[/] are skipped: readers pass over them")
+    _show_damage(stream, partition_id, result)
+
+
+def _show_damage(stream: str, partition_id: int, listed: SkipDamagedResponse) -> None:
+    console.print(
+        f"{stream}/{partition_id}: the leader found {listed.found_total} damaged range(s) since it started and "
+        f"restored {listed.repaired_total} from a replica"
+    )
+    if not listed.ranges:
+        console.print(f"{stream}/{partition_id}: no damaged offsets known")
+        return
+    table = Table("damaged offsets", "state", "found")
+    for span in listed.ranges:
+        table.add_row(f"{span.first}..{span.last}", "skipped" if span.confirmed else "NOT confirmed", span.reason)
+    console.print(table)
 
 
 def _show(stream: str, found: PartitionInfo) -> None:

@@ -37,6 +37,8 @@ from tidelog.api.wire.messages import (
     ResetHeadRequest,
     ResetHeadResponse,
     SetStreamStateRequest,
+    SkipDamagedRequest,
+    SkipDamagedResponse,
     StreamInfo,
     StreamSummary,
 )
@@ -140,6 +142,21 @@ class Admin:
         self._cluster.forget(stream)
         bounds = await self._resumed(stream, partition, confirmed.leader_epoch, deadline)
         return msgspec.structs.replace(confirmed, head=bounds.log_end)
+
+    async def skip_damaged(
+        self, stream: str, partition: int, first: int | None = None, last: int | None = None
+    ) -> SkipDamagedResponse:
+        """The offset ranges of a partition its leader found damaged on disk; with ``first`` and ``last`` (a
+        range exactly as listed) confirm skipping it first: readers then pass over it silently. Raises
+        ``InvalidArgumentError`` naming the known ranges for a range that is not one of them."""
+        if (first is None) != (last is None):
+            raise ValueError("give both first and last, or neither")
+        request = SkipDamagedRequest(stream, partition, -1 if first is None else first, -1 if last is None else last)
+        connection = await self._cluster.leader_connection(stream, partition)
+        response = await connection.request(request, timeout=self._cluster.request_timeout)
+        answer = response.header
+        assert isinstance(answer, SkipDamagedResponse)
+        return answer
 
     async def _resumed(self, stream: str, partition: int, epoch: int, deadline: float) -> ListOffsetsResponse:
         """Wait until the leader answers for leader epoch ``epoch`` (it has applied the confirmed head), asking

@@ -23,6 +23,14 @@ Failures. Reads are idempotent, so a lost connection or NOT_LEADER is handled by
 reconnecting and fetching the same offset again. An offset outside the log (retention removed it) resets to
 ``auto_offset_reset`` (``"earliest"``, ``"latest"``, or ``"error"`` to raise ``OffsetOutOfRangeError``). Other
 errors (the stream was deleted, …) are raised to the caller.
+
+Damage on the broker's disk (bit rot) never stalls a consumer. A batch that fails its CRC on arrival is not
+delivered: the batches before it are, and the same offset is fetched again with ``verify``, which makes the
+broker check the bytes on its disk. Damage found there comes back as OFFSET_DAMAGED naming the damaged offsets;
+the consumer moves its position past them and, with ``on_damaged="raise"`` (the default), raises
+:class:`~tidelog.api.errors.OffsetDamagedError` (``first``, ``last``, ``next_offset``) once: iterating again
+continues after the range. With ``on_damaged="skip"`` it logs a warning and reads on. Once an operator has
+confirmed skipping the range (``tidelog partition skip-damaged``) the broker passes over it itself.
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from tidelog.api.errors import TidelogError, from_error_body
+from tidelog.api.errors import ErrorCode, OffsetDamagedError, TidelogError, from_error_body
 from tidelog.api.wire.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.connection import Connection, Response
-from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_of
+from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_before_corruption, batches_of
+from tidelog.storage.errors import CorruptBatchError
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +61,13 @@ class AtTimestamp:
 
 StartPosition = Literal["earliest", "latest"] | int | AtTimestamp
 OffsetReset = Literal["earliest", "latest", "error"]
+OnDamaged = Literal["raise", "skip"]
 
 
 class _Partition:
     """One partition being read: where, over which connection, and the fetch in flight."""
 
-    __slots__ = ("at_end", "connection", "fetch", "high_watermark", "id", "position")
+    __slots__ = ("at_end", "connection", "fetch", "high_watermark", "id", "position", "verify")
 
     def __init__(self, partition: int) -> None:
         self.id = partition
@@ -66,6 +76,7 @@ class _Partition:
         self.at_end = False  # the last response reached the high watermark
         self.connection: Connection | None = None
         self.fetch: asyncio.Future[Response] | None = None
+        self.verify = False  # the last answer failed its CRC here: the next fetch asks the broker to check
 
 
 class Consumer:
@@ -85,9 +96,11 @@ class Consumer:
         stop_at_end: bool = False,
         verify_crc: bool = True,
         retry_backoff_ms: int = 100,
+        on_damaged: OnDamaged = "raise",
     ) -> None:
         """``stop_at_end`` ends iteration once every partition has been read up to the high watermark it
-        reported (a snapshot read, for scripts); otherwise iteration follows the tail forever."""
+        reported (a snapshot read, for scripts); otherwise iteration follows the tail forever. ``on_damaged``:
+        what to do at offsets damaged on the broker's disk (see the module docstring)."""
         if not stream:
             raise ValueError("a consumer reads one stream: pass its name")
         self.stream = stream
@@ -101,6 +114,8 @@ class Consumer:
         self._stop_at_end = stop_at_end
         self._verify = verify_crc
         self._backoff = retry_backoff_ms / 1000
+        self._on_damaged = on_damaged
+        self._damaged: OffsetDamagedError | None = None
         self._partitions: dict[int, _Partition] = {}
         self._started = False
 
@@ -180,6 +195,9 @@ class Consumer:
         """Wait for the next fetch responses and return their batches (possibly none after a long-poll
         timeout); None once every partition is at its end under ``stop_at_end``."""
         await self.start()
+        if self._damaged is not None:
+            damaged, self._damaged = self._damaged, None
+            raise damaged
         if self._stop_at_end and all(p.at_end for p in self._partitions.values()):
             return None
         waiting = {p.fetch: p for p in self._partitions.values() if p.fetch is not None}
@@ -188,7 +206,13 @@ class Consumer:
         done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         out: list[FetchedBatch] = []
         for future in done:
-            out.extend(await self._take(waiting[future], future))
+            try:
+                out.extend(await self._take(waiting[future], future))
+            except OffsetDamagedError as exc:
+                self._damaged = exc  # raised once the batches other partitions brought are handed out
+        if not out and self._damaged is not None:
+            damaged, self._damaged = self._damaged, None
+            raise damaged
         return out
 
     async def _take(self, p: _Partition, future: asyncio.Future[Response]) -> list[FetchedBatch]:
@@ -208,11 +232,26 @@ class Consumer:
         assert isinstance(header, FetchResponse)
         p.high_watermark = header.high_watermark
         if header.error is not None:
+            if header.error.code == ErrorCode.OFFSET_DAMAGED and header.damaged_last >= 0:
+                self._past_damage(p, header)
+                return []
             await self._out_of_range(p, header)
             self._send_fetch(p)
             return []
         start = p.position
-        batches = batches_of(response.payload, self.stream, p.id, start, verify=self._verify)
+        try:
+            batches = batches_of(response.payload, self.stream, p.id, start, verify=self._verify)
+        except CorruptBatchError as exc:
+            if p.verify:
+                raise  # the broker checked these bytes and found them sound: they changed on the way
+            batches = batches_before_corruption(response.payload, self.stream, p.id, start)
+            log.warning("a batch of %s/%d failed its CRC (%s); asking the broker to check it", self.stream, p.id, exc)
+            p.verify = True
+            if batches:
+                p.position = batches[-1].header.next_offset
+            self._send_fetch(p)
+            return batches
+        p.verify = False
         if batches:
             p.position = batches[-1].header.next_offset
         p.at_end = p.position >= header.high_watermark
@@ -222,13 +261,26 @@ class Consumer:
 
     def _send_fetch(self, p: _Partition) -> None:
         assert p.connection is not None
-        request = FetchRequest(self.stream, p.id, p.position, self._max_bytes, self._max_wait_ms)
+        request = FetchRequest(self.stream, p.id, p.position, self._max_bytes, self._max_wait_ms, verify=p.verify)
         try:
             p.fetch = p.connection.send(request)
         except TidelogError as exc:
             failed: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             p.fetch = failed
+
+    def _past_damage(self, p: _Partition, header: FetchResponse) -> None:
+        """Move past offsets damaged on the broker's disk, fetch on, and raise them once (or log: ``skip``)."""
+        assert header.error is not None
+        error = from_error_body(header.error)
+        p.verify = False
+        p.position = max(p.position, header.damaged_last + 1)
+        self._send_fetch(p)
+        if self._on_damaged == "raise":
+            if isinstance(error, OffsetDamagedError):
+                error.first, error.last = header.damaged_first, header.damaged_last
+            raise error
+        log.warning("%s/%d: %s; reading on from %d", self.stream, p.id, error.message, p.position)
 
     async def _out_of_range(self, p: _Partition, header: FetchResponse) -> None:
         assert header.error is not None

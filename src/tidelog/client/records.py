@@ -50,6 +50,7 @@ What decided the details (per record, runs of 60-100 unless said):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from itertools import islice, repeat
 from operator import itemgetter
@@ -134,6 +135,17 @@ def batches_of(
         for position, header in iter_batches(payload, verify=verify)
         if header.next_offset > start
     ]
+
+
+def batches_before_corruption(payload: memoryview, stream: str, partition: int, start: int) -> list[FetchedBatch]:
+    """The batches of a fetch payload that precede its first torn or CRC-failing batch (after
+    :func:`batches_of` raised): what can still be delivered before the damage."""
+    good: list[FetchedBatch] = []
+    with contextlib.suppress(CorruptBatchError):
+        for position, header in iter_batches(payload, verify=True):
+            if header.next_offset > start:
+                good.append(FetchedBatch(stream, partition, header, payload[position : position + header.size], start))
+    return good
 
 
 def _parse_records(data: bytes, header: BatchHeader, stream: str, partition: int) -> list[ConsumerRecord]:

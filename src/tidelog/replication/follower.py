@@ -192,6 +192,7 @@ class ReplicaFetcher:
         self._state = FetcherState.CONNECTING
         self._state_waiters: list[asyncio.Future[None]] = []
         self._truncated = False  # truncation completed on the current connection
+        self._verify_next = False  # the leader's last answer failed its CRC here: ask it to check its disk
         self._in_outage = False  # the leader was reported unreachable and has not answered since
         self._backoff = MIN_BACKOFF
         self._last_error: str | None = None
@@ -319,6 +320,7 @@ class ReplicaFetcher:
                     self._note_failure(f"leader {self.leader_id} refused: {exc}", logging.INFO)
                 except (CorruptBatchError, InvalidBatchError, ProtocolError) as exc:
                     self._note_failure(f"bad data from leader {self.leader_id}: {exc}", logging.ERROR)
+                    self._verify_next = isinstance(exc, CorruptBatchError)  # bit rot on its disk? it checks
                     self._truncated = False  # re-establish where the logs agree before copying again
                 except DiskFullError as exc:  # nothing of the write was kept: copy it again once space is freed
                     self._note_failure(str(exc), logging.WARNING)
@@ -609,6 +611,7 @@ class ReplicaFetcher:
 
     def _fetch(self, offset: int) -> asyncio.Future[Response]:
         """Send a REPLICA_FETCH at ``offset`` (our log end: the acknowledgement of everything below)."""
+        verify, self._verify_next = self._verify_next, False
         return self._request(
             ReplicaFetchRequest(
                 self.stream,
@@ -618,6 +621,7 @@ class ReplicaFetcher:
                 self.leader_epoch,
                 self._max_bytes,
                 self._max_wait_ms,
+                verify,
             )
         )
 

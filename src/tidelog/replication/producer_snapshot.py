@@ -44,7 +44,7 @@ from tidelog.replication.producer_state import (
 from tidelog.storage.atomic import write_atomically
 from tidelog.storage.batch import BatchHeader, iter_batches
 from tidelog.storage.checkpoint import MAX_CHECKPOINT_BYTES, decode_checkpoint, encode_checkpoint
-from tidelog.storage.errors import CheckpointError
+from tidelog.storage.errors import CheckpointError, OffsetDamagedError
 
 log = logging.getLogger(__name__)
 
@@ -260,11 +260,18 @@ def iter_log_headers(
     """The headers of the stored batches from the one holding ``start`` to those wholly below ``stop``.
 
     Records are not decoded; :meth:`Log.read` checks each batch's CRC. Offsets below the log start are skipped
-    (retention removed them). Synchronous: consume it without awaiting, or the log may change underneath.
+    (retention removed them), and so are ranges damaged on disk (logged: the producers that wrote there may be
+    told OUT_OF_ORDER_SEQUENCE and re-initialize; a partition that cannot load its producers would not open).
+    Synchronous: consume it without awaiting, or the log may change underneath.
     """
     position = max(start, log_.start_offset)
     while position < (log_.end_offset if stop is None else min(stop, log_.end_offset)):
-        data = log_.read(position, chunk_bytes, stop)
+        try:
+            data = log_.read(position, chunk_bytes, stop)
+        except OffsetDamagedError as exc:
+            log.warning("the producer state skips damaged offsets %d..%d", exc.first, exc.last)
+            position = exc.next_offset
+            continue
         if not data:
             return
         for _, header in iter_batches(data, verify=False):

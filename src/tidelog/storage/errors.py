@@ -6,6 +6,7 @@
      ├── CorruptBatchError      bytes that are not a valid record batch (torn, hostile, bad CRC, absurd counts)
      ├── CorruptSegmentError    a sealed segment failed validation; names the file and the offset range
      ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
+     ├── OffsetDamagedError     a read inside a range of offsets found damaged on disk (bit rot)
      ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
@@ -59,6 +60,25 @@ class OffsetOutOfRangeError(StorageError):
         self.offset = offset
         self.start_offset = start_offset
         self.end_offset = end_offset
+
+
+class OffsetDamagedError(StorageError):
+    """A read at an offset inside ``first..last``, offsets whose bytes failed validation on disk and that no
+    operator has confirmed skipping yet (:mod:`tidelog.storage.damage`). Reading resumes at ``last + 1``."""
+
+    def __init__(self, first: int, last: int, reason: str, *, repairing: bool = False) -> None:
+        super().__init__(
+            f"offsets {first}..{last} are damaged on disk ({reason}); the next readable offset is {last + 1}"
+        )
+        self.first = first
+        self.last = last
+        self.reason = reason
+        self.repairing = repairing
+        """A replica's copy is being fetched to restore them: retry soon."""
+
+    @property
+    def next_offset(self) -> int:
+        return self.last + 1
 
 
 class InvalidBatchError(StorageError):

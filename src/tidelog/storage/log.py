@@ -30,7 +30,8 @@ every time. :meth:`Log.read_range` returns a file and byte range for ``os.sendfi
 every byte in the range has passed its CRC *in this process* — when appended (the log validated the batch
 before writing it), when recovery scanned it, or on first serving (the range is read and checked once, and the
 segment remembers it). A read at an offset that compaction removed returns the next batch after it; a segment
-with nothing at or after the offset is skipped.
+with nothing at or after the offset is skipped. Bytes that fail their CRC when read are recorded as a damaged
+range (:mod:`tidelog.storage.damage`): reads serve everything before and after it and never pass through it.
 
 Layout and recovery: :mod:`tidelog.storage.segment`, :mod:`tidelog.storage.recovery`.
 """
@@ -64,9 +65,12 @@ from tidelog.storage.batch import (
 )
 from tidelog.storage.compaction import CompactionResult, compact_segment_files
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.damage import DamagedRange, DamageRegistry
+from tidelog.storage.damage_repair import covering, locate, write_patch
 from tidelog.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, EpochEndOffset, LeaderEpochCache
 from tidelog.storage.errors import (
     CorruptBatchError,
+    CorruptSegmentError,
     InvalidBatchError,
     LogClosedError,
     OffsetMismatchError,
@@ -87,6 +91,7 @@ from tidelog.storage.segment_install import (
 
 T = TypeVar("T")
 MAX_LEADER_EPOCH = 2**31 - 1
+_DAMAGE_ATTEMPTS = 8  # damaged ranges one read may find and record before it gives up with the last one
 _HEAD = struct.Struct(">qii")  # the first 16 header bytes: base offset, batch length, leader epoch
 _Slicer = Callable[[int, int], list[Buffer | FileSlice]]  # (first batch, end batch) -> what writes them
 TailListener = Callable[[int, int, Sequence[Buffer | FileSlice]], None]
@@ -218,6 +223,9 @@ class Log:
         self._epochs.truncate_from_start(self.start_offset)  # a crash between deleting a prefix and this
         self._write_listeners: list[Callable[[int], None]] = []
         self._tail_listeners: list[TailListener] = []
+        self._damage = DamageRegistry.load(directory)
+        self._damage.forget_below(self.start_offset)
+        self._damage.forget_from(self.end_offset)
 
     # ------------------------------------------------------------------------------------------ opening
 
@@ -274,6 +282,11 @@ class Log:
     def recovery(self) -> RecoveryReport:
         """What recovery found when the log was opened."""
         return self._recovery
+
+    @property
+    def damage(self) -> DamageRegistry:
+        """Offsets found damaged on disk (:mod:`tidelog.storage.damage`)."""
+        return self._damage
 
     @property
     def flusher(self) -> Flusher:
@@ -733,6 +746,8 @@ class Log:
         if not start <= start_offset <= end:
             raise OffsetOutOfRangeError(start_offset, start, end)
         limit = end if max_offset is None else min(max_offset, end)
+        if self._damage:
+            start_offset, limit = self._damage.plan(start_offset, limit)
         if start_offset >= limit:
             return None
         first = bisect_right(self._segments, start_offset, key=lambda s: s.base_offset) - 1
@@ -750,41 +765,84 @@ class Log:
         At least one batch even if it is larger than ``max_bytes``; then as many as fit. Only batches whose
         last offset is below ``max_offset`` (an exclusive bound such as the high watermark) are returned.
         Empty at the end. Raises :class:`OffsetOutOfRangeError` outside ``[start_offset, end_offset]`` and
-        :class:`CorruptSegmentError` rather than return a batch that fails its CRC.
+        :class:`OffsetDamagedError` inside a damaged range; batches before one are served, never one that
+        fails its CRC (finding one records its range).
         """
-        located = self._locate(start_offset, max_bytes, max_offset)
-        if located is None:
-            return b""
-        segment, plan = located
-        return segment.read(plan)
+
+        def read() -> bytes:
+            located = self._locate(start_offset, max_bytes, max_offset)
+            if located is None:
+                return b""
+            segment, plan = located
+            return segment.read(plan)
+
+        return self._around_damage(read)
 
     def read_range(self, start_offset: int, max_bytes: int, max_offset: int | None = None) -> FileRange | None:
         """Like :meth:`read`, but a file range to ``os.sendfile`` from; None when there is nothing to read."""
-        located = self._locate(start_offset, max_bytes, max_offset)
-        if located is None:
-            return None
-        segment, plan = located
-        segment.verify_range(plan)
-        return FileRange(
-            os.dup(segment.fd),
-            segment.path,
-            plan.position,
-            plan.end - plan.position,
-            plan.first_offset,
-            plan.next_offset,
-        )
+
+        def read() -> FileRange | None:
+            located = self._locate(start_offset, max_bytes, max_offset)
+            if located is None:
+                return None
+            segment, plan = located
+            try:
+                segment.verify_range(plan)
+            except CorruptSegmentError:
+                segment.read(plan)  # checks the plan from its first batch on: names the damaged batch exactly
+                raise
+            return FileRange(
+                os.dup(segment.fd),
+                segment.path,
+                plan.position,
+                plan.end - plan.position,
+                plan.first_offset,
+                plan.next_offset,
+            )
+
+        return self._around_damage(read)
+
+    def _around_damage(self, read: Callable[[], T]) -> T:
+        """Run ``read``; when it finds damage, record the range and read again (now bounded by it)."""
+        last: CorruptSegmentError | None = None
+        for _ in range(_DAMAGE_ATTEMPTS):
+            try:
+                return read()
+            except CorruptSegmentError as exc:
+                self._damage.record(exc)
+                last = exc
+        assert last is not None
+        raise last
+
+    async def repair_damaged(self, damaged: DamagedRange, copy: bytes) -> None:
+        """Overwrite ``damaged`` with a replica's byte-identical copy (its fetch answer from ``damaged.first``)
+        and forget the range; :class:`RepairRefusedError` when the copy does not fit exactly (steps:
+        :mod:`tidelog.storage.damage_repair`)."""
+
+        async def run() -> None:
+            patch = locate(self._segments, damaged, covering(copy, damaged))
+            await self._flusher.run_blocking(write_patch, patch)
+            patch.segment.read(patch.plan)  # read back: raises CorruptSegmentError unless every CRC passes now
+
+        await self._exclusive(run)
+        self._damage.repaired(damaged)
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int | None:
-        """The first offset whose record timestamp is ≥ ``timestamp_ns``; None if there is none."""
+        """The first offset whose record timestamp is ≥ ``timestamp_ns``; None if there is none. A damaged batch
+        there answers its base offset (and is recorded): a read from it names the damaged range."""
         self._check_open()
         for segment in self._segments:
             found = segment.batch_for_timestamp(timestamp_ns)
             if found is None:
                 continue
             position, header = found
-            data = segment.read(Planned(position, position + header.size, header.base_offset, header.next_offset))
             try:
+                plan = Planned(position, position + header.size, header.base_offset, header.next_offset)
+                data = segment.read(plan)
                 records = decode_records(data, 0, header=check_batch(data))
+            except CorruptSegmentError as exc:
+                self._damage.record(exc)
+                return header.base_offset
             except CorruptBatchError as exc:
                 raise segment.corruption(position, header.base_offset, f"records: {exc}") from None
             for record in records:  # one batch, off the hot path
@@ -829,6 +887,7 @@ class Log:
             active.truncate_to(offset)
         active.sealed = False
         self._epochs.truncate_from_end(self.end_offset)
+        self._damage.forget_from(self.end_offset)
         return self._flusher.note_write(active)
 
     async def delete_segments_before(self, offset: int) -> list[int]:
@@ -848,6 +907,7 @@ class Log:
         if deleted:
             await self._flusher.sync_directory(self._directory)
             self._epochs.truncate_from_start(self.start_offset)
+            self._damage.forget_below(self.start_offset)
         return deleted
 
     async def apply_retention(self, now_ns: int | None = None, *, max_offset: int | None = None) -> list[int]:
@@ -948,6 +1008,7 @@ class Log:
             self._segments.append(Segment.create(self._directory, offset, self._config.index_interval_bytes))
             await self._flusher.sync_directory(self._directory)
             self._epochs.clear()
+            self._damage.forget_from(0)
             await self._flusher.run_blocking(write_recovery_point, self._directory, offset)
             self._recovery_point = offset
         except BaseException as exc:

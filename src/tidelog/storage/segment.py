@@ -24,7 +24,7 @@ batch at or before it, then batch *headers* (not records) are read forward from 
 from __future__ import annotations
 
 import os
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,7 +382,8 @@ class Segment:
 
         Only batches whose last offset is below ``max_offset`` qualify; None when the first does not. The
         offset index lets the plan jump over most of a large read: an entry's position is a batch boundary
-        and every batch before it ends below the entry's offset.
+        and every batch before it ends below the entry's offset. No header at or past ``max_offset`` is read
+        (a damaged batch there bounds the read: :mod:`tidelog.storage.damage`).
         """
         try:
             first = self.header_at(position)
@@ -396,14 +397,14 @@ class Segment:
         index = self.offset_index
         k = min(
             bisect_right(index.values, limit),
-            bisect_right(index.keys, max_offset - self.base_offset),
+            bisect_left(index.keys, max_offset - self.base_offset),
         )
         jumped = bool(k) and index.values[k - 1] > end
         if jumped:
             end = index.values[k - 1]
             next_offset = self.base_offset + index.keys[k - 1]
         size = self.size
-        while end < size:
+        while end < size and (jumped or next_offset < max_offset):
             try:
                 header = self.header_at(end)
             except CorruptBatchError as exc:

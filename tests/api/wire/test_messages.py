@@ -26,6 +26,7 @@ from tidelog.api.wire.messages import (
     ControlledShutdownResponse,
     CreateStreamRequest,
     CreateStreamResponse,
+    DamagedSpan,
     DeleteStreamRequest,
     DeleteStreamResponse,
     EpochEndOffsetRequest,
@@ -59,6 +60,8 @@ from tidelog.api.wire.messages import (
     SegmentSummary,
     SetStreamStateRequest,
     SetStreamStateResponse,
+    SkipDamagedRequest,
+    SkipDamagedResponse,
     StreamInfo,
     StreamSummary,
     SuspendPartitionRequest,
@@ -101,8 +104,10 @@ partition_info = st.builds(
 STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     ProduceRequest: st.builds(ProduceRequest, names, partition, st.sampled_from(Acks), millis),
     ProduceResponse: st.builds(ProduceResponse, offset_or_none, offset_or_none, maybe_error),
-    FetchRequest: st.builds(FetchRequest, names, partition, offset, millis, millis, millis, st.sampled_from(Isolation)),
-    FetchResponse: st.builds(FetchResponse, offset, offset, offset, maybe_error),
+    FetchRequest: st.builds(
+        FetchRequest, names, partition, offset, millis, millis, millis, st.sampled_from(Isolation), st.booleans()
+    ),
+    FetchResponse: st.builds(FetchResponse, offset, offset, offset, maybe_error, offset_or_none, offset_or_none),
     MetadataRequest: st.builds(MetadataRequest, ids),
     MetadataResponse: st.builds(
         MetadataResponse,
@@ -146,7 +151,16 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     SetStreamStateResponse: st.just(SetStreamStateResponse()),
     ResetHeadRequest: st.builds(ResetHeadRequest, names, partition, offset_or_none, millis, st.booleans()),
     ResetHeadResponse: st.builds(ResetHeadResponse, text, epoch, offset, offset, offset, text),
-    ReplicaFetchRequest: st.builds(ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis),
+    SkipDamagedRequest: st.builds(SkipDamagedRequest, names, partition, offset_or_none, offset_or_none),
+    SkipDamagedResponse: st.builds(
+        SkipDamagedResponse,
+        st.lists(st.builds(DamagedSpan, offset, offset, st.booleans(), text), max_size=3).map(tuple),
+        st.integers(0, INT32_MAX),
+        st.integers(0, INT32_MAX),
+    ),
+    ReplicaFetchRequest: st.builds(
+        ReplicaFetchRequest, names, partition, names, offset, epoch, millis, millis, st.booleans()
+    ),
     ReplicaFetchResponse: st.builds(ReplicaFetchResponse, offset, offset, offset, epoch, maybe_error),
     EpochEndOffsetRequest: st.builds(EpochEndOffsetRequest, names, partition, names, epoch_or_none, epoch_or_none),
     EpochEndOffsetResponse: st.builds(EpochEndOffsetResponse, epoch_or_none, offset_or_none, maybe_error),

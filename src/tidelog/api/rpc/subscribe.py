@@ -4,6 +4,15 @@ The server first sends one empty ``Message`` (the handshake: the subscription is
 messages from the start position, then waits at the tail for more. A stop position ends the stream with
 ``RESOURCE_EXHAUSTED`` once reached. Reads move whole batches out of the log and decode records only here, at
 the edge, because this API sends one gRPC message per record.
+
+Damage on disk (bit rot, :mod:`tidelog.storage.damage`): the subscription delivers every record before a damaged
+range, then ends once with ``DATA_LOSS`` whose message names the range and the offset to resubscribe from
+(``startPosition=OFFSET``). It is not UNAVAILABLE on purpose: Liftbridge clients resubscribe by themselves on
+UNAVAILABLE, from the offset after the last one they got, which is inside the range; on any other status they
+hand the error to the application. A subscription starting inside the range ends the same way at once; once an
+operator has confirmed skipping the range (``tidelog partition skip-damaged``) subscriptions pass over it
+silently, as over a compacted gap. While a replicated partition restores the range from a replica, the
+subscription ends with UNAVAILABLE instead, so that Liftbridge clients resubscribe and get the restored records.
 """
 
 from __future__ import annotations
@@ -12,11 +21,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from tidelog.api._gen import api_pb2
-from tidelog.api.errors import InvalidArgumentError, StopReachedError
+from tidelog.api.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
 from tidelog.api.liftbridge import message_from_record
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.partition import Partition
+from tidelog.storage import errors as storage_errors
 from tidelog.storage.batch import decode_records, iter_batches
 
 READ_BYTES = 1024 * 1024
@@ -84,7 +94,19 @@ async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> As
     if stop.offset is not None and offset > stop.offset:
         raise StopReachedError(f"stop offset {stop.offset} is before the start offset {offset}")
     while True:
-        data = partition.read_committed(offset, READ_BYTES)
+        try:
+            data = partition.read_committed(offset, READ_BYTES)
+        except storage_errors.OffsetDamagedError as exc:
+            if exc.repairing:
+                raise UnavailableError(
+                    f"{partition.name}: offsets {exc.first}..{exc.last} are being restored from a replica"
+                ) from None
+            raise OffsetDamagedError(
+                f"{partition.name}: offsets {exc.first}..{exc.last} are damaged on disk ({exc.reason}); "
+                f"resubscribe from offset {exc.next_offset} to read on",
+                first=exc.first,
+                last=exc.last,
+            ) from None
         if not data:
             await partition.wait_for_data(offset, _IDLE_WAIT)
             continue

@@ -1,5 +1,7 @@
 """The administration family of the wire protocol: METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS,
-SET_STREAM_STATE (pause, resume, read-only) and RESET_HEAD (fail to safety, :mod:`tidelog.broker.head_reset`).
+SET_STREAM_STATE (pause, resume, read-only), RESET_HEAD (fail to safety, :mod:`tidelog.broker.head_reset`) and
+SKIP_DAMAGED (an operator confirms skipping offsets damaged on the leader's disk, :mod:`tidelog.storage.damage`;
+answered by the partition's leader, whose disk it is).
 
 Metadata comes from this broker's mirror of the etcd keyspace (:class:`~tidelog.metadata.mirror.MetadataMirror`),
 so any broker answers it; watermarks are only known to a partition's leader, so a partition led elsewhere reports
@@ -29,6 +31,7 @@ from tidelog.api.wire.messages import (
     BrokerInfo,
     CreateStreamRequest,
     CreateStreamResponse,
+    DamagedSpan,
     DeleteStreamRequest,
     DeleteStreamResponse,
     ListStreamsRequest,
@@ -39,6 +42,8 @@ from tidelog.api.wire.messages import (
     ResetHeadRequest,
     SetStreamStateRequest,
     SetStreamStateResponse,
+    SkipDamagedRequest,
+    SkipDamagedResponse,
     StreamInfo,
     StreamSummary,
     encode_message,
@@ -109,6 +114,18 @@ async def reset_head(env: HandlerEnv, correlation_id: int, request: ResetHeadReq
     return Reply(encode_message(correlation_id, await confirm_head(env.broker, request)))
 
 
+async def skip_damaged(env: HandlerEnv, correlation_id: int, request: SkipDamagedRequest, _: memoryview) -> Reply:
+    """List the leader's damaged ranges of a partition; with ``first`` ≥ 0 confirm skipping one first."""
+    damage = env.broker.manager.leader_of(request.stream, request.partition).log.damage
+    if request.first >= 0:
+        try:
+            damage.confirm(request.first, request.last)
+        except KeyError as exc:
+            raise InvalidArgumentError(f"{request.stream}/{request.partition}: {exc.args[0]}") from None
+    spans = tuple(DamagedSpan(r.first, r.last, r.confirmed, r.reason) for r in damage.ranges)
+    return Reply(encode_message(correlation_id, SkipDamagedResponse(spans, damage.found_total, damage.repaired_total)))
+
+
 async def list_streams(env: HandlerEnv, correlation_id: int, request: ListStreamsRequest, _: memoryview) -> Reply:
     streams = env.broker.mirror.snapshot.streams
     summaries = tuple(
@@ -168,4 +185,5 @@ ROUTES: dict[int, Route] = {
     Op.LIST_STREAMS: route(ListStreamsRequest, list_streams),
     Op.SET_STREAM_STATE: route(SetStreamStateRequest, set_stream_state),
     Op.RESET_HEAD: route(ResetHeadRequest, reset_head),
+    Op.SKIP_DAMAGED: route(SkipDamagedRequest, skip_damaged),
 }

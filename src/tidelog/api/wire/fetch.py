@@ -17,13 +17,25 @@ always fits the client's frame limit.
 An offset outside ``[log_start, log_end]`` is not an error frame but a response carrying OFFSET_OUT_OF_RANGE
 *and* the bounds, so the consumer resets without another round trip. An offset in ``(hw, log_end]`` is valid:
 it is written but not yet committed, so the fetch waits for it like any tail read.
+
+Damage on disk (:mod:`tidelog.storage.damage`). A fetch starting before a damaged range gets the batches up to
+it; one starting inside it gets OFFSET_DAMAGED with the bounds and the range (``damaged_first``,
+``damaged_last``: read on from ``damaged_last + 1``), unless an operator confirmed skipping the range (then the
+fetch is answered from past it, like a compacted gap). While a replicated partition restores the range from a
+replica (:mod:`tidelog.broker.damage_repair`) the fetch is answered UNAVAILABLE, which clients retry.
+
+Served ranges are CRC-checked once per process, so bytes that rot after that reach the client unchecked: a
+client whose own CRC check fails fetches again with ``verify``, and that fetch is read into memory and checked
+on the broker, which finds and records the damage.
+A fetch marked ``replica`` reads this broker's copy when it is an in-sync follower (Liftbridge's
+``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from tidelog.api.errors import OffsetOutOfRangeError
+from tidelog.api.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
 from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
 from tidelog.api.wire.messages import (
@@ -34,16 +46,25 @@ from tidelog.api.wire.messages import (
     ListOffsetsResponse,
     encode_message,
 )
+from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.partition import Partition
+from tidelog.storage import errors as storage_errors
 
+Replica = Partition | FollowerReplica
 MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
 """Batches beyond this are left for the next fetch (one batch larger than it still comes whole)."""
 
 
 async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _payload: memoryview) -> Reply:
     """Whole batches from ``request.offset``; see the module docstring for the rules."""
-    partition = env.broker.manager.leader_of(request.stream, request.partition)
-    await partition.tail_visible()
+    manager = env.broker.manager
+    partition: Replica
+    if request.replica:
+        partition = manager.reader_of(request.stream, request.partition, isr_replica=True)
+    else:
+        partition = manager.leader_of(request.stream, request.partition)
+    if isinstance(partition, Partition):
+        await partition.tail_visible()
     offset = request.offset
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
     committed = request.isolation is Isolation.COMMITTED
@@ -54,10 +75,16 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     limit = partition.high_watermark if committed else partition.log_end
     if offset >= limit:
         return Reply(encode_message(correlation_id, _bounds(partition)))
-    return batches_reply(env, Op.FETCH, correlation_id, _bounds(partition), partition.log, offset, max_bytes, limit)
+    try:
+        if request.verify:
+            data = partition.log.read(offset, max_bytes, max_offset=limit)
+            return Reply(encode_message(correlation_id, _bounds(partition), data))
+        return batches_reply(env, Op.FETCH, correlation_id, _bounds(partition), partition.log, offset, max_bytes, limit)
+    except storage_errors.OffsetDamagedError as exc:
+        return _damaged(correlation_id, partition, exc)
 
 
-async def _long_poll(env: HandlerEnv, partition: Partition, offset: int, timeout: float) -> None:
+async def _long_poll(env: HandlerEnv, partition: Replica, offset: int, timeout: float) -> None:
     """Wait until a record at ``offset`` is committed, ``timeout`` passes, or the session winds down (the server
     stops, or the client closed its side: nobody would wait for a long answer).
 
@@ -75,14 +102,26 @@ async def _long_poll(env: HandlerEnv, partition: Partition, offset: int, timeout
         waiter.result()  # re-raise a failure (the partition closing: UNAVAILABLE)
 
 
-def _bounds(partition: Partition) -> FetchResponse:
+def _bounds(partition: Replica) -> FetchResponse:
     return FetchResponse(partition.high_watermark, partition.log_start, partition.log_end)
 
 
-def _out_of_range(correlation_id: int, partition: Partition, offset: int) -> Reply:
+def _out_of_range(correlation_id: int, partition: Replica, offset: int) -> Reply:
     start, end = partition.log_start, partition.log_end
     error = OffsetOutOfRangeError(f"offset {offset} of {partition.name} is outside the log's [{start}, {end}]")
     response = FetchResponse(partition.high_watermark, start, end, error.to_error_body())
+    return Reply(encode_message(correlation_id, response))
+
+
+def _damaged(correlation_id: int, partition: Replica, exc: storage_errors.OffsetDamagedError) -> Reply:
+    if exc.repairing:
+        raise UnavailableError(f"{partition.name}: offsets {exc.first}..{exc.last} are being restored from a replica")
+    message = f"{partition.name}: {exc}; fetch from there to read on"
+    error = OffsetDamagedError(message, first=exc.first, last=exc.last).to_error_body()
+    bounds = _bounds(partition)
+    response = FetchResponse(
+        bounds.high_watermark, bounds.log_start, bounds.log_end, error, damaged_first=exc.first, damaged_last=exc.last
+    )
     return Reply(encode_message(correlation_id, response))
 
 

@@ -27,6 +27,7 @@ Which header goes with which frame::
     APPEND          AppendRequest         AppendResponse         request: encoded records (BEGIN, CHUNK)
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
     RESET_HEAD      ResetHeadRequest      ResetHeadResponse
+    SKIP_DAMAGED    SkipDamagedRequest    SkipDamagedResponse
     REPLICA_FETCH   ReplicaFetchRequest   ReplicaFetchResponse   response: record batches (broker to broker)
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
@@ -124,6 +125,8 @@ class FetchRequest(Header, frozen=True):
     max_wait_ms: Millis = 500
     min_bytes: ByteCount = 1
     isolation: Isolation = Isolation.COMMITTED
+    verify: bool = False  # the client's CRC check failed on an answer from this offset: check the disk's bytes
+    replica: bool = False  # read this broker's copy even as an in-sync follower (a replica restoring damage)
 
 
 class FetchResponse(Header, frozen=True):
@@ -133,6 +136,8 @@ class FetchResponse(Header, frozen=True):
     log_start: Offset
     log_end: Offset
     error: ErrorBody | None = None  # e.g. OFFSET_OUT_OF_RANGE, with the bounds to reset to
+    damaged_first: OffsetOrNone = -1  # OFFSET_DAMAGED: the damaged range, inclusive; read on from last + 1
+    damaged_last: OffsetOrNone = -1
 
 
 # -- metadata ---------------------------------------------------------------------------------------------------
@@ -262,6 +267,34 @@ class ResetHeadResponse(Header, frozen=True):
     cleared: str = ""
 
 
+class SkipDamagedRequest(Header, frozen=True):
+    """An operator confirms skipping the damaged offsets ``first..last`` of a partition (exactly a range its
+    leader reports); ``first`` -1 only lists the known ranges. Sent to the partition's leader."""
+
+    stream: Name
+    partition: PartitionId
+    first: OffsetOrNone = -1
+    last: OffsetOrNone = -1
+
+
+class DamagedSpan(Header, frozen=True):
+    """Offsets ``first..last`` found damaged on the leader's disk, and whether skipping them was confirmed."""
+
+    first: Offset
+    last: Offset
+    confirmed: bool = False
+    reason: str = ""
+
+
+class SkipDamagedResponse(Header, frozen=True):
+    """The partition's damaged ranges after the request, and how many the leader found and restored from a replica
+    since it started (counters for metrics)."""
+
+    ranges: tuple[DamagedSpan, ...] = ()
+    found_total: Annotated[int, msgspec.Meta(ge=0)] = 0
+    repaired_total: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 # -- offsets ------------------------------------------------------------------------------------------------------
 
 
@@ -361,6 +394,7 @@ class ReplicaFetchRequest(Header, frozen=True):
     leader_epoch: LeaderEpoch
     max_bytes: ByteCount = 1024 * 1024  # soft, as for FETCH: the first batch comes whole
     max_wait_ms: Millis = 500  # long-poll at the log end (not the HW: followers copy uncommitted batches)
+    verify: bool = False  # the follower's copy of the last answer failed its CRC: check the disk's bytes
 
 
 class ReplicaFetchResponse(Header, frozen=True):
@@ -567,6 +601,8 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.SET_STREAM_STATE): SetStreamStateResponse,
     (Kind.REQUEST, Op.RESET_HEAD): ResetHeadRequest,
     (Kind.RESPONSE, Op.RESET_HEAD): ResetHeadResponse,
+    (Kind.REQUEST, Op.SKIP_DAMAGED): SkipDamagedRequest,
+    (Kind.RESPONSE, Op.SKIP_DAMAGED): SkipDamagedResponse,
     (Kind.REQUEST, Op.ALTER_ISR): AlterIsrRequest,
     (Kind.RESPONSE, Op.ALTER_ISR): AlterIsrResponse,
     (Kind.REQUEST, Op.REPORT_UNREACHABLE): ReportUnreachableRequest,

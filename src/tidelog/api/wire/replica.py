@@ -100,15 +100,22 @@ async def replica_fetch(
     if not partition.log_start <= offset <= partition.log_end:
         return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
-    return _from_log(env, correlation_id, partition, offset, min(request.max_bytes, MAX_FETCH_BYTES))
+    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    return _from_log(env, correlation_id, partition, offset, max_bytes, verify=request.verify)
 
 
-def _from_log(env: HandlerEnv, correlation_id: int, partition: Partition, offset: int, max_bytes: int) -> Reply:
-    """The batches from ``offset`` up to the log end, or just the bounds when there are none."""
+def _from_log(
+    env: HandlerEnv, correlation_id: int, partition: Partition, offset: int, max_bytes: int, *, verify: bool = False
+) -> Reply:
+    """The batches from ``offset`` up to the log end, or just the bounds when there are none. With ``verify``
+    they are read into memory and CRC-checked (the follower found a bad batch in a zero-copy answer: damage on
+    this disk is found and recorded, :mod:`tidelog.storage.damage`)."""
     end = partition.log_end
     header = _bounds(partition)
     if offset >= end:
         return Reply(encode_message(correlation_id, header))
+    if verify:
+        return Reply(encode_message(correlation_id, header, partition.log.read(offset, max_bytes, max_offset=end)))
     return batches_reply(env, Op.REPLICA_FETCH, correlation_id, header, partition.log, offset, max_bytes, end)
 
 

@@ -45,6 +45,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_PARTITION_SUSPENDED: _ClassVar[Status]
     STATUS_DISK_FULL: _ClassVar[Status]
     STATUS_OPEN_APPENDS_LIMIT: _ClassVar[Status]
+    STATUS_OFFSET_DAMAGED: _ClassVar[Status]
 ACKS_UNSPECIFIED: Acks
 ACKS_LEADER: Acks
 ACKS_ALL: Acks
@@ -78,6 +79,7 @@ STATUS_APPEND_TOO_SLOW: Status
 STATUS_PARTITION_SUSPENDED: Status
 STATUS_DISK_FULL: Status
 STATUS_OPEN_APPENDS_LIMIT: Status
+STATUS_OFFSET_DAMAGED: Status
 
 class AppendRequest(_message.Message):
     __slots__ = ("header", "records", "commit")
