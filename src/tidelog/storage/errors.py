@@ -4,9 +4,11 @@
 
     StorageError
      ├── CorruptBatchError      bytes that are not a valid record batch (torn, hostile, bad CRC, absurd counts)
+     │    └── DecompressedTooLargeError  records that decompress past the bound the reader allows
      ├── CorruptSegmentError    a sealed segment failed validation; names the file and the offset range
      ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
      ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
+     │    └── RecordTooLargeError  a record above max_message_bytes
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      └── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
@@ -92,3 +94,12 @@ class CheckpointError(StorageError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class RecordTooLargeError(InvalidBatchError):
+    """A record whose key, value and headers together exceed the broker's ``max_message_bytes``."""
+
+
+class DecompressedTooLargeError(CorruptBatchError):
+    """A compressed batch whose records decompress to more than the reader's bound (a compression bomb, or
+    records larger than a batch may hold): decompression stopped at the bound."""
