@@ -8,6 +8,11 @@ administration in :class:`~tidelog.broker.streams.StreamAdmin`. One module per f
 :mod:`tidelog.api.wire.fetch`, administration and metadata in :mod:`tidelog.api.wire.admin`; the server
 (:mod:`tidelog.api.wire.server`) assembles the op → handler table from the three.
 
+Every produced batch is checked before anything is stored
+(:func:`~tidelog.storage.batch_check.check_produced`: records that decode, none above ``max_message_bytes``,
+timestamps within ``max_timestamp_ahead_ms`` of the broker's clock): an invalid batch is INVALID_ARGUMENT, a
+record too large MESSAGE_TOO_LARGE, and nothing of the request is written.
+
 Produce and the ack policies:
 
 - ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.append` returns, i.e. once the policy is met
@@ -18,10 +23,11 @@ Produce and the ack policies:
 - Idempotent producers (batches carrying a producer id): a retry of batches already written is answered like
   the first attempt, with the original offsets (for ``ALL`` once they are committed), and writes nothing; a
   gap, an older epoch or an unknown producer is an error frame (:meth:`Partition.append` decides).
-- ``NONE``: the partition is looked up first (an unknown stream or a follower still gets an error frame),
-  then the append is *started* and the response (offsets -1) is sent without waiting for the write. Appends
-  start in request order, so a producer's batches still land in the order it sent them; a failure after that
-  point (read-only partition, corrupt batch, full disk) is logged on the broker and never reported. That is
+- ``NONE``: the partition is looked up and the batches checked first (an unknown stream, a follower or an
+  invalid batch still gets an error frame), then the append is *started* and the response (offsets -1) is sent
+  without waiting for the write. Appends start in request order, so a producer's batches still land in the
+  order it sent them; a failure after that point (read-only partition, full disk) is logged on the broker and
+  never reported. That is
   Kafka's ``acks=0`` contract, except that a frame still comes back: correlation ids and the in-order reply
   queue work the same for every policy, and the producer learns about unknown streams at once.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
@@ -38,6 +45,7 @@ from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, Bytes
 from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppends
+from tidelog.storage.batch_check import ProduceLimits, check_produced
 from tidelog.storage.log import FileRange, Log
 
 log = logging.getLogger(__name__)
@@ -155,6 +163,11 @@ _NO_OFFSETS = ProduceResponse(-1, -1)
 async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest, payload: memoryview) -> Reply:
     """Append the payload's batches to the partition; answer once the ack policy is met (see module doc)."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
+    config = env.broker.config
+    limits = ProduceLimits.of(
+        config.max_message_bytes, partition.log.config.max_batch_bytes, config.max_timestamp_ahead_ms
+    )
+    check_produced(payload, limits, time.time_ns())  # before anything is stored, whatever the ack policy
     timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
     if request.acks is Acks.NONE:
         task = asyncio.get_running_loop().create_task(partition.append(payload, request.acks, timeout))
