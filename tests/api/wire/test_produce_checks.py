@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
-from tests.broker.conftest import broker, broker_settings, stream_name
+from tests.broker.conftest import broker, broker_settings, stream_name, stub
+from tests.broker.helpers import read_until_stop
 from tidelog.api.errors import InvalidArgumentError, MessageTooLargeError
 from tidelog.api.wire.messages import Acks, ProduceRequest
 from tidelog.broker.server import Broker
@@ -16,7 +18,7 @@ from tidelog.client import Admin, Codec, Consumer, Producer
 from tidelog.client.connection import Connection
 from tidelog.storage.batch import _frame
 
-__all__ = ["broker", "broker_settings", "stream_name"]
+__all__ = ["broker", "broker_settings", "stream_name", "stub"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -62,7 +64,7 @@ async def read_values(address: str, stream: str) -> list[bytes | None]:
 
 
 async def test_bad_batches_are_refused_and_the_partition_keeps_serving(
-    broker: Broker, address: str, stream_name: str
+    broker: Broker, address: str, stream_name: str, stub: Any
 ) -> None:
     async with Admin(address) as admin:
         await admin.create_stream(stream_name)
@@ -94,6 +96,7 @@ async def test_bad_batches_are_refused_and_the_partition_keeps_serving(
     after = [b"after-%d" % i for i in range(20)]
     await send_values(address, stream_name, after)
     assert await read_values(address, stream_name) == before + after
+    assert [m.value for m in await read_until_stop(stub, stream_name)] == before + after  # gRPC Subscribe too
 
 
 async def test_the_producer_refuses_a_record_too_large_for_itself_alone(address: str, stream_name: str) -> None:
