@@ -106,6 +106,8 @@ async def test_the_producer_refuses_a_record_too_large_for_itself_alone(address:
         first = await producer.send(stream_name, b"small")
         with pytest.raises(MessageTooLargeError, match=r"record of 1048577 bytes .* max_message_bytes \(1048576\)"):
             await producer.send(stream_name, bytes((1 << 20) + 1))
+        with pytest.raises(ValueError, match="negative"):
+            await producer.send(stream_name, b"before 1970", timestamp=-1)
         last = await producer.send(stream_name, b"also small")
         await producer.flush()
         assert [(await first).offset, (await last).offset] == [0, 1]
