@@ -13,8 +13,9 @@ Runs. One record at a time costs ~3 µs of Python. A producer's records are laid
 a value of one size each, timestamp and offset deltas of one width), so, as the consumer's decoder does, a
 record without headers followed by records beginning as it does starts a run: up to :data:`RUN_CHUNK` records
 checked column by column — each byte position that must hold the same byte in all of them gathered by one
-extended slice and compared at once, the varints' continuation bits likewise — and their offset and timestamp
-deltas decoded in 64-bit lanes of one big int (:func:`~tidelog.storage.varint_lanes.zigzag_lanes`). A run takes
+extended slice and compared at once, the varints' continuation bits likewise, the offset deltas against the
+bytes they must be — and the bounds of their timestamp deltas found from their raw bytes in the lanes of one
+big int (:func:`_ts_bounds`). A run takes
 a record only when every byte it checks is one the record-by-record check accepts; the first record that differs
 ends the run and is checked alone, which names what is wrong with it or starts the next run.
 """
