@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tidelog.client.records import _parse_records
 from tidelog.storage.batch import BatchBuilder, BatchHeader, NewRecord, _frame, decode_records, parse_header
 from tidelog.storage.errors import CorruptBatchError, RecordTooLargeError
-from tidelog.storage.record_check import RUN_CHUNK, check_records
+from tidelog.storage.record_check import RUN_CHUNK, IrregularRecords, check_records
 
 FIRST = 1_700_000_000_000_000_000
 NO_LIMIT = 1 << 40
@@ -187,3 +187,11 @@ def test_one_large_record_in_a_run_is_refused() -> None:
         builder.append(b"x" * (5000 if i == 250 else 100), None, (), FIRST + i)
     with pytest.raises(RecordTooLargeError, match="record 250 is 5000 bytes"):
         check_records(builder.drain(), 0, 4096)
+
+
+def test_a_budget_bounds_the_records_checked_one_by_one() -> None:
+    irregular = section([NewRecord(b"v" * (i % 7)) for i in range(100)])
+    with pytest.raises(IrregularRecords):
+        check_records(irregular, 0, NO_LIMIT, alone_budget=50)
+    assert check_records(irregular, 0, NO_LIMIT).records == 100
+    assert check_records(producer_section(3000, 20, 100), 0, NO_LIMIT, alone_budget=50).records == 3000  # runs

@@ -66,8 +66,13 @@ class ProduceLimits:
         return cls(max_message_bytes, min(max_batch_bytes, DEFAULT_MAX_UNCOMPRESSED), max_timestamp_ahead_ms)
 
 
-def check_produced(data: bytes | bytearray | memoryview, limits: ProduceLimits, now_ns: int) -> list[BatchHeader]:
-    """Check every batch of a produce payload (see the module docstring); return their headers."""
+def check_produced(
+    data: bytes | bytearray | memoryview, limits: ProduceLimits, now_ns: int, *, alone_budget: int | None = None
+) -> list[BatchHeader]:
+    """Check every batch of a produce payload (see the module docstring); return their headers.
+
+    ``alone_budget``: raise :class:`~tidelog.storage.record_check.IrregularRecords` rather than check more than
+    that many records of a batch one by one (records laid out alike are checked in runs, not one by one)."""
     if not len(data):
         raise InvalidBatchError("a produce needs at least one batch; got no bytes")
     headers = []
@@ -75,7 +80,7 @@ def check_produced(data: bytes | bytearray | memoryview, limits: ProduceLimits, 
     try:
         for position, header in iter_batches(data, verify=False):  # the log checks every CRC as it appends
             _check_header(header, position)
-            checked = _check_batch_records(data, position, header, limits)
+            checked = _check_batch_records(data, position, header, limits, alone_budget)
             check_timestamps(
                 header.first_timestamp, header.max_timestamp, checked, limits, now_ns, f"batch at byte {position}"
             )
@@ -104,10 +109,14 @@ def _check_header(header: BatchHeader, position: int) -> None:
 
 
 def _check_batch_records(
-    data: bytes | bytearray | memoryview, position: int, header: BatchHeader, limits: ProduceLimits
+    data: bytes | bytearray | memoryview,
+    position: int,
+    header: BatchHeader,
+    limits: ProduceLimits,
+    alone_budget: int | None,
 ) -> CheckedRecords:
     section = record_section(data, position, header=header, max_uncompressed=limits.max_uncompressed_bytes)
-    checked = check_records(section, 0, limits.max_message_bytes)
+    checked = check_records(section, 0, limits.max_message_bytes, alone_budget)
     if checked.records != header.record_count:
         raise CorruptBatchError(f"the header says {header.record_count} records, the batch holds {checked.records}")
     return checked

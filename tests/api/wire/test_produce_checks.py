@@ -4,6 +4,7 @@ keeps serving every record stored before and after (issue 15, item 1; item 11 fo
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -12,11 +13,13 @@ import pytest
 from tests.broker.conftest import broker, broker_settings, stream_name, stub
 from tests.broker.helpers import read_until_stop
 from tidelog.api.errors import InvalidArgumentError, MessageTooLargeError
+from tidelog.api.wire import produce_turns
 from tidelog.api.wire.messages import Acks, ProduceRequest
+from tidelog.api.wire.produce_turns import INLINE_ALONE
 from tidelog.broker.server import Broker
 from tidelog.client import Admin, Codec, Consumer, Producer
 from tidelog.client.connection import Connection
-from tidelog.storage.batch import _frame
+from tidelog.storage.batch import BatchBuilder, NewRecord, _frame, build_batch
 
 __all__ = ["broker", "broker_settings", "stream_name", "stub"]
 
@@ -112,3 +115,66 @@ async def test_the_producer_refuses_a_record_too_large_for_itself_alone(address:
         await producer.flush()
         assert [(await first).offset, (await last).offset] == [0, 1]
     assert await read_values(address, stream_name) == [b"small", b"also small"]
+
+
+def irregular_batch(records: int, *, damaged: bool = False) -> bytes:
+    """Records of every size: no two alike in a row, so each is checked one by one (off the event loop past
+    INLINE_ALONE of them)."""
+    builder = BatchBuilder(time.time_ns())
+    for i in range(records):
+        builder.append(b"v" * (i % 7), None, (), None)
+    section = bytearray(builder.drain())
+    if damaged:
+        section[-1] = 0x05  # the last record's header count: -3
+    now = builder.first_timestamp
+    return _frame(
+        bytes(section),
+        base_offset=0,
+        leader_epoch=0,
+        attributes=0,
+        last_offset_delta=records - 1,
+        first_timestamp=now,
+        max_timestamp=now,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        record_count=records,
+    )
+
+
+async def test_a_batch_checked_off_the_loop_keeps_its_place(
+    broker: Broker, address: str, stream_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Irregular batches are checked in a worker thread; the connection's later batches still land after them."""
+    in_threads: list[bool] = []
+    check = produce_turns.check_produced
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        in_threads.append(threading.current_thread() is not threading.main_thread())
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(produce_turns, "check_produced", spied)
+    async with Admin(address) as admin:
+        await admin.create_stream(stream_name)
+    slow = INLINE_ALONE + 1000
+    small = build_batch([NewRecord(b"small")], timestamp=time.time_ns())
+    assert broker.wire is not None
+    connection = await Connection.open("127.0.0.1", broker.wire.port)
+    try:
+        request = ProduceRequest(stream_name, 0, Acks.ALL)
+        pipelined = [
+            connection.send(request, irregular_batch(slow)),
+            connection.send(request, small),
+            connection.send(request, irregular_batch(slow, damaged=True)),
+            connection.send(request, small),
+        ]
+        outcomes = await asyncio.wait_for(asyncio.gather(*pipelined, return_exceptions=True), BOUND)
+    finally:
+        await connection.close()
+    assert in_threads.count(True) == 2  # the two irregular batches, checked again off the loop
+    first, second, refused, last = outcomes
+    assert isinstance(refused, InvalidArgumentError) and f"record {slow - 1}" in refused.message
+    offsets = [(r.header.base_offset, r.header.last_offset) for r in (first, second, last)]  # type: ignore[union-attr]
+    assert offsets == [(0, slow - 1), (slow, slow), (slow + 1, slow + 1)]
+    values = await read_values(address, stream_name)
+    assert len(values) == slow + 2 and values[-2:] == [b"small", b"small"]

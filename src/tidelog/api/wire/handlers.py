@@ -11,7 +11,9 @@ administration in :class:`~tidelog.broker.streams.StreamAdmin`. One module per f
 Every produced batch is checked before anything is stored
 (:func:`~tidelog.storage.batch_check.check_produced`: records that decode, none above ``max_message_bytes``,
 timestamps within ``max_timestamp_ahead_ms`` of the broker's clock): an invalid batch is INVALID_ARGUMENT, a
-record too large MESSAGE_TOO_LARGE, and nothing of the request is written.
+record too large MESSAGE_TOO_LARGE, and nothing of the request is written. A batch too irregular to check
+quickly is checked off the loop, the connection's later produces to the partition waiting their turn
+(:mod:`tidelog.api.wire.produce_turns`).
 
 Produce and the ack policies:
 
@@ -43,9 +45,10 @@ from typing import Any, NamedTuple, TypeVar
 
 from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
+from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppends
-from tidelog.storage.batch_check import ProduceLimits, check_produced
+from tidelog.storage.batch_check import ProduceLimits
 from tidelog.storage.log import FileRange, Log
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,7 @@ class HandlerEnv:
     zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
     appends: OpenAppends = field(default_factory=OpenAppends)  # this connection's uncommitted transactional appends
+    produce_turns: ProduceTurns = field(default_factory=ProduceTurns)  # its produces checked off the loop
     reply_now: ReplyNow = _never_now  # the session's, for a reply produced outside its handler task
 
 
@@ -167,21 +171,31 @@ async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest,
     limits = ProduceLimits.of(
         config.max_message_bytes, partition.log.config.max_batch_bytes, config.max_timestamp_ahead_ms
     )
-    check_produced(payload, limits, time.time_ns())  # before anything is stored, whatever the ack policy
-    timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
-    if request.acks is Acks.NONE:
-        task = asyncio.get_running_loop().create_task(partition.append(payload, request.acks, timeout))
-        env.background.add(task)
-        task.add_done_callback(_unacknowledged_done)
-        task.add_done_callback(env.background.discard)
-        return Reply(encode_message(correlation_id, _NO_OFFSETS))
-    if request.acks is Acks.ALL:
-        reply = _CommittedReply(env, correlation_id)
-        appended = await partition.append(payload, request.acks, timeout, on_committed=reply)
-        if reply.sent:
-            return SENT
-    else:
-        appended = await partition.append(payload, request.acks, timeout)
+    key = (request.stream, request.partition)
+    # Before anything is stored, whatever the ack policy; in request order (see produce_turns).
+    turn = await env.produce_turns.check(key, payload, limits, time.time_ns())
+    try:
+        timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
+        if request.acks is Acks.NONE:
+            task = asyncio.get_running_loop().create_task(partition.append(payload, request.acks, timeout))
+            env.produce_turns.release(key, turn)
+            env.background.add(task)
+            task.add_done_callback(_unacknowledged_done)
+            task.add_done_callback(env.background.discard)
+            return Reply(encode_message(correlation_id, _NO_OFFSETS))
+        if request.acks is Acks.ALL:
+            reply = _CommittedReply(env, correlation_id)
+            appending = partition.append(payload, request.acks, timeout, on_committed=reply)
+            env.produce_turns.release(key, turn)  # those behind wake after this append has placed its batches
+            appended = await appending
+            if reply.sent:
+                return SENT
+        else:
+            appending = partition.append(payload, request.acks, timeout)
+            env.produce_turns.release(key, turn)
+            appended = await appending
+    finally:
+        env.produce_turns.release(key, turn)
     return Reply(encode_message(correlation_id, ProduceResponse(appended.base_offset, appended.last_offset)))
 
 
