@@ -88,6 +88,7 @@ def test_any_records_are_accepted_and_measured_like_the_decoders(records: list[N
         (4800, 100, 700, None),
         (RUN_CHUNK * 2 + 300, 10, 300, b"k"),  # several chunks, offset deltas past 8191 (three-byte varints)
         (300, 50, 0, b""),  # every timestamp the same
+        (80, 5000, 20_000, None),  # large records: a view is read in place, not copied
     ],
 )
 @pytest.mark.parametrize("as_view", [False, True], ids=["bytes", "view"])
@@ -118,7 +119,7 @@ def test_a_negative_timestamp_delta_inside_a_run_is_measured() -> None:
     assert checked.min_timestamp_delta == -5 and checked.max_timestamp_delta == 199_000
 
 
-@pytest.mark.parametrize("size", [12, 600])  # small records are copied before their runs, large ones are not
+@pytest.mark.parametrize("size", [12, 5000])  # small records are copied before their runs, large ones are not
 def test_single_byte_damage_of_a_long_run_is_refused_or_read_alike_by_every_reader(size: int) -> None:
     """Damage anywhere in runs of records: refused, or accepted only as both readers read it."""
     data = producer_section(120 if size < 100 else 40, size, 1500)
