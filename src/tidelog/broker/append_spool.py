@@ -64,7 +64,7 @@ _ROOM = HEADER_SIZE + REGISTERS_LENGTH.size + MAX_REGISTER_BYTES
 
 class Declared(NamedTuple):
     """What a client says about a chunk it sends: its record count, CRC32C, and the largest record timestamp
-    of the append so far."""
+    of the append so far (not relied on: the spool takes the largest from the records)."""
 
     records: int
     crc: int

@@ -29,9 +29,9 @@ Produce and the ack policies:
   invalid batch still gets an error frame), then the append is *started* and the response (offsets -1) is sent
   without waiting for the write. Appends start in request order, so a producer's batches still land in the
   order it sent them; a failure after that point (read-only partition, full disk) is logged on the broker and
-  never reported. That is
-  Kafka's ``acks=0`` contract, except that a frame still comes back: correlation ids and the in-order reply
-  queue work the same for every policy, and the producer learns about unknown streams at once.
+  never reported. That is Kafka's ``acks=0`` contract, except that a frame still comes back: correlation ids
+  and the in-order reply queue work the same for every policy, and the producer learns about unknown streams
+  and invalid batches at once.
 """
 
 from __future__ import annotations
