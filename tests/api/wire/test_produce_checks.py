@@ -95,9 +95,12 @@ async def test_bad_batches_are_refused_and_the_partition_keeps_serving(
         ahead = await producer.send(stream_name, b"from the future", timestamp=time.time_ns() + 2 * HOUR_NS)
         with pytest.raises(InvalidArgumentError, match=r"max_timestamp_ahead_ms \(3600000\)"):
             await asyncio.wait_for(ahead, BOUND)
+        # The same (idempotent) producer goes on: its refused batches do not poison the ones after them.
+        following = await producer.send(stream_name, b"after-refusals")
+        assert (await asyncio.wait_for(following, BOUND)).offset == len(before)
 
-    after = [b"after-%d" % i for i in range(20)]
-    await send_values(address, stream_name, after)
+    after = [b"after-refusals"] + [b"after-%d" % i for i in range(20)]
+    await send_values(address, stream_name, after[1:])
     assert await read_values(address, stream_name) == before + after
     assert [m.value for m in await read_until_stop(stub, stream_name)] == before + after  # gRPC Subscribe too
 
