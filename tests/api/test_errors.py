@@ -212,6 +212,7 @@ def test_an_empty_message_on_the_wire_means_the_default() -> None:
         (storage_errors.CorruptSegmentError("x.log", 1, 2, "crc"), ErrorCode.CORRUPT_DATA),
         (storage_errors.CheckpointError("hw-checkpoint", "bad magic"), ErrorCode.CORRUPT_DATA),
         (storage_errors.InvalidBatchError("empty batch"), ErrorCode.INVALID_ARGUMENT),
+        (storage_errors.RecordTooLargeError("record 3 is 2 MiB"), ErrorCode.MESSAGE_TOO_LARGE),
         (storage_errors.LogClosedError(), ErrorCode.UNAVAILABLE),
         (TimeoutError(), ErrorCode.TIMEOUT),
         (RuntimeError("boom"), ErrorCode.INTERNAL),

@@ -20,8 +20,10 @@ from tidelog.storage.batch import (
     decode_records,
     registers_block,
 )
+from tidelog.storage.batch_check import ProduceLimits
 
 FIRST_TS = 1_700_000_000_000_000_000
+LIMITS = ProduceLimits.of(1 << 20, 1 << 30, 3_600_000)
 
 
 def chunks(count: int, per_chunk: int, size: int) -> tuple[list[bytes], list[bytes], BatchBuilder]:
@@ -41,7 +43,7 @@ def chunks(count: int, per_chunk: int, size: int) -> tuple[list[bytes], list[byt
 @pytest.mark.parametrize("declare", [False, True])
 def test_sealed_batch_holds_every_record(tmp_path: Path, count: int, per_chunk: int, size: int, declare: bool) -> None:
     parts, values, _ = chunks(count, per_chunk, size)
-    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 30)
+    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 30, LIMITS)
     for i, part in enumerate(parts):
         declared = Declared(per_chunk, crc32c.crc32c(part), FIRST_TS + (i + 1) * per_chunk - 1) if declare else None
         spool.add(memoryview(part), declared)
@@ -61,7 +63,7 @@ def test_sealed_batch_holds_every_record(tmp_path: Path, count: int, per_chunk: 
 
 def test_a_refused_chunk_leaves_the_spool_as_it_was(tmp_path: Path) -> None:
     parts, values, _ = chunks(2, 5, 10)
-    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 20)
+    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 20, LIMITS)
     spool.add(memoryview(parts[0]))
     with pytest.raises(CorruptBatchError):
         spool.add(memoryview(parts[1][:-1]))
@@ -73,7 +75,7 @@ def test_a_refused_chunk_leaves_the_spool_as_it_was(tmp_path: Path) -> None:
 
 def test_the_size_limit_counts_record_bytes(tmp_path: Path) -> None:
     parts, _, _ = chunks(2, 10, 100)
-    spool = AppendSpool(tmp_path, FIRST_TS, len(parts[0]) + 10)
+    spool = AppendSpool(tmp_path, FIRST_TS, len(parts[0]) + 10, LIMITS)
     spool.add(memoryview(parts[0]))
     with pytest.raises(AppendTooLargeError, match="max_append_bytes"):
         spool.add(memoryview(parts[1]))
@@ -81,7 +83,7 @@ def test_the_size_limit_counts_record_bytes(tmp_path: Path) -> None:
 
 def test_an_empty_append_has_no_batch(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no records"):
-        AppendSpool(tmp_path, FIRST_TS, 100).seal(registers=None)
+        AppendSpool(tmp_path, FIRST_TS, 100, LIMITS).seal(registers=None)
 
 
 def test_a_spool_that_cannot_be_written_fails_the_append_cleanly(tmp_path: Path) -> None:
@@ -93,7 +95,7 @@ def test_a_spool_that_cannot_be_written_fails_the_append_cleanly(tmp_path: Path)
     from tidelog.broker.transactional import Expectations
 
     async def run() -> None:
-        limits = AppendLimits(tmp_path / "gone", 1 << 30, 0, 5.0)
+        limits = AppendLimits(tmp_path / "gone", 1 << 30, 0, 5.0, LIMITS)
         opened = OpenAppend(1, None, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
         parts, _, _ = chunks(3, 400, 1000)  # over MEMORY_BYTES: the spool moves to a file, which fails
         for part in parts:
@@ -116,7 +118,7 @@ def test_a_spool_on_a_full_disk_fails_the_append_with_disk_full(tmp_path: Path) 
 
     async def run(disk: Path) -> None:
         Ballast(disk / "ballast").fill()
-        limits = AppendLimits(disk, 1 << 30, 0, 5.0)
+        limits = AppendLimits(disk, 1 << 30, 0, 5.0, LIMITS)
         opened = OpenAppend(1, None, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
         parts, _, _ = chunks(3, 400, 1000)  # over MEMORY_BYTES: the spool moves to a file, which fails
         for part in parts:
@@ -134,3 +136,40 @@ def test_a_spool_on_a_full_disk_fails_the_append_with_disk_full(tmp_path: Path) 
         asyncio.run(run(disk))
     finally:
         mounted.__exit__(None, None, None)
+
+
+def test_records_that_frame_but_do_not_decode_are_refused_even_when_declared(tmp_path: Path) -> None:
+    """A declared chunk was only counted by its framing: a key length past its record was spooled, and every
+    reader of the committed append failed on it."""
+    builder = BatchBuilder(FIRST_TS)
+    builder.append(b"value-1", key=b"k")
+    builder.append(b"value-2", key=b"k")
+    chunk = bytearray(builder.drain())
+    key_length_at = 1 + 1 + 1 + 1  # length, attributes, timestamp delta, offset delta (one byte each)
+    chunk[key_length_at] = 0x7E  # a key of 63 bytes in a record of a dozen
+    spool = AppendSpool(tmp_path, FIRST_TS, 1 << 20, LIMITS)
+    with pytest.raises(CorruptBatchError, match="record 0: key of 63 bytes"):
+        spool.add(memoryview(bytes(chunk)), Declared(2, crc32c.crc32c(chunk), FIRST_TS))
+    assert spool.count == 0
+
+
+def test_an_appends_timestamps_and_record_sizes_are_bounded(tmp_path: Path) -> None:
+    import time
+
+    from tidelog.storage.errors import InvalidBatchError, RecordTooLargeError
+
+    now = time.time_ns()
+    spool = AppendSpool(tmp_path, now, 1 << 30, LIMITS)
+    builder = BatchBuilder(now)
+    builder.append(b"later", timestamp=now + 2 * 3_600_000_000_000)
+    ahead = builder.drain()
+    with pytest.raises(InvalidBatchError, match=r"max_timestamp_ahead_ms \(3600000\)"):
+        spool.add(memoryview(ahead), Declared(1, crc32c.crc32c(ahead), now))  # the declared maximum is not trusted
+    builder = BatchBuilder(now)
+    builder.append(bytes((1 << 20) + 1))
+    with pytest.raises(RecordTooLargeError, match=r"max_message_bytes \(1048576\)"):
+        spool.add(memoryview(builder.drain()))
+    builder = BatchBuilder(now)
+    builder.append(b"fine", timestamp=now + 5)
+    spool.add(memoryview(builder.drain()))
+    assert check_batch(spool.seal(registers=None)).max_timestamp == now + 5

@@ -465,6 +465,8 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
         exc, storage_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError
     ):
         return CorruptDataError(str(exc))
+    if isinstance(exc, storage_errors.RecordTooLargeError):
+        return MessageTooLargeError(str(exc))
     if isinstance(exc, storage_errors.InvalidBatchError):
         return InvalidArgumentError(str(exc))
     if isinstance(exc, storage_errors.OffsetMismatchError):

@@ -6,8 +6,11 @@ small, and a CAS append should not touch a file — and moves to a file past tha
 broker's data directory and unlinked at once, so a crash, a dropped connection or an abort leaves nothing to
 clean up: the space goes back when the descriptor closes.
 
-Each chunk is checked as it arrives (:func:`~tidelog.storage.record_scan.scan_records`: whole records, offset
-deltas running on from the previous chunk) and its CRC folded into a running CRC of the record section. At
+Each chunk is checked as it arrives, as a produced batch is (:func:`~tidelog.storage.record_check.check_records`:
+whole, decodable records with offset deltas running on from the previous chunk, none above
+``max_message_bytes``; timestamps not negative nor further ahead than ``max_timestamp_ahead_ms``, and the
+batch's largest timestamp taken from the records themselves, not the client's word), and its CRC folded into a
+running CRC of the record section. At
 commit, :meth:`AppendSpool.seal` frames the records as one batch: the header (record count, last offset delta,
 largest timestamp, the registers block when the append sets registers) is written in front of the records, and
 its CRC is the header's combined with the running one (:mod:`tidelog.storage.crc_combine`), so the records are
@@ -26,6 +29,7 @@ import contextlib
 import mmap
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,9 +47,10 @@ from tidelog.storage.batch import (
     pack_header,
     registers_prefix,
 )
+from tidelog.storage.batch_check import ProduceLimits, check_timestamps
 from tidelog.storage.crc_combine import crc32c_combine
 from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.record_scan import count_records, scan_records
+from tidelog.storage.record_check import check_records
 from tidelog.storage.segment import FileSlice
 
 MEMORY_BYTES = 1024 * 1024
@@ -59,7 +64,7 @@ _ROOM = HEADER_SIZE + REGISTERS_LENGTH.size + MAX_REGISTER_BYTES
 
 class Declared(NamedTuple):
     """What a client says about a chunk it sends: its record count, CRC32C, and the largest record timestamp
-    of the append so far."""
+    of the append so far (not relied on: the spool takes the largest from the records)."""
 
     records: int
     crc: int
@@ -81,6 +86,7 @@ class AppendSpool:
         "_directory",
         "_fd",
         "_first_timestamp",
+        "_limits",
         "_map",
         "_max_bytes",
         "_max_delta",
@@ -88,8 +94,9 @@ class AppendSpool:
         "_size",
     )
 
-    def __init__(self, directory: Path, first_timestamp: int, max_bytes: int) -> None:
+    def __init__(self, directory: Path, first_timestamp: int, max_bytes: int, limits: ProduceLimits) -> None:
         self._directory = directory
+        self._limits = limits
         self._first_timestamp = first_timestamp
         self._max_bytes = max_bytes
         self._chunks: list[bytes] = []
@@ -119,10 +126,11 @@ class AppendSpool:
     def add(self, chunk: memoryview, declared: Declared | None = None) -> None:
         """Take one chunk of whole records (synchronously: chunks are added in the order they arrive).
 
-        With ``declared`` (the client's count, CRC and largest timestamp) the chunk gets the quick check,
-        without, every record is decoded (:mod:`tidelog.storage.record_scan`). Raises
-        :class:`~tidelog.storage.errors.CorruptBatchError` for records that fail it, and
-        :class:`AppendTooLargeError` past the limit; either way nothing of the chunk is kept.
+        With ``declared`` (the client's count and CRC) the chunk must match them too. Raises
+        :class:`~tidelog.storage.errors.CorruptBatchError` for records that do not decode,
+        :class:`~tidelog.storage.errors.InvalidBatchError` for timestamps out of bounds (its subclass
+        ``RecordTooLargeError`` for a record above ``max_message_bytes``), and :class:`AppendTooLargeError` past
+        the append's limit; whatever the failure, nothing of the chunk is kept.
         """
         if self._closed:
             raise RuntimeError("the append spool was discarded")
@@ -132,20 +140,21 @@ class AppendSpool:
                 f"({self._max_bytes})"
             )
         if declared is None:
-            scanned = scan_records(chunk, self._count, self._max_delta)
-            records, max_delta = scanned.records, scanned.max_timestamp_delta
             running = crc32c.crc32c(chunk, self._crc)
         else:
             crc = crc32c.crc32c(chunk)
             if crc != declared.crc:
                 raise CorruptBatchError(f"chunk CRC32C is {crc:#010x}, the client declared {declared.crc:#010x}")
-            records = count_records(chunk)
-            if records != declared.records:
-                raise CorruptBatchError(f"chunk holds {records} records, the client declared {declared.records}")
-            max_delta = max(self._max_delta, declared.max_timestamp - self._first_timestamp)
             # The running CRC of the records: extended in C (a second pass over a hot chunk) rather than
             # combined in Python, which costs ~25 µs whatever the size — a compare-and-set append's budget.
             running = crc if not self._size else crc32c.crc32c(chunk, self._crc)
+        checked = check_records(chunk, self._count, self._limits.max_message_bytes)
+        if declared is not None and checked.records != declared.records:
+            raise CorruptBatchError(f"chunk holds {checked.records} records, the client declared {declared.records}")
+        max_delta = max(self._max_delta, checked.max_timestamp_delta)
+        first = self._first_timestamp
+        check_timestamps(first, first + max_delta, checked, self._limits, time.time_ns(), "append")
+        records = checked.records
         if self._fd < 0 and self._size + len(chunk) > MEMORY_BYTES:
             self._to_file()
         if self._fd >= 0:

@@ -345,6 +345,13 @@ class BrokerConfig:
         5000, _POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
     )
     max_message_bytes: int = _setting(_MIB, _POSITIVE, "Largest message (key, value and headers) a broker accepts.")
+    max_timestamp_ahead_ms: int = _setting(
+        3_600_000,
+        _POSITIVE,
+        "A produced batch or append whose timestamps are further ahead of the broker's clock than this is refused "
+        "with INVALID_ARGUMENT: a record stamped in the future would hold its segment back from retention by age "
+        "until then (Kafka's message.timestamp.after.max.ms).",
+    )
     default_unclean_leader_election: bool = _setting(
         False, _bool_kind(), "Allow a replica outside the ISR to become leader (loses committed data; opt-in)."
     )

@@ -29,7 +29,8 @@ from tidelog.broker.append_spool import AppendSpool, AppendTooLargeError, Declar
 from tidelog.broker.partition import Partition
 from tidelog.broker.transactional import AppendRefused, Committed, Expectations, appends_of
 from tidelog.replication.registers import EMPTY, LabelSet
-from tidelog.storage.errors import CorruptBatchError
+from tidelog.storage.batch_check import ProduceLimits
+from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, RecordTooLargeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class AppendLimits:
     max_bytes: int
     min_rate_bytes: int  # per second; 0: no minimum
     window: float  # seconds
+    records: ProduceLimits  # what each record may be, as in a produced batch
     max_open: int = 64  # uncommitted appends per connection
     max_open_bytes: int = 512 * 1024 * 1024  # their spooled record bytes together, per connection
 
@@ -63,7 +65,7 @@ class OpenAppend:
         self.acks = acks
         self.timeout = timeout
         self._limits = limits
-        self._spool = AppendSpool(limits.spool_directory, first_timestamp, limits.max_bytes)
+        self._spool = AppendSpool(limits.spool_directory, first_timestamp, limits.max_bytes, limits.records)
         self.failure: AppendRefused | None = None
         # Resolved once the outcome is a failure: a protocol waiting for the client's next message can stop
         # waiting (gRPC answers a stalled client APPEND_TOO_SLOW when the rate check fails, not when it sends).
@@ -88,8 +90,10 @@ class OpenAppend:
             return
         try:
             self._spool.add(chunk, declared)
-        except CorruptBatchError as exc:
-            self.fail(AppendRefused(ErrorCode.CORRUPT_DATA, f"append {self.append_id}: {exc}", -1, EMPTY))
+        except RecordTooLargeError as exc:
+            self.fail(AppendRefused(ErrorCode.MESSAGE_TOO_LARGE, f"append {self.append_id}: {exc}", -1, EMPTY))
+        except (CorruptBatchError, InvalidBatchError) as exc:  # the client's records: nothing is stored
+            self.fail(AppendRefused(ErrorCode.INVALID_ARGUMENT, f"append {self.append_id}: {exc}", -1, EMPTY))
         except AppendTooLargeError as exc:
             self.fail(AppendRefused(ErrorCode.MESSAGE_TOO_LARGE, f"append {self.append_id}: {exc}", -1, EMPTY))
         except OSError as exc:  # the spool file could not be written (a full disk): nothing of it is kept

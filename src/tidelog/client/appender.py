@@ -258,7 +258,7 @@ class _ChunkSender:
 
     async def send(self, header: AppendRequest | None, builder: BatchBuilder | None) -> None:
         """Send ``header`` (a CHUNK header when None) with the records ``builder`` encoded since the last
-        send, described so that the broker can take the quick check (:mod:`tidelog.storage.record_scan`)."""
+        send, described (count, CRC32C) so that the broker can check it arrived as encoded."""
         chunk = b""
         if builder is not None:
             chunk = builder.drain()

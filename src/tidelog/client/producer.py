@@ -51,7 +51,7 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
-from tidelog.api.errors import TidelogError
+from tidelog.api.errors import MessageTooLargeError, TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.client.accumulator import Accumulator, RecordMetadata
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
@@ -84,13 +84,18 @@ class Producer:
         partitioner: Partitioner | None = None,
         idempotent: bool = True,
         producer_name: str | None = None,
+        max_message_bytes: int = 1024 * 1024,
     ) -> None:
         """``cluster`` shares connections and metadata with other client objects (then ``bootstrap`` is
         unused and :meth:`close` leaves the cluster open). ``ack_timeout_ms`` 0 uses the broker's default.
         ``linger_ms`` 0 still batches the records sent within one turn of the event loop. ``idempotent`` and
-        ``producer_name``: see the module docstring (a name needs idempotence, and acks other than NONE)."""
-        if batch_size < 1 or max_records < 1 or max_in_flight < 1 or buffer_memory < 1:
-            raise ValueError("batch_size, max_records, max_in_flight and buffer_memory must be positive")
+        ``producer_name``: see the module docstring (a name needs idempotence, and acks other than NONE).
+        ``max_message_bytes``: the largest record (key, value, header names and values) :meth:`send` accepts;
+        set it as the brokers' setting of the same name (1 MiB by default)."""
+        if batch_size < 1 or max_records < 1 or max_in_flight < 1 or buffer_memory < 1 or max_message_bytes < 1:
+            raise ValueError(
+                "batch_size, max_records, max_in_flight, buffer_memory and max_message_bytes must be positive"
+            )
         if producer_name is not None and (not idempotent or Acks(acks) is Acks.NONE or not producer_name):
             raise ValueError("producer_name needs a non-empty name, idempotent=True and acks other than NONE")
         self._owns_cluster = cluster is None
@@ -108,6 +113,7 @@ class Producer:
         self._partitioner: Partitioner = DefaultPartitioner() if partitioner is None else partitioner
         self._idempotent = idempotent and self._acks is not Acks.NONE
         self._producer_name = producer_name
+        self._max_message_bytes = max_message_bytes
         self._identity: ProducerIdentity | None = None
         self._accumulator: Accumulator | None = None
         self._sender: Sender | None = None
@@ -183,6 +189,10 @@ class Producer:
 
         ``timestamp`` is ns since the Unix epoch (now, when omitted). The future fails with the broker's
         :class:`~tidelog.api.errors.TidelogError` (e.g. ``UnknownStreamError``) if the record is refused.
+        A record above ``max_message_bytes`` raises :class:`~tidelog.api.errors.MessageTooLargeError` here and
+        joins no batch, so the records sent around it are not affected; a negative ``timestamp`` raises
+        ``ValueError`` (brokers refuse timestamps before the Unix epoch, and those more than their
+        ``max_timestamp_ahead_ms`` ahead of their clock).
         Suspends only for backpressure, a stream's first metadata lookup, or one loop turn after filling a
         batch the sender cannot take yet (module docstring).
         """
@@ -203,6 +213,10 @@ class Producer:
         timestamp: int | None,
     ) -> asyncio.Future[RecordMetadata]:
         """Encode the record into its partition's open batch (``send()`` without its yield)."""
+        if (value is not None and len(value) > self._max_message_bytes) or key is not None or headers:
+            self._check_record(value, key, headers)
+        if timestamp is not None and timestamp < 0:
+            raise ValueError(f"timestamp {timestamp} is negative: record timestamps are ns since the Unix epoch")
         accumulator = self._accumulator
         if accumulator is None:
             await self.start()
@@ -219,6 +233,16 @@ class Producer:
         return accumulator.append(
             stream, partition, value, key, headers or (), time.time_ns() if timestamp is None else timestamp
         )
+
+    def _check_record(self, value: bytes | None, key: bytes | None, headers: Headers | None) -> None:
+        """Refuse a record above ``max_message_bytes`` before it joins a batch: the broker would refuse the whole
+        batch, and with it every other record in it."""
+        size = len(value or b"") + len(key or b"") + sum(len(name.encode()) + len(data) for name, data in headers or ())
+        if size > self._max_message_bytes:
+            raise MessageTooLargeError(
+                f"record of {size} bytes (key, value and headers) is above max_message_bytes "
+                f"({self._max_message_bytes}); nothing was sent"
+            )
 
     async def send_and_wait(
         self,

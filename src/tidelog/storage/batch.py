@@ -60,7 +60,7 @@ import crc32c
 import lz4.frame
 import zstandard
 
-from tidelog.storage.errors import CorruptBatchError
+from tidelog.storage.errors import CorruptBatchError, DecompressedTooLargeError
 from tidelog.storage.varint import decode_varint, encode_varint
 
 FORMAT_VERSION = 1
@@ -620,7 +620,7 @@ def _decompress(data: memoryview, codec: Codec, limit: int) -> bytes:
 def _unzstd(data: memoryview, limit: int) -> bytes:
     size = zstandard.frame_content_size(data)
     if size > limit:
-        raise CorruptBatchError(f"batch decompresses to {size} bytes, above the {limit} limit")
+        raise DecompressedTooLargeError(f"batch decompresses to {size} bytes, above the {limit} limit")
     if size >= 0:
         # One allocation of exactly the declared size; zstd refuses content that differs from the declaration.
         return zstandard.ZstdDecompressor().decompress(data)
@@ -654,7 +654,7 @@ def _join_bounded(pieces: Iterable[bytes], limit: int) -> bytes:
     for piece in pieces:
         total += len(piece)
         if total > limit:
-            raise CorruptBatchError(f"batch decompresses past the {limit} byte limit")
+            raise DecompressedTooLargeError(f"batch decompresses past the {limit} byte limit")
         out.append(piece)
     return b"".join(out)
 

@@ -4,10 +4,12 @@
 
     StorageError
      ├── CorruptBatchError      bytes that are not a valid record batch (torn, hostile, bad CRC, absurd counts)
+     │    └── DecompressedTooLargeError  records that decompress past the bound the reader allows
      ├── CorruptSegmentError    a sealed segment failed validation; names the file and the offset range
      ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
      ├── OffsetDamagedError     a read inside a range of offsets found damaged on disk (bit rot)
      ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
+     │    └── RecordTooLargeError  a record above max_message_bytes
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      ├── DiskFullError          a write refused because the disk is full; nothing of it was kept (retry later)
@@ -122,3 +124,12 @@ class CheckpointError(StorageError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class RecordTooLargeError(InvalidBatchError):
+    """A record whose key, value and headers together exceed the broker's ``max_message_bytes``."""
+
+
+class DecompressedTooLargeError(CorruptBatchError):
+    """A compressed batch whose records decompress to more than the reader's bound (a compression bomb, or
+    records larger than a batch may hold): decompression stopped at the bound."""

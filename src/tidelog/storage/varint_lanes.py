@@ -32,6 +32,18 @@ def timestamp_lanes(columns: Sequence[bytes], n: int, first_ts: int) -> tuple[by
     """The timestamps (ns) of ``n`` records as a little-endian ``int64`` buffer, and whether one is negative,
     given the byte columns of their timestamp deltas' varints (continuation bits already checked; a column may
     be longer than ``n``)."""
+    z, ones = zigzag_lanes(columns, n)
+    if z & ones or first_ts < 0:  # a negative delta or first timestamp: zig-zag decoded lane by lane
+        zigzags = array.array("q")
+        zigzags.frombytes(z.to_bytes(n << 3, "little"))  # each lane < 2**56: read as signed, still itself
+        values = array.array("q", [first_ts + ((v >> 1) ^ -(v & 1)) for v in zigzags])
+        return values.tobytes(), min(values) < 0
+    return ((z >> 1) + first_ts * ones).to_bytes(n << 3, "little"), False  # no lane can carry into the next
+
+
+def zigzag_lanes(columns: Sequence[bytes], n: int) -> tuple[int, int]:
+    """The zig-zag values of ``n`` varints (at most eight bytes each, continuation bits already checked) as one
+    big int of 64-bit lanes, lane ``i`` record ``i``'s; and the int with a 1 in every lane."""
     lanes = bytearray(n << 3)
     for i, column in enumerate(columns):
         lanes[i::8] = column[:n]
@@ -40,12 +52,7 @@ def timestamp_lanes(columns: Sequence[bytes], n: int, first_ts: int) -> tuple[by
     z = x & masks[0]
     for i in range(1, len(columns)):
         z |= (x >> i) & masks[i]
-    if z & ones or first_ts < 0:  # a negative delta or first timestamp: zig-zag decoded lane by lane
-        zigzags = array.array("q")
-        zigzags.frombytes(z.to_bytes(n << 3, "little"))  # each lane < 2**56: read as signed, still itself
-        values = array.array("q", [first_ts + ((v >> 1) ^ -(v & 1)) for v in zigzags])
-        return values.tobytes(), min(values) < 0
-    return ((z >> 1) + first_ts * ones).to_bytes(n << 3, "little"), False  # no lane can carry into the next
+    return z, ones
 
 
 _mask_cache: dict[tuple[int, int], tuple[list[int], int]] = {}

@@ -41,6 +41,7 @@ from tidelog.replication.registers import (
     encode_labels,
 )
 from tidelog.storage.batch import HEADER_SIZE, REGISTERS_LENGTH
+from tidelog.storage.batch_check import ProduceLimits
 
 SPOOL_DIRECTORY = ".appends"
 REGISTERS_ROOM = REGISTERS_LENGTH.size + MAX_REGISTER_BYTES  # an append is one batch: it must fit a segment
@@ -57,11 +58,13 @@ def _limits(config: BrokerConfig) -> AppendLimits:
     directory = config.data_dir / SPOOL_DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
     max_bytes = min(config.max_append_bytes, config.segment_max_bytes - HEADER_SIZE - REGISTERS_ROOM)
+    records = ProduceLimits.of(config.max_message_bytes, max_bytes, config.max_timestamp_ahead_ms)
     return AppendLimits(
         directory,
         max_bytes,
         config.append_min_rate_bytes,
         config.append_rate_window_ms / 1000,
+        records,
         config.max_open_appends_per_connection,
         config.max_open_append_bytes_per_connection,
     )

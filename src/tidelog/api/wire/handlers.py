@@ -8,6 +8,13 @@ administration in :class:`~tidelog.broker.streams.StreamAdmin`. One module per f
 :mod:`tidelog.api.wire.fetch`, administration and metadata in :mod:`tidelog.api.wire.admin`; the server
 (:mod:`tidelog.api.wire.server`) assembles the op → handler table from the three.
 
+Every produced batch is checked before anything is stored
+(:func:`~tidelog.storage.batch_check.check_produced`: records that decode, none above ``max_message_bytes``,
+timestamps within ``max_timestamp_ahead_ms`` of the broker's clock): an invalid batch is INVALID_ARGUMENT, a
+record too large MESSAGE_TOO_LARGE, and nothing of the request is written. A batch too irregular to check
+quickly is checked off the loop, the connection's later produces to the partition waiting their turn
+(:mod:`tidelog.api.wire.produce_turns`).
+
 Produce and the ack policies:
 
 - ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.append` returns, i.e. once the policy is met
@@ -18,26 +25,30 @@ Produce and the ack policies:
 - Idempotent producers (batches carrying a producer id): a retry of batches already written is answered like
   the first attempt, with the original offsets (for ``ALL`` once they are committed), and writes nothing; a
   gap, an older epoch or an unknown producer is an error frame (:meth:`Partition.append` decides).
-- ``NONE``: the partition is looked up first (an unknown stream or a follower still gets an error frame),
-  then the append is *started* and the response (offsets -1) is sent without waiting for the write. Appends
-  start in request order, so a producer's batches still land in the order it sent them; a failure after that
-  point (read-only partition, corrupt batch, full disk) is logged on the broker and never reported. That is
-  Kafka's ``acks=0`` contract, except that a frame still comes back: correlation ids and the in-order reply
-  queue work the same for every policy, and the producer learns about unknown streams at once.
+- ``NONE``: the partition is looked up and the batches checked first (an unknown stream, a follower or an
+  invalid batch still gets an error frame), then the append is *started* and the response (offsets -1) is sent
+  without waiting for the write. Appends start in request order, so a producer's batches still land in the
+  order it sent them; a failure after that point (read-only partition, full disk) is logged on the broker and
+  never reported. That is Kafka's ``acks=0`` contract, except that a frame still comes back: correlation ids
+  and the in-order reply queue work the same for every policy, and the producer learns about unknown streams
+  and invalid batches at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
+from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppends
+from tidelog.storage.batch_check import ProduceLimits
 from tidelog.storage.log import FileRange, Log
 
 log = logging.getLogger(__name__)
@@ -86,6 +97,7 @@ class HandlerEnv:
     zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
     appends: OpenAppends = field(default_factory=OpenAppends)  # this connection's uncommitted transactional appends
+    produce_turns: ProduceTurns = field(default_factory=ProduceTurns)  # its produces checked off the loop
     reply_now: ReplyNow = _never_now  # the session's, for a reply produced outside its handler task
 
 
@@ -155,20 +167,35 @@ _NO_OFFSETS = ProduceResponse(-1, -1)
 async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest, payload: memoryview) -> Reply:
     """Append the payload's batches to the partition; answer once the ack policy is met (see module doc)."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
-    timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
-    if request.acks is Acks.NONE:
-        task = asyncio.get_running_loop().create_task(partition.append(payload, request.acks, timeout))
-        env.background.add(task)
-        task.add_done_callback(_unacknowledged_done)
-        task.add_done_callback(env.background.discard)
-        return Reply(encode_message(correlation_id, _NO_OFFSETS))
-    if request.acks is Acks.ALL:
-        reply = _CommittedReply(env, correlation_id)
-        appended = await partition.append(payload, request.acks, timeout, on_committed=reply)
-        if reply.sent:
-            return SENT
-    else:
-        appended = await partition.append(payload, request.acks, timeout)
+    config = env.broker.config
+    limits = ProduceLimits.of(
+        config.max_message_bytes, partition.log.config.max_batch_bytes, config.max_timestamp_ahead_ms
+    )
+    key = (request.stream, request.partition)
+    # Before anything is stored, whatever the ack policy; in request order (see produce_turns).
+    turn = await env.produce_turns.check(key, payload, limits, time.time_ns())
+    try:
+        timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
+        if request.acks is Acks.NONE:
+            task = asyncio.get_running_loop().create_task(partition.append(payload, request.acks, timeout))
+            env.produce_turns.release(key, turn)
+            env.background.add(task)
+            task.add_done_callback(_unacknowledged_done)
+            task.add_done_callback(env.background.discard)
+            return Reply(encode_message(correlation_id, _NO_OFFSETS))
+        if request.acks is Acks.ALL:
+            reply = _CommittedReply(env, correlation_id)
+            appending = partition.append(payload, request.acks, timeout, on_committed=reply)
+            env.produce_turns.release(key, turn)  # those behind wake after this append has placed its batches
+            appended = await appending
+            if reply.sent:
+                return SENT
+        else:
+            appending = partition.append(payload, request.acks, timeout)
+            env.produce_turns.release(key, turn)
+            appended = await appending
+    finally:
+        env.produce_turns.release(key, turn)
     return Reply(encode_message(correlation_id, ProduceResponse(appended.base_offset, appended.last_offset)))
 
 

@@ -543,8 +543,9 @@ class AppendRequest(Header, frozen=True):
     ``acks`` NONE is taken as LEADER: the COMMIT answer is the outcome, so it is always waited for.
 
     ``records``, ``crc`` and ``max_timestamp`` describe the frame's payload: how many records, their CRC32C,
-    and the largest record timestamp so far in the append. A client that sends all three gets the quick check
-    (:mod:`tidelog.storage.record_scan`); -1 leaves the broker to decode every record.
+    and the largest record timestamp so far in the append. The broker checks every record either way
+    (:mod:`tidelog.storage.record_check`); given (not -1), the count and CRC must match too. The append's largest
+    timestamp is taken from the records.
     """
 
     append_id: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
