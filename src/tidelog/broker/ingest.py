@@ -254,26 +254,8 @@ class NatsIngest:
     async def _ack_refused(self, acks: list[AckRequest]) -> None:
         """An error ack (``ackError`` UNKNOWN, offset -1) for each refused envelope that named a usable inbox."""
         now = self._clock.now_ns()
-        partition = self._partition
         error = int(InvalidArgumentError().spec.ack_error)
-        messages = [
-            (
-                ack.ack_inbox,
-                build_ack(
-                    stream=partition.stream.name,
-                    partition_subject=partition.subject,
-                    msg_subject=ack.msg_subject,
-                    offset=-1,
-                    ack_inbox=ack.ack_inbox,
-                    correlation_id=ack.correlation_id,
-                    ack_policy=ack.ack_policy,
-                    received_ns=now,
-                    committed_ns=now,
-                    error=error,
-                ),
-            )
-            for ack in acks
-        ]
+        messages = [self._ack_for(ack, -1, now, now, error) for ack in acks]
         await self._publish_acks(messages)
 
     async def _ack_duplicates(self, acks: list[tuple[Entry, AckRequest]]) -> None:
@@ -372,24 +354,27 @@ class NatsIngest:
             last = base_offset + max(i for i, a in acks if a.ack_policy == Acks.ALL)
             await partition.wait_committed(last, self._ack_timeout)
         committed = self._clock.now_ns()
-        messages = [
-            (
-                ack.ack_inbox,
-                build_ack(
-                    stream=partition.stream.name,
-                    partition_subject=partition.subject,
-                    msg_subject=ack.msg_subject,
-                    offset=base_offset + i,
-                    ack_inbox=ack.ack_inbox,
-                    correlation_id=ack.correlation_id,
-                    ack_policy=ack.ack_policy,
-                    received_ns=received_ns,
-                    committed_ns=committed,
-                ),
-            )
-            for i, ack in acks
-        ]
+        messages = [self._ack_for(ack, base_offset + i, received_ns, committed) for i, ack in acks]
         await self._publish_acks(messages)
+
+    def _ack_for(
+        self, ack: AckRequest, offset: int, received_ns: int, committed_ns: int, error: int = 0
+    ) -> tuple[str, api_pb2.Ack]:
+        """The inbox and the Liftbridge ack for one message stored at ``offset`` (-1 with an ``error``)."""
+        partition = self._partition
+        built = build_ack(
+            stream=partition.stream.name,
+            partition_subject=partition.subject,
+            msg_subject=ack.msg_subject,
+            offset=offset,
+            ack_inbox=ack.ack_inbox,
+            correlation_id=ack.correlation_id,
+            ack_policy=ack.ack_policy,
+            received_ns=received_ns,
+            committed_ns=committed_ns,
+            error=error,
+        )
+        return ack.ack_inbox, built
 
     async def _publish_acks(self, messages: list[tuple[str, api_pb2.Ack]]) -> None:
         """Publish each ack on its own: one that fails is counted and logged (once per call), never stopping the
