@@ -57,9 +57,17 @@ class ProduceTurns:
             if ahead is not None:
                 await asyncio.shield(ahead)  # a cancelled waiter must not cancel the turn others wait on
         except BaseException:
-            self.release(key, turn)
+            self._release_after(key, turn, ahead)
             raise
         return turn
+
+    def _release_after(self, key: Key, turn: asyncio.Future[None], ahead: asyncio.Future[None] | None) -> None:
+        """Release a turn that will not append (its check failed, or it was cancelled) once the turn ahead of it
+        is released: the produces behind it must still land after those ahead of it."""
+        if ahead is None or ahead.done():
+            self.release(key, turn)
+        else:
+            ahead.add_done_callback(lambda _: self.release(key, turn))
 
     def release(self, key: Key, turn: asyncio.Future[None] | None) -> None:
         """Let the produces behind ``turn`` go (their wake-ups run after the caller's next await)."""
