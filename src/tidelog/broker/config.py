@@ -449,8 +449,8 @@ class BrokerConfig:
         _NON_NEGATIVE,
         "After an acks-ALL write that waits alone for its commit is fsynced, the leader polls its sockets for this "
         "long instead of sleeping (stopping early when it passes the next write to its followers), so the "
-        "followers' acknowledgements and the producer's next write need not wake it: about 80 µs lower latency "
-        "where waking an idle CPU is dear (virtual machines), for up to this much leader CPU per such write. 0: "
+        "followers' acknowledgements and the producer's next write need not wake it: lower latency where waking an "
+        "idle CPU is dear (virtual machines), for up to this much leader CPU per such write. 0: "
         "sleep (a leader sharing its CPUs with other busy work).",
     )
     broker_lease_ttl_ms: int = _setting(

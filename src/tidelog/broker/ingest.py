@@ -5,8 +5,8 @@ and per-byte copies are what count; on this class of machine copying a kilobyte 
 
 1. **Receive** — :class:`~tidelog.broker.nats_reader.NatsReader`, a subscriber connection of this partition's own,
    parses each socket read in one pass and calls :meth:`NatsIngest._on_read` once per read, the payloads as views
-   of the read (not copies). nats-py cost about 8 µs of Python per message here (profiled: its parser, a ``Msg``
-   object, a queue and a task wake-up each); the reader well under one. nats-py remains the way in for URLs the
+   of the read (not copies): a fraction of nats-py's per-message Python (its parser, a ``Msg`` object, a queue
+   and a task wake-up each; docs/performance.md). nats-py remains the way in for URLs the
    reader does not speak (``tls://``, websockets) and for tests that stand in for the NATS client.
 2. **Encode** — :class:`~tidelog.broker.ingest_batch.IngestEncoder` turns the read into record batches at once, all
    in one buffer (byte-identical to :func:`~tidelog.storage.batch.build_batch`; a plain message is a few table
