@@ -254,27 +254,8 @@ class NatsIngest:
     async def _ack_refused(self, acks: list[AckRequest]) -> None:
         """An error ack (``ackError`` UNKNOWN, offset -1) for each refused envelope that named a usable inbox."""
         now = self._clock.now_ns()
-        partition = self._partition
         error = int(InvalidArgumentError().spec.ack_error)
-        messages = [
-            (
-                ack.ack_inbox,
-                build_ack(
-                    stream=partition.stream.name,
-                    partition_subject=partition.subject,
-                    msg_subject=ack.msg_subject,
-                    offset=-1,
-                    ack_inbox=ack.ack_inbox,
-                    correlation_id=ack.correlation_id,
-                    ack_policy=ack.ack_policy,
-                    received_ns=now,
-                    committed_ns=now,
-                    error=error,
-                ),
-            )
-            for ack in acks
-        ]
-        await self._publish_acks(messages)
+        await self._publish_acks([self._ack(ack, -1, now, now, error) for ack in acks])
 
     async def _ack_duplicates(self, acks: list[tuple[Entry, AckRequest]]) -> None:
         """Ack each duplicate with its original's offset (skipped while the original's append is in flight)."""
@@ -372,24 +353,25 @@ class NatsIngest:
             last = base_offset + max(i for i, a in acks if a.ack_policy == Acks.ALL)
             await partition.wait_committed(last, self._ack_timeout)
         committed = self._clock.now_ns()
-        messages = [
-            (
-                ack.ack_inbox,
-                build_ack(
-                    stream=partition.stream.name,
-                    partition_subject=partition.subject,
-                    msg_subject=ack.msg_subject,
-                    offset=base_offset + i,
-                    ack_inbox=ack.ack_inbox,
-                    correlation_id=ack.correlation_id,
-                    ack_policy=ack.ack_policy,
-                    received_ns=received_ns,
-                    committed_ns=committed,
-                ),
-            )
-            for i, ack in acks
-        ]
-        await self._publish_acks(messages)
+        await self._publish_acks([self._ack(ack, base_offset + i, received_ns, committed) for i, ack in acks])
+
+    def _ack(
+        self, ack: AckRequest, offset: int, received_ns: int, committed_ns: int, error: int = 0
+    ) -> tuple[str, api_pb2.Ack]:
+        """The Liftbridge ack of one enveloped message of this partition, with the inbox it goes to."""
+        partition = self._partition
+        return ack.ack_inbox, build_ack(
+            stream=partition.stream.name,
+            partition_subject=partition.subject,
+            msg_subject=ack.msg_subject,
+            offset=offset,
+            ack_inbox=ack.ack_inbox,
+            correlation_id=ack.correlation_id,
+            ack_policy=ack.ack_policy,
+            received_ns=received_ns,
+            committed_ns=committed_ns,
+            error=error,
+        )
 
     async def _publish_acks(self, messages: list[tuple[str, api_pb2.Ack]]) -> None:
         """Publish each ack on its own: one that fails is counted and logged (once per call), never stopping the

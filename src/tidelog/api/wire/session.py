@@ -371,12 +371,9 @@ class Session:
         small range usually go out at once (uvloop writes straight to an empty socket buffer). See
         docs/performance.md.
         """
-        self._sending = True
         try:
-            await self._send(reply)
+            await self._send_closing(reply)
         finally:
-            self._sending = False
-            reply.close()
             self._want_writer_if_due()  # a later reply may have got ready meanwhile
 
     def _push(self, cid: int, op: int, nbytes: int, reply: asyncio.Future[Reply]) -> None:
@@ -411,12 +408,7 @@ class Session:
                     continue
                 slot = self._take_first()
                 reply = self._reply_of(slot)
-                self._sending = True
-                try:
-                    await self._send(reply)
-                finally:
-                    self._sending = False
-                    reply.close()
+                await self._send_closing(reply)
             await self._writer.drain()
         except (ConnectionError, OSError) as exc:
             log.debug("wire connection %s: write failed: %s", self.peer, exc)
@@ -432,6 +424,15 @@ class Session:
         if exc is not None:
             return self._error_reply(slot.correlation_id, slot.op, exc)
         return future.result()
+
+    async def _send_closing(self, reply: Reply) -> None:
+        """Send ``reply`` marked as sending (no other reply interleaves while it may wait), then close it."""
+        self._sending = True
+        try:
+            await self._send(reply)
+        finally:
+            self._sending = False
+            reply.close()
 
     async def _send(self, reply: Reply) -> None:
         file = reply.file
