@@ -1,9 +1,16 @@
 """The clock every timer and deadline in tidelog goes through.
 
-Code never calls ``time.time()`` or ``asyncio.sleep()`` for a timeout directly: it asks an injected
-:class:`Clock`. Production passes :class:`SystemClock`; tests pass :class:`ManualClock` and move time forward
-explicitly with :meth:`ManualClock.advance`, so a test of "roll the segment after seven days" or "flush every
-200 ms" runs instantly and the same way every time (trio's ``MockClock`` is the model).
+Code that takes a :class:`Clock` asks it instead of calling ``time`` or ``asyncio.sleep()`` directly. Production
+passes :class:`SystemClock`; tests pass :class:`ManualClock` and move time forward explicitly with
+:meth:`ManualClock.advance`, so a test of "roll the segment after seven days" or "flush every 200 ms" runs
+instantly and the same way every time (trio's ``MockClock`` is the model).
+
+Not all of tidelog does yet. The storage log and its flusher, the metadata controller, its election and lease
+sessions, the broker's cleaner and NATS ingest take an injected clock. Other code still reads ``time`` and
+sleeps with ``asyncio.sleep()`` itself: the partition runtime (:mod:`tidelog.broker.partition`: follower lag,
+ISR shrink, record timestamps), the partition manager, the safety and damage-repair retries, stream and broker
+records, open appends, the request handlers' timestamps and the wire server's shutdown grace, and the client and
+Spark retry loops. Moving those onto the clock is a step of its own.
 
 Two readings are offered because they answer different questions: :meth:`Clock.now_ns` is wall-clock time in
 nanoseconds since the Unix epoch (record timestamps, retention by age), :meth:`Clock.monotonic_ns` never goes

@@ -7,10 +7,9 @@ waiter owns (a follower's fetch response, once per replicated write) need not pa
 the deadline on the future itself instead: a timer that fails it with ``TimeoutError``, cancelled once the
 future resolves.
 
-Measured with 1 KiB acks-ALL writes, 3 brokers on 2 cores, paired runs alternating the two in one cluster:
-the followers' fetch responses awaited this way cut the write's p50 by 10–22 µs. An acks-ALL produce's wait
-for its commit, the same way, changed nothing measurable (its reply leaves from the acknowledgement itself,
-:class:`tidelog.api.wire.handlers._CommittedReply`), so it keeps ``asyncio.timeout``.
+The followers' fetch responses are awaited this way; an acks-ALL produce's wait for its commit gained nothing
+from it (its reply leaves from the acknowledgement itself, :class:`tidelog.api.wire.handlers._CommittedReply`), so
+it keeps ``asyncio.timeout``. The numbers are in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -21,11 +21,10 @@ import nats
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2_grpc
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.server import Broker
-
-from .helpers import BOUND
 
 
 @pytest.fixture(scope="module")

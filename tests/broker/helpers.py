@@ -1,23 +1,48 @@
 """What tests against a running broker do again and again: create streams, publish, read back, expect errors.
 
+Also what several broker test modules share: a partition for NATS ingest tests (:func:`open_partition`,
+:func:`stored_batches`), Liftbridge envelopes and ack inboxes, transactional appends over the wire
+(:func:`begin`, :func:`records`), and a stream whose batch :data:`DAMAGED` rots on disk (:func:`rot`).
+
 Every wait is bounded by :data:`BOUND`, so a broker that never answers fails the test instead of hanging it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
+import crc32c
 import grpc
 
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2, api_pb2_grpc
+from tidelog.api.envelope import MessageType, encode_envelope, parse_envelope
+from tidelog.api.wire.messages import AppendPhase, AppendRequest
+from tidelog.broker.partition import Partition
+from tidelog.broker.server import Broker
+from tidelog.client import Consumer, Producer
+from tidelog.client.connection import Connection
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.storage.batch import (
+    CRC_FIELD,
+    CRC_POS,
+    CRC_START,
+    HEADER_SIZE,
+    BatchBuilder,
+    decode_records,
+    iter_batches,
+)
+from tidelog.storage.config import LogConfig
+from tidelog.storage.log import Log
 
 T = TypeVar("T")
-
-BOUND = 20.0
-"""Upper bound on any single wait, generous for a loaded two-core CI machine."""
 
 Stub = api_pb2_grpc.APIStub
 
@@ -133,3 +158,141 @@ async def subscription(stub: Stub, stream: str, partition: int = 0, **fields: An
         yield Subscription(call)
     finally:
         call.cancel()
+
+
+MiB = 1024 * 1024
+
+
+async def open_partition(path: Path, config: LogConfig) -> Partition:
+    stream = StreamRecord("s", "s", "", 1, 1, 1)
+    record = PartitionRecord("s", 0, ("b1",), "b1", ("b1",))
+    return Partition(stream, record, await Log.open_async(path, config), "b1", min_isr=1)
+
+
+def stored_batches(partition: Partition) -> list[list[bytes]]:
+    """Every committed batch, as the list of its record values."""
+    batches: list[list[bytes]] = []
+    offset = 0
+    while data := partition.read_committed(offset, 64 * MiB):
+        for position, header in iter_batches(data):
+            batches.append([r.value or b"" for r in decode_records(data, position, header=header)])
+            offset = header.next_offset
+    return batches
+
+
+def garble_first_record(path: Path, position: int, size: int, *, fix_crc: bool) -> None:
+    """Make the first record of the batch at ``position`` undecodable (its length a run of 0xFF); with ``fix_crc``
+    the batch's CRC still matches. The rest of the record, its Nats-Msg-Id header too, is left in place."""
+    data = bytearray(path.read_bytes())
+    data[position + HEADER_SIZE : position + HEADER_SIZE + 10] = b"\xff" * 10
+    if fix_crc:
+        crc = crc32c.crc32c(bytes(data[position + CRC_START : position + size]))
+        CRC_FIELD.pack_into(data, position + CRC_POS, crc)
+    path.write_bytes(bytes(data))
+
+
+def envelope(*, with_crc: bool = True, **fields: Any) -> bytes:
+    """A Liftbridge client's NATS publish: a protobuf ``Message`` in the envelope."""
+    return encode_envelope(MessageType.PUBLISH, api_pb2.Message(**fields).SerializeToString(), with_crc)
+
+
+async def receive(stub: Stub, stream: str, count: int, partition: int = 0) -> list[api_pb2.Message]:
+    """Subscribe from the earliest message and wait for ``count`` messages."""
+    async with subscription(stub, stream, partition, startPosition=api_pb2.EARLIEST) as tail:
+        return await tail.take(count)
+
+
+@contextlib.asynccontextmanager
+async def inbox(nc: Any, subject: str) -> AsyncIterator[asyncio.Queue[bytes]]:
+    """A NATS subscription whose messages land in a queue."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_message(msg: Any) -> None:
+        queue.put_nowait(msg.data)
+
+    sub = await nc.subscribe(subject, cb=on_message)
+    await subscribed(nc)
+    try:
+        yield queue
+    finally:
+        await sub.unsubscribe()
+
+
+def parse_ack(data: bytes) -> api_pb2.Ack:
+    env = parse_envelope(data)
+    assert env is not None and env.msg_type is MessageType.ACK, data
+    return api_pb2.Ack.FromString(bytes(env.payload))
+
+
+async def connect(broker: Broker) -> Connection:
+    assert broker.wire is not None
+    return await Connection.open("127.0.0.1", broker.wire.port)
+
+
+def records(count: int, size: int = 1000, first: int = 0) -> tuple[bytes, int]:
+    builder = BatchBuilder(1_000)
+    for _ in range(first):
+        builder.append(b"")
+    builder.drain()
+    for _ in range(count):
+        builder.append(os.urandom(size))
+    return builder.drain(), builder.first_timestamp
+
+
+def begin(append_id: int, stream: str, **fields: Any) -> AppendRequest:
+    return AppendRequest(append_id, AppendPhase.BEGIN, stream, 0, first_timestamp=1_000, **fields)
+
+
+async def consumed_values(address: str, stream: str) -> list[bytes | None]:
+    """Every record value of ``stream`` partition 0, read with the client's consumer up to the end."""
+    async with Consumer(address, stream, stop_at_end=True) as consumer:
+        async with asyncio.timeout(BOUND):
+            return [record.value async for record in consumer]
+
+
+# A stream of BATCHES batches of PER_BATCH records (test_bit_rot, test_damage_repair); batch DAMAGED rots.
+BATCHES = 12
+PER_BATCH = 10
+DAMAGED = 5  # the batch whose bytes rot: offsets 50..59
+FIRST, LAST = DAMAGED * PER_BATCH, DAMAGED * PER_BATCH + PER_BATCH - 1
+EVERY = list(range(BATCHES * PER_BATCH))
+
+
+async def produce_batches(address: str, name: str) -> None:
+    """BATCHES batches of PER_BATCH incompressible records each (segments of 4 KiB roll every other batch)."""
+    async with Producer(address) as producer:
+        for _ in range(BATCHES):
+            for _ in range(PER_BATCH):
+                await producer.send(name, os.urandom(150))
+            await producer.flush()
+
+
+def rot(data_dir: Path, name: str) -> Path:
+    """Flip one byte inside the records of the batch at FIRST (its header stays sound) in a sealed segment of
+    ``name``/0 under a broker's ``data_dir``; returns the segment file."""
+    (partition_dir,) = data_dir.glob(f"streams/{name}@*/0")
+    for path in sorted(partition_dir.glob("*.log"))[:-1]:  # sealed segments only
+        data = path.read_bytes()
+        for position, header in iter_batches(data):
+            if header.base_offset == FIRST:
+                assert header.last_offset == LAST, "the producer made batches of another size"
+                flip_at = position + HEADER_SIZE + 5
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.pwrite(fd, bytes([data[flip_at] ^ 0xFF]), flip_at)
+                finally:
+                    os.close(fd)
+                return path
+    raise AssertionError(f"no sealed segment holds a batch at offset {FIRST}")
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], what: str) -> None:
+    """Wait (bounded) until ``check`` holds: a condition across brokers, with no event to wait on."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        result = check()
+        if result if isinstance(result, bool) else await result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from tests.broker.helpers import begin, connect, consumed_values, records
+from tests.helpers import BOUND
 from tidelog.api.errors import ErrorCode, OpenAppendsLimitError
 from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
 from tidelog.broker.server import Broker
 from tidelog.client import Admin
-
-from .test_append_wire import BOUND, begin, connect, records, values
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -56,7 +56,7 @@ async def test_one_append_more_than_the_connection_may_hold_open_is_refused(
             assert isinstance(committed.header, AppendResponse) and committed.header.status == 0
     finally:
         await connection.close()
-    assert len(await values(address, stream_name)) == MAX_OPEN
+    assert len(await consumed_values(address, stream_name)) == MAX_OPEN
 
 
 async def test_a_chunk_past_the_connections_spooled_bytes_fails_its_append(
@@ -81,4 +81,4 @@ async def test_a_chunk_past_the_connections_spooled_bytes_fails_its_append(
         assert isinstance(committed.header, AppendResponse) and committed.header.status == 0
     finally:
         await connection.close()
-    assert len(await values(address, stream_name)) == 900
+    assert len(await consumed_values(address, stream_name)) == 900

@@ -5,22 +5,18 @@ chunk — and a second append then lands at the offset the first would have take
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import crc32c
 import pytest
 
+from tests.broker.helpers import begin, connect, consumed_values, records
 from tidelog.api.errors import ErrorCode
 from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
 from tidelog.broker.server import Broker
-from tidelog.client import Admin, Appender, Consumer
-from tidelog.client.connection import Connection
-from tidelog.storage.batch import BatchBuilder
+from tidelog.client import Admin, Appender
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-
-BOUND = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -35,38 +31,13 @@ def address(broker: Broker) -> str:
     return f"127.0.0.1:{broker.wire.port}"
 
 
-async def connect(broker: Broker) -> Connection:
-    assert broker.wire is not None
-    return await Connection.open("127.0.0.1", broker.wire.port)
-
-
-def records(count: int, size: int = 1000, first: int = 0) -> tuple[bytes, int]:
-    builder = BatchBuilder(1_000)
-    for _ in range(first):
-        builder.append(b"")
-    builder.drain()
-    for _ in range(count):
-        builder.append(os.urandom(size))
-    return builder.drain(), builder.first_timestamp
-
-
-def begin(append_id: int, stream: str, **fields: Any) -> AppendRequest:
-    return AppendRequest(append_id, AppendPhase.BEGIN, stream, 0, first_timestamp=1_000, **fields)
-
-
-async def values(address: str, stream: str) -> list[bytes | None]:
-    async with Consumer(address, stream, stop_at_end=True) as consumer:
-        async with asyncio.timeout(BOUND):
-            return [record.value async for record in consumer]
-
-
 async def prove_nothing_stored(address: str, stream: str) -> None:
     """Nothing is visible, and the next append takes offset 0: no offset was used up."""
-    assert await values(address, stream) == []
+    assert await consumed_values(address, stream) == []
     async with Appender(address) as appender:
         outcome = await appender.append(stream, 0, [b"next"], expected_offset=0)
     assert outcome.base_offset == 0
-    assert await values(address, stream) == [b"next"]
+    assert await consumed_values(address, stream) == [b"next"]
 
 
 async def create(address: str, stream: str) -> None:

@@ -9,7 +9,6 @@ offsets are named once, and ``tidelog partition skip-damaged`` makes readers pas
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,21 +17,15 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from tests.broker.helpers import EVERY, FIRST, LAST, produce_batches, rot
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.api.errors import OffsetDamagedError
-from tidelog.client import Admin, Consumer, Producer
-from tidelog.storage.batch import HEADER_SIZE, iter_batches
+from tidelog.client import Admin, Consumer
 from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
-
-from .helpers import BOUND
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-BATCHES = 12
-PER_BATCH = 10
-DAMAGED = 5  # the batch whose bytes rot: offsets 50..59
-FIRST, LAST = DAMAGED * PER_BATCH, DAMAGED * PER_BATCH + PER_BATCH - 1
-EVERY = list(range(BATCHES * PER_BATCH))
 UNDAMAGED = [o for o in EVERY if not FIRST <= o <= LAST]
 
 
@@ -52,34 +45,6 @@ async def rotten_stream(served: ServedBroker, name: str) -> Path:
         await admin.create_stream(name, config={"segment.max.bytes": 4096})
     await produce_batches(served.wire_address, name)
     return rot(served.data_dir, name)
-
-
-async def produce_batches(address: str, name: str) -> None:
-    """BATCHES batches of PER_BATCH incompressible records each (segments of 4 KiB roll every other batch)."""
-    async with Producer(address) as producer:
-        for _ in range(BATCHES):
-            for _ in range(PER_BATCH):
-                await producer.send(name, os.urandom(150))
-            await producer.flush()
-
-
-def rot(data_dir: Path, name: str) -> Path:
-    """Flip one byte inside the records of the batch at FIRST (its header stays sound) in a sealed segment of
-    ``name``/0 under a broker's ``data_dir``; returns the segment file."""
-    (partition_dir,) = data_dir.glob(f"streams/{name}@*/0")
-    for path in sorted(partition_dir.glob("*.log"))[:-1]:  # sealed segments only
-        data = path.read_bytes()
-        for position, header in iter_batches(data):
-            if header.base_offset == FIRST:
-                assert header.last_offset == LAST, "the producer made batches of another size"
-                flip_at = position + HEADER_SIZE + 5
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.pwrite(fd, bytes([data[flip_at] ^ 0xFF]), flip_at)
-                finally:
-                    os.close(fd)
-                return path
-    raise AssertionError(f"no sealed segment holds a batch at offset {FIRST}")
 
 
 async def consume(served: ServedBroker, name: str, **options: object) -> tuple[list[int], list[OffsetDamagedError]]:

@@ -15,7 +15,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tests.broker.helpers import BOUND, bounded, create_stream, expect_code, publish, read_until_stop
+from tests.broker.helpers import bounded, create_stream, expect_code, publish, read_until_stop
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.client.admin import Admin
 from tidelog.client.producer import Producer

@@ -16,14 +16,13 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from tests.broker.helpers import EVERY, FIRST, produce_batches, rot
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.client import Admin, Consumer
 from tidelog.metadata.records import PartitionRecord
 from tidelog.storage.batch import iter_batches
 from tidelog.storage.errors import CorruptBatchError
 from tidelog.testing.cluster import LocalCluster
-
-from .test_bit_rot import EVERY, FIRST, produce_batches, rot
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -14,17 +14,16 @@ import aetcd
 import nats
 import pytest
 
+from tests.helpers import LONG_BOUND
 from tidelog.broker import embedded
 from tidelog.broker.embedded import BinaryNotFoundError, EmbeddedEtcd, EmbeddedNats, find_binary
 from tidelog.testing.ports import free_ports
 from tidelog.testing.process import ProcessStartError, http_get, pid_alive, wait_pid_exit
 
-BOUND = 30.0  # upper bound on any single wait
-
 
 async def assert_gone(pid: int | None) -> None:
     assert pid is not None
-    async with asyncio.timeout(BOUND):
+    async with asyncio.timeout(LONG_BOUND):
         await wait_pid_exit(pid)
     assert not pid_alive(pid)
 
@@ -41,7 +40,7 @@ async def nats_round_trip(url: str) -> bytes:
         await client.subscribe("tidelog.test", cb=on_message)
         await client.flush()
         await client.publish("tidelog.test", b"hello")
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(LONG_BOUND):
             return await received
     finally:
         await client.close()
@@ -77,7 +76,7 @@ async def test_nats_serves_clients_and_stops_by_pid(tmp_path: Path) -> None:
         assert server.running
         assert server.url == f"nats://127.0.0.1:{server.port}"
         assert await nats_round_trip(server.url) == b"hello"
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(LONG_BOUND):
             status, body = await http_get(f"{server.monitor_url}/varz")
         varz = json.loads(body)
         assert status == 200

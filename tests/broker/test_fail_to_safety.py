@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from tests.broker.helpers import until
+from tests.helpers import BOUND
 from tidelog.api.errors import (
     InvalidArgumentError,
     PartitionSuspendedError,
@@ -39,7 +41,6 @@ from tidelog.testing.serve_process import TIDELOG, clean_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-BOUND = 20.0
 STREAM = "safety"
 RECORDS = 6
 
@@ -97,18 +98,6 @@ async def backplane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[B
         finally:
             for broker_id in list(plane.brokers):
                 await plane.stop(broker_id)
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], what: str) -> None:
-    """Wait (bounded) until ``check`` holds: a condition across brokers, with no event to wait on."""
-    deadline = time.monotonic() + BOUND
-    while True:
-        result = check()
-        if result if isinstance(result, bool) else await result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def batch(value: bytes) -> bytes:

@@ -15,7 +15,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tests.broker.helpers import BOUND, create_stream
+from tests.broker.helpers import create_stream
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2_grpc
 from tidelog.api.errors import TidelogError
 from tidelog.api.wire.messages import (

@@ -16,6 +16,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.api.errors import (
     DuplicateInFlightError,
@@ -41,7 +42,7 @@ from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 
 from .conftest import broker_config
-from .helpers import BOUND, bounded, create_stream
+from .helpers import bounded, create_stream
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -7,82 +7,24 @@ runs), which is what a slow disk does under load.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.broker.helpers import open_partition, stored_batches
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.broker.ingest import NatsIngest
-from tidelog.broker.partition import Partition
-from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.storage.batch import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
-from tidelog.storage.log import Log
-
-from .helpers import BOUND
-
-MiB = 1024 * 1024
-
-
-@dataclass
-class Delivered:
-    subject: str
-    reply: str
-    data: bytes
-    headers: dict[str, str] | None = None
-
-
-class FakeSubscription:
-    async def unsubscribe(self) -> None:
-        pass
-
-
-@dataclass
-class FakeNats:
-    """Records the subscription callback, so the test delivers messages when it chooses."""
-
-    callback: Callable[[Any], Any] | None = None
-    published: list[tuple[str, bytes]] = field(default_factory=list)
-
-    async def subscribe(self, subject: str, *, cb: Callable[[Any], Any], **_: Any) -> FakeSubscription:
-        self.callback = cb
-        return FakeSubscription()
-
-    async def publish(self, subject: str, data: bytes) -> None:
-        self.published.append((subject, data))
-
-    async def flush(self) -> None:
-        pass
-
-    async def deliver(self, message: Delivered) -> None:
-        assert self.callback is not None
-        await self.callback(message)
-
-
-async def open_partition(path: Path, config: LogConfig) -> Partition:
-    stream = StreamRecord("s", "s", "", 1, 1, 1)
-    record = PartitionRecord("s", 0, ("b1",), "b1", ("b1",))
-    return Partition(stream, record, await Log.open_async(path, config), "b1", min_isr=1)
+from tidelog.testing.fakes import Delivered, FakeNats
 
 
 @pytest.fixture
 async def fake_nats() -> AsyncIterator[FakeNats]:
     yield FakeNats()
-
-
-def stored_batches(partition: Partition) -> list[list[bytes]]:
-    """Every committed batch, as the list of its record values."""
-    batches: list[list[bytes]] = []
-    offset = 0
-    while data := partition.read_committed(offset, 64 * MiB):
-        for position, header in iter_batches(data):
-            batches.append([r.value or b"" for r in decode_records(data, position, header=header)])
-            offset = header.next_offset
-    return batches
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import nats
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2_grpc
 from tidelog.broker.embedded import EmbeddedNats
 from tidelog.broker.ingest import NatsIngest
@@ -32,12 +33,18 @@ from tidelog.clock import ManualClock
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.storage.batch import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
+from tidelog.testing.fakes import FakeNats
 
 from .conftest import broker_config
-from .helpers import BOUND, create_stream, read_until_stop, values
-from .test_ingest import FakeNats, open_partition, stored_batches
-from .test_msg_id_window import garble_first_record
-from .test_nats_ingest import receive
+from .helpers import (
+    create_stream,
+    garble_first_record,
+    open_partition,
+    read_until_stop,
+    receive,
+    stored_batches,
+    values,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -10,12 +10,12 @@ import nats
 import pytest
 import pytest_asyncio
 
+from tests.broker.helpers import open_partition, stored_batches
+from tests.helpers import BOUND
 from tidelog.broker.embedded import EmbeddedNats
 from tidelog.broker.ingest import NatsIngest
 from tidelog.storage.config import LogConfig
-
-from .helpers import BOUND
-from .test_ingest import FakeNats, open_partition, stored_batches
+from tidelog.testing.fakes import FakeNats
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

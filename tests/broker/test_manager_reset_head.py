@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import PartitionSuspendedError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.manager import PartitionManager
@@ -25,7 +26,6 @@ STREAM = StreamRecord("s", "s", "", 1, 2, 1)
 # Led by b; c never fetches, so the HW stays where the checkpoint put it and the tail above is uncommitted.
 SUSPENDED = PartitionRecord("s", 0, ("b", "c"), "b", ("b", "c"), leader_epoch=3, suspended="evidence")
 BROKERS = {b: BrokerRecord(b, "127.0.0.1", 1, 1, 0) for b in "bc"}
-BOUND = 10.0
 
 
 class StubNats:

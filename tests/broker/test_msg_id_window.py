@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import crc32c
 import pytest
 
+from tests.broker.helpers import garble_first_record
 from tidelog.broker.ingest_batch import Decoded, IngestEncoder, Message
 from tidelog.broker.msg_id_window import MAX_ID_BYTES, PENDING, MsgIdWindow, msg_id_of, rebuild
 from tidelog.broker.natsproto import Msg, parse_headers
 from tidelog.storage.batch import (
-    CRC_FIELD,
-    CRC_POS,
-    CRC_START,
-    HEADER_SIZE,
     NewRecord,
     build_batch,
     iter_batches,
@@ -180,17 +176,6 @@ def segment_batches(log: Log) -> list[tuple[Path, int, int, int]]:
         for position, header in iter_batches(data, verify=False):
             found.append((path, position, header.base_offset, header.size))
     return found
-
-
-def garble_first_record(path: Path, position: int, size: int, *, fix_crc: bool) -> None:
-    """Make the first record of the batch at ``position`` undecodable (its length a run of 0xFF); with ``fix_crc``
-    the batch's CRC still matches. The rest of the record, its Nats-Msg-Id header too, is left in place."""
-    data = bytearray(path.read_bytes())
-    data[position + HEADER_SIZE : position + HEADER_SIZE + 10] = b"\xff" * 10
-    if fix_crc:
-        crc = crc32c.crc32c(bytes(data[position + CRC_START : position + size]))
-        CRC_FIELD.pack_into(data, position + CRC_POS, crc)
-    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("fix_crc", [True, False], ids=["records-do-not-decode", "crc-mismatch"])

@@ -10,10 +10,11 @@ import nats
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.broker.embedded import EmbeddedNats
 from tidelog.broker.nats_client import BrokerNats
 
-from .helpers import BOUND, bounded, subscribed
+from .helpers import bounded, subscribed
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

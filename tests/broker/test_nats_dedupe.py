@@ -15,8 +15,7 @@ import pytest
 
 from tidelog.api._gen import api_pb2
 
-from .helpers import Stub, bounded, create_stream, read_until_stop, values
-from .test_nats_ingest import envelope, inbox, parse_ack, receive
+from .helpers import Stub, bounded, create_stream, envelope, inbox, parse_ack, read_until_stop, receive, values
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -7,25 +7,27 @@ One real broker for the module; messages go in through a plain nats-py client an
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MAGIC, MessageType, encode_envelope, parse_envelope
+from tidelog.api.envelope import MAGIC, MessageType, encode_envelope
 from tidelog.broker.server import Broker
 from tidelog.storage.batch import decode_records, iter_batches
 
 from .helpers import (
-    BOUND,
     Stub,
     bounded,
     create_stream,
+    envelope,
+    inbox,
     offsets,
+    parse_ack,
     read_until_stop,
-    subscribed,
+    receive,
     subscription,
     values,
 )
@@ -34,39 +36,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 NOTHING_WINDOW = 0.5
 """How long "no ack arrives" is watched for: the one timed wait of this module."""
-
-
-def envelope(*, with_crc: bool = True, **fields: Any) -> bytes:
-    """A Liftbridge client's NATS publish: a protobuf ``Message`` in the envelope."""
-    return encode_envelope(MessageType.PUBLISH, api_pb2.Message(**fields).SerializeToString(), with_crc)
-
-
-async def receive(stub: Stub, stream: str, count: int, partition: int = 0) -> list[api_pb2.Message]:
-    """Subscribe from the earliest message and wait for ``count`` messages."""
-    async with subscription(stub, stream, partition, startPosition=api_pb2.EARLIEST) as tail:
-        return await tail.take(count)
-
-
-@contextlib.asynccontextmanager
-async def inbox(nc: Any, subject: str) -> AsyncIterator[asyncio.Queue[bytes]]:
-    """A NATS subscription whose messages land in a queue."""
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def on_message(msg: Any) -> None:
-        queue.put_nowait(msg.data)
-
-    sub = await nc.subscribe(subject, cb=on_message)
-    await subscribed(nc)
-    try:
-        yield queue
-    finally:
-        await sub.unsubscribe()
-
-
-def parse_ack(data: bytes) -> api_pb2.Ack:
-    env = parse_envelope(data)
-    assert env is not None and env.msg_type is MessageType.ACK, data
-    return api_pb2.Ack.FromString(bytes(env.payload))
 
 
 # ---------------------------------------------------------------------------------------------- plain NATS messages

@@ -19,12 +19,13 @@ import nats
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.broker.embedded import EmbeddedNats
 from tidelog.broker.nats_connection import NatsServerError, ServerAddress, UnsupportedServerError, supports
 from tidelog.broker.nats_reader import NatsReader, ReaderState
 from tidelog.broker.natsproto import Item, Msg
 
-from .helpers import BOUND, bounded
+from .helpers import bounded
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.test_fail_to_safety import until
+from tests.broker.helpers import until
 from tidelog.api.errors import RequestTimeoutError, TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.partition import Partition

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import FencedLeaderEpochError, PartitionSuspendedError, UnavailableError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.follower_replica import FollowerReplica
@@ -24,7 +25,6 @@ from tidelog.storage.log import Log
 
 STREAM = StreamRecord("s", "s", "", 1, 2, 0)
 RECORD = PartitionRecord("s", 0, ("a", "b"), "a", ("a", "b"), leader_epoch=3)
-BOUND = 10.0
 
 
 def batch(n: int = 1) -> bytes:

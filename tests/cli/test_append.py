@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.broker.conftest import broker, broker_settings, stream_name
+from tests.helpers import BOUND
 from tidelog.broker.server import Broker
 from tidelog.cli.append import EXPECTATION_FAILED
 from tidelog.cli.main import cli
@@ -21,8 +22,6 @@ from tidelog.client import Consumer, ConsumerRecord
 __all__ = ["broker", "broker_settings", "stream_name"]
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-BOUND = 20.0
 
 
 def address(broker: Broker) -> str:

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import (
     InvalidArgumentError,
     ReadonlyError,
@@ -17,8 +18,6 @@ from tidelog.broker.server import Broker
 from tidelog.client import Admin, Cluster, ConnectionClosedError, Consumer, Producer
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-
-BOUND = 20.0
 
 
 async def test_create_list_describe_delete(address: str, stream_name: str, broker: Broker) -> None:

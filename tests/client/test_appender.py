@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import IncorrectOffsetError, RegisterMismatchError, UnknownStreamError
 from tidelog.client import Admin, Consumer, ConsumerRecord
 from tidelog.client.appender import Appender, refusal_details
@@ -14,8 +15,6 @@ from tidelog.replication.registers import LabelSelector, LabelSet
 from tidelog.storage.batch import NewRecord
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-
-BOUND = 20.0
 
 
 async def create(address: str, name: str, partitions: int = 1) -> None:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import MessageTooLargeError, NotLeaderError, RequestTimeoutError, UnknownStreamError
 from tidelog.api.wire.frames import Frame, FrameDecoder
 from tidelog.api.wire.messages import (
@@ -20,7 +21,6 @@ from tidelog.api.wire.messages import (
 )
 from tidelog.client import Connection, ConnectionClosedError
 
-BOUND = 20.0
 Script = Callable[[list[Frame], asyncio.StreamWriter], Awaitable[None]]
 
 

@@ -1,4 +1,4 @@
-"""The idempotent producer against an in-memory broker (:mod:`tests.client.fake_broker`): stamps, retries, fencing.
+"""The idempotent producer against an in-memory broker (:mod:`tidelog.testing.fake_broker`): stamps, retries, fencing.
 
 Deterministic: requests are handled when sent and answered a loop turn later, faults are scripted per request,
 the retry backoff is 0, and the broker deduplicates with the real ``ProducerStateTable``.
@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from tests.client.fake_broker import FakeBroker, FakeCluster, Fault
+from tests.helpers import BOUND
 from tidelog.api.errors import (
     ErrorCode,
     MessageTooLargeError,
@@ -22,8 +22,8 @@ from tidelog.client import Acks, Codec, ConnectionClosedError, Producer, RecordM
 from tidelog.client.idempotence import MAX_IN_FLIGHT, ProducerStamp, add_sequence, stamp_batch
 from tidelog.replication.producer_state import MAX_SEQUENCE
 from tidelog.storage.batch import BatchBuilder, check_batch, records_of
+from tidelog.testing.fake_broker import FakeBroker, FakeCluster, Fault
 
-BOUND = 5.0
 S = "orders"
 
 

@@ -7,14 +7,13 @@ import asyncio
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import ProducerFencedError
 from tidelog.client import Admin, Codec, Consumer, ConsumerRecord, Producer
 from tidelog.replication.producer_state import Duplicate, ProducerStateTable, Verdict
 from tidelog.storage.batch import BatchHeader
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-
-BOUND = 20.0
 
 
 async def create(address: str, name: str, partitions: int = 1) -> None:

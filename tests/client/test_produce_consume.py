@@ -8,12 +8,12 @@ import zlib
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import OffsetOutOfRangeError
 from tidelog.client import Acks, Admin, AtTimestamp, Codec, Consumer, ConsumerRecord, Producer, RecordMetadata
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-BOUND = 20.0
 T0 = 1_750_000_000_000_000_000
 
 Sent = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...], int]

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.broker.conftest import broker_config
+from tests.helpers import LONG_BOUND
 from tidelog.api.errors import TidelogError
 from tidelog.broker.server import Broker
 from tidelog.client import Admin, Producer
-
-BOUND = 60.0
 
 
 async def test_a_lost_broker_fails_fire_and_forget_records_without_unretrieved_futures(
@@ -42,11 +41,11 @@ async def test_a_lost_broker_fails_fire_and_forget_records_without_unretrieved_f
 
         with caplog.at_level(logging.WARNING):
             sending = asyncio.ensure_future(fire_and_forget())
-            async with asyncio.timeout(BOUND):
+            async with asyncio.timeout(LONG_BOUND):
                 await in_flight.wait()
             await broker.stop()
             stopped = True
-            async with asyncio.timeout(BOUND):  # send() fails once no broker is reachable
+            async with asyncio.timeout(LONG_BOUND):  # send() fails once no broker is reachable
                 with pytest.raises(TidelogError, match=r"no tidelog broker reachable|closed|lost"):
                     await sending
             await producer.close()

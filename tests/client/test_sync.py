@@ -10,12 +10,11 @@ import asyncio
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.errors import UnknownStreamError
 from tidelog.client import SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-
-BOUND = 20.0
 
 
 def one_client_for_admin_producer_and_consumer(address: str, stream_name: str) -> None:

@@ -27,6 +27,7 @@ import aetcd
 import pytest
 import pytest_asyncio
 
+from tests.helpers import LONG_BOUND
 from tidelog.broker.embedded import EmbeddedEtcd
 from tidelog.metadata.controller_election import ControllerElection, DeposedReason, ElectionState
 from tidelog.metadata.fenced_writer import ControllerFencedError, ControllerTerm, FencedWriter, NotControllerError
@@ -42,7 +43,6 @@ from .pausable_proxy import PausableProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-BOUND = 30.0  # upper bound on any single wait
 TTL = 2  # seconds; etcd's minimum with its default heartbeat is about 1.5
 EXPIRY_BOUND = TTL + 4.0  # a lease's TTL, etcd's expiry sweep (every 0.5 s), and a campaign
 
@@ -115,7 +115,7 @@ class Cluster:
 
     async def controller(self, *, above_epoch: int = 0) -> Candidate:
         """Wait for a controller elected with an epoch above ``above_epoch``; there must be exactly one."""
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(LONG_BOUND):
             while True:
                 changed = self._changed
                 leaders = [c for c in self.candidates if c.election.is_controller and c.election.epoch > above_epoch]
@@ -129,7 +129,10 @@ class Cluster:
         epoch = leader.election.epoch
         running = [c for c in self.candidates if c.election.state is not ElectionState.STOPPED]
         await asyncio.gather(
-            *(c.election.wait_for(lambda e: e.controller_id == leader.id and e.epoch == epoch, BOUND) for c in running)
+            *(
+                c.election.wait_for(lambda e: e.controller_id == leader.id and e.epoch == epoch, LONG_BOUND)
+                for c in running
+            )
         )
         assert [c.id for c in running if c.election.is_controller] == [leader.id]
         assert all(c.election.state is ElectionState.FOLLOWING for c in running if c is not leader)
@@ -152,7 +155,7 @@ class Cluster:
     async def close(self) -> None:
         for proxy in self._proxies:
             proxy.resume()
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(LONG_BOUND):
             for candidate in self.candidates:
                 await candidate.election.stop()
         for proxy in self._proxies:
@@ -252,7 +255,7 @@ async def test_stopping_a_follower_leaves_the_controller_alone(cluster: Cluster)
 async def test_a_controller_cut_off_from_etcd_is_replaced_within_the_ttl(cluster: Cluster) -> None:
     proxy = await cluster.proxy()
     a = await cluster.candidate("a", proxy=proxy)
-    await a.election.wait_for(lambda e: e.is_controller, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller, LONG_BOUND)
     await cluster.candidate("b")
     await cluster.candidate("c")
     await cluster.agree(a)
@@ -265,7 +268,7 @@ async def test_a_controller_cut_off_from_etcd_is_replaced_within_the_ttl(cluster
     assert a.election.is_controller  # it has heard nothing yet, so it still believes
 
     proxy.resume()
-    await a.election.wait_for(lambda e: e.controller_id == successor.id and e.epoch == 2, BOUND)
+    await a.election.wait_for(lambda e: e.controller_id == successor.id and e.epoch == 2, LONG_BOUND)
     assert not a.election.is_controller
     assert len(a.deposed) == 1
     term, reason = a.deposed[0]
@@ -276,12 +279,12 @@ async def test_a_controller_cut_off_from_etcd_is_replaced_within_the_ttl(cluster
 
 async def test_a_revoked_lease_is_noticed_and_a_new_one_taken(cluster: Cluster) -> None:
     a = await cluster.candidate("a")
-    await a.election.wait_for(lambda e: e.is_controller, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller, LONG_BOUND)
     first_lease = a.election.lease_id
     assert first_lease is not None
 
     await cluster.admin.revoke_lease(first_lease)  # the key goes with it, exactly as on expiry
-    await a.election.wait_for(lambda e: e.is_controller and e.epoch == 2, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller and e.epoch == 2, LONG_BOUND)
 
     assert [t.epoch for t in a.elected] == [1, 2]
     assert a.deposed[0][0] == ControllerTerm("a", 1)
@@ -317,8 +320,8 @@ class SwallowsOneCancellation:
 async def test_stop_ends_the_election_even_if_a_cancellation_is_swallowed(cluster: Cluster) -> None:
     client = SwallowsOneCancellation(await cluster.client())
     a = await cluster.candidate("a", client=client)
-    await a.election.wait_for(lambda e: e.is_controller, BOUND)
-    async with asyncio.timeout(BOUND):
+    await a.election.wait_for(lambda e: e.is_controller, LONG_BOUND)
+    async with asyncio.timeout(LONG_BOUND):
         await client.parked.wait()
         await a.election.stop()
     assert a.deposed == [(ControllerTerm("a", 1), DeposedReason.RESIGNED)]
@@ -330,7 +333,7 @@ async def test_stop_ends_the_election_even_if_a_cancellation_is_swallowed(cluste
 
 async def test_fenced_writes_commit_and_report_their_own_conflicts(cluster: Cluster) -> None:
     a = await cluster.candidate("a")
-    await a.election.wait_for(lambda e: e.is_controller, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller, LONG_BOUND)
     writer = a.election.writer()
     tx = cluster.admin.transactions
     key, other = cluster.data_key("k"), cluster.data_key("other")
@@ -368,7 +371,7 @@ async def test_a_follower_gets_no_writer_but_learns_whom_to_forward_to(cluster: 
 async def test_a_deposed_controller_cannot_write(cluster: Cluster) -> None:
     proxy = await cluster.proxy()
     a = await cluster.candidate("a", proxy=proxy)
-    await a.election.wait_for(lambda e: e.is_controller, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller, LONG_BOUND)
     writer = a.election.writer()
     assert await writer.create(cluster.data_key("before"), b"a@1")
     b = await cluster.candidate("b")
@@ -390,7 +393,7 @@ async def test_a_deposed_controller_cannot_write(cluster: Cluster) -> None:
 
     assert await cluster.read(cluster.data_key("after")) is None
     assert await cluster.read(cluster.data_key("before")) == b"a@1"
-    await a.election.wait_for(lambda e: e.state is ElectionState.FOLLOWING and e.controller_id == "b", BOUND)
+    await a.election.wait_for(lambda e: e.state is ElectionState.FOLLOWING and e.controller_id == "b", LONG_BOUND)
     assert [term for term, _ in a.deposed] == [ControllerTerm("a", 1)]
     assert b.election.is_controller and await cluster.stored_controller() == (ControllerRecord("b", 2), 2)
     with pytest.raises(ControllerFencedError, match="already ended here"):  # the term's writer stays dead
@@ -399,7 +402,7 @@ async def test_a_deposed_controller_cannot_write(cluster: Cluster) -> None:
 
 async def test_a_fenced_write_alone_makes_the_controller_step_down(cluster: Cluster) -> None:
     a = await cluster.candidate("a")
-    await a.election.wait_for(lambda e: e.is_controller, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller, LONG_BOUND)
     writer = a.election.writer()
     # Edit the epoch behind a's back: its key (and so its watch) is untouched, only the fence can tell.
     await cluster.admin.put(cluster.keys.controller_epoch(), encode_controller_epoch(7))
@@ -410,7 +413,7 @@ async def test_a_fenced_write_alone_makes_the_controller_step_down(cluster: Clus
     assert not a.election.is_controller
 
     # a stepped down, gave up the key it still held, and won the election that followed, past the edited epoch.
-    await a.election.wait_for(lambda e: e.is_controller and e.epoch == 8, BOUND)
+    await a.election.wait_for(lambda e: e.is_controller and e.epoch == 8, LONG_BOUND)
     assert a.deposed == [(ControllerTerm("a", 1), DeposedReason.FENCED)]
     assert a.elected == [ControllerTerm("a", 1), ControllerTerm("a", 8)]
     assert await cluster.read(cluster.data_key("k")) is None
@@ -462,7 +465,7 @@ async def test_a_controller_paused_by_sigstop_past_its_lease_cannot_write(cluste
     async def lines_until(*prefixes: str) -> dict[str, str]:
         """The first line starting with each of ``prefixes``, in whatever order the candidate says them."""
         found: dict[str, str] = {}
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(LONG_BOUND):
             while len(found) < len(prefixes):
                 line = (await stdout.readline()).decode().strip()
                 if not line:
@@ -473,10 +476,10 @@ async def test_a_controller_paused_by_sigstop_past_its_lease_cannot_write(cluste
     try:
         assert await lines_until("elected") == {"elected": "elected 1"}
         b = await cluster.candidate("b")
-        await b.election.wait_for(lambda e: e.controller_id == "a", BOUND)
+        await b.election.wait_for(lambda e: e.controller_id == "a", LONG_BOUND)
 
         os.kill(child.pid, signal.SIGSTOP)
-        await b.election.wait_for(lambda e: e.is_controller, BOUND)  # a's lease ran out while it was stopped
+        await b.election.wait_for(lambda e: e.is_controller, LONG_BOUND)  # a's lease ran out while it was stopped
         assert b.election.epoch == 2
         child.stdin.write(b"write " + cluster.data_key("from-a") + b"\n")  # waits in the pipe until a runs again
         await child.stdin.drain()
@@ -493,7 +496,7 @@ async def test_a_controller_paused_by_sigstop_past_its_lease_cannot_write(cluste
             os.kill(child.pid, signal.SIGCONT)
             child.stdin.close()
             try:
-                async with asyncio.timeout(BOUND):
+                async with asyncio.timeout(LONG_BOUND):
                     await child.wait()
             except TimeoutError:
                 child.kill()

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import LONG_BOUND
 from tidelog.metadata.records import StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome, MetadataStore
 
-from . import test_controller as harness
-from .test_controller import BOUND, Cluster, part
+from . import helpers as harness
+from .helpers import Cluster, part
 
 etcd = harness.etcd  # the fixtures of the same harness: one etcd for this module, a fresh prefix per test
 cluster = harness.cluster
@@ -48,7 +49,7 @@ async def deleted(cluster: Cluster, key: bytes, after_revision: int) -> None:
     """Return once etcd deletes ``key`` (at a revision after ``after_revision``)."""
     watch = await cluster.admin.watch_prefix(key, start_revision=after_revision + 1)
     try:
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(LONG_BOUND):
             async for event in watch:
                 if event.kind == "DELETE" and event.kv.key == key:
                     return

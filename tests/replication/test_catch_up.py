@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.api.wire.test_replica import BOUND, Leader, batch, start_leader
-from tests.replication.test_follower import spy_truncations, until_log_end, write
+from tests.helpers import BOUND
+from tests.replication.helpers import spy_truncations, until_log_end, write
 from tidelog.api.wire.messages import SegmentSummary
 from tidelog.clock import ManualClock
 from tidelog.replication.catch_up import CopyHooks
@@ -22,6 +22,7 @@ from tidelog.replication.follower import FetcherState, ReplicaFetcher
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.segment_install import STAGING_DIR
+from tidelog.testing.replica_leader import Leader, batch, start_leader
 
 HISTORY = [
     (0, [b"a%d" % i for i in range(12)]),

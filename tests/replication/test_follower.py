@@ -14,7 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.api.wire.test_replica import BOUND, Leader, batch, open_log, start_leader
+from tests.helpers import BOUND
+from tests.replication.helpers import spy_truncations, until_log_end, write
 from tidelog.api.wire import server as server_module
 from tidelog.api.wire.frames import Op
 from tidelog.api.wire.messages import Acks
@@ -22,23 +23,7 @@ from tidelog.clock import ManualClock
 from tidelog.replication.follower import FetcherState, ReplicaFetcher, split_address
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
-
-
-async def until_log_end(log: Log, offset: int) -> None:
-    """Wait until ``log`` holds everything below ``offset``, woken by its writes."""
-    moved = asyncio.Event()
-
-    def listener(_end: int) -> None:
-        moved.set()
-
-    log.add_write_listener(listener)
-    try:
-        async with asyncio.timeout(BOUND):
-            while log.end_offset < offset:
-                moved.clear()
-                await moved.wait()
-    finally:
-        log.remove_write_listener(listener)
+from tidelog.testing.replica_leader import Leader, open_log, start_leader
 
 
 class HighWatermarks:
@@ -57,12 +42,6 @@ class HighWatermarks:
             while not self.seen or self.seen[-1] < hw:
                 self._moved.clear()
                 await self._moved.wait()
-
-
-async def write(log: Log, history: Sequence[tuple[int, Sequence[bytes]]]) -> None:
-    for epoch, values in history:
-        for value in values:
-            await log.append(batch(value), leader_epoch=epoch)
 
 
 async def until_bounds(log: Log, start: int, end: int) -> None:
@@ -331,31 +310,3 @@ def test_addresses_split_into_host_and_port() -> None:
     assert split_address("[::1]:9292") == ("::1", 9292)
     with pytest.raises(ValueError):
         split_address("nohost")
-
-
-class Truncations(list[int]):
-    """Every offset a log was truncated to (only cuts that remove something), and a way to wait for them."""
-
-    def __init__(self, log: Log) -> None:
-        super().__init__()
-        self._cut = asyncio.Event()
-        truncate_to = log.truncate_to
-
-        async def spy(offset: int) -> None:
-            cuts = offset < log.end_offset
-            await truncate_to(offset)
-            if cuts:
-                self.append(offset)
-                self._cut.set()
-
-        log.truncate_to = spy  # type: ignore[method-assign]
-
-    async def wait_for(self, count: int) -> None:
-        async with asyncio.timeout(BOUND):
-            while len(self) < count:
-                self._cut.clear()
-                await self._cut.wait()
-
-
-def spy_truncations(log: Log) -> Truncations:
-    return Truncations(log)

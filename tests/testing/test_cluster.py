@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from tests.helpers import LONG_BOUND
 from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.process import pid_alive, wait_pid_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-BOUND = 60.0
 SETTINGS = {"broker_lease_ttl_ms": "2000"}  # a killed broker's key lapses within seconds
 
 
@@ -58,7 +58,7 @@ async def test_kill_then_restart(cluster: LocalCluster) -> None:
     async def deregistered() -> bool:
         return await cluster.broker_record("b1") is None
 
-    await cluster.wait_until(deregistered, BOUND, "b1's lease to lapse")
+    await cluster.wait_until(deregistered, LONG_BOUND, "b1's lease to lapse")
     await cluster.restart("b1")
     assert victim.running and victim.pid != old_pid
     record = await cluster.broker_record("b1")
@@ -85,7 +85,7 @@ async def test_pause_and_resume(cluster: LocalCluster) -> None:
     assert _state(handle.pid) == "T"  # stopped
     await cluster.resume("b0")
     assert not handle.paused
-    await cluster.wait_until(lambda: _state(handle.pid) != "T", BOUND, "b0 to run again")
+    await cluster.wait_until(lambda: _state(handle.pid) != "T", LONG_BOUND, "b0 to run again")
 
 
 async def test_stop_broker_is_graceful_and_deregisters(cluster: LocalCluster) -> None:
@@ -101,7 +101,7 @@ async def test_stop_leaves_no_process(cluster: LocalCluster) -> None:
     assert all(pid is not None for pid in pids)
     await cluster.stop()
     await cluster.stop()  # idempotent
-    async with asyncio.timeout(BOUND):
+    async with asyncio.timeout(LONG_BOUND):
         for pid in pids:
             assert pid is not None
             await wait_pid_exit(pid)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.testing.ports import free_port, free_ports
 from tidelog.testing.process import (
     ManagedProcess,
@@ -30,8 +31,6 @@ from tidelog.testing.process import (
     tcp_probe,
     wait_pid_exit,
 )
-
-BOUND = 20.0  # upper bound on any single wait; generous for a loaded 2-core CI machine
 
 # Listens on argv[1]; with argv[2] == "ignore-term" it ignores SIGTERM first, so only SIGKILL ends it.
 LISTENER = textwrap.dedent(

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.testing.tcp_proxy import TcpProxy
 
-BOUND = 10.0
 SILENCE = 0.3  # how long a black-holed connection must stay silent: only bounds a negative check
 
 

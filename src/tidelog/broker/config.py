@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
+from tidelog.storage.atomic import write_atomically
+
 __all__ = [
     "BROKER_ID_FILE",
     "CONFIG_FILE_ENV",
@@ -449,8 +451,8 @@ class BrokerConfig:
         _NON_NEGATIVE,
         "After an acks-ALL write that waits alone for its commit is fsynced, the leader polls its sockets for this "
         "long instead of sleeping (stopping early when it passes the next write to its followers), so the "
-        "followers' acknowledgements and the producer's next write need not wake it: about 80 µs lower latency "
-        "where waking an idle CPU is dear (virtual machines), for up to this much leader CPU per such write. 0: "
+        "followers' acknowledgements and the producer's next write need not wake it: lower latency where waking an "
+        "idle CPU is dear (virtual machines), for up to this much leader CPU per such write. 0: "
         "sleep (a leader sharing its CPUs with other busy work).",
     )
     broker_lease_ttl_ms: int = _setting(
@@ -622,7 +624,8 @@ def ensure_broker_id(config: BrokerConfig) -> BrokerConfig:
             raise BrokerIdMismatchError(config.id, stored, path)
         return dataclasses.replace(config, id=stored)
     broker_id = config.id if config.id is not None else secrets.token_hex(8)
-    _write_atomically(path, broker_id + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, (broker_id + "\n").encode())
     return dataclasses.replace(config, id=broker_id)
 
 
@@ -634,19 +637,3 @@ def _read_broker_id(path: Path) -> str | None:
     if _ID_PATTERN.fullmatch(text) is None:
         raise ConfigError(f"{path} does not hold a valid broker id: {text[:80]!r}")
     return text
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write, fsync, rename over, fsync the directory: a crash leaves either no file or the whole id."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.tmp")
-    with scratch.open("w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(scratch, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -5,8 +5,8 @@ and per-byte copies are what count; on this class of machine copying a kilobyte 
 
 1. **Receive** — :class:`~tidelog.broker.nats_reader.NatsReader`, a subscriber connection of this partition's own,
    parses each socket read in one pass and calls :meth:`NatsIngest._on_read` once per read, the payloads as views
-   of the read (not copies). nats-py cost about 8 µs of Python per message here (profiled: its parser, a ``Msg``
-   object, a queue and a task wake-up each); the reader well under one. nats-py remains the way in for URLs the
+   of the read (not copies): a fraction of nats-py's per-message Python (its parser, a ``Msg`` object, a queue
+   and a task wake-up each; docs/performance.md). nats-py remains the way in for URLs the
    reader does not speak (``tls://``, websockets) and for tests that stand in for the NATS client.
 2. **Encode** — :class:`~tidelog.broker.ingest_batch.IngestEncoder` turns the read into record batches at once, all
    in one buffer (byte-identical to :func:`~tidelog.storage.batch.build_batch`; a plain message is a few table
@@ -255,8 +255,7 @@ class NatsIngest:
         """An error ack (``ackError`` UNKNOWN, offset -1) for each refused envelope that named a usable inbox."""
         now = self._clock.now_ns()
         error = int(InvalidArgumentError().spec.ack_error)
-        messages = [self._ack_for(ack, -1, now, now, error) for ack in acks]
-        await self._publish_acks(messages)
+        await self._publish_acks([self._ack(ack, -1, now, now, error) for ack in acks])
 
     async def _ack_duplicates(self, acks: list[tuple[Entry, AckRequest]]) -> None:
         """Ack each duplicate with its original's offset (skipped while the original's append is in flight)."""
@@ -354,15 +353,14 @@ class NatsIngest:
             last = base_offset + max(i for i, a in acks if a.ack_policy == Acks.ALL)
             await partition.wait_committed(last, self._ack_timeout)
         committed = self._clock.now_ns()
-        messages = [self._ack_for(ack, base_offset + i, received_ns, committed) for i, ack in acks]
-        await self._publish_acks(messages)
+        await self._publish_acks([self._ack(ack, base_offset + i, received_ns, committed) for i, ack in acks])
 
-    def _ack_for(
+    def _ack(
         self, ack: AckRequest, offset: int, received_ns: int, committed_ns: int, error: int = 0
     ) -> tuple[str, api_pb2.Ack]:
-        """The inbox and the Liftbridge ack for one message stored at ``offset`` (-1 with an ``error``)."""
+        """The Liftbridge ack of one enveloped message of this partition, with the inbox it goes to."""
         partition = self._partition
-        built = build_ack(
+        return ack.ack_inbox, build_ack(
             stream=partition.stream.name,
             partition_subject=partition.subject,
             msg_subject=ack.msg_subject,
@@ -374,7 +372,6 @@ class NatsIngest:
             committed_ns=committed_ns,
             error=error,
         )
-        return ack.ack_inbox, built
 
     async def _publish_acks(self, messages: list[tuple[str, api_pb2.Ack]]) -> None:
         """Publish each ack on its own: one that fails is counted and logged (once per call), never stopping the

@@ -1,12 +1,11 @@
 """A minimal NATS subscriber for ingest: its own TCP connection, one subscription, messages read in bulk.
 
-Why not nats-py here: profiled on the broker, nats-py spent about 8 µs of Python per received message (its
-per-operation parser, a ``Msg`` object, a pending queue and a task wake-up each), more than half the broker's
-time at full ingest load. This reader parses each socket read in one pass (:func:`tidelog.broker.natsproto.parse`)
-and hands the messages to one callback per read, together with one reception time; it creates no object per
-message beyond a view of the payload (or a small tuple for the uncommon shapes), and no task or queue at all.
-nats-py stays the broker's client for everything else (acks, ``PublishToSubject``, the metadata of other
-components).
+Why not nats-py here: its per-operation parser, a ``Msg`` object, a pending queue and a task wake-up for each received
+message took more than half the broker's time at full ingest load (docs/performance.md). This reader parses each socket
+read in one pass (:func:`tidelog.broker.natsproto.parse`) and hands the messages to one callback per read, together with
+one reception time; it creates no object per message beyond a view of the payload (or a small tuple for the uncommon
+shapes), and no task or queue at all. nats-py stays the broker's client for everything else (acks, ``PublishToSubject``,
+the metadata of other components).
 
 One TCP connection at a time is a :class:`~tidelog.broker.nats_connection.NatsConnection` (parsing, PING/PONG);
 this module owns the subscription across connections. It speaks ``nats://`` only (plain TCP, optionally

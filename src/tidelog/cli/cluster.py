@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -276,24 +275,13 @@ def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, sett
 
 
 async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None) -> int:
+    from tidelog.cli.signals import stop_on_signals
     from tidelog.testing.cluster import LocalCluster
     from tidelog.testing.process import ProcessStartError
 
     local = LocalCluster(root, brokers, settings=settings, base_port=base_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1:  # the children die with us (PR_SET_PDEATHSIG)
-            os._exit(130)
-        console.print(f"{signal.Signals(signum).name}: stopping the cluster")
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
+    # a second signal exits at once: the children die with us (PR_SET_PDEATHSIG)
+    stop = stop_on_signals(lambda name: console.print(f"{name}: stopping the cluster"))
     console.print(f"starting {brokers} broker(s), NATS and etcd under {root} ...")
     starting = asyncio.ensure_future(local.start())
     stopping = asyncio.ensure_future(stop.wait())

@@ -6,16 +6,14 @@ NATS and etcd) and the process exits 0; a second signal during shutdown exits at
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 
 import click
 
 from tidelog.broker.config import ConfigError, load_config
+from tidelog.cli.signals import stop_on_signals
 
 log = logging.getLogger("tidelog")
 
@@ -37,21 +35,10 @@ async def run_broker(flags: dict[str, object], config_file: Path | None) -> int:
     config = load_config(config_file, flags=flags)
     configure_logging(config.log_level)
     broker = Broker(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1:
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            os._exit(130)
-        log.info("%s received: shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
+    stop = stop_on_signals(
+        lambda name: log.info("%s received: shutting down", name),
+        exiting=lambda name: log.warning("second %s: exiting now", name),
+    )
     await broker.start()
     log.info("broker %s is ready", broker.id)
     await stop.wait()

@@ -21,7 +21,7 @@ Partitioning: an explicit ``partition`` wins; otherwise a keyed record goes to `
 Choosing settings. ``acks=Acks.ALL`` (the default) resolves a record's future once it is committed;
 ``Acks.NONE`` resolves it once the broker has the request, with offset -1. ``compression`` defaults to zstd
 level 1 as ARCHITECTURE says; on loopback or a fast LAN ``Codec.NONE`` is faster because the CPU, not the
-network, is the limit (see the report in ``benchmarks/``). Throughput comes from large batches and several
+network, is the limit (see docs/performance.md). Throughput comes from large batches and several
 requests in flight: with flush ``always`` every request waits for an fsync, and those of one partition share
 one (group commit) only when several are in flight.
 
@@ -30,8 +30,8 @@ backpressure. Apart from that and the first metadata lookup of a stream, it susp
 event loop, when the record filled a batch that cannot go yet because ``max_in_flight`` requests are out. An
 asyncio producer has no I/O thread: a loop of ``await send()`` that never yields would queue every batch behind
 the first ``max_in_flight`` until it ends, and only then read their responses and send the rest. Yielding there
-lets the responses in and the next batches out while the application is still sending (30 000 records of
-1 KiB, acks ALL, 3 brokers: 110k → 137k msg/s, medians of eight bursts each).
+lets the responses in and the next batches out while the application is still sending (see
+docs/performance.md).
 
 Idempotence (the default, with ``Acks.ALL`` or ``Acks.LEADER``). On start the producer asks a broker for a
 producer id and epoch (``INIT_PRODUCER``); every batch carries them and a per-partition sequence, so a batch

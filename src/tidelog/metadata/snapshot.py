@@ -39,10 +39,3 @@ class MetadataSnapshot:
             return []
         found = (self.partitions.get((stream, i)) for i in range(record.partitions))
         return [p for p in found if p is not None]
-
-    def hosted_by(self, broker_id: str) -> list[PartitionRecord]:
-        """Partitions with a replica on ``broker_id``."""
-        return [p for p in self.partitions.values() if broker_id in p.replicas]
-
-    def streams_on_subject(self, subject: str) -> list[StreamRecord]:
-        return [s for s in self.streams.values() if s.subject == subject]

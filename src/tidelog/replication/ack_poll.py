@@ -1,27 +1,23 @@
 """A leader polls its event loop, instead of sleeping in it, for a moment after a lone acks-ALL write.
 
-Once a leader has written and fsynced an acks-ALL write, what is left is the followers' acknowledgements, a few
-hundred microseconds away (their own fsync), and then, from a producer that waits for each write, the next
-write. If the loop sleeps meanwhile, every one of those messages has to wake it: the sender pays for waking an
-idle CPU and the leader pays again for coming out of idle. On a virtual machine that is dear: a blocking
-round trip between two processes on different vCPUs of the benchmark's machine takes 70-110 µs, against 8 µs on
-one vCPU and 23 µs when the receiver polls. A loop that keeps polling (``epoll_wait`` with a zero timeout) sees
-each message as soon as it is on its socket, and nobody is woken. This is what the kernel's guest halt-polling
-does for a whole virtual CPU, where it is enabled; Seastar-based brokers poll all the time.
+Once a leader has written and fsynced an acks-ALL write, what is left is the followers' acknowledgements, a few hundred
+microseconds away (their own fsync), and then, from a producer that waits for each write, the next write. If the loop
+sleeps meanwhile, every one of those messages has to wake it: the sender pays for waking an idle CPU and the leader pays
+again for coming out of idle. On a virtual machine that is dear (several times a round trip on one vCPU, or to a
+receiver that polls). A loop that keeps polling (``epoll_wait`` with a zero timeout) sees each message as soon as it is
+on its socket, and nobody is woken. This is what the kernel's guest halt-polling does for a whole virtual CPU, where it
+is enabled; Seastar-based brokers poll all the time.
 
 Here the leader polls only:
 
 - after a write that waits *alone* for its commit, for ``replica_ack_poll_us``. When several wait, producers
   are pipelining, the loop is busy anyway, and a leader spinning in the gaps would take CPU from followers that
-  share its machine (on the benchmark's 2 vCPUs, polling after every write cost 6% of produce throughput);
+  share its machine (polling after every write cost produce throughput);
 - until it hands the next write to its followers (:meth:`LoopPoller.stop`): they need the CPUs then, for their
   own write and fsync, and the leader polls again once its own fsync of that write is done.
 
-Measured on the replication benchmark's machine (three brokers and a client on 2 vCPUs, fresh clusters
-alternating, p50 of sequential 1 KiB acks-ALL writes): 894 → 813 µs (medians of three runs) with 500 µs of
-polling; stopping at the hand-over then took another 11-67 µs off (seven paired rounds) and 35-95 µs of the
-leader's CPU per write. The polling costs the leader 150-230 µs of CPU per such write. Set it to 0 where a
-leader shares its CPUs with other busy work.
+It lowers the latency of sequential acks-ALL writes at the cost of leader CPU per such write (the numbers are
+in docs/performance.md). Set it to 0 where a leader shares its CPUs with other busy work.
 
 How: a callback re-schedules itself with ``call_soon`` until the deadline; a loop with a ready callback polls its
 selector without blocking (asyncio and uvloop alike), so each turn of the loop is one non-blocking poll.

@@ -378,11 +378,9 @@ class ReplicaFetcher:
 
         The next fetch goes out as soon as an append is durable, before the bookkeeping of the batches just
         appended (producer state, high watermark): its offset is the acknowledgement the leader's high
-        watermark, and an acks-ALL producer, wait for. Measured with 1 KiB acks-ALL writes, 3 brokers on 2
-        cores: from the append's return to the fetch written to the socket 70–75 µs (p50) before, 50–55 µs
-        after. It is sent from inside the fsync round itself (the append's ``on_durable``), before the append
-        returns through its awaits: paired runs alternating with and without, 0–15 µs lower p50, 10–20 µs
-        lower p90. Not when a lag survey is due next: its request would queue behind the long-poll on the
+        watermark, and an acks-ALL producer, wait for. It is sent from inside the fsync round itself (the
+        append's ``on_durable``), before the append returns through its awaits (what each saves:
+        docs/performance.md). Not when a lag survey is due next: its request would queue behind the long-poll on the
         connection."""
         log_ = self._log
         ahead: tuple[int, asyncio.Future[Response]] | None = None  # a fetch sent right after the last append

@@ -1,1 +1,8 @@
-"""Harnesses importable by tests: free ports, real server processes, fault injection, history checking."""
+"""Harnesses importable by tests: free ports, real server processes, fault injection, history checking.
+
+Stand-ins for a broker's parts, for tests that run one real piece against fakes of the rest:
+:mod:`~tidelog.testing.fakes` (a partition manager that leads what it is given, a NATS client that delivers on
+demand), :mod:`~tidelog.testing.fake_broker` (an in-memory broker for producer tests) and
+:mod:`~tidelog.testing.replica_leader` (a real partition leader on a real wire server, for follower tests).
+Only tests, benchmarks and the fault tools import this package.
+"""

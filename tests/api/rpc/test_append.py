@@ -15,7 +15,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tests.broker.helpers import BOUND, bounded, create_stream, expect_code, read_until_stop, values
+from tests.broker.helpers import bounded, create_stream, expect_code, read_until_stop, values
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2_grpc
 from tidelog.api._gen.tidelog.v1 import append_pb2 as pb
 from tidelog.api._gen.tidelog.v1 import append_pb2_grpc

@@ -19,7 +19,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.broker.helpers import (
-    BOUND,
     Stub,
     bounded,
     create_stream,
@@ -32,6 +31,7 @@ from tests.broker.helpers import (
     subscription,
     values,
 )
+from tests.helpers import BOUND
 from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, parse_envelope
 from tidelog.broker.server import Broker

@@ -12,6 +12,7 @@ import pytest
 
 from tests.broker.conftest import broker, broker_settings, stream_name, stub
 from tests.broker.helpers import read_until_stop
+from tests.helpers import BOUND
 from tidelog.api.errors import InvalidArgumentError, MessageTooLargeError
 from tidelog.api.wire import produce_turns
 from tidelog.api.wire.messages import Acks, ProduceRequest
@@ -25,7 +26,6 @@ __all__ = ["broker", "broker_settings", "stream_name", "stub"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-BOUND = 20.0
 HOUR_NS = 3_600_000_000_000
 
 

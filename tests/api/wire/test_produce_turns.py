@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.api.wire import produce_turns
 from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.storage.batch_check import ProduceLimits
@@ -16,7 +17,6 @@ from tidelog.storage.record_check import IrregularRecords
 
 KEY = ("s", 0)
 LIMITS = ProduceLimits.of(1 << 20, 1 << 22, 3_600_000)
-BOUND = 10.0
 
 
 class ScriptedCheck:

@@ -1,7 +1,6 @@
 """REPLICA_FETCH and EPOCH_END_OFFSET, leader side, over real sockets: a real ``Partition`` over a real ``Log``.
 
-Also the harness the follower's tests reuse (:class:`Leader`, :func:`start_leader`): a wire server whose stub
-manager leads one partition, replicas ``a`` (the leader) and ``b``.
+The harness (:class:`~tidelog.testing.replica_leader.Leader`) is shared with the follower's tests.
 """
 
 from __future__ import annotations
@@ -9,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from tests.api.wire.stub_manager import StubManager
+from tests.helpers import BOUND
 from tidelog.api.errors import (
     ErrorCode,
     PartitionSuspendedError,
@@ -33,80 +31,13 @@ from tidelog.api.wire.messages import (
     SegmentListRequest,
     SegmentListResponse,
 )
-from tidelog.api.wire.server import WireServer
 from tidelog.api.wire.session import Session
-from tidelog.broker.config import BrokerConfig
-from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
 from tidelog.client.connection import Connection, ConnectionClosedError
-from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.storage.batch import NewRecord, build_batch, iter_batches
+from tidelog.storage.batch import iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import RATE_WINDOW_NS
-
-BOUND = 20.0
-NOW = 1_700_000_000_000_000_000
-
-
-def batch(*values: bytes) -> bytes:
-    return build_batch([NewRecord(v) for v in values], timestamp=NOW)
-
-
-@dataclass
-class Leader:
-    """Broker ``a`` leading ``s/0`` (replicas a, b) and serving it on a wire server; restartable."""
-
-    partition: Partition
-    ctx: BrokerContext
-    zero_copy: bool
-    server: WireServer | None = None
-    port: int = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def log(self) -> Log:
-        return self.partition.log
-
-    async def serve(self) -> None:
-        """Start (or restart, on the same port) the wire server."""
-        server = WireServer(self.ctx, "127.0.0.1", self.port, zero_copy=self.zero_copy)
-        await server.start()
-        self.server, self.port = server, server.port
-
-    async def stop_serving(self) -> None:
-        if self.server is not None:
-            await self.server.stop(grace=1.0)
-            self.server = None
-
-    async def append(self, *values: bytes, acks: Acks = Acks.LEADER) -> int:
-        """Append one batch; its last offset."""
-        return (await self.partition.append(batch(*values), acks, BOUND)).last_offset
-
-    async def close(self) -> None:
-        await self.stop_serving()
-        await self.partition.close()
-
-
-async def start_leader(
-    log: Log, *, epoch: int = 0, isr: tuple[str, ...] = ("a", "b"), zero_copy: bool = True
-) -> Leader:
-    stream = StreamRecord("s", "s", "", 1, 2, NOW)
-    record = PartitionRecord("s", 0, ("a", "b"), "a", isr, leader_epoch=epoch)
-    partition = Partition(stream, record, log, "a", min_isr=1)
-    config = BrokerConfig(data_dir=log.directory.parent, port=0, wire_port=0)
-    manager = StubManager({("s", 0): partition})
-    ctx = BrokerContext("a", config, manager, admin=None, mirror=None, nc=None)  # type: ignore[arg-type]
-    leader = Leader(partition, ctx, zero_copy)
-    await leader.serve()
-    return leader
-
-
-def open_log(path: Path, flush: FlushPolicy = FlushPolicy.NEVER) -> Log:
-    return Log.open(path, LogConfig(flush_policy=flush))
+from tidelog.testing.replica_leader import Leader, batch, open_log, start_leader
 
 
 @pytest.fixture(params=[True, False], ids=["sendfile", "copy"])

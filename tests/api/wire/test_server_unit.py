@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.wire.stub_manager import StubManager
+from tests.helpers import BOUND
 from tidelog.api.errors import ErrorCode
 from tidelog.api.wire.frames import FrameDecoder, Kind, Op, encode_frame_bytes
 from tidelog.api.wire.messages import (
@@ -42,8 +42,8 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
+from tidelog.testing.fakes import StubManager
 
-BOUND = 20.0
 NOW = 1_700_000_000_000_000_000
 
 

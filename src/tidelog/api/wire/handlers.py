@@ -203,8 +203,8 @@ class _CommittedReply:
     """Answers an acks-ALL produce from inside the acknowledgement that commits it (:meth:`Partition.append`'s
     ``on_committed``): the second follower's fetch is read, the high watermark passes the batches, and the
     response goes to the producer's socket there and then, instead of after the handler's task resumes through
-    the append's awaits (a loop turn and some Python on a replicated write's critical path: 8–15 µs lower p50
-    in paired runs).
+    the append's awaits (a loop turn and some Python on a replicated write's critical path; see
+    docs/performance.md).
 
     Made in the handler's task, which is the session's slot for the request. ``sent`` says whether the reply
     went; if not (the session could not write at once), the handler answers as usual when it resumes."""

@@ -3,9 +3,9 @@
 The wire PRODUCE handler checks a batch's records (:func:`~tidelog.storage.batch_check.check_produced`) before
 it appends. On the event loop that takes no await, so a connection's batches reach their partition in request
 order (the session starts handlers in frame order, each running up to its first await). A producer's records
-are laid out alike and are checked in runs, ~0.1-0.5 µs a record; records laid out irregularly are checked one
-by one, ~4 µs each, which for a hostile 4 MiB batch of tiny records would hold the loop, and every other client,
-for a second. So a batch with more than :data:`INLINE_ALONE` such records is checked again in a worker thread
+are laid out alike and are checked in runs, cheaply; records laid out irregularly are checked one by one, which
+for a hostile 4 MiB batch of tiny records would hold the loop, and every other client, for about a second (see
+docs/performance.md). So a batch with more than :data:`INLINE_ALONE` such records is checked again in a worker thread
 (the loop keeps its share of the GIL meanwhile). While it is, later produces of the same connection to the same
 partition wait for it — each one waiting takes a *turn* behind it — so they still append after it; produces to
 other partitions and other connections do not wait.
@@ -19,7 +19,7 @@ from tidelog.storage.batch_check import ProduceLimits, check_produced
 from tidelog.storage.record_check import IrregularRecords
 
 INLINE_ALONE = 2_000
-"""Records of a produce that may be checked one by one on the event loop (~10 ms); beyond, a worker thread."""
+"""Records of a produce that may be checked one by one on the event loop; beyond, a worker thread."""
 
 Key = tuple[str, int]  # stream, partition
 

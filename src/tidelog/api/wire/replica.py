@@ -13,10 +13,8 @@ the session, a timer, and a place among the partition's waiters (:meth:`Partitio
 handler task. The write that ends the wait answers it itself, from inside the append, with the batches being
 written (:class:`_TailFetch`, through the session's ``reply_now``): both followers have their copy before the
 leader's fsync round even starts. When it cannot (a write over the fetch's ``max_bytes``, one copied from a
-spool file, a session busy writing), the batches are read back from the log a turn of the loop later.
-Measured, 1 KiB acks-ALL writes on 3 brokers sharing 2 cores, against the handler task that used to wait
-(a coroutine chain per fetch, started a turn after the fetch was read and stepped again after the write):
-the leader's CPU per write fell by ~25 µs and the p50 latency by 1–70 µs (median ~40) in four alternated runs.
+spool file, a session busy writing), the batches are read back from the log a turn of the loop later. A
+handler task waiting instead costs the leader CPU and latency on every replicated write (docs/performance.md).
 
 What is refused, and how (errors inside the response, so the follower also learns the leader's epoch and
 bounds without another round trip; a broker that does not lead at all answers with an error frame, from
@@ -144,7 +142,7 @@ class _TailFetch:
     """A replica fetch waiting at the log end: a future that is the session's slot for it, a timer, and a place
     among the partition's waiters (:meth:`Partition.park_at_log_end`). No task: a follower's fetch waits like
     this between every two writes, and a handler task cost the leader two task steps and a coroutine chain per
-    fetch, one of them right where the next produce arrives (module docstring, measured).
+    fetch, one of them right where the next produce arrives (see docs/performance.md).
 
     The write that starts here answers it from inside the append, with the batches being written and the log
     end they make, straight to the follower's socket through the session's ``reply_now``. When it cannot (a
@@ -208,9 +206,8 @@ class _TailFetch:
 def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
     """Take a fetch's acknowledgement the moment the session reads it (the route's ``admit`` hook), a turn of
     the loop before its handler task runs: the high watermark, and the acks-ALL produce waiting for it, move
-    that much sooner (1 KiB acks-ALL writes, 3 brokers on 2 cores: 30–50 µs from reading the fetch to its
-    handler). The same checks as :func:`replica_fetch`, which records it again (harmlessly) and answers any
-    refusal; a refused fetch acknowledges nothing."""
+    that much sooner (docs/performance.md). The same checks as :func:`replica_fetch`, which records it again
+    (harmlessly) and answers any refusal; a refused fetch acknowledges nothing."""
     try:
         partition = env.broker.manager.leader_of(request.stream, request.partition)
     except TidelogError:

@@ -14,15 +14,14 @@ Two halves per connection:
   of thousands of tiny pipelined frames never runs thousands of handlers before other connections and the
   etcd lease keep-alive get their turn. No task reads:
   with a reader task every request cost one more turn of the loop (the task woken by the stream, then the
-  handler started), about 10 µs each on loopback, and a replicated acks-ALL write has two requests on its
-  critical path (the produce and the second follower's acknowledgement).
+  handler started), and a replicated acks-ALL write has two requests on its critical path (the produce and the
+  second follower's acknowledgement).
 - the **writer** task writes, in FIFO order, the replies the fast path below does not. Requests therefore
   run in parallel (a produce waiting for its fsync does not hold up the next one, and appends start in
   arrival order) while replies leave in request order, so a producer's acks come back in the order it sent
   batches. It sleeps until the first slot's reply is ready and still unwritten (a done-callback on each
   reply tells it), not on every request: woken per request and again per reply, it cost two turns of the
-  loop for each request the fast path then answered anyway (paired runs, 1 KiB acks-ALL writes on 3
-  brokers: 4–26 µs lower p50 without the first of them).
+  loop for each request the fast path then answered anyway (numbers in docs/performance.md).
 
 Fast path. A request whose reply is ready while its slot is first in the FIFO, the writer is not sending and
 the transport's buffer is empty, writes its reply itself, from its handler task, and leaves the FIFO: that
@@ -339,12 +338,8 @@ class Session:
 
         A replica fetch waiting at the tail is answered this way from inside the leader's write
         (:meth:`Partition.park_at_log_end`): the batches being written, straight to the follower's socket,
-        before the appender's fsync round starts and without the fetch's task running again. Measured with
-        1 KiB acks-ALL writes, 3 brokers on 2 cores (p50): woken a turn later and read back from the file, the
-        fetches' answers left 130 and 190 µs after the write (write to woken 32, to the first answer 96, to
-        the second 58 more); from inside the write 55 and 75–85 µs. The leader's CPU per write fell from 660
-        to 540 µs, and ``benchmarks.replication --quick`` latency_p50 from 1252 to 1104 µs (medians of three
-        runs each, alternated, same hour).
+        before the appender's fsync round starts and without the fetch's task running again (what that saves:
+        docs/performance.md).
         """
         if reply.file is not None or not self._writable_now(slot):
             return False
@@ -372,16 +367,13 @@ class Session:
         """The fast path for a reply with a file range (a woken replica fetch): sent from the handler
         task, as the writer would, marked as sending so that no other reply interleaves while it may wait.
 
-        Through the writer, a woken replica fetch reached the socket 100–190 µs after its handler returned on
-        a 2-core machine running three brokers (one more loop turn, behind the other follower's); here the
-        prefix and the 1 KiB range usually go out at once (uvloop writes straight to an empty socket buffer).
+        Through the writer it would take one more loop turn, behind the other follower's; here the prefix and a
+        small range usually go out at once (uvloop writes straight to an empty socket buffer). See
+        docs/performance.md.
         """
-        self._sending = True
         try:
-            await self._send(reply)
+            await self._send_closing(reply)
         finally:
-            self._sending = False
-            reply.close()
             self._want_writer_if_due()  # a later reply may have got ready meanwhile
 
     def _push(self, cid: int, op: int, nbytes: int, reply: asyncio.Future[Reply]) -> None:
@@ -416,12 +408,7 @@ class Session:
                     continue
                 slot = self._take_first()
                 reply = self._reply_of(slot)
-                self._sending = True
-                try:
-                    await self._send(reply)
-                finally:
-                    self._sending = False
-                    reply.close()
+                await self._send_closing(reply)
             await self._writer.drain()
         except (ConnectionError, OSError) as exc:
             log.debug("wire connection %s: write failed: %s", self.peer, exc)
@@ -438,14 +425,22 @@ class Session:
             return self._error_reply(slot.correlation_id, slot.op, exc)
         return future.result()
 
+    async def _send_closing(self, reply: Reply) -> None:
+        """Send ``reply`` marked as sending (no other reply interleaves while it may wait), then close it."""
+        self._sending = True
+        try:
+            await self._send(reply)
+        finally:
+            self._sending = False
+            reply.close()
+
     async def _send(self, reply: Reply) -> None:
         file = reply.file
         if file is not None and file.length <= SMALL_FILE_BYTES:
             # A small range (a follower or consumer at the tail: one or a few batches) is read and written with
             # its frame in one writev: one segment on the wire and one wake-up of the reader, where the frame
-            # then sendfile cost two of each. 1 KiB replica fetches, 3 brokers on 2 cores: the leader's answer
-            # took 60–110 µs from the handler's return to the socket that way, 20–40 µs this way. The bytes
-            # are in the page cache (just written or just read); zero copy pays off for large ranges only.
+            # then sendfile cost two of each (docs/performance.md). The bytes are in the page cache (just
+            # written or just read); zero copy pays off for large ranges only.
             data = os.pread(file.fd, file.length, file.position)
             if len(data) != file.length:
                 raise ShortFileError(f"{file.path} ended {file.length - len(data)} bytes before its range")

@@ -1,1 +1,0 @@
-"""Prometheus metrics and the web cluster view."""
