@@ -21,9 +21,9 @@ import nats
 import pytest
 import pytest_asyncio
 
-from tidelog.api._gen import api_pb2_grpc
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.server import Broker
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.server import Broker
 
 from .helpers import BOUND
 

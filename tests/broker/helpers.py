@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from tidelog.api._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 
 T = TypeVar("T")
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from tidelog.api.errors import ErrorCode, OpenAppendsLimitError
-from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
-from tidelog.broker.server import Broker
 from tidelog.client import Admin
+from tidelog.protocol.errors import ErrorCode, OpenAppendsLimitError
+from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse
+from tidelog.server import Broker
 
 from .test_append_wire import BOUND, begin, connect, records, values
 

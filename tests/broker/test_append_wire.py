@@ -11,11 +11,11 @@ from typing import Any
 import crc32c
 import pytest
 
-from tidelog.api.errors import ErrorCode
-from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
-from tidelog.broker.server import Broker
 from tidelog.client import Admin, Appender, Consumer
-from tidelog.client.connection import Connection
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import ErrorCode
+from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse
+from tidelog.server import Broker
 from tidelog.storage.batch import BatchBuilder
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -149,8 +149,8 @@ async def test_a_client_cannot_smuggle_registers_through_produce(
     broker: Broker, address: str, stream_name: str
 ) -> None:
     """Registers change only through transactional appends: a produced batch with a registers block is refused."""
-    from tidelog.api.errors import TidelogError
-    from tidelog.api.wire.messages import ProduceRequest
+    from tidelog.protocol.errors import TidelogError
+    from tidelog.protocol.messages import ProduceRequest
     from tidelog.storage.batch import NewRecord, build_batch
 
     await create(address, stream_name)

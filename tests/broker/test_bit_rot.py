@@ -18,9 +18,9 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tidelog.api._gen import api_pb2, api_pb2_grpc
-from tidelog.api.errors import OffsetDamagedError
 from tidelog.client import Admin, Consumer, Producer
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.errors import OffsetDamagedError
 from tidelog.storage.batch import HEADER_SIZE, iter_batches
 from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 

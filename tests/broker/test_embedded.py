@@ -16,8 +16,8 @@ import pytest
 
 from tidelog.broker import embedded
 from tidelog.broker.embedded import BinaryNotFoundError, EmbeddedEtcd, EmbeddedNats, find_binary
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ProcessStartError, http_get, pid_alive, wait_pid_exit
+from tidelog.launch.ports import free_ports
+from tidelog.launch.process import ProcessStartError, http_get, pid_alive, wait_pid_exit
 
 BOUND = 30.0  # upper bound on any single wait
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, encode_envelope
 from tidelog.storage.batch import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.broker.conftest import broker_config
-from tidelog.api.errors import TidelogError
-from tidelog.broker.server import Broker
 from tidelog.client import Admin, Producer
+from tidelog.protocol.errors import TidelogError
+from tidelog.server import Broker
 
 BOUND = 60.0
 

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from tidelog.api.errors import UnknownStreamError
 from tidelog.client import SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
+from tidelog.protocol.errors import UnknownStreamError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

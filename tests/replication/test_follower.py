@@ -16,9 +16,9 @@ import pytest
 
 from tests.api.wire.test_replica import BOUND, Leader, batch, open_log, start_leader
 from tidelog.api.wire import server as server_module
-from tidelog.api.wire.frames import Op
-from tidelog.api.wire.messages import Acks
 from tidelog.clock import ManualClock
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import Acks
 from tidelog.replication.follower import FetcherState, ReplicaFetcher, split_address
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from tidelog.launch.process import pid_alive, wait_pid_exit
 from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.process import pid_alive, wait_pid_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

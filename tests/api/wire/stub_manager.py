@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tidelog.api.errors import UnknownStreamError
 from tidelog.broker.partition import Partition
+from tidelog.protocol.errors import UnknownStreamError
 
 
 @dataclass

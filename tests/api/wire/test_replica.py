@@ -16,13 +16,20 @@ import msgspec
 import pytest
 
 from tests.api.wire.stub_manager import StubManager
-from tidelog.api.errors import (
+from tidelog.api.wire.server import WireServer
+from tidelog.api.wire.session import Session
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.partition import Partition
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.connection import Connection, ConnectionClosedError
+from tidelog.protocol.errors import (
     ErrorCode,
     PartitionSuspendedError,
     UnavailableError,
     UnknownStreamError,
 )
-from tidelog.api.wire.messages import (
+from tidelog.protocol.messages import (
     Acks,
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
@@ -33,13 +40,6 @@ from tidelog.api.wire.messages import (
     SegmentListRequest,
     SegmentListResponse,
 )
-from tidelog.api.wire.server import WireServer
-from tidelog.api.wire.session import Session
-from tidelog.broker.config import BrokerConfig
-from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
-from tidelog.client.connection import Connection, ConnectionClosedError
-from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.storage.batch import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
