@@ -175,7 +175,7 @@ async def test_http_probe_and_all_of(tmp_path: Path) -> None:
 
 PARENT = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, os, signal, sys
     from pathlib import Path
     from tidelog.launch.process import ManagedProcess
 
@@ -186,6 +186,8 @@ PARENT = textwrap.dedent(
         )
         await child.start()
         print(child.pid, flush=True)
+        if sys.argv[3] == "die-at-once":  # the earliest moment: the instant the child is reported started
+            os.kill(os.getpid(), signal.SIGKILL)
         return child
 
     child = asyncio.run(main())
@@ -232,6 +234,26 @@ async def test_children_die_with_a_parent_killed_by_sigkill(tmp_path: Path) -> N
     parent.kill()  # no Python code runs in the parent: only the kernel's parent-death signal can act
     parent.wait()
     await assert_gone(child_pid)
+
+
+RACE_ROUNDS = 12
+
+
+@pytest.mark.slow
+async def test_children_die_with_a_parent_killed_the_moment_they_are_started(tmp_path: Path) -> None:
+    """The death signal is armed before a child is reported started: a parent that dies at once still takes it
+    along (before, ``setpriv`` armed it only after the parent was gone, against the new parent, and it lived)."""
+    survivors = []
+    for round_ in range(RACE_ROUNDS):
+        parent, child_pid = await spawn_parent(tmp_path / str(round_), "pdeathsig", "die-at-once")
+        assert await asyncio.to_thread(parent.wait, BOUND) == -signal.SIGKILL
+        try:
+            async with asyncio.timeout(5.0):
+                await wait_pid_exit(child_pid)
+        except TimeoutError:
+            survivors.append(child_pid)
+            os.kill(child_pid, signal.SIGKILL)
+    assert not survivors, f"{len(survivors)} of {RACE_ROUNDS} children outlived their SIGKILLed parent"
 
 
 async def test_garbage_collected_process_takes_its_child_along(tmp_path: Path) -> None:

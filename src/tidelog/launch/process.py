@@ -15,8 +15,10 @@ Children never outlive the parent:
 - a finalizer terminates the child of a :class:`ManagedProcess` that is garbage-collected while running (and
   warns with ``ResourceWarning``, as :class:`subprocess.Popen` does);
 - on Linux the child asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), which covers a
-  parent killed by SIGKILL, where no Python code runs. The kernel ties this to the *thread* that spawned the
-  child, so start children from a long-lived thread (the event loop's), never from a short-lived worker.
+  parent killed by SIGKILL, where no Python code runs. The signal is armed before the child is reported
+  started, and a child whose parent died before it was armed exits instead of running (:data:`_CHECK_PARENT`).
+  The kernel ties this to the *thread* that spawned the child, so start children from a long-lived thread (the
+  event loop's), never from a short-lived worker.
 
 Children run in their own session, so a Ctrl-C in the terminal reaches only the parent: ``tidelog serve`` then
 stops the broker before the NATS and etcd it depends on, instead of losing them at the same instant.
@@ -34,6 +36,7 @@ import contextlib
 import ctypes
 import enum
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -45,6 +48,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -216,6 +220,7 @@ def _load_prctl() -> Callable[[int, int], int] | None:
     return prctl
 
 
+_ARMED_WITHIN = 10.0  # seconds a child may take from fork to its armed death signal (sh starts in a few ms)
 _PRCTL = _load_prctl()  # loaded in the parent, so the child does nothing but one call between fork and exec
 
 
@@ -225,14 +230,33 @@ between fork and exec. A ``preexec_fn`` does run Python there, and in a process 
 forked child can crash (SIGSEGV) before it ever execs: seen as a nats-server or etcd that died at start-up with
 status -11 next to "Other threads are currently calling into gRPC, skipping fork() handlers"."""
 
+_SH = shutil.which("sh") or "/bin/sh"
 
-def _spawn_argv(argv: Sequence[str], die_with_parent: bool) -> tuple[list[str], Callable[[], None] | None]:
-    """The command to run and the preexec hook to run it with (see :data:`_SETPRIV`)."""
+_ARMED = b"!"
+_CHECK_PARENT = f'test "$PPID" = "$1" || exit 1; printf {_ARMED.decode()} >&0; exec 0</dev/null; shift; exec "$@"'
+"""Run by ``sh`` after ``setpriv`` armed the death signal, before the command: the signal is armed against
+whichever process is the parent at that moment, so a parent that died before it (the child was already
+reinherited) means the child must not run at all. Then it tells the parent that the signal is armed, on the
+pipe its stdin holds for that moment, and gives the command ``/dev/null`` as stdin, as without it."""
+
+
+def _spawn_argv(argv: Sequence[str], die_with_parent: bool) -> tuple[list[str], Callable[[], None] | None, bool]:
+    """The command to run, the preexec hook to run it with (see :data:`_SETPRIV`), and whether the child says on
+    its stdin when its death signal is armed (:data:`_CHECK_PARENT`)."""
     if not die_with_parent:
-        return list(argv), None
+        return list(argv), None, False
     if _SETPRIV is not None:
-        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv], None
-    return list(argv), _die_with_parent_hook()
+        check = [_SH, "-c", _CHECK_PARENT, "tidelog-launch", str(os.getpid())]
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *check, *argv], None, True
+    return list(argv), _die_with_parent_hook(), False
+
+
+def _await_armed(read_end: int, within: float) -> None:
+    """Wait until the child says its death signal is armed, or is gone (end of file) before it could."""
+    with contextlib.closing(os.fdopen(read_end, "rb", buffering=0)) as pipe:
+        readable, _, _ = select.select([pipe], [], [], within)
+        if readable:
+            pipe.read(len(_ARMED))
 
 
 def _die_with_parent_hook() -> Callable[[], None] | None:
@@ -335,34 +359,50 @@ class ManagedProcess:
             log.write(f"===== {stamp} tidelog starting: {shlex.join(self.argv)}\n".encode())
             log.flush()
             self._log_start = log.tell()
-            argv, preexec = _spawn_argv(self.argv, self.die_with_parent)
+            argv, preexec, says_armed = _spawn_argv(self.argv, self.die_with_parent)
+            read_end, write_end = os.pipe() if says_armed else (None, None)
             try:
-                if shutil.which(self.argv[0]) is None:  # through setpriv a missing program would only exit 127
-                    raise FileNotFoundError(f"no executable {self.argv[0]!r}")
-                child = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    cwd=self.cwd,
-                    start_new_session=True,
-                    preexec_fn=preexec,
-                )
-            except OSError as exc:
-                self._state = ProcessState.STOPPED
-                raise ProcessStartError(
-                    self.name,
-                    f"cannot execute {self.argv[0]}: {exc}",
-                    log_path=self.log_path,
-                    log_tail=self.log_tail(),
-                    returncode=None,
-                ) from exc
+                child = self._popen(argv, preexec, log, subprocess.DEVNULL if write_end is None else write_end)
+            except BaseException:
+                if read_end is not None:
+                    os.close(read_end)
+                raise
+            finally:
+                if write_end is not None:
+                    os.close(write_end)
+        if read_end is not None:  # not started before its death signal is armed: a parent killed now takes it along
+            _await_armed(read_end, _ARMED_WITHIN)
         self._child = child
         _live[child.pid] = child
         self._finalizer = weakref.finalize(self, _finalize_orphan, self.name, child)
         self._finalizer.atexit = False  # the module's atexit hook stops every child at once, in one grace period
         return child
+
+    def _popen(
+        self, argv: list[str], preexec: Callable[[], None] | None, log: BinaryIO, stdin: int
+    ) -> subprocess.Popen[bytes]:
+        try:
+            if shutil.which(self.argv[0]) is None:  # through setpriv a missing program would only exit 127
+                raise FileNotFoundError(f"no executable {self.argv[0]!r}")
+            return subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except OSError as exc:
+            self._state = ProcessState.STOPPED
+            raise ProcessStartError(
+                self.name,
+                f"cannot execute {self.argv[0]}: {exc}",
+                log_path=self.log_path,
+                log_tail=self.log_tail(),
+                returncode=None,
+            ) from exc
 
     # ---- stop ----
 
