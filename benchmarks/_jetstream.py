@@ -30,7 +30,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from tidelog.broker.embedded import find_binary
 from tidelog.launch.ports import free_ports
-from tidelog.launch.process import ManagedProcess, all_of, http_get, http_probe, tcp_probe
+from tidelog.launch.probes import all_of, http_get, http_probe, tcp_probe
+from tidelog.launch.process import ManagedProcess
 
 __all__ = [
     "JS_PUBLISH_WINDOW",

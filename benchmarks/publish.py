@@ -69,7 +69,8 @@ from benchmarks._common import Row, RunClock, Target, log, median, report, scrat
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.ports import free_ports
-from tidelog.launch.process import ManagedProcess, all_of, tcp_probe
+from tidelog.launch.probes import all_of, tcp_probe
+from tidelog.launch.process import ManagedProcess
 
 BENCH = "publish"
 _LOOPBACK = "127.0.0.1"

@@ -17,7 +17,8 @@ import pytest
 from tidelog.broker import embedded
 from tidelog.broker.embedded import BinaryNotFoundError, EmbeddedEtcd, EmbeddedNats, find_binary
 from tidelog.launch.ports import free_ports
-from tidelog.launch.process import ProcessStartError, http_get, pid_alive, wait_pid_exit
+from tidelog.launch.probes import http_get
+from tidelog.launch.process import ProcessStartError, pid_alive, wait_pid_exit
 
 BOUND = 30.0  # upper bound on any single wait
 

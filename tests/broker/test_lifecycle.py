@@ -19,7 +19,8 @@ import grpc
 import pytest
 
 from tidelog.launch.ports import free_ports
-from tidelog.launch.process import ManagedProcess, pid_alive, tcp_probe, wait_pid_exit
+from tidelog.launch.probes import tcp_probe
+from tidelog.launch.process import ManagedProcess, pid_alive, wait_pid_exit
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.testing.serve_process import TIDELOG, serving
 

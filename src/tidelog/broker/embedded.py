@@ -28,14 +28,8 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from tidelog.launch.ports import free_ports
-from tidelog.launch.process import (
-    ManagedProcess,
-    ProcessStartError,
-    ReadinessProbe,
-    all_of,
-    http_probe,
-    tcp_probe,
-)
+from tidelog.launch.probes import ReadinessProbe, all_of, http_probe, tcp_probe
+from tidelog.launch.process import ManagedProcess, ProcessStartError
 
 __all__ = ["BinaryNotFoundError", "EmbeddedEtcd", "EmbeddedNats", "find_binary"]
 

@@ -48,7 +48,8 @@ import aetcd
 from tidelog.broker.config import config_keys, parse_etcd_endpoint
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
-from tidelog.launch.process import ManagedProcess, ReadinessProbe, all_of
+from tidelog.launch.probes import ReadinessProbe, all_of
+from tidelog.launch.process import ManagedProcess
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
