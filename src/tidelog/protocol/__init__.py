@@ -25,6 +25,7 @@ stand on it. It holds:
 
 The small shared utilities :mod:`tidelog.clock` (the injectable clock), :mod:`tidelog.deadline` and the process
 launcher :mod:`tidelog.launch` sit at this level too, as independent siblings (import-linter's layers contract
-in ``pyproject.toml`` says so and checks it). The record-batch format joins this package as
-``protocol.records``.
+in ``pyproject.toml`` says so and checks it). ``tidelog.ui`` is not a bottom utility: it is empty for now, and
+when the observability work fills it, it belongs beside :mod:`tidelog.api` (it serves the broker's HTTP port).
+The record-batch format joins this package as ``protocol.records``.
 """
