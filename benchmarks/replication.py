@@ -71,8 +71,8 @@ from benchmarks._common import Row, RunClock, Target, log, median, report, scrat
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamCluster, publish_all, publish_one_at_a_time, pull_all
 from benchmarks.publish import deadline_for, make_payloads, percentile
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
+from tidelog.launch.probes import http_get
 from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.process import http_get
 
 BENCH = "replication"
 SIZE = 1024

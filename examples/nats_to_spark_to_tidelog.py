@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 
 import nats
 
-from tidelog.api.errors import StreamExistsError
 from tidelog.client import LoopThread, TidelogClient
+from tidelog.protocol.errors import StreamExistsError
 from tidelog.testing.serve_process import start_served_broker
 
 if TYPE_CHECKING:

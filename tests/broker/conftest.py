@@ -22,9 +22,9 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2_grpc
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.server import Broker
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.server import Broker
 
 
 @pytest.fixture(scope="module")

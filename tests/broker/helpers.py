@@ -22,14 +22,14 @@ import crc32c
 import grpc
 
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2, api_pb2_grpc
-from tidelog.api.envelope import MessageType, encode_envelope, parse_envelope
-from tidelog.api.wire.messages import AppendPhase, AppendRequest
 from tidelog.broker.partition import Partition
-from tidelog.broker.server import Broker
 from tidelog.client import Consumer, Producer
-from tidelog.client.connection import Connection
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
+from tidelog.protocol.messages import AppendPhase, AppendRequest
+from tidelog.server import Broker
 from tidelog.storage.batch import (
     CRC_FIELD,
     CRC_POS,

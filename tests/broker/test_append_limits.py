@@ -9,10 +9,10 @@ import pytest
 
 from tests.broker.helpers import begin, connect, consumed_values, records
 from tests.helpers import BOUND
-from tidelog.api.errors import ErrorCode, OpenAppendsLimitError
-from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
-from tidelog.broker.server import Broker
 from tidelog.client import Admin
+from tidelog.protocol.errors import ErrorCode, OpenAppendsLimitError
+from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse
+from tidelog.server import Broker
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 

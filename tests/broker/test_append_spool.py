@@ -10,7 +10,7 @@ import crc32c
 import pytest
 
 from tidelog.broker.append_spool import MEMORY_BYTES, AppendSpool, AppendTooLargeError, Declared
-from tidelog.replication.registers import LabelSet, decode_labels, encode_labels
+from tidelog.protocol.labels import LabelSet, decode_labels, encode_labels
 from tidelog.storage.batch import (
     REGISTERS_FLAG,
     TRANSACTIONAL_FLAG,
@@ -90,9 +90,9 @@ def test_a_spool_that_cannot_be_written_fails_the_append_cleanly(tmp_path: Path)
     """A full disk (here: a spool directory that is gone) fails the append with a clear status, keeps nothing."""
     import asyncio
 
-    from tidelog.api.errors import ErrorCode
     from tidelog.broker.open_appends import AppendLimits, OpenAppend
     from tidelog.broker.transactional import Expectations
+    from tidelog.protocol.errors import ErrorCode
 
     async def run() -> None:
         limits = AppendLimits(tmp_path / "gone", 1 << 30, 0, 5.0, LIMITS)
@@ -111,9 +111,9 @@ def test_a_spool_on_a_full_disk_fails_the_append_with_disk_full(tmp_path: Path) 
     """A real tmpfs filled to the last byte: the append is refused with the retriable DISK_FULL, keeping nothing."""
     import asyncio
 
-    from tidelog.api.errors import SPECS, ErrorCode
     from tidelog.broker.open_appends import AppendLimits, OpenAppend
     from tidelog.broker.transactional import Expectations
+    from tidelog.protocol.errors import SPECS, ErrorCode
     from tidelog.testing.small_disk import Ballast, mount_small_disk
 
     async def run(disk: Path) -> None:

@@ -11,10 +11,10 @@ import crc32c
 import pytest
 
 from tests.broker.helpers import begin, connect, consumed_values, records
-from tidelog.api.errors import ErrorCode
-from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
-from tidelog.broker.server import Broker
 from tidelog.client import Admin, Appender
+from tidelog.protocol.errors import ErrorCode
+from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse
+from tidelog.server import Broker
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -120,8 +120,8 @@ async def test_a_client_cannot_smuggle_registers_through_produce(
     broker: Broker, address: str, stream_name: str
 ) -> None:
     """Registers change only through transactional appends: a produced batch with a registers block is refused."""
-    from tidelog.api.errors import TidelogError
-    from tidelog.api.wire.messages import ProduceRequest
+    from tidelog.protocol.errors import TidelogError
+    from tidelog.protocol.messages import ProduceRequest
     from tidelog.storage.batch import NewRecord, build_batch
 
     await create(address, stream_name)

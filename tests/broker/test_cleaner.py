@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.cleaner import LogCleaner
 from tidelog.broker.partition import Partition
 from tidelog.clock import ManualClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.messages import Acks
 from tidelog.storage.batch import NewRecord, Record, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log

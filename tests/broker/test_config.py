@@ -20,8 +20,8 @@ from tidelog.broker.config import (
     load_config,
     parse_etcd_endpoint,
 )
-from tidelog.broker.server import log_config_for
 from tidelog.metadata.records import StreamConfig, StreamRecord
+from tidelog.server import log_config_for
 from tidelog.storage.config import FlushPolicy
 
 

@@ -17,9 +17,9 @@ import pytest
 import pytest_asyncio
 
 from tests.broker.helpers import EVERY, FIRST, produce_batches, rot
-from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.client import Admin, Consumer
 from tidelog.metadata.records import PartitionRecord
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.storage.batch import iter_batches
 from tidelog.storage.errors import CorruptBatchError
 from tidelog.testing.cluster import LocalCluster

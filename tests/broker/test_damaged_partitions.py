@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from tidelog.api.errors import CorruptDataError, InvalidArgumentError, UnavailableError
 from tidelog.broker import damaged_partitions
 from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.metadata.records import PartitionRecord
+from tidelog.protocol.errors import CorruptDataError, InvalidArgumentError, UnavailableError
 from tidelog.storage.recovery_damage import DamagedLogError, RecoveryDamage
 
 DAMAGE = RecoveryDamage("/d/0/00000000000000000000.log", 140, 2, 3, 12, 12, 14, "CRC mismatch", 0)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.api.errors import CorruptDataError
-from tidelog.api.wire.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
 from tidelog.client.admin import Admin
-from tidelog.client.connection import Connection
 from tidelog.metadata.records import PartitionRecord
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import CorruptDataError
+from tidelog.protocol.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
 from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.serve_process import ServedBroker, start_served_broker

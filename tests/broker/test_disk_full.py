@@ -10,11 +10,11 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from tidelog.api._gen import api_pb2, api_pb2_grpc
-from tidelog.api.errors import DiskFullError
-from tidelog.broker.server import Broker
 from tidelog.client import Admin, Appender
-from tidelog.replication.registers import LabelSet
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.errors import DiskFullError
+from tidelog.protocol.labels import LabelSet
+from tidelog.server import Broker
 from tidelog.testing.small_disk import Ballast, mount_small_disk
 
 from .conftest import broker_config

@@ -17,8 +17,9 @@ import pytest
 from tests.helpers import LONG_BOUND
 from tidelog.broker import embedded
 from tidelog.broker.embedded import BinaryNotFoundError, EmbeddedEtcd, EmbeddedNats, find_binary
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ProcessStartError, http_get, pid_alive, wait_pid_exit
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import http_get
+from tidelog.launch.process import ProcessStartError, pid_alive, wait_pid_exit
 
 
 async def assert_gone(pid: int | None) -> None:

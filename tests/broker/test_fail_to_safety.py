@@ -21,19 +21,19 @@ import pytest_asyncio
 
 from tests.broker.helpers import until
 from tests.helpers import BOUND
-from tidelog.api.errors import (
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.client.admin import Admin
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import (
     InvalidArgumentError,
     PartitionSuspendedError,
     UnknownPartitionError,
     UnknownStreamError,
 )
-from tidelog.api.wire.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
-from tidelog.broker.config import BrokerConfig
-from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
-from tidelog.broker.server import Broker
-from tidelog.client.admin import Admin
-from tidelog.client.connection import Connection
+from tidelog.protocol.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
 from tidelog.replication.follower import FetcherState
+from tidelog.server import Broker
 from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.recovery import MARKER_FILE

@@ -17,9 +17,10 @@ import pytest_asyncio
 
 from tests.broker.helpers import create_stream
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2_grpc
-from tidelog.api.errors import TidelogError
-from tidelog.api.wire.messages import (
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import TidelogError
+from tidelog.protocol.messages import (
     Acks,
     FetchRequest,
     FetchResponse,
@@ -28,7 +29,6 @@ from tidelog.api.wire.messages import (
     ProduceRequest,
     ProduceResponse,
 )
-from tidelog.client.connection import Connection
 from tidelog.replication.follower import split_address
 from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 from tidelog.testing.cluster import LocalCluster

@@ -17,15 +17,18 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2, api_pb2_grpc
-from tidelog.api.errors import (
+from tidelog.broker.partition import Appended
+from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import (
     DuplicateInFlightError,
     IncorrectOffsetError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     UnknownProducerError,
 )
-from tidelog.api.wire.messages import (
+from tidelog.protocol.messages import (
     Acks,
     FetchRequest,
     FetchResponse,
@@ -34,11 +37,8 @@ from tidelog.api.wire.messages import (
     ProduceRequest,
     ProduceResponse,
 )
-from tidelog.broker.partition import Appended
-from tidelog.broker.server import Broker
-from tidelog.client.connection import Connection
-from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.server import Broker
 from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 
 from .conftest import broker_config

@@ -15,9 +15,9 @@ import pytest
 
 from tests.broker.helpers import open_partition, stored_batches
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.broker.ingest import NatsIngest
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, encode_envelope
 from tidelog.storage.config import LogConfig
 from tidelog.testing.fakes import Delivered, FakeNats
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, encode_envelope
-from tidelog.api.liftbridge import record_from_nats
 from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message, plain_record_size
 from tidelog.broker.natsproto import Msg
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, encode_envelope
+from tidelog.protocol.liftbridge import record_from_nats
 from tidelog.storage.batch import HEADER_SIZE, NewRecord, build_batch, decode_records, iter_batches
 
 SUBJECT = "orders.in"

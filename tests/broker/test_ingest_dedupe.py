@@ -24,13 +24,13 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2_grpc
 from tidelog.broker.embedded import EmbeddedNats
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import Partition
-from tidelog.broker.server import Broker
 from tidelog.clock import ManualClock
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.server import Broker
 from tidelog.storage.batch import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
 from tidelog.testing.fakes import FakeNats

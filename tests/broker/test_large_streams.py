@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidelog.api._gen import api_pb2
-from tidelog.broker.server import Broker
+from tidelog.protocol._gen import api_pb2
+from tidelog.server import Broker
 
 from .helpers import Stub, bounded, create_stream, publish
 

@@ -19,9 +19,10 @@ import grpc
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2, api_pb2_grpc
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ManagedProcess, pid_alive, tcp_probe, wait_pid_exit
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import tcp_probe
+from tidelog.launch.process import ManagedProcess, pid_alive, wait_pid_exit
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.testing.serve_process import TIDELOG, serving
 
 from .helpers import bounded, create_stream, publish, read_until_stop, values

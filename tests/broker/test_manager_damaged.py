@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tidelog.api.errors import CorruptDataError
 from tidelog.broker.manager import PartitionManager
 from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol.errors import CorruptDataError
 from tidelog.storage.batch import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log

@@ -12,11 +12,11 @@ import msgspec
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import PartitionSuspendedError
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.manager import PartitionManager
 from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol.errors import PartitionSuspendedError
+from tidelog.protocol.messages import Acks
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tidelog.api._gen import api_pb2
+from tidelog.protocol._gen import api_pb2
 
 from .helpers import Stub, bounded, create_stream, envelope, inbox, parse_ack, read_until_stop, receive, values
 

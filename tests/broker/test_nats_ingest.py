@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MAGIC, MessageType, encode_envelope
-from tidelog.broker.server import Broker
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MAGIC, MessageType, encode_envelope
+from tidelog.server import Broker
 from tidelog.storage.batch import decode_records, iter_batches
 
 from .helpers import (

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.broker.helpers import until
-from tidelog.api.errors import RequestTimeoutError, TidelogError
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.errors import RequestTimeoutError, TidelogError
+from tidelog.protocol.messages import Acks
 from tidelog.replication.ack_poll import LoopPoller, poller_for
 from tidelog.replication.hw_checkpoint import checkpointed_hw
 from tidelog.storage.batch import NewRecord, build_batch

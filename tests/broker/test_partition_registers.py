@@ -10,7 +10,7 @@ import pytest
 
 from tests.storage.logutil import open_log
 from tidelog.broker.partition_registers import REGISTERS_CHECKPOINT_FILE, PartitionRegisters
-from tidelog.replication.registers import EMPTY, LabelSet, encode_labels
+from tidelog.protocol.labels import EMPTY, LabelSet, encode_labels
 from tidelog.storage.batch import NewRecord, build_batch
 
 pytestmark = pytest.mark.asyncio

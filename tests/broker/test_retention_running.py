@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tidelog.api._gen import api_pb2, api_pb2_grpc
-from tidelog.broker.server import Broker
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.server import Broker
 
 from .helpers import bounded, create_stream, read_until_stop
 

@@ -10,12 +10,12 @@ import msgspec
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import FencedLeaderEpochError, PartitionSuspendedError, UnavailableError
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.partition import Partition
 from tidelog.broker.safety import apply_confirmed_head, epoch_end_after_reset, start_evidence
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.errors import FencedLeaderEpochError, PartitionSuspendedError, UnavailableError
+from tidelog.protocol.messages import Acks
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.replication.producer_state import ProducerStateTable
 from tidelog.storage.batch import NewRecord, build_batch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tidelog.api.errors import InvalidArgumentError
 from tidelog.broker.streams import validate_config, validate_stream_name, validate_subject
 from tidelog.metadata.records import StreamConfig
+from tidelog.protocol.errors import InvalidArgumentError
 
 
 @pytest.mark.parametrize("subject", ["a", "a.b.c", "a.*", "*", ">", "a.>", "a.*.c", "*.*", "a-b_c.9", "ünï.cödé"])

@@ -14,10 +14,10 @@ from click.testing import CliRunner, Result
 
 from tests.broker.conftest import broker, broker_settings, stream_name
 from tests.helpers import BOUND
-from tidelog.broker.server import Broker
 from tidelog.cli.append import EXPECTATION_FAILED
 from tidelog.cli.main import cli
 from tidelog.client import Consumer, ConsumerRecord
+from tidelog.server import Broker
 
 __all__ = ["broker", "broker_settings", "stream_name"]
 

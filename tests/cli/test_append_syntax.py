@@ -6,7 +6,7 @@ import click
 import pytest
 
 from tidelog.cli.append import parse_labels, parse_selector, show_labels
-from tidelog.replication.registers import LabelSelector, LabelSet
+from tidelog.protocol.labels import LabelSelector, LabelSet
 
 
 def test_labels() -> None:

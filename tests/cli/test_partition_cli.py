@@ -6,7 +6,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from tidelog.cli.main import cli
-from tidelog.testing.ports import free_port
+from tidelog.launch.ports import free_port
 
 
 def test_reset_head_is_a_partition_command_that_says_what_it_does() -> None:

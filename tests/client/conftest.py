@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.broker.conftest import broker, broker_settings, stream_name
-from tidelog.broker.server import Broker
+from tidelog.server import Broker
 
 __all__ = ["address", "broker", "broker_settings", "stream_name"]
 

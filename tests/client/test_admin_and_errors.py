@@ -7,15 +7,15 @@ import asyncio
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import (
+from tidelog.client import Admin, Cluster, ConnectionClosedError, Consumer, Producer
+from tidelog.protocol.errors import (
     InvalidArgumentError,
     ReadonlyError,
     StreamExistsError,
     UnknownPartitionError,
     UnknownStreamError,
 )
-from tidelog.broker.server import Broker
-from tidelog.client import Admin, Cluster, ConnectionClosedError, Consumer, Producer
+from tidelog.server import Broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -83,7 +83,7 @@ async def test_consuming_an_unknown_stream(address: str, stream_name: str) -> No
 
 
 async def test_unreachable_brokers_fail_fast_with_a_retriable_error() -> None:
-    from tidelog.testing.ports import free_port
+    from tidelog.launch.ports import free_port
 
     cluster = Cluster(f"127.0.0.1:{free_port()}", connect_timeout=BOUND)
     with pytest.raises(ConnectionClosedError) as info:

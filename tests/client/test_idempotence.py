@@ -11,15 +11,15 @@ import asyncio
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import (
+from tidelog.client import Acks, Codec, ConnectionClosedError, Producer, RecordMetadata
+from tidelog.client.idempotence import MAX_IN_FLIGHT, ProducerStamp, add_sequence, stamp_batch
+from tidelog.protocol.errors import (
     ErrorCode,
     MessageTooLargeError,
     NotEnoughReplicasError,
     ProducerFencedError,
     UnknownProducerError,
 )
-from tidelog.client import Acks, Codec, ConnectionClosedError, Producer, RecordMetadata
-from tidelog.client.idempotence import MAX_IN_FLIGHT, ProducerStamp, add_sequence, stamp_batch
 from tidelog.replication.producer_state import MAX_SEQUENCE
 from tidelog.storage.batch import BatchBuilder, check_batch, records_of
 from tidelog.testing.fake_broker import FakeBroker, FakeCluster, Fault

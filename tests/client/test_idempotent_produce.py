@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import ProducerFencedError
 from tidelog.client import Admin, Codec, Consumer, ConsumerRecord, Producer
+from tidelog.protocol.errors import ProducerFencedError
 from tidelog.replication.producer_state import Duplicate, ProducerStateTable, Verdict
 from tidelog.storage.batch import BatchHeader
 

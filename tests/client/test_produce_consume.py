@@ -9,8 +9,8 @@ import zlib
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import OffsetOutOfRangeError
 from tidelog.client import Acks, Admin, AtTimestamp, Codec, Consumer, ConsumerRecord, Producer, RecordMetadata
+from tidelog.protocol.errors import OffsetOutOfRangeError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -12,9 +12,9 @@ import pytest
 
 from tests.broker.conftest import broker_config
 from tests.helpers import LONG_BOUND
-from tidelog.api.errors import TidelogError
-from tidelog.broker.server import Broker
 from tidelog.client import Admin, Producer
+from tidelog.protocol.errors import TidelogError
+from tidelog.server import Broker
 
 
 async def test_a_lost_broker_fails_fire_and_forget_records_without_unretrieved_futures(

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import UnknownStreamError
 from tidelog.client import SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
+from tidelog.protocol.errors import UnknownStreamError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidelog.api.errors import InvalidArgumentError
 from tidelog.metadata.placement import place_replicas, resolve_replication_factor
+from tidelog.protocol.errors import InvalidArgumentError
 
 
 @pytest.mark.parametrize(

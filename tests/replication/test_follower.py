@@ -17,9 +17,9 @@ import pytest
 from tests.helpers import BOUND
 from tests.replication.helpers import spy_truncations, until_log_end, write
 from tidelog.api.wire import server as server_module
-from tidelog.api.wire.frames import Op
-from tidelog.api.wire.messages import Acks
 from tidelog.clock import ManualClock
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import Acks
 from tidelog.replication.follower import FetcherState, ReplicaFetcher, split_address
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log

@@ -3,7 +3,7 @@
 Spark's Python workers (the tasks, and the driver-side planner processes of the data source) are separate
 processes that connect to the broker over loopback, so the broker runs as ``tidelog serve`` in a child process
 (:mod:`tidelog.testing.serve_process`), started from a loop thread that lives as long as the session (the child
-is tied to that thread: it dies with it, see :mod:`tidelog.testing.process`) and stopped by its PID.
+is tied to that thread: it dies with it, see :mod:`tidelog.launch.process`) and stopped by its PID.
 
 The SparkSession is kept small (1 GiB driver, two shuffle partitions, no UI). Its workers run this
 interpreter (``PYSPARK_PYTHON`` and ``spark.pyspark.python``): another one would not find tidelog.

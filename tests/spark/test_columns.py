@@ -20,8 +20,8 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
-from tidelog.api.liftbridge import REPLY, SUBJECT  # noqa: E402
 from tidelog.client.records import FetchedBatch, batches_of  # noqa: E402
+from tidelog.protocol.liftbridge import REPLY, SUBJECT  # noqa: E402
 from tidelog.spark.columns import ColumnBuilder  # noqa: E402
 from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA  # noqa: E402
 from tidelog.storage.batch import (  # noqa: E402

@@ -26,7 +26,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql.utils import CapturedException
 
 from tidelog.client import Appender, LoopThread, TidelogClient
-from tidelog.replication.registers import LabelSet
+from tidelog.protocol.labels import LabelSet
 from tidelog.spark.sink_commit import commit_stream_batch, register_name
 from tidelog.spark.sink_options import SinkOptions
 from tidelog.spark.writing import ROWS_SCHEMA, PartitionRows, TaskRows

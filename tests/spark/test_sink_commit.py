@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from tidelog.client import Appender, AppendOutcome, LoopThread, TidelogClient
-from tidelog.replication.registers import LabelSelector, LabelSet
+from tidelog.protocol.labels import LabelSelector, LabelSet
 from tidelog.spark.sink_commit import (
     Action,
     Outcome,

@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import LONG_BOUND
+from tidelog.launch.process import pid_alive, wait_pid_exit
 from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.process import pid_alive, wait_pid_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

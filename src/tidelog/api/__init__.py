@@ -1,2 +1,4 @@
-"""Protocols: the Liftbridge-compatible gRPC ``proto.API`` service, ``tidelog.v1`` admin RPCs, the tidelog wire
-protocol (length-prefixed frames over TCP), and the one table mapping domain errors to wire statuses."""
+"""The broker's protocol edge: the Liftbridge-compatible gRPC ``proto.API`` service and the ``tidelog.v1`` RPCs
+(:mod:`~tidelog.api.rpc`), and the tidelog wire protocol's server, sessions and handlers
+(:mod:`~tidelog.api.wire`). Frames, message schemas, generated protobuf modules and the error table are
+:mod:`tidelog.protocol`'s; a lower layer's exception becomes a domain error in :mod:`tidelog.broker.translate`."""

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import crc32c
 
-from tidelog.replication.registers import MAX_REGISTER_BYTES
+from tidelog.protocol.labels import MAX_REGISTER_BYTES
 from tidelog.storage.batch import (
     CRC_FIELD,
     CRC_POS,

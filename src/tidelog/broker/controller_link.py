@@ -21,14 +21,22 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from tidelog.api.errors import (
+from tidelog.broker.peers import Peers
+from tidelog.metadata.controller import probe_refused
+from tidelog.metadata.controller_plans import AlterIsrError
+from tidelog.metadata.fenced_writer import ControllerError
+from tidelog.metadata.lease_session import is_lease_not_found
+from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_controller
+from tidelog.metadata.suspension import HeadRejection, SuspensionError
+from tidelog.protocol.connection import ConnectionClosedError
+from tidelog.protocol.errors import (
     FencedLeaderEpochError,
     InvalidArgumentError,
     TidelogError,
     UnavailableError,
     UnknownPartitionError,
 )
-from tidelog.api.wire.messages import (
+from tidelog.protocol.messages import (
     AlterIsrRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
@@ -36,14 +44,6 @@ from tidelog.api.wire.messages import (
     ReportUnreachableRequest,
     SuspendPartitionRequest,
 )
-from tidelog.broker.peers import Peers
-from tidelog.client.connection import ConnectionClosedError
-from tidelog.metadata.controller import probe_refused
-from tidelog.metadata.controller_plans import AlterIsrError
-from tidelog.metadata.fenced_writer import ControllerError
-from tidelog.metadata.lease_session import is_lease_not_found
-from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_controller
-from tidelog.metadata.suspension import HeadRejection, SuspensionError
 
 PROBE_TIMEOUT = 0.5
 

@@ -18,8 +18,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from tidelog.api.wire.messages import FetchRequest, FetchResponse
 from tidelog.broker.peers import Peers
+from tidelog.protocol.messages import FetchRequest, FetchResponse
 from tidelog.storage.damage import DamagedRange
 from tidelog.storage.log import Log
 

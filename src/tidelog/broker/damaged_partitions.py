@@ -37,11 +37,11 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from tidelog.api.errors import CorruptDataError, FencedLeaderEpochError, TidelogError
 from tidelog.broker.partition import AlterIsr
 from tidelog.metadata.controller_plans import OFFLINE
 from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.snapshot import PartitionKey
+from tidelog.protocol.errors import CorruptDataError, FencedLeaderEpochError, TidelogError
 from tidelog.storage.recovery_damage import DamagedLogError
 
 log = logging.getLogger(__name__)

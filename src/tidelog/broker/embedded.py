@@ -11,7 +11,7 @@ to get real servers on free ports.
   restarting it on the same directory keeps every key.
 
 Both write their output to ``<data_dir>/logs/<program>.log``, report readiness through their HTTP health
-endpoint, and are stopped by PID through :class:`~tidelog.testing.process.ManagedProcess`. Ports left at 0 are
+endpoint, and are stopped by PID through :class:`~tidelog.launch.process.ManagedProcess`. Ports left at 0 are
 chosen free on first start and kept for restarts, so clients' URLs stay valid; if a chosen port is taken
 between choosing and binding (another process won the race), the start is retried on fresh ports.
 """
@@ -27,15 +27,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import (
-    ManagedProcess,
-    ProcessStartError,
-    ReadinessProbe,
-    all_of,
-    http_probe,
-    tcp_probe,
-)
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import ReadinessProbe, all_of, http_probe, tcp_probe
+from tidelog.launch.process import ManagedProcess, ProcessStartError
 
 __all__ = ["BinaryNotFoundError", "EmbeddedEtcd", "EmbeddedNats", "find_binary"]
 

@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import msgspec
 
-from tidelog.api.errors import (
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.controller_link import call_controller
+from tidelog.metadata.records import PartitionRecord
+from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.suspension import LeaderBounds
+from tidelog.protocol.errors import (
     InternalError,
     UnavailableError,
     UnknownPartitionError,
     UnknownStreamError,
     UnsupportedError,
 )
-from tidelog.api.wire.messages import ListOffsetsRequest, ListOffsetsResponse, ResetHeadRequest, ResetHeadResponse
-from tidelog.broker.context import BrokerContext
-from tidelog.broker.controller_link import call_controller
-from tidelog.metadata.records import PartitionRecord
-from tidelog.metadata.snapshot import MetadataSnapshot
-from tidelog.metadata.suspension import LeaderBounds
+from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse, ResetHeadRequest, ResetHeadResponse
 
 DEFAULT_TIMEOUT = 10.0
 

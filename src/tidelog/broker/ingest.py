@@ -56,18 +56,18 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, encode_envelope
-from tidelog.api.errors import InvalidArgumentError, TidelogError
-from tidelog.api.liftbridge import AckRequest, build_ack
-from tidelog.api.subjects import quote
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message, Refused
 from tidelog.broker.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.nats_connection import UnsupportedServerError, supports
 from tidelog.broker.nats_reader import NatsReader
 from tidelog.broker.partition import Partition
 from tidelog.clock import Clock, SystemClock
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, encode_envelope
+from tidelog.protocol.errors import InvalidArgumentError, TidelogError
+from tidelog.protocol.liftbridge import AckRequest, build_ack
+from tidelog.protocol.messages import Acks
+from tidelog.protocol.subjects import quote
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ All batches of one read are built in **one buffer** (one join), their headers an
 read goes to the log as one append of one buffer, uncopied.
 
 Everything else — another subject (wildcard streams), a reply subject, NATS headers, a Liftbridge envelope —
-goes through :func:`tidelog.api.liftbridge.record_from_nats` (envelope decoding, reserved ``_tl.`` headers,
+goes through :func:`tidelog.protocol.liftbridge.record_from_nats` (envelope decoding, reserved ``_tl.`` headers,
 ack requests) and the general record layout.
 
 **Deduplication** (with a :class:`~tidelog.broker.msg_id_window.MsgIdWindow`): a general-path record carrying a
@@ -37,7 +37,7 @@ plain message has no headers, so it has no id and its path gains no work.
 A batch never exceeds the log's batch limit: a read that does not fit one batch is split, and a message that
 could not fit even alone is reported back rather than handed to the log, which would refuse the whole append.
 Likewise a message that cannot be encoded at all — a Liftbridge envelope with an ack policy outside the enum or
-an ack inbox that is no NATS subject (:class:`~tidelog.api.liftbridge.RefusedEnvelopeError`), or any other
+an ack inbox that is no NATS subject (:class:`~tidelog.protocol.liftbridge.RefusedEnvelopeError`), or any other
 failure — is reported back in :attr:`Encoded.refused` and left out alone: its neighbours of the read are stored.
 """
 
@@ -49,11 +49,11 @@ from typing import NamedTuple, cast
 
 import crc32c
 
-from tidelog.api.envelope import MAGIC
-from tidelog.api.liftbridge import AckRequest, RefusedEnvelopeError, record_from_nats
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.natsproto import Msg, parse_headers
+from tidelog.protocol.envelope import MAGIC
+from tidelog.protocol.liftbridge import AckRequest, RefusedEnvelopeError, record_from_nats
+from tidelog.protocol.messages import Acks
 from tidelog.storage.batch import (
     CRC_FIELD,
     CRC_POS,

@@ -37,7 +37,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tidelog.api.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
 from tidelog.broker.damage_repair import DamageRepairs
 from tidelog.broker.damaged_partitions import DamagedPartitions
 from tidelog.broker.follower_replica import FollowerReplica
@@ -47,6 +46,7 @@ from tidelog.broker.peers import Peers
 from tidelog.broker.safety import ReportSuspension, apply_confirmed_head
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
+from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
 from tidelog.replication.follower import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable

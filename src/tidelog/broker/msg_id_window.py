@@ -7,7 +7,7 @@ the **duplicate window** (JetStream's ``duplicate_window``, two minutes by defau
 **Which id.** The id is the first header named exactly ``Nats-Msg-Id`` (case-sensitive, as in JetStream) *of the
 record as stored*, its value's surrounding whitespace trimmed (:func:`msg_id_of`). For a plain NATS message that
 is its NATS header (NATS headers are kept as record headers); for a Liftbridge envelope it is the envelope's own
-header (an envelope's headers replace the NATS ones, see :func:`tidelog.api.liftbridge.record_from_nats`). An
+header (an envelope's headers replace the NATS ones, see :func:`tidelog.protocol.liftbridge.record_from_nats`). An
 empty value, or one longer than :data:`MAX_ID_BYTES`, is no id: the message is stored as any other. Defining the
 id by what is stored is what lets the window be rebuilt from the log alone.
 

@@ -4,7 +4,7 @@ server closes it for good.
 nats-py reconnects by itself after a network failure, but when the server answers ``-ERR`` (for instance
 ``maximum control line exceeded``, for an over-long subject) it closes the client for ever: every later publish
 fails with ``nats: connection closed``, for every partition of the broker. Subjects that clients hand us are
-checked where they enter (:mod:`tidelog.api.subjects`), so this should not happen; :class:`BrokerNats` is what
+checked where they enter (:mod:`tidelog.protocol.subjects`), so this should not happen; :class:`BrokerNats` is what
 keeps one slip from taking the broker's NATS traffic down until a restart. It holds a nats-py client and, when the
 server closes it, logs why and connects a new one (backing off while that fails), and subscribes again whatever
 was subscribed through it. Messages published to those subscriptions in between are not received (NATS core

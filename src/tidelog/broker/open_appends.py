@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog.api.errors import ErrorCode, InvalidArgumentError, OpenAppendsLimitError, TidelogError, as_tidelog_error
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.append_spool import AppendSpool, AppendTooLargeError, Declared
 from tidelog.broker.partition import Partition
 from tidelog.broker.transactional import AppendRefused, Committed, Expectations, appends_of
-from tidelog.replication.registers import EMPTY, LabelSet
+from tidelog.broker.translate import as_tidelog_error
+from tidelog.protocol.errors import ErrorCode, InvalidArgumentError, OpenAppendsLimitError, TidelogError
+from tidelog.protocol.labels import EMPTY, LabelSet
+from tidelog.protocol.messages import Acks
 from tidelog.storage.batch_check import ProduceLimits
 from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, RecordTooLargeError
 

@@ -42,7 +42,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from tidelog.api.errors import (
+from tidelog.broker.replica_reads import CommittedReads
+from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.errors import (
     DuplicateInFlightError,
     IncorrectOffsetError,
     InvalidArgumentError,
@@ -55,10 +58,7 @@ from tidelog.api.errors import (
     UnavailableError,
     UnknownProducerError,
 )
-from tidelog.api.wire.messages import Acks
-from tidelog.broker.replica_reads import CommittedReads
-from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
-from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.messages import Acks
 from tidelog.replication.ack_poll import poller_for
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from tidelog.protocol.labels import EMPTY, LabelSet, MalformedRegistersError, decode_labels
 from tidelog.replication.register_history import RegisterCheckpoint, RegisterHistory
-from tidelog.replication.registers import EMPTY, LabelSet, MalformedRegistersError, decode_labels
 from tidelog.storage.batch import iter_batches, registers_block
 from tidelog.storage.errors import CheckpointError
 from tidelog.storage.log import Log

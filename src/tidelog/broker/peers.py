@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 
-from tidelog.api.errors import UnavailableError
-from tidelog.api.wire.frames import BytesLike
-from tidelog.api.wire.messages import Header
-from tidelog.client.connection import Connection, Response
 from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol.connection import Connection, Response
+from tidelog.protocol.errors import UnavailableError
+from tidelog.protocol.frames import BytesLike
+from tidelog.protocol.messages import Header
 
 PEER_CONNECT_TIMEOUT = 2.0
 

@@ -68,8 +68,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from tidelog.api.errors import FencedLeaderEpochError, PartitionSuspendedError, TidelogError
 from tidelog.metadata.records import PartitionRecord
+from tidelog.protocol.errors import FencedLeaderEpochError, PartitionSuspendedError, TidelogError
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
 from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.replication.producer_state import ProducerStateTable

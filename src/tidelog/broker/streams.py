@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from tidelog.api.errors import (
-    InvalidArgumentError,
-    StreamExistsError,
-    UnavailableError,
-    UnknownPartitionError,
-    UnknownStreamError,
-)
-from tidelog.api.subjects import check_queue_group, check_subject, quote, subject_problem
-from tidelog.api.wire.messages import CreateStreamRequest, DeleteStreamRequest, SetStreamStateRequest
 from tidelog.broker.controller_link import call_controller
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.placement import place_replicas, resolve_replication_factor
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
+from tidelog.protocol.errors import (
+    InvalidArgumentError,
+    StreamExistsError,
+    UnavailableError,
+    UnknownPartitionError,
+    UnknownStreamError,
+)
+from tidelog.protocol.messages import CreateStreamRequest, DeleteStreamRequest, SetStreamStateRequest
+from tidelog.protocol.subjects import check_queue_group, check_subject, quote, subject_problem
 
 if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
@@ -52,7 +52,7 @@ _CAS_ATTEMPTS = 8
 
 
 def validate_subject(subject: str, partitions: int = 1) -> None:
-    """NATS subject rules (:mod:`tidelog.api.subjects`: wildcards as whole tokens, the length limit) for a stream's
+    """NATS subject rules (:mod:`tidelog.protocol.subjects`: wildcards as whole tokens, the length limit) for a stream's
     subject and for those of its partitions: partition ``i > 0`` listens on ``subject.i``, which must be valid too
     (so ``>`` cannot end the subject of a stream with several partitions, and the suffix counts to the limit)."""
     check_subject(subject, "subject", wildcards=True)

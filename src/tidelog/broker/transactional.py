@@ -35,12 +35,11 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 
-from tidelog.api.errors import ErrorCode, IncorrectOffsetError, TidelogError
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.append_spool import AppendSpool
 from tidelog.broker.partition import Partition, TransactionalWrite
 from tidelog.broker.partition_registers import PartitionRegisters
-from tidelog.replication.registers import (
+from tidelog.protocol.errors import ErrorCode, IncorrectOffsetError, TidelogError
+from tidelog.protocol.labels import (
     EMPTY,
     LabelSelector,
     LabelSet,
@@ -49,6 +48,7 @@ from tidelog.replication.registers import (
     encode_labels,
     matches,
 )
+from tidelog.protocol.messages import Acks
 from tidelog.storage.errors import DiskFullError
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tidelog.api.wire.messages import ListOffsetsRequest, ListOffsetsResponse
 from tidelog.broker.config import parse_etcd_endpoint
-from tidelog.client.connection import Connection
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
@@ -35,6 +33,8 @@ from tidelog.metadata.records import (
     decode_controller,
     decode_partition,
 )
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
 
 if TYPE_CHECKING:
     from tidelog.testing.cluster import LocalCluster
@@ -276,8 +276,8 @@ def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, sett
 
 async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None) -> int:
     from tidelog.cli.signals import stop_on_signals
+    from tidelog.launch.process import ProcessStartError
     from tidelog.testing.cluster import LocalCluster
-    from tidelog.testing.process import ProcessStartError
 
     local = LocalCluster(root, brokers, settings=settings, base_port=base_port)
     # a second signal exits at once: the children die with us (PR_SET_PDEATHSIG)

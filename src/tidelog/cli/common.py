@@ -14,8 +14,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import click
 
-from tidelog.api.errors import TidelogError
-from tidelog.client.connection import ConnectionClosedError
+from tidelog.protocol.connection import ConnectionClosedError
+from tidelog.protocol.errors import TidelogError
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -13,9 +13,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tidelog.api.wire.messages import PartitionInfo, SkipDamagedResponse
 from tidelog.cli.common import async_command, bootstrap, brokers_option
 from tidelog.client import Admin
+from tidelog.protocol.messages import PartitionInfo, SkipDamagedResponse
 
 console = Console()
 

@@ -10,9 +10,9 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tidelog.api.wire.messages import Acks
 from tidelog.cli.common import async_command, bootstrap, brokers_option, parse_headers
 from tidelog.client import Producer
+from tidelog.protocol.messages import Acks
 
 console = Console(stderr=True)
 PROGRESS_FROM = 100  # show a progress bar from this many messages on

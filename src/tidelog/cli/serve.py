@@ -30,7 +30,7 @@ def configure_logging(level: str) -> None:
 
 
 async def run_broker(flags: dict[str, object], config_file: Path | None) -> int:
-    from tidelog.broker.server import Broker
+    from tidelog.server import Broker
 
     config = load_config(config_file, flags=flags)
     configure_logging(config.log_level)

@@ -18,24 +18,24 @@ Essential types (implementation modules are private to this package; import from
 - :class:`TidelogClient`, :class:`SyncProducer`, :class:`SyncConsumer`, :class:`SyncAdmin` — the same from
   plain threads (an event loop runs in a background thread).
 
-Failures surface as :class:`~tidelog.api.errors.TidelogError` subclasses (``UnknownStreamError``,
+Failures surface as :class:`~tidelog.protocol.errors.TidelogError` subclasses (``UnknownStreamError``,
 ``NotLeaderError``…); a lost connection is :class:`ConnectionClosedError`, a retriable ``UnavailableError``.
 """
 
-from tidelog.api.errors import TidelogError
-from tidelog.api.wire.messages import Acks
 from tidelog.client.accumulator import RecordMetadata
 from tidelog.client.admin import Admin
 from tidelog.client.appender import Appender, AppendOutcome, RefusalDetails, refusal_details
 from tidelog.client.cluster import Cluster
-from tidelog.client.connection import Connection, ConnectionClosedError, Response
 from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPosition
 from tidelog.client.idempotence import ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Partitioner, RoundRobinPartitioner
 from tidelog.client.producer import Producer
 from tidelog.client.records import ConsumerRecord, FetchedBatch
 from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
-from tidelog.replication.registers import LabelSelector, LabelSet
+from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.errors import TidelogError
+from tidelog.protocol.labels import LabelSelector, LabelSet
+from tidelog.protocol.messages import Acks
 from tidelog.storage.batch import Codec, NewRecord
 
 __all__ = [

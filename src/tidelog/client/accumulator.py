@@ -34,7 +34,7 @@ from tidelog.storage.batch import HEADER_SIZE, BatchBuilder
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from tidelog.client.connection import Connection
+    from tidelog.protocol.connection import Connection
 
 
 class RecordMetadata(NamedTuple):

@@ -24,8 +24,9 @@ from types import TracebackType
 
 import msgspec
 
-from tidelog.api.errors import PartitionSuspendedError, RequestTimeoutError, TidelogError
-from tidelog.api.wire.messages import (
+from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
+from tidelog.protocol.errors import PartitionSuspendedError, RequestTimeoutError, TidelogError
+from tidelog.protocol.messages import (
     CreateStreamRequest,
     DeleteStreamRequest,
     ListOffsetsRequest,
@@ -42,7 +43,6 @@ from tidelog.api.wire.messages import (
     StreamInfo,
     StreamSummary,
 )
-from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 
 ConfigValue = str | int | bool
 

@@ -36,17 +36,16 @@ from typing import Any
 import crc32c
 import msgspec
 
-from tidelog.api.errors import (
+from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
+from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.errors import (
     ErrorCode,
     NotLeaderError,
     TidelogError,
     UnavailableError,
     make_error,
 )
-from tidelog.api.wire.messages import Acks, AppendPhase, AppendRequest, AppendResponse
-from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
-from tidelog.client.connection import Connection, ConnectionClosedError, Response
-from tidelog.replication.registers import (
+from tidelog.protocol.labels import (
     EMPTY,
     LabelSelector,
     LabelSet,
@@ -54,6 +53,7 @@ from tidelog.replication.registers import (
     encode_labels,
     encode_selector,
 )
+from tidelog.protocol.messages import Acks, AppendPhase, AppendRequest, AppendResponse
 from tidelog.storage.batch import BatchBuilder, NewRecord
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024

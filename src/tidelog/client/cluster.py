@@ -18,16 +18,16 @@ import contextlib
 import ssl as ssl_
 from collections.abc import Sequence
 
-from tidelog.api.errors import (
+from tidelog.protocol.connection import Connection, ConnectionClosedError
+from tidelog.protocol.errors import (
     TidelogError,
     UnavailableError,
     UnknownPartitionError,
     UnknownStreamError,
     from_error_body,
 )
-from tidelog.api.wire.frames import DEFAULT_MAX_RESPONSE_BYTES
-from tidelog.api.wire.messages import BrokerInfo, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
-from tidelog.client.connection import Connection, ConnectionClosedError
+from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES
+from tidelog.protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9293"
 

@@ -28,7 +28,7 @@ Damage on the broker's disk (bit rot) never stalls a consumer. A batch that fail
 delivered: the batches before it are, and the same offset is fetched again with ``verify``, which makes the
 broker check the bytes on its disk. Damage found there comes back as OFFSET_DAMAGED naming the damaged offsets;
 the consumer moves its position past them and, with ``on_damaged="raise"`` (the default), raises
-:class:`~tidelog.api.errors.OffsetDamagedError` (``first``, ``last``, ``next_offset``) once: iterating again
+:class:`~tidelog.protocol.errors.OffsetDamagedError` (``first``, ``last``, ``next_offset``) once: iterating again
 continues after the range. With ``on_damaged="skip"`` it logs a warning and reads on. Once an operator has
 confirmed skipping the range (``tidelog partition skip-damaged``) the broker passes over it itself.
 """
@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from tidelog.api.errors import ErrorCode, OffsetDamagedError, TidelogError, from_error_body
-from tidelog.api.wire.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
-from tidelog.client.connection import Connection, Response
 from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_before_corruption, batches_of
+from tidelog.protocol.connection import Connection, Response
+from tidelog.protocol.errors import ErrorCode, OffsetDamagedError, TidelogError, from_error_body
+from tidelog.protocol.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from tidelog.storage.errors import CorruptBatchError
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import crc32c
 
-from tidelog.api.errors import TidelogError
-from tidelog.api.wire.messages import InitProducerRequest, InitProducerResponse
 from tidelog.client.cluster import LEADER_RETRY_DELAYS, Cluster
-from tidelog.client.connection import ConnectionClosedError
+from tidelog.protocol.connection import ConnectionClosedError
+from tidelog.protocol.errors import TidelogError
+from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse
 from tidelog.replication.producer_state import MAX_SEQUENCE, WINDOW
 from tidelog.storage.batch import CRC_FIELD, CRC_POS, CRC_START
 

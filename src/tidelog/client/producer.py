@@ -39,7 +39,7 @@ resent after a lost connection, a TIMEOUT or a leader failover is stored once an
 original offsets. Retries of every retriable error are then safe, and at most 5 requests are in flight per
 partition (the batches a broker remembers per producer). ``producer_name`` makes it a *named* producer: a new
 instance with the same name fences the older one, whose pending and later sends fail with
-:class:`~tidelog.api.errors.ProducerFencedError`. The rules, and what happens when the broker and the producer
+:class:`~tidelog.protocol.errors.ProducerFencedError`. The rules, and what happens when the broker and the producer
 disagree about sequences, are in :mod:`tidelog.client.sender`. ``idempotent=False`` stamps nothing and retries
 only refusals where nothing was stored; ``Acks.NONE`` is never idempotent (no answer, nothing to retry).
 """
@@ -51,13 +51,13 @@ import time
 from collections.abc import Sequence
 from types import TracebackType
 
-from tidelog.api.errors import MessageTooLargeError, TidelogError
-from tidelog.api.wire.messages import Acks
 from tidelog.client.accumulator import Accumulator, RecordMetadata
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.idempotence import ProducerIdentity, ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, Partitioner
 from tidelog.client.sender import Sender
+from tidelog.protocol.errors import MessageTooLargeError, TidelogError
+from tidelog.protocol.messages import Acks
 from tidelog.storage.batch import Codec
 
 Headers = Sequence[tuple[str, bytes]]
@@ -188,8 +188,8 @@ class Producer:
         """Queue one record; return the future of its :class:`RecordMetadata` without waiting for the broker.
 
         ``timestamp`` is ns since the Unix epoch (now, when omitted). The future fails with the broker's
-        :class:`~tidelog.api.errors.TidelogError` (e.g. ``UnknownStreamError``) if the record is refused.
-        A record above ``max_message_bytes`` raises :class:`~tidelog.api.errors.MessageTooLargeError` here and
+        :class:`~tidelog.protocol.errors.TidelogError` (e.g. ``UnknownStreamError``) if the record is refused.
+        A record above ``max_message_bytes`` raises :class:`~tidelog.protocol.errors.MessageTooLargeError` here and
         joins no batch, so the records sent around it are not affected; a negative ``timestamp`` raises
         ``ValueError`` (brokers refuse timestamps before the Unix epoch, and those more than their
         ``max_timestamp_ahead_ms`` ahead of their clock).

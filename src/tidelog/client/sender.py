@@ -48,7 +48,17 @@ import functools
 import logging
 from collections.abc import Callable
 
-from tidelog.api.errors import (
+from tidelog.client.accumulator import PartitionBuffer, ProducerBatch
+from tidelog.client.cluster import Cluster
+from tidelog.client.idempotence import (
+    MAX_IN_FLIGHT,
+    IdentityState,
+    ProducerIdentity,
+    add_sequence,
+    stamp_batch,
+)
+from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.errors import (
     FencedLeaderEpochError,
     InternalError,
     NotEnoughReplicasError,
@@ -60,17 +70,7 @@ from tidelog.api.errors import (
     UnknownProducerError,
     from_error_body,
 )
-from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
-from tidelog.client.accumulator import PartitionBuffer, ProducerBatch
-from tidelog.client.cluster import Cluster
-from tidelog.client.connection import Connection, ConnectionClosedError, Response
-from tidelog.client.idempotence import (
-    MAX_IN_FLIGHT,
-    IdentityState,
-    ProducerIdentity,
-    add_sequence,
-    stamp_batch,
-)
+from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.storage.batch import Codec
 
 log = logging.getLogger(__name__)

@@ -26,13 +26,13 @@ from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from tidelog.api.wire.messages import MetadataResponse, ResetHeadResponse, StreamInfo, StreamSummary
 from tidelog.client.accumulator import RecordMetadata
 from tidelog.client.admin import Admin, ConfigValue
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.consumer import Consumer
 from tidelog.client.producer import Headers, Producer
 from tidelog.client.records import ConsumerRecord, FetchedBatch
+from tidelog.protocol.messages import MetadataResponse, ResetHeadResponse, StreamInfo, StreamSummary
 
 T = TypeVar("T")
 

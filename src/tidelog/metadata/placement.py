@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tidelog.api.errors import InvalidArgumentError
+from tidelog.protocol.errors import InvalidArgumentError
 
 
 def resolve_replication_factor(requested: int, live_brokers: int) -> int:

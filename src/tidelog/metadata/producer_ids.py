@@ -24,7 +24,6 @@ import logging
 import random
 from typing import Any
 
-from tidelog.api.errors import InvalidArgumentError, UnavailableError
 from tidelog.metadata.records import (
     Keys,
     ProducerRecord,
@@ -33,6 +32,7 @@ from tidelog.metadata.records import (
     encode_counter,
     encode_producer,
 )
+from tidelog.protocol.errors import InvalidArgumentError, UnavailableError
 from tidelog.replication.producer_state import MAX_PRODUCER_EPOCH
 
 log = logging.getLogger(__name__)

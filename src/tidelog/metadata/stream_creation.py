@@ -31,7 +31,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from tidelog.api.errors import UnavailableError
 from tidelog.metadata.fenced_writer import TxnResult
 from tidelog.metadata.records import (
     CreationRecord,
@@ -43,6 +42,7 @@ from tidelog.metadata.records import (
     encode,
     encode_creation,
 )
+from tidelog.protocol.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tidelog.api.errors import ErrorCode, from_error_body
-from tidelog.api.wire.frames import ProtocolError
-from tidelog.api.wire.messages import (
+from tidelog.protocol.errors import ErrorCode, from_error_body
+from tidelog.protocol.frames import ProtocolError
+from tidelog.protocol.messages import (
     ErrorBody,
     Header,
     ReplicaFetchRequest,

@@ -10,7 +10,7 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
         └──── BACKING_OFF ◀─────┴─────┴──────┘
                                       └──▶ PARKED (a leader that cannot serve segment files)
 
-- **connecting**: a dedicated wire :class:`~tidelog.client.connection.Connection` to the leader.
+- **connecting**: a dedicated wire :class:`~tidelog.protocol.connection.Connection` to the leader.
 - **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
   (the decision itself is :mod:`tidelog.replication.truncation`). Run after every (re)connection: it costs one
   round trip and a leader may have changed its log while we could not see it.
@@ -54,18 +54,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tidelog.api.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
-from tidelog.api.wire.frames import DEFAULT_MAX_RESPONSE_BYTES, ProtocolError
-from tidelog.api.wire.messages import (
+from tidelog.clock import Clock, SystemClock
+from tidelog.deadline import within
+from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
+from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES, ProtocolError
+from tidelog.protocol.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     Header,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
 )
-from tidelog.client.connection import Connection, ConnectionClosedError, Response
-from tidelog.clock import Clock, SystemClock
-from tidelog.deadline import within
 from tidelog.replication.catch_up import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_COPY_THRESHOLD_BYTES,

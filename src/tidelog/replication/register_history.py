@@ -1,6 +1,6 @@
 """The registers as of each log end offset, and the checkpoint file that persists them.
 
-A partition's registers (:mod:`tidelog.replication.registers`) change only with appends that commit records, so
+A partition's registers (:mod:`tidelog.protocol.labels`) change only with appends that commit records, so
 they are a function of the log end. :class:`RegisterHistory` remembers them per log end offset, so that a replica
 truncated by leader epoch goes back to the registers of the data it kept; :class:`RegisterCheckpoint` stores the
 history in a checksummed text file (:data:`REGISTERS_CHECKPOINT_FILE`, its format drawn in the comment above it).
@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
-from tidelog.replication.registers import (
+from tidelog.protocol.labels import (
     EMPTY,
     MAX_REGISTER_LABELS,
     InvalidLabelError,

@@ -36,8 +36,8 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidelog.api.liftbridge import RESERVED_PREFIX, SUBJECT
 from tidelog.client import FetchedBatch
+from tidelog.protocol.liftbridge import RESERVED_PREFIX, SUBJECT
 from tidelog.spark.schema import ARROW_SCHEMA, HEADERS_TYPE, TIMESTAMP_TYPE
 from tidelog.storage.batch import BatchHeader, record_section
 from tidelog.storage.errors import CorruptBatchError

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from tidelog.api.errors import OffsetOutOfRangeError
 from tidelog.client import Consumer
+from tidelog.protocol.errors import OffsetOutOfRangeError
 from tidelog.spark.columns import ColumnBuilder
 from tidelog.spark.options import SourceOptions
 from tidelog.spark.planning import OffsetRange

@@ -5,7 +5,7 @@ the driver died between the sink's commit and Spark's own commit log entry, or r
 sink must make the repeats write nothing. Spark runs ``commit(messages, N)`` on the driver once every task of the
 batch has succeeded; the tasks return their rows instead of appending them (:mod:`~tidelog.spark.writing`), so
 all the batch's rows for a partition reach one place, and become one all-or-nothing append guarded by a
-*register* (:mod:`tidelog.replication.registers`).
+*register* (:mod:`tidelog.protocol.labels`).
 
 The register. Label ``spark.<query id>`` on a partition holds the last batch id the query appended to it. The
 query id is Spark's ``StreamingQuery.id``: Spark keeps it in the checkpoint (its ``metadata`` file), so it is the
@@ -63,12 +63,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from tidelog.api.errors import RegisterMismatchError, TidelogError
-from tidelog.api.wire.messages import ListOffsetsRequest, ListOffsetsResponse
 from tidelog.client import Appender, Cluster, ConnectionClosedError, NewRecord, refusal_details
 from tidelog.client.appender import RecordLike
 from tidelog.client.cluster import LEADER_RETRY_DELAYS
-from tidelog.replication.registers import EMPTY, LabelSelector, LabelSet
+from tidelog.protocol.errors import RegisterMismatchError, TidelogError
+from tidelog.protocol.labels import EMPTY, LabelSelector, LabelSet
+from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
 from tidelog.spark.reading import _new_loop
 from tidelog.spark.sink_options import SinkOptions
 from tidelog.spark.writing import Target, TaskRows

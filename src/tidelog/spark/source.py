@@ -41,7 +41,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from tidelog.api.wire.messages import StreamInfo
+from tidelog.protocol.messages import StreamInfo
 from tidelog.spark.options import EARLIEST, LATEST, Position, SourceOptionError, SourceOptions, parse_options
 from tidelog.spark.planning import (
     Bounds,

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 
-from tidelog.api.errors import TidelogError, UnknownStreamError
-from tidelog.api.wire.messages import ListOffsetsRequest, ListOffsetsResponse, StreamInfo
 from tidelog.client import Cluster, LoopThread
 from tidelog.client.cluster import LEADER_RETRY_DELAYS
+from tidelog.protocol.errors import TidelogError, UnknownStreamError
+from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse, StreamInfo
 from tidelog.spark.options import SourceOptionError, SourceOptions
 from tidelog.spark.planning import Bounds, TopicPartition
 

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
-from tidelog.api.wire.messages import StreamInfo
 from tidelog.client import Cluster
+from tidelog.protocol.messages import StreamInfo
 from tidelog.spark.reading import _new_loop
 from tidelog.spark.schema import HEADERS_TYPE
 from tidelog.spark.sink_options import SinkColumns, SinkOptions

@@ -29,9 +29,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidelog.api.errors import IncorrectOffsetError, TidelogError
 from tidelog.client import Admin, Appender, Cluster, refusal_details
-from tidelog.client.connection import ConnectionClosedError
+from tidelog.protocol.connection import ConnectionClosedError
+from tidelog.protocol.errors import IncorrectOffsetError, TidelogError
 from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.faults import ELECT_WITHIN, READ_WITHIN, REJOIN_WITHIN, SETTINGS
 from tidelog.testing.linearizability import (

@@ -20,7 +20,7 @@ A broker counts as up when its gRPC health service says SERVING *and* etcd holds
 SIGKILL the previous run's key outlives the process until its lease lapses, and must not be mistaken for the new
 one.
 
-Children never outlive the test: :class:`~tidelog.testing.process.ManagedProcess` stops them at interpreter exit
+Children never outlive the test: :class:`~tidelog.launch.process.ManagedProcess` stops them at interpreter exit
 and asks the kernel to SIGKILL them if the test process dies (``PR_SET_PDEATHSIG``). Brokers are therefore
 started from the event loop's thread, never from a worker thread.
 
@@ -47,6 +47,9 @@ import aetcd
 
 from tidelog.broker.config import config_keys, parse_etcd_endpoint
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import ReadinessProbe, all_of
+from tidelog.launch.process import ManagedProcess
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
@@ -57,8 +60,6 @@ from tidelog.metadata.records import (
     decode_partition,
 )
 from tidelog.testing.history import ReplicaSnapshot, read_replica
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ManagedProcess, ReadinessProbe, all_of
 from tidelog.testing.serve_process import TIDELOG, clean_env, serving
 from tidelog.testing.tcp_proxy import TcpProxy
 

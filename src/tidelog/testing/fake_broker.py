@@ -1,7 +1,7 @@
 """An in-memory broker for producer tests: every partition's leader, deduplicating with the real producer state.
 
 The producer's sender talks to it through :class:`FakeConnection` (``send``, ``request``, ``closed``: what the
-sender and the producer identity use of a :class:`~tidelog.client.connection.Connection`) and
+sender and the producer identity use of a :class:`~tidelog.protocol.connection.Connection`) and
 :class:`FakeCluster` (a :class:`~tidelog.client.cluster.Cluster` whose connections are fake). A request is
 handled when it is sent — so batches are written in send order, as a real leader starts appends — and answered
 one loop turn later, in order. :attr:`FakeBroker.faults` scripts what goes wrong with the n-th produce request
@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from tidelog.api.errors import (
+from tidelog.client.cluster import Cluster
+from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.errors import (
     DuplicateInFlightError,
     ErrorCode,
     InvalidArgumentError,
@@ -27,7 +29,7 @@ from tidelog.api.errors import (
     UnknownProducerError,
     make_error,
 )
-from tidelog.api.wire.messages import (
+from tidelog.protocol.messages import (
     ErrorBody,
     Header,
     InitProducerRequest,
@@ -37,8 +39,6 @@ from tidelog.api.wire.messages import (
     ProduceResponse,
     StreamInfo,
 )
-from tidelog.client.cluster import Cluster
-from tidelog.client.connection import Connection, ConnectionClosedError, Response
 from tidelog.replication.producer_state import (
     Duplicate,
     Fenced,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.api.errors import UnknownStreamError
 from tidelog.broker.partition import Partition
+from tidelog.protocol.errors import UnknownStreamError
 
 
 @dataclass

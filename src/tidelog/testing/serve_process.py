@@ -15,8 +15,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidelog.testing.ports import free_ports
-from tidelog.testing.process import ManagedProcess, ReadinessProbe
+from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import ReadinessProbe
+from tidelog.launch.process import ManagedProcess
 
 TIDELOG = Path(sys.executable).parent / "tidelog"
 START_WITHIN = 60.0  # Python start-up plus etcd and nats-server on a loaded machine

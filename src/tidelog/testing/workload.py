@@ -33,10 +33,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from tidelog.api.errors import NotEnoughReplicasError, NotLeaderError, TidelogError
-from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.client import Cluster, Consumer, Producer, RecordMetadata
-from tidelog.client.connection import Connection
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import NotEnoughReplicasError, NotLeaderError, TidelogError
+from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.storage.batch import BatchBuilder, Codec
 from tidelog.testing.history import History
 

@@ -17,13 +17,13 @@ import pytest_asyncio
 
 from tests.broker.helpers import bounded, create_stream, expect_code, read_until_stop, values
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2_grpc
-from tidelog.api._gen.tidelog.v1 import append_pb2 as pb
-from tidelog.api._gen.tidelog.v1 import append_pb2_grpc
-from tidelog.api.errors import ErrorCode
 from tidelog.broker.open_appends import OpenAppend
-from tidelog.broker.server import Broker
 from tidelog.client import Consumer
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.protocol._gen.tidelog.v1 import append_pb2 as pb
+from tidelog.protocol._gen.tidelog.v1 import append_pb2_grpc
+from tidelog.protocol.errors import ErrorCode
+from tidelog.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -32,10 +32,10 @@ from tests.broker.helpers import (
     values,
 )
 from tests.helpers import BOUND
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, parse_envelope
-from tidelog.broker.server import Broker
 from tidelog.metadata.records import BrokerRecord, Keys, encode
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, parse_envelope
+from tidelog.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -23,8 +23,8 @@ from tests.broker.helpers import (
     subscribed,
     values,
 )
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, parse_envelope
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, parse_envelope
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -13,13 +13,13 @@ import pytest
 from tests.broker.conftest import broker, broker_settings, stream_name, stub
 from tests.broker.helpers import read_until_stop
 from tests.helpers import BOUND
-from tidelog.api.errors import InvalidArgumentError, MessageTooLargeError
 from tidelog.api.wire import produce_turns
-from tidelog.api.wire.messages import Acks, ProduceRequest
 from tidelog.api.wire.produce_turns import INLINE_ALONE
-from tidelog.broker.server import Broker
 from tidelog.client import Admin, Codec, Consumer, Producer
-from tidelog.client.connection import Connection
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import InvalidArgumentError, MessageTooLargeError
+from tidelog.protocol.messages import Acks, ProduceRequest
+from tidelog.server import Broker
 from tidelog.storage.batch import BatchBuilder, NewRecord, _frame, build_batch
 
 __all__ = ["broker", "broker_settings", "stream_name", "stub"]

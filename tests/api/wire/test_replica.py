@@ -14,13 +14,15 @@ import msgspec
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import (
+from tidelog.api.wire.session import Session
+from tidelog.protocol.connection import Connection, ConnectionClosedError
+from tidelog.protocol.errors import (
     ErrorCode,
     PartitionSuspendedError,
     UnavailableError,
     UnknownStreamError,
 )
-from tidelog.api.wire.messages import (
+from tidelog.protocol.messages import (
     Acks,
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
@@ -31,8 +33,6 @@ from tidelog.api.wire.messages import (
     SegmentListRequest,
     SegmentListResponse,
 )
-from tidelog.api.wire.session import Session
-from tidelog.client.connection import Connection, ConnectionClosedError
 from tidelog.storage.batch import iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log

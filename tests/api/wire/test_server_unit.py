@@ -21,9 +21,14 @@ from typing import Any
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.api.errors import ErrorCode
-from tidelog.api.wire.frames import FrameDecoder, Kind, Op, encode_frame_bytes
-from tidelog.api.wire.messages import (
+from tidelog.api.wire.server import WireServer
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.partition import Partition
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.errors import ErrorCode
+from tidelog.protocol.frames import FrameDecoder, Kind, Op, encode_frame_bytes
+from tidelog.protocol.messages import (
     Acks,
     ErrorBody,
     FetchRequest,
@@ -34,11 +39,6 @@ from tidelog.api.wire.messages import (
     decode_header,
     encode_message,
 )
-from tidelog.api.wire.server import WireServer
-from tidelog.broker.config import BrokerConfig
-from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
-from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log

@@ -14,10 +14,10 @@ from typing import Any
 
 from tests.helpers import BOUND
 from tidelog.api.wire.admission import TurnBudget
-from tidelog.api.wire.frames import FrameDecoder, Kind, Op, encode_frame
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.api.wire.messages import MetadataRequest, encode_message
 from tidelog.api.wire.session import Session
+from tidelog.protocol.frames import FrameDecoder, Kind, Op, encode_frame
+from tidelog.protocol.messages import MetadataRequest, encode_message
 
 
 @dataclass

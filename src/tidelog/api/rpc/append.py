@@ -32,20 +32,20 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
-from tidelog.api._gen.tidelog.v1 import append_pb2 as pb
-from tidelog.api.errors import ErrorCode, InvalidArgumentError
 from tidelog.api.wire.append import limits_of
-from tidelog.api.wire.messages import Acks
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppend
 from tidelog.broker.transactional import AppendRefused, Committed, Expectations, appends_of
-from tidelog.replication.registers import (
+from tidelog.protocol._gen.tidelog.v1 import append_pb2 as pb
+from tidelog.protocol.errors import ErrorCode, InvalidArgumentError
+from tidelog.protocol.labels import (
     LabelSelector,
     LabelSet,
     RegisterError,
     encode_labels,
     encode_selector,
 )
+from tidelog.protocol.messages import Acks
 from tidelog.storage.batch import BatchBuilder
 
 T = TypeVar("T")
@@ -226,7 +226,7 @@ def _committed(committed: Committed) -> pb.AppendResponse:
 
 def _refusal(refused: AppendRefused) -> pb.AppendResponse:
     return pb.AppendResponse(
-        status=cast("pb.Status", int(refused.code)),  # Status numbers are ErrorCode's (tests/api/test_append_proto.py)
+        status=cast("pb.Status", int(refused.code)),  # numbers are ErrorCode's (tests/protocol/test_append_proto.py)
         message=refused.message,
         base_offset=-1,
         last_offset=-1,

@@ -6,11 +6,11 @@ record (-1 when there are none), not as "next offset" the way tidelog tracks the
 
 from __future__ import annotations
 
-from tidelog.api._gen import api_pb2
-from tidelog.api.errors import NotLeaderError
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.errors import NotLeaderError
 
 _NULLABLE_FIELDS = {
     "retentionMaxBytes": "retention_max_bytes",

@@ -6,7 +6,7 @@ also gets its ack published there, as Liftbridge does. ``NONE`` still stores the
 only means the response carries no ack.
 
 ``ackInbox``, ``ackPolicy`` and ``PublishToSubject``'s ``subject`` are checked before anything is stored or sent
-(:mod:`tidelog.api.subjects`): a bad one is INVALID_ARGUMENT naming the field, never an error after the write that
+(:mod:`tidelog.protocol.subjects`): a bad one is INVALID_ARGUMENT naming the field, never an error after the write that
 would make the client retry and store a duplicate.
 
 A publish that reaches a broker which does not lead the partition is forwarded to the leader over the wire
@@ -26,20 +26,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tidelog.api._gen import api_pb2
-from tidelog.api.envelope import MessageType, encode_envelope, parse_envelope
-from tidelog.api.errors import (
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.translate import as_tidelog_error
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
+from tidelog.protocol.errors import (
     IncorrectOffsetError,
     MessageTooLargeError,
     NotLeaderError,
     RequestTimeoutError,
-    as_tidelog_error,
     from_error_body,
 )
-from tidelog.api.liftbridge import build_ack, check_user_headers, record_for_publish
-from tidelog.api.subjects import check_ack, check_subject
-from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
-from tidelog.broker.context import BrokerContext
+from tidelog.protocol.liftbridge import build_ack, check_user_headers, record_for_publish
+from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
+from tidelog.protocol.subjects import check_ack, check_subject
 from tidelog.storage.batch import build_batch
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 modules and map errors to statuses.
 
 Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
-gRPC status — looked up in :mod:`tidelog.api.errors`, so gRPC and the wire protocol answer the same condition
+gRPC status — looked up in :mod:`tidelog.protocol.errors`, so gRPC and the wire protocol answer the same condition
 with the same meaning. Cursor and consumer-group RPCs answer ``UNIMPLEMENTED`` until their own issue.
 """
 
@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tidelog.api._gen import api_pb2_grpc
-from tidelog.api._gen.tidelog.v1 import append_pb2_grpc
-from tidelog.api.errors import InternalError, TidelogError, as_tidelog_error, status_details
 from tidelog.api.rpc import metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.translate import as_tidelog_error
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.protocol._gen.tidelog.v1 import append_pb2_grpc
+from tidelog.protocol.errors import InternalError, TidelogError, status_details
 
 log = logging.getLogger(__name__)
 

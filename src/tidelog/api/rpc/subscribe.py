@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from tidelog.api._gen import api_pb2
-from tidelog.api.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
-from tidelog.api.liftbridge import message_from_record
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.partition import Partition
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
+from tidelog.protocol.liftbridge import message_from_record
 from tidelog.storage import errors as storage_errors
 from tidelog.storage.batch import decode_records, iter_batches
 

@@ -6,17 +6,7 @@ msgspec-msgpack header, and a raw payload that carries record batches exactly as
 serves them (never re-encoded, never copied into the frame). Requests carry a correlation id, so a connection
 pipelines many requests and matches responses as they come back.
 
-Two layers, each a pure codec with no I/O loop of its own (the nats.py style):
-
-- :mod:`tidelog.api.wire.frames` — the frame layout, ``encode_frame`` (a list of buffers for ``writelines``), the
-  incremental ``FrameDecoder`` that enforces ``max_frame_bytes`` before buffering, and ``read_frame`` for an
-  ``asyncio.StreamReader``. It knows kinds and op numbers but nothing about what a header means.
-- :mod:`tidelog.api.wire.messages` — one frozen msgspec ``Struct`` per op and direction (``ProduceRequest``,
-  ``FetchResponse``, ``ErrorBody``…), the table from ``(kind, op)`` to header type, and ``encode_message`` /
-  ``decode_header``.
-
-Errors: a frame that breaks the framing raises ``FrameError`` (the byte stream is lost: close the connection);
-a well-framed frame whose header does not decode raises ``ProtocolError`` (answer it with an error frame and
-carry on). Domain failures travel inside frames as ``ErrorBody`` and become ``TidelogError`` again through
-:mod:`tidelog.api.errors`.
+The codecs are :mod:`tidelog.protocol`'s (frames, messages, errors); this package is the broker's side: the
+server and its sessions, the handlers of each op, and the admission and zero-copy sending they use. Frames that
+break the framing close the connection; a header that does not decode is answered with an error frame.
 """

@@ -24,10 +24,13 @@ from collections.abc import Mapping
 
 import msgspec
 
-from tidelog.api.errors import InvalidArgumentError, UnknownStreamError
-from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.api.wire.messages import (
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.head_reset import reset_head as confirm_head
+from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
+from tidelog.protocol.errors import InvalidArgumentError, UnknownStreamError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import (
     BrokerInfo,
     CreateStreamRequest,
     CreateStreamResponse,
@@ -48,9 +51,6 @@ from tidelog.api.wire.messages import (
     StreamSummary,
     encode_message,
 )
-from tidelog.broker.context import BrokerContext
-from tidelog.broker.head_reset import reset_head as confirm_head
-from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 
 _CONFIG_FIELDS = frozenset(StreamConfig.__struct_fields__)
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")

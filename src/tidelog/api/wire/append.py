@@ -23,16 +23,15 @@ from __future__ import annotations
 import functools
 import time
 
-from tidelog.api.errors import InvalidArgumentError
-from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse, encode_message
 from tidelog.broker.append_spool import Declared
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import AppendLimits, OpenAppend
 from tidelog.broker.transactional import AppendRefused, Expectations, appends_of
-from tidelog.replication.registers import (
+from tidelog.protocol.errors import InvalidArgumentError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.labels import (
     EMPTY,
     MAX_REGISTER_BYTES,
     RegisterError,
@@ -40,6 +39,7 @@ from tidelog.replication.registers import (
     decode_selector,
     encode_labels,
 )
+from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse, encode_message
 from tidelog.storage.batch import HEADER_SIZE, REGISTERS_LENGTH
 from tidelog.storage.batch_check import ProduceLimits
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidelog.api.errors import UnavailableError
-from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.api.wire.messages import (
+from tidelog.broker.controller_link import call_controller
+from tidelog.protocol.errors import UnavailableError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import (
     AlterIsrRequest,
     AlterIsrResponse,
     ControlledShutdownRequest,
@@ -27,7 +28,6 @@ from tidelog.api.wire.messages import (
     SuspendPartitionResponse,
     encode_message,
 )
-from tidelog.broker.controller_link import call_controller
 
 
 def _controller(env: HandlerEnv) -> Any:

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import asyncio
 
-from tidelog.api.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
-from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
-from tidelog.api.wire.messages import (
+from tidelog.broker.follower_replica import FollowerReplica
+from tidelog.broker.partition import Partition
+from tidelog.protocol.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
+from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
+from tidelog.protocol.messages import (
     FetchRequest,
     FetchResponse,
     Isolation,
@@ -46,8 +48,6 @@ from tidelog.api.wire.messages import (
     ListOffsetsResponse,
     encode_message,
 )
-from tidelog.broker.follower_replica import FollowerReplica
-from tidelog.broker.partition import Partition
 from tidelog.storage import errors as storage_errors
 
 Replica = Partition | FollowerReplica

@@ -43,11 +43,11 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from tidelog.api.wire.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
-from tidelog.api.wire.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppends
+from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
+from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.storage.batch_check import ProduceLimits
 from tidelog.storage.log import FileRange, Log
 
@@ -137,7 +137,7 @@ def route(
 def frame_with_file(op: int, correlation_id: int, header: Header, file: FileRange) -> Reply:
     """A response frame whose payload is ``file``'s byte range, sent later without passing through Python.
 
-    :func:`~tidelog.api.wire.frames.encode_frame` needs the payload in memory to count it; here only its
+    :func:`~tidelog.protocol.frames.encode_frame` needs the payload in memory to count it; here only its
     length is known, so the 16-byte prefix is packed with the same layout and that length.
     """
     encoded = encode_header(header)

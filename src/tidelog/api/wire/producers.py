@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tidelog.api.errors import UnsupportedError
-from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.api.wire.messages import InitProducerRequest, InitProducerResponse, encode_message
+from tidelog.protocol.errors import UnsupportedError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse, encode_message
 
 
 async def init_producer(

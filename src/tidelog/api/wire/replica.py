@@ -56,9 +56,7 @@ import asyncio
 import os
 from collections.abc import Sequence
 
-from tidelog.api.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
-from tidelog.api.wire.frames import Op
 from tidelog.api.wire.handlers import (
     SENT,
     HandlerEnv,
@@ -68,7 +66,11 @@ from tidelog.api.wire.handlers import (
     frame_with_file,
     route,
 )
-from tidelog.api.wire.messages import (
+from tidelog.broker.partition import Partition
+from tidelog.broker.safety import epoch_end_after_reset
+from tidelog.protocol.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     ReplicaFetchRequest,
@@ -80,8 +82,6 @@ from tidelog.api.wire.messages import (
     SegmentSummary,
     encode_message,
 )
-from tidelog.broker.partition import Partition
-from tidelog.broker.safety import epoch_end_after_reset
 from tidelog.storage.segment import Buffer
 
 

@@ -29,10 +29,10 @@ from typing import Any
 
 from tidelog.api.wire import admin, append, control, fetch, handlers, producers, replica
 from tidelog.api.wire.admission import TurnBudget
-from tidelog.api.wire.frames import DEFAULT_MAX_FRAME_BYTES
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
 from tidelog.broker.context import BrokerContext
+from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
 

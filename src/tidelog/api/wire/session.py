@@ -61,19 +61,14 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
-from tidelog.api.errors import (
-    MessageTooLargeError,
-    TidelogError,
-    UnavailableError,
-    UnsupportedError,
-    as_tidelog_error,
-)
 from tidelog.api.wire.admission import TurnBudget
-from tidelog.api.wire.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
-from tidelog.api.wire.messages import decode_as, encode_error
 from tidelog.api.wire.zerocopy import ShortFileError, send_range
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.translate import as_tidelog_error
+from tidelog.protocol.errors import MessageTooLargeError, TidelogError, UnavailableError, UnsupportedError
+from tidelog.protocol.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
+from tidelog.protocol.messages import decode_as, encode_error
 
 log = logging.getLogger(__name__)
 

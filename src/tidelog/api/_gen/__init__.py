@@ -1,3 +1,0 @@
-"""Generated protobuf and gRPC modules of the ``.proto`` files under ``tidelog/api/proto/`` (``api_pb2``: the
-Liftbridge ``proto.API``; ``tidelog.v1``: tidelog's own services). Do not edit: regenerate with
-``python -m tidelog.api.gen_proto`` (``--check`` reports whether these files are stale)."""

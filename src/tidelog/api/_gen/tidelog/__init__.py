@@ -1,1 +1,0 @@
-"""Generated modules of package ``tidelog`` (``proto/tidelog/``): see ``tidelog.api._gen``."""

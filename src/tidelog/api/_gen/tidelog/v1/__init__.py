@@ -1,1 +1,0 @@
-"""Generated modules of package ``tidelog.v1`` (``proto/tidelog/v1/``): see ``tidelog.api._gen``."""

@@ -1,0 +1,1 @@
+"""Generated modules of package ``tidelog`` (``proto/tidelog/``): see ``tidelog.protocol._gen``."""
