@@ -24,21 +24,29 @@ from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
 
 
+class Wake:
+    """A write observer (told after each write, as the storage hook allows) that sets an event."""
+
+    before_write = False
+
+    def __init__(self) -> None:
+        self.moved = asyncio.Event()
+
+    def on_write(self, _first: int, _end: int, _parts: object) -> None:
+        self.moved.set()
+
+
 async def until_log_end(log: Log, offset: int) -> None:
     """Wait until ``log`` holds everything below ``offset``, woken by its writes."""
-    moved = asyncio.Event()
-
-    def listener(_end: int) -> None:
-        moved.set()
-
-    log.add_write_listener(listener)
+    wake = Wake()
+    log.add_write_observer(wake)
     try:
         async with asyncio.timeout(BOUND):
             while log.end_offset < offset:
-                moved.clear()
-                await moved.wait()
+                wake.moved.clear()
+                await wake.moved.wait()
     finally:
-        log.remove_write_listener(listener)
+        log.remove_write_observer(wake)
 
 
 class HighWatermarks:
@@ -67,12 +75,12 @@ async def write(log: Log, history: Sequence[tuple[int, Sequence[bytes]]]) -> Non
 
 async def until_bounds(log: Log, start: int, end: int) -> None:
     """Wait until ``log`` holds exactly ``start``..``end``, woken by its writes."""
-    moved = asyncio.Event()
-    log.add_write_listener(lambda _end: moved.set())
+    wake = Wake()
+    log.add_write_observer(wake)
     async with asyncio.timeout(BOUND):
         while (log.start_offset, log.end_offset) != (start, end):
-            moved.clear()
-            await moved.wait()
+            wake.moved.clear()
+            await wake.moved.wait()
 
 
 def same_bytes(a: Log, b: Log) -> bool:

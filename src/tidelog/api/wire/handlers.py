@@ -49,7 +49,8 @@ from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppends
 from tidelog.storage.batch_check import ProduceLimits
-from tidelog.storage.log import FileRange, Log
+from tidelog.storage.log import Log
+from tidelog.storage.log_read import FileRange
 
 log = logging.getLogger(__name__)
 
