@@ -17,6 +17,7 @@ from tidelog.replication.ack_poll import LoopPoller, poller_for
 from tidelog.replication.hw_checkpoint import checkpointed_hw
 from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
 from tidelog.storage.segment import Buffer
 from tidelog.testing.small_disk import Ballast, mount_small_disk
@@ -166,20 +167,20 @@ async def test_handing_the_next_write_to_waiting_followers_ends_the_polling(tmp_
 
 
 async def test_a_replicated_leader_fsyncs_on_threads_and_gives_the_log_back_as_it_found_it(tmp_path: Path) -> None:
-    """Its own fsync should start before the followers' (Flusher.allow_inline); a sole replica may fsync inline."""
+    """Its own fsync should start before the followers' (FlushMode.WORKER); a sole replica may fsync inline."""
     partition = await _polling_partition(tmp_path / "replicated", 0)
     flusher = partition.log.flusher
-    assert not flusher.allow_inline
+    assert flusher.mode is FlushMode.WORKER
     write = asyncio.ensure_future(partition.append(_batch(1), Acks.ALL, 5))
     await _written(partition, 1)
     partition.replica_fetched("c", 1)
     await write
     assert flusher.inline_rounds == 0 and flusher.fsync_rounds >= 1
     await partition.close(close_log=False)
-    assert flusher.allow_inline  # the log's next role (a follower) starts from the defaults
+    assert flusher.mode is FlushMode.ADAPTIVE  # the log's next role (a follower) starts from the defaults
     await partition.log.close()
     sole = await _partition(tmp_path / "sole", ("b",))
-    assert sole.log.flusher.allow_inline
+    assert sole.log.flusher.mode is FlushMode.ADAPTIVE
     await sole.close()
 
 

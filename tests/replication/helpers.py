@@ -11,21 +11,29 @@ from tidelog.storage.log import Log
 from tidelog.testing.replica_leader import batch
 
 
+class Wake:
+    """A write observer (told after each write, as the storage hook allows) that sets an event."""
+
+    before_write = False
+
+    def __init__(self) -> None:
+        self.moved = asyncio.Event()
+
+    def on_write(self, _first: int, _end: int, _parts: object) -> None:
+        self.moved.set()
+
+
 async def until_log_end(log: Log, offset: int) -> None:
     """Wait until ``log`` holds everything below ``offset``, woken by its writes."""
-    moved = asyncio.Event()
-
-    def listener(_end: int) -> None:
-        moved.set()
-
-    log.add_write_listener(listener)
+    wake = Wake()
+    log.add_write_observer(wake)
     try:
         async with asyncio.timeout(BOUND):
             while log.end_offset < offset:
-                moved.clear()
-                await moved.wait()
+                wake.moved.clear()
+                await wake.moved.wait()
     finally:
-        log.remove_write_listener(listener)
+        log.remove_write_observer(wake)
 
 
 async def write(log: Log, history: Sequence[tuple[int, Sequence[bytes]]]) -> None:

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from tests.helpers import BOUND
-from tests.replication.helpers import spy_truncations, until_log_end, write
+from tests.replication.helpers import Wake, spy_truncations, until_log_end, write
 from tidelog.api.wire import server as server_module
 from tidelog.clock import ManualClock
 from tidelog.protocol.frames import Op
@@ -46,12 +46,12 @@ class HighWatermarks:
 
 async def until_bounds(log: Log, start: int, end: int) -> None:
     """Wait until ``log`` holds exactly ``start``..``end``, woken by its writes."""
-    moved = asyncio.Event()
-    log.add_write_listener(lambda _end: moved.set())
+    wake = Wake()
+    log.add_write_observer(wake)
     async with asyncio.timeout(BOUND):
         while (log.start_offset, log.end_offset) != (start, end):
-            moved.clear()
-            await moved.wait()
+            wake.moved.clear()
+            await wake.moved.wait()
 
 
 def same_bytes(a: Log, b: Log) -> bool:

@@ -11,7 +11,7 @@ import pytest
 
 from tidelog.clock import ManualClock, SystemClock
 from tidelog.storage.config import FlushPolicy
-from tidelog.storage.flush import INLINE_MAX_BYTES, Flusher, FlushFailedError, RoundState
+from tidelog.storage.flush import INLINE_MAX_BYTES, Flusher, FlushFailedError, FlushShares, RoundState
 from tidelog.storage.log import Log
 from tidelog.storage.recovery import MARKER_FILE
 
@@ -144,9 +144,10 @@ async def test_a_busy_loop_keeps_fsyncs_on_the_worker() -> None:
     of any log on the loop is in flight."""
     clock = ManualClock()
     cpu = [0]  # the loop thread's CPU time, as the test says it went
+    shares = FlushShares()  # the logs of one broker
 
     def flusher() -> Flusher:
-        return Flusher(FlushPolicy.ALWAYS, 1000, clock, cpu_ns=lambda: cpu[0])
+        return Flusher(FlushPolicy.ALWAYS, 1000, clock, shares=shares, cpu_ns=lambda: cpu[0])
 
     def busy(wall_ms: float, cpu_ms: float) -> None:
         clock.advance(wall_ms / 1000)
@@ -390,7 +391,9 @@ async def test_a_thousand_logs_appending_at_once_are_all_acknowledged(tmp_path: 
     """Flush-always appends to 1,000 single-replica logs at once: every one is acknowledged (the io_uring path this
     replaced left all but ~128 waiting forever once its completion queue overflowed)."""
     count = 1000
-    logs = [Log.open(tmp_path / f"p{i}", small_config(flush_policy=FlushPolicy.ALWAYS)) for i in range(count)]
+    config = small_config(flush_policy=FlushPolicy.ALWAYS)
+    shares = FlushShares()  # as a broker's logs are opened
+    logs = [Log.open(tmp_path / f"p{i}", config, flush_shares=shares) for i in range(count)]
     try:
         batch = make_batch(1)
         for _ in range(2):  # the second wave finds every flusher warmed up, most rounds on the worker threads

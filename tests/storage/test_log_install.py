@@ -198,7 +198,7 @@ STEPS = [
 
 
 def inject(monkeypatch: pytest.MonkeyPatch, step: str, n: int) -> None:
-    from tidelog.storage import log as log_module
+    from tidelog.storage import log_maintenance as log_module
     from tidelog.storage.segment import Segment
 
     if step == "replace":

@@ -308,19 +308,29 @@ def test_append_rate_is_measured_per_window() -> None:
     assert rate.streaming  # just above the limit over the whole window
 
 
-# -- announcing a write to the tail listeners (a leader's followers) before it lands in the room ----------------
+# -- announcing a write to an observer (a leader's followers) before it lands in the room -----------------------
+
+
+class _Heard:
+    """A write observer told before the write, as a leader's is: it records (first offset, end offset, the
+    log's end meanwhile, the bytes)."""
+
+    before_write = True
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.heard: list[tuple[int, int, int, bytes]] = []
+
+    def on_write(self, first: int, end: int, parts: object) -> None:
+        assert isinstance(parts, list)
+        self.heard.append((first, end, self.log.end_offset, b"".join(bytes(part) for part in parts)))
 
 
 def _listen(log: Log) -> list[tuple[int, int, int, bytes]]:
-    """Record what the tail listeners hear: (first offset, end offset, the log's end meanwhile, the bytes)."""
-    heard: list[tuple[int, int, int, bytes]] = []
-
-    def listener(first: int, end: int, parts: object) -> None:
-        assert isinstance(parts, list)
-        heard.append((first, end, log.end_offset, b"".join(bytes(part) for part in parts)))
-
-    log.add_tail_listener(listener)
-    return heard
+    """Record what an observer told before the write hears."""
+    observer = _Heard(log)
+    log.add_write_observer(observer)
+    return observer.heard
 
 
 def _failing_write(*_args: object) -> None:

@@ -13,7 +13,8 @@ import pytest
 from tidelog.clock import ManualClock
 from tidelog.storage.batch import iter_batches, records_of
 from tidelog.storage.errors import OffsetDamagedError
-from tidelog.storage.log import NEVER_SEAL_DELAY_MS, Log
+from tidelog.storage.log import Log
+from tidelog.storage.log_state import NEVER_SEAL_DELAY_MS
 from tidelog.storage.recovery import MARKER_FILE, RECOVERY_POINT_FILE, write_recovery_point
 from tidelog.storage.recovery_damage import DamagedLogError
 

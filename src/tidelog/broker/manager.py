@@ -52,6 +52,7 @@ from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoi
 from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.replication.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
+from tidelog.storage.flush import FlushShares
 from tidelog.storage.log import Log
 from tidelog.storage.recovery_damage import DamagedLogError
 
@@ -97,6 +98,7 @@ class PartitionManager:
         self._nc = nc
         self._nats_urls = list(nats_urls)  # for each ingest's own NATS connection (see broker.ingest)
         self._log_config_for = log_config_for
+        self._flush_shares = FlushShares()  # every log of this broker weighs its inline fsyncs against the others'
         self._ack_timeout = ack_timeout
         self._on_resume = on_resume
         self._alter_isr = alter_isr
@@ -223,7 +225,8 @@ class PartitionManager:
             return None
         try:
             cut = self.damaged.may_cut(record)
-            log_ = await Log.open_async(path, self._log_config_for(stream), truncate_damaged=cut)
+            config = self._log_config_for(stream)
+            log_ = await Log.open_async(path, config, truncate_damaged=cut, flush_shares=self._flush_shares)
         except DamagedLogError as exc:
             self.damaged.refuse(record, exc)
             return None

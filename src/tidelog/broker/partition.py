@@ -78,7 +78,9 @@ from tidelog.replication.producer_state import (
 from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
 from tidelog.storage.batch import BatchHeader, iter_batches
 from tidelog.storage.errors import OffsetMismatchError
-from tidelog.storage.log import AppendResult, Log
+from tidelog.storage.flush import FlushMode
+from tidelog.storage.log import Log
+from tidelog.storage.log_append import AppendResult
 from tidelog.storage.segment import Buffer, FileSlice
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,7 @@ class TailWaiter(Protocol):
 
     def written(self, batches: Sequence[Buffer] | None, size: int, log_end: int) -> None:
         """The write starting where it waits, just before or just after it reaches the file
-        (:meth:`Log.add_tail_listener`): its batches as stored (``None`` when they are not in memory: copied
+        (:class:`_TailPush`): its batches as stored (``None`` when they are not in memory: copied
         from a spool file), their size, and the log end once the write is in. Must not raise."""
 
     def closed(self, error: TidelogError) -> None:
@@ -117,6 +119,19 @@ class TailWaiter(Protocol):
 
 AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 """Asks the controller to set a partition's ISR: (the record the leader acts on, the ISR it wants)."""
+
+
+class _TailPush:
+    """The leader's write observer (:mod:`tidelog.storage.write_observer`): hands each write to the replica
+    fetches parked at the log end. Told just before a write into preallocated room, so the followers' copies
+    start while the leader's own ``pwritev`` runs; if that write then fails, the log is poisoned and the
+    followers' next fetches, beyond its end, suspend the partition (:mod:`tidelog.broker.safety`) until an
+    operator confirms the head."""
+
+    before_write = True
+
+    def __init__(self, tell: Callable[[int, int, Sequence[Buffer | FileSlice]], None]) -> None:
+        self.on_write = tell
 
 
 class TransactionalWrite(NamedTuple):
@@ -183,8 +198,9 @@ class Partition(CommittedReads):
         self._snapshot_due_ns = time.monotonic_ns() + SNAPSHOT_INTERVAL_NS
         self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
         self._tail_waiters: dict[int, list[TailWaiter]] = {}  # log end -> fetches parked there (park_at_log_end)
-        log_.add_tail_listener(self._tell_waiters)
-        log_.flusher.allow_inline = not self.replicated  # see Flusher.allow_inline
+        self._tail_push = _TailPush(self._tell_waiters)
+        log_.add_write_observer(self._tail_push)
+        log_.set_flush_mode(FlushMode.WORKER if self.replicated else FlushMode.ADAPTIVE)
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
@@ -247,7 +263,7 @@ class Partition(CommittedReads):
                 del self._tail_waiters[offset]
 
     def _tell_waiters(self, first: int, end: int, parts: Sequence[Buffer | FileSlice]) -> None:
-        """The log's tail listener: tell the fetches parked where a write starts of its batches."""
+        """The log's write observer (:class:`_TailPush`): hand a write to the fetches parked where it starts."""
         waiters = self._tail_waiters.pop(first, None)
         if not waiters:
             return
@@ -504,8 +520,8 @@ class Partition(CommittedReads):
         if self._closed:
             return
         self._closed = True
-        self.log.remove_tail_listener(self._tell_waiters)
-        self.log.flusher.allow_inline = True
+        self.log.remove_write_observer(self._tail_push)
+        self.log.set_flush_mode(FlushMode.ADAPTIVE)  # the log's next role (a follower) starts from the default
         tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]
         for task in tasks:
             task.cancel()

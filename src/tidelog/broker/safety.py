@@ -24,7 +24,7 @@ The evidence, and why each is conclusive (no race produces it):
   log whole, at its commit. So a fetch beyond the end means the follower holds offsets the leader lacks. A
   follower whose log *starts* beyond the leader's end (retention, far-horizon catch-up) held such offsets too.
   So does a follower sent a write that then failed on the leader with an I/O error (a write into zero-filled
-  room goes to the followers just before the leader's own ``pwritev``: :meth:`Log.add_tail_listener`); those
+  room goes to the followers just before the leader's own ``pwritev``: :mod:`tidelog.storage.write_observer`); those
   offsets were never committed, but the leader must not hand them out again either.
 - **The log ends below the checkpointed high watermark** (:func:`start_evidence`). A leader starts from the HW
   it knew — the checkpoint of a log opened now, what a promoted follower knew

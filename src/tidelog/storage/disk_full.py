@@ -15,7 +15,7 @@ Two kinds of failure look alike (an ``OSError``) but call for opposite answers:
 
 A write into zero-filled room (:mod:`~tidelog.storage.preallocation`) is announced to the followers before its
 ``pwritev``; it needs no new blocks, so it fails only on an I/O error, and then the followers may already hold
-its offsets: that failure poisons (:meth:`~tidelog.storage.log.Log.add_tail_listener`). So does an undo that
+its offsets: that failure poisons (:mod:`~tidelog.storage.write_observer`). So does an undo that
 fails itself.
 
 A sealed segment's index files and the recovery point are derived data: a full disk while the background seal

@@ -10,39 +10,33 @@ cannot be sure it covered them, so they wait for the next round, which starts as
 and covers all of them at once. Under load, one fsync therefore acknowledges every batch appended since the
 previous one; with a single appender it costs one fsync per append, as a plain write-then-fsync loop would.
 
-Where the fsync runs. A round normally runs off the loop, in a worker thread, so the event loop goes on serving
-while the disk works. But for a lone append the hop *is* the latency: waking a worker, handing it the GIL and
-waking the loop again cost more than the fsync blocks the loop (``benchmarks/append_latency.py``, 1 KiB, here:
-290–330 µs per append through the worker against 190–220 µs for write + fdatasync in one thread), and on a busy
-machine each of those wake-ups also waits for the scheduler. So a round runs *inline*, on the loop thread, when
-nothing else could use the loop meanwhile and blocking it is cheap:
+Where the fsync runs (:class:`FlushMode`). A round normally runs off the loop, in a worker thread, so the event
+loop goes on serving while the disk works. But for a lone append the hop *is* the latency: waking a worker,
+handing it the GIL and waking the loop again cost more than the fsync blocks the loop (``docs/performance.md``).
+So under ``FlushMode.ADAPTIVE`` a round runs *inline*, on the loop thread, when nothing else could use the loop
+meanwhile and blocking it is cheap:
 
 - the flusher is idle (no round scheduled or running) and the policy is ``ALWAYS``: the append asking is the
   only one waiting, so there is nobody to group with and no fsync to overlap with;
 - what it syncs is small: one segment, no directory, at most :data:`INLINE_MAX_BYTES`;
 - this flusher's fsyncs have been fast: their moving average is under :data:`INLINE_MAX_SYNC_NS`. A slow or
-  stalling disk sends rounds to the worker, whose timings bring inline back once the disk recovers. (Not
-  lower: on a CPU-contended machine the wait to be scheduled after an fsync inflates its time to 1–4 ms now
-  and then, and the worker, with its two extra wake-ups, is then slower still.)
-- the loop is idle enough (:class:`_LoopShare`, one per loop, shared by its flushers): no worker round of any
+  stalling disk sends rounds to the worker, whose timings bring inline back once the disk recovers;
+- the loop is idle enough (:class:`_LoopShare`, one per loop, shared by the flushers of one
+  :class:`FlushShares`): no worker round of any
   log is scheduled or running on it; no inline fsync ran in this turn of the loop and no round just woke
   several appenders (their appends, already scheduled, then share one worker round: a burst costs one fsync
   however fast the disk); and the loop's thread has been on the CPU at most :data:`INLINE_MAX_LOOP_LOAD` of
   the time since the last look. A lone client leaves the loop idle while its ack and its next request
-  travel (measured here: 55–70 % busy, serving it included); a loop that is busy (ingest encoding batches
-  back to back, other partitions' appends queued behind this one, many clients: 90–100 %) keeps its fsyncs on
-  the worker and overlaps them with its work.
+  travel; a busy loop keeps its fsyncs on the worker and overlaps them with its work.
 
-The worst an inline fsync does to the loop is therefore one small fsync (~0.2 ms, or a stall the moving
-average has not seen yet) at a moment when the loop had little else to do. A round that does not run inline is
-*scheduled* (``call_soon``) rather than started at once, so every append of the current loop turn joins it
-(except on a replicated leader, :attr:`Flusher.allow_inline`). Under load rounds stay on the worker, back to
-back, as before.
+The worst an inline fsync does to the loop is therefore one small fsync (or a stall the moving average has not
+seen yet) at a moment when the loop had little else to do. A round that does not run inline is *scheduled*
+(``call_soon``) rather than started at once, so every append of the current loop turn joins it (except under
+``FlushMode.WORKER``). Under load rounds stay on the worker, back to back.
 
 The worker threads are a job queue and bare threads (:class:`_SyncThreads`), not a ``ThreadPoolExecutor``: a
 round needs no ``concurrent.futures.Future`` (the thread reports back with one ``call_soon_threadsafe``), and
-the executor's future, work item and idle semaphore are Python-level locks taken under the GIL on both threads
-(py-spy: about 45 µs of CPU per round).
+the executor's future, work item and idle semaphore are Python-level locks taken under the GIL on both threads.
 
 ``fdatasync`` rather than ``fsync``: it flushes the data and the metadata needed to read it back (the file
 size), skipping timestamps. A round also fsyncs the directory when a segment file was created since the last
@@ -83,14 +77,14 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 INLINE_MAX_BYTES = 256 * 1024
-"""The most unsynced bytes an inline fsync may write (measured here: 1 KiB–256 KiB take 200–300 µs, 1 MiB 630)."""
+"""The most unsynced bytes an inline fsync may write (an fsync's time grows little up to there)."""
 INLINE_MAX_SYNC_NS = 2_000_000
 """Inline fsyncs only while the flusher's fsyncs average (EWMA) under 2 ms."""
 INLINE_MAX_LOOP_LOAD = 0.8
 """Inline fsyncs only while the loop's thread has been on the CPU at most 80 % of the time since the last look."""
 SYNC_EWMA_WEIGHT = 0.125
-"""Weight of the latest fsync in the moving average: one 4 ms hiccup does not leave inline (0.2 ms fsyncs),
-one 50 ms stall sends the next ~10 rounds to the worker."""
+"""Weight of the latest fsync in the moving average: one hiccup does not leave inline, a long stall sends the
+next rounds to the worker."""
 SYNC_THREADS = 8
 
 
@@ -104,6 +98,20 @@ class Syncable(Protocol):
     def sync(self) -> None: ...
     def pin(self) -> None: ...
     def unpin(self) -> None: ...
+
+
+class FlushMode(enum.Enum):
+    """Where a log's group-commit rounds run; fixed when the log is opened (:meth:`Flusher.set_mode` says when
+    it changes on a live log)."""
+
+    ADAPTIVE = "adaptive"
+    """A round runs inline on the loop thread when that is cheap (module docstring), else on a worker thread,
+    scheduled at the loop's next turn so that every append of the current turn joins it."""
+    WORKER = "worker"
+    """Every round runs on a worker thread and starts at once. For a replicated partition's leader: followers
+    woken by a write fetch it while the leader's fsync runs, instead of after an fsync blocking the loop, and
+    the round does not wait behind the answers to their fetches. Appends of the same turn join the next round;
+    under load rounds run back to back either way."""
 
 
 class RoundState(enum.Enum):
@@ -240,14 +248,24 @@ class _LoopShare:
         self.turn_taken = False
 
 
-_SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopShare] = weakref.WeakKeyDictionary()
+class FlushShares:
+    """The loop shares of a set of flushers: the flushers given one object look at one :class:`_LoopShare` per
+    event loop, so that one log's worker round or inline fsync keeps the others' fsyncs off that loop.
 
+    Owned by whoever opens the logs: the broker's partition manager holds one for all its logs. A log opened
+    without one gets its own and sees only its own rounds.
+    """
 
-def _share_of(loop: asyncio.AbstractEventLoop) -> _LoopShare:
-    share = _SHARES.get(loop)
-    if share is None:
-        share = _SHARES[loop] = _LoopShare()
-    return share
+    __slots__ = ("_shares",)
+
+    def __init__(self) -> None:
+        self._shares: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopShare] = weakref.WeakKeyDictionary()
+
+    def of(self, loop: asyncio.AbstractEventLoop) -> _LoopShare:
+        share = self._shares.get(loop)
+        if share is None:
+            share = self._shares[loop] = _LoopShare()
+        return share
 
 
 # ---------------------------------------------------------------------------------------------- the flusher
@@ -264,14 +282,23 @@ def _call(on_durable: Callable[[], None]) -> None:
 class Flusher:
     """Flush policy and group commit for one log. All methods run on the event loop thread.
 
-    ``clock`` times the fsyncs and the loop's load; ``cpu_ns`` reads the calling thread's CPU time (tests pass
-    their own to describe a busy or an idle loop).
+    ``clock`` times the fsyncs and the loop's load; ``mode`` says where rounds run; ``shares``: the flushers this
+    one looks at before an inline fsync (:class:`FlushShares`; its own when not given); ``cpu_ns`` reads the
+    calling thread's CPU time (tests pass their own to describe a busy or an idle loop).
     """
 
     def __init__(
-        self, policy: FlushPolicy, interval_ms: int, clock: Clock, *, cpu_ns: Callable[[], int] = time.thread_time_ns
+        self,
+        policy: FlushPolicy,
+        interval_ms: int,
+        clock: Clock,
+        *,
+        mode: FlushMode = FlushMode.ADAPTIVE,
+        shares: FlushShares | None = None,
+        cpu_ns: Callable[[], int] = time.thread_time_ns,
     ) -> None:
         self.policy = policy
+        self._mode = mode
         self._interval_s = interval_ms / 1000
         self._clock = clock
         self._cpu_ns = cpu_ns  # CPU time of the calling (event loop) thread: a measurement, not a timer
@@ -283,19 +310,6 @@ class Flusher:
         """Completed group fsync rounds, inline ones included (for tests and metrics)."""
         self.inline_rounds = 0
         """Completed rounds that ran inline on the loop thread (for tests and metrics)."""
-        self.allow_inline = True
-        """False: every round runs on the worker, and a round is started at once rather than at the next turn
-        of the loop. A replicated partition's leader sets it, so that followers woken by a write fetch it while
-        the leader's fsync runs, instead of after an fsync blocking the loop. Started at once because the
-        write woke the followers' fetches first: scheduled, the round began only after both were answered
-        (1 KiB acks-ALL writes, 3 brokers on 2 cores: 310 µs after the client sent instead of 130 µs, and the
-        leader's fsync ended a mere 60 µs before the last follower's acknowledgement arrived). Appends of the
-        same turn then join the next round; under load rounds run back to back either way.
-
-        Now that followers are answered from inside the write (before any fsync), a replicated leader could
-        fsync inline after all; measured, that was no faster. Nor did it help to start the leader's round before
-        answering the followers (their receive gap fell from 118 to 60 µs, but the submission delayed the
-        answers by 25 µs) or to delay it until they had the data."""
         self.sync_ewma_ns = 0.0
         """Moving average of this flusher's fsync rounds, in ns of its clock (inline and worker)."""
         self._dirty: dict[Syncable, None] = {}  # insertion-ordered set
@@ -304,6 +318,7 @@ class Flusher:
         self._waiters: list[tuple[int, asyncio.Future[None], Callable[[], None] | None]] = []
         self._state = RoundState.IDLE
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._shares = FlushShares() if shares is None else shares
         self._share = _LoopShare()  # the share of the loop the flusher runs on (looked up when idle)
         self._ticker: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
@@ -316,6 +331,15 @@ class Flusher:
     @property
     def state(self) -> RoundState:
         return self._state
+
+    @property
+    def mode(self) -> FlushMode:
+        return self._mode
+
+    def set_mode(self, mode: FlushMode) -> None:
+        """Change where rounds run from the next one on (:meth:`~tidelog.storage.log.Log.set_flush_mode` says why
+        a live log's mode changes at all)."""
+        self._mode = mode
 
     def check(self) -> None:
         """Raise FlushFailedError if an earlier fsync failed."""
@@ -372,7 +396,7 @@ class Flusher:
         loop = asyncio.get_running_loop()
         if self._state is RoundState.IDLE:
             if loop is not self._loop:
-                self._loop, self._share = loop, _share_of(loop)
+                self._loop, self._share = loop, self._shares.of(loop)
             if self._may_sync_inline():
                 self._sync_inline(loop)  # durable = written >= seq, or raises
                 if on_durable is not None:
@@ -380,10 +404,10 @@ class Flusher:
                 return
             self._state = RoundState.SCHEDULED
             self._share.rounds += 1
-            if self.allow_inline:
+            if self._mode is FlushMode.ADAPTIVE:
                 loop.call_soon(self._start_round, loop)
             else:
-                self._start_round(loop)  # see allow_inline
+                self._start_round(loop)  # see FlushMode.WORKER
         future: asyncio.Future[None] = loop.create_future()
         self._waiters.append((seq, future, on_durable))
         await future
@@ -392,7 +416,7 @@ class Flusher:
 
     def _may_sync_inline(self) -> bool:
         return (
-            self.allow_inline
+            self._mode is FlushMode.ADAPTIVE
             and self.policy is FlushPolicy.ALWAYS
             and len(self._dirty) == 1
             and not self._dirty_directories

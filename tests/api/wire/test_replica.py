@@ -125,8 +125,8 @@ async def test_a_long_poll_at_the_tail_is_answered_from_the_write_itself(
 
 
 async def test_a_write_into_zero_filled_room_is_pushed_with_the_log_end_it_makes(tmp_path: Path) -> None:
-    # Such a write reaches the followers just before the leader's own pwritev (Log.add_tail_listener): the
-    # answer must still carry the log end as it is once the write is in.
+    # Such a write reaches the followers just before the leader's own pwritev (the leader's write observer is
+    # told before the write): the answer must still carry the log end as it is once the write is in.
     log = Log.open(tmp_path / "leader", LogConfig(flush_policy=FlushPolicy.ALWAYS))
     log._append_rate.add(0, -RATE_WINDOW_NS)  # a writer waiting for each fsync, not a stream: room gets filled
     log._append_rate.add(0, 0)

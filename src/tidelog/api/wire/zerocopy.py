@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from tidelog.storage.log import FileRange
+from tidelog.storage.log_read import FileRange
 
 FALLBACK_CHUNK = 256 * 1024  # bytes copied through the transport each time the socket buffer is full
 
