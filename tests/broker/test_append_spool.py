@@ -10,17 +10,17 @@ import crc32c
 import pytest
 
 from tidelog.broker.append_spool import MEMORY_BYTES, AppendSpool, AppendTooLargeError, Declared
-from tidelog.replication.registers import LabelSet, decode_labels, encode_labels
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     REGISTERS_FLAG,
     TRANSACTIONAL_FLAG,
     BatchBuilder,
-    CorruptBatchError,
     check_batch,
     decode_records,
     registers_block,
 )
+from tidelog.replication.registers import LabelSet, decode_labels, encode_labels
 from tidelog.storage.batch_check import ProduceLimits
+from tidelog.storage.errors import CorruptBatchError
 
 FIRST_TS = 1_700_000_000_000_000_000
 LIMITS = ProduceLimits.of(1 << 20, 1 << 30, 3_600_000)

@@ -16,7 +16,7 @@ from tidelog.api.wire.messages import AppendPhase, AppendRequest, AppendResponse
 from tidelog.broker.server import Broker
 from tidelog.client import Admin, Appender, Consumer
 from tidelog.client.connection import Connection
-from tidelog.storage.batch import BatchBuilder
+from tidelog.protocol.records import BatchBuilder
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -151,7 +151,7 @@ async def test_a_client_cannot_smuggle_registers_through_produce(
     """Registers change only through transactional appends: a produced batch with a registers block is refused."""
     from tidelog.api.errors import TidelogError
     from tidelog.api.wire.messages import ProduceRequest
-    from tidelog.storage.batch import NewRecord, build_batch
+    from tidelog.protocol.records import NewRecord, build_batch
 
     await create(address, stream_name)
     batch = build_batch([NewRecord(b"x")], timestamp=1, registers=b"\x01anything")

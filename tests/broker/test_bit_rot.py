@@ -21,7 +21,7 @@ import pytest_asyncio
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.api.errors import OffsetDamagedError
 from tidelog.client import Admin, Consumer, Producer
-from tidelog.storage.batch import HEADER_SIZE, iter_batches
+from tidelog.protocol.records import HEADER_SIZE, iter_batches
 from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 
 from .helpers import BOUND

@@ -19,7 +19,7 @@ import pytest_asyncio
 from tidelog.api._gen import api_pb2, api_pb2_grpc
 from tidelog.client import Admin, Consumer
 from tidelog.metadata.records import PartitionRecord
-from tidelog.storage.batch import iter_batches
+from tidelog.protocol.records import iter_batches
 from tidelog.storage.errors import CorruptBatchError
 from tidelog.testing.cluster import LocalCluster
 

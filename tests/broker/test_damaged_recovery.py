@@ -18,7 +18,7 @@ from tidelog.api.wire.messages import Acks, FetchRequest, FetchResponse, Produce
 from tidelog.client.admin import Admin
 from tidelog.client.connection import Connection
 from tidelog.metadata.records import PartitionRecord
-from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.serve_process import ServedBroker, start_served_broker
 

@@ -31,8 +31,8 @@ from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.broker.server import Broker
 from tidelog.client.admin import Admin
 from tidelog.client.connection import Connection
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.replication.follower import FetcherState
-from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.recovery import MARKER_FILE
 from tidelog.testing.serve_process import TIDELOG, clean_env

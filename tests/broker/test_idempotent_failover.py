@@ -28,8 +28,8 @@ from tidelog.api.wire.messages import (
     ProduceResponse,
 )
 from tidelog.client.connection import Connection
+from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
 from tidelog.replication.follower import split_address
-from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 from tidelog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -37,8 +37,8 @@ from tidelog.broker.partition import Appended
 from tidelog.broker.server import Broker
 from tidelog.client.connection import Connection
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
 from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 
 from .conftest import broker_config
 from .helpers import BOUND, bounded, create_stream

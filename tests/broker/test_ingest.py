@@ -19,7 +19,7 @@ from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.broker.ingest import NatsIngest
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.storage.batch import decode_records, iter_batches
+from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
 

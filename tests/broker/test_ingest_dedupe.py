@@ -30,7 +30,7 @@ from tidelog.broker.partition import Partition
 from tidelog.broker.server import Broker
 from tidelog.clock import ManualClock
 from tidelog.metadata.snapshot import MetadataSnapshot
-from tidelog.storage.batch import decode_records, iter_batches
+from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
 
 from .conftest import broker_config

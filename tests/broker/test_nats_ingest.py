@@ -16,7 +16,7 @@ import pytest
 from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MAGIC, MessageType, encode_envelope, parse_envelope
 from tidelog.broker.server import Broker
-from tidelog.storage.batch import decode_records, iter_batches
+from tidelog.protocol.records import decode_records, iter_batches
 
 from .helpers import (
     BOUND,

@@ -10,8 +10,8 @@ import pytest
 
 from tests.storage.logutil import open_log
 from tidelog.broker.partition_registers import REGISTERS_CHECKPOINT_FILE, PartitionRegisters
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.registers import EMPTY, LabelSet, encode_labels
-from tidelog.storage.batch import NewRecord, build_batch
 
 pytestmark = pytest.mark.asyncio
 

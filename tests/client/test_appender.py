@@ -10,8 +10,8 @@ import pytest
 from tidelog.api.errors import IncorrectOffsetError, RegisterMismatchError, UnknownStreamError
 from tidelog.client import Admin, Consumer, ConsumerRecord
 from tidelog.client.appender import Appender, refusal_details
+from tidelog.protocol.records import NewRecord
 from tidelog.replication.registers import LabelSelector, LabelSet
-from tidelog.storage.batch import NewRecord
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 

@@ -20,8 +20,8 @@ from tidelog.api.errors import (
 )
 from tidelog.client import Acks, Codec, ConnectionClosedError, Producer, RecordMetadata
 from tidelog.client.idempotence import MAX_IN_FLIGHT, ProducerStamp, add_sequence, stamp_batch
+from tidelog.protocol.records import BatchBuilder, check_batch, records_of
 from tidelog.replication.producer_state import MAX_SEQUENCE
-from tidelog.storage.batch import BatchBuilder, check_batch, records_of
 
 BOUND = 5.0
 S = "orders"

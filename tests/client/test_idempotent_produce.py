@@ -9,8 +9,8 @@ import pytest
 
 from tidelog.api.errors import ProducerFencedError
 from tidelog.client import Admin, Codec, Consumer, ConsumerRecord, Producer
+from tidelog.protocol.records import BatchHeader
 from tidelog.replication.producer_state import Duplicate, ProducerStateTable, Verdict
-from tidelog.storage.batch import BatchHeader
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

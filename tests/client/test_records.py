@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_of
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     HEADER_SIZE,
     BatchBuilder,
     BatchHeader,

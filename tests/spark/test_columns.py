@@ -22,9 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
 from tidelog.api.liftbridge import REPLY, SUBJECT  # noqa: E402
 from tidelog.client.records import FetchedBatch, batches_of  # noqa: E402
-from tidelog.spark.columns import ColumnBuilder  # noqa: E402
-from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA  # noqa: E402
-from tidelog.storage.batch import (  # noqa: E402
+from tidelog.protocol.records import (  # noqa: E402
     HEADER_SIZE,
     BatchBuilder,
     BatchHeader,
@@ -35,6 +33,8 @@ from tidelog.storage.batch import (  # noqa: E402
     parse_header,
     rebuild_batch,
 )
+from tidelog.spark.columns import ColumnBuilder  # noqa: E402
+from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA  # noqa: E402
 from tidelog.storage.errors import CorruptBatchError  # noqa: E402
 
 NOW = 1_700_000_000_000_000_000

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.clock import ManualClock
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CRC_POS,
     NewRecord,
     build_batch,

@@ -24,7 +24,7 @@ from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, parse_envelope
 from tidelog.api.errors import InvalidArgumentError
 from tidelog.api.subjects import ack_problem, quote, subject_problem
-from tidelog.storage.batch import NewRecord, Record
+from tidelog.protocol.records import NewRecord, Record
 
 RESERVED_PREFIX = "_tl."
 SUBJECT = "_tl.subject"

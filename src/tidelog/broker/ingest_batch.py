@@ -1,6 +1,6 @@
 """Ingest's record encoder: the NATS messages of one socket read become record batches, with little Python each.
 
-The bytes are exactly those :func:`tidelog.storage.batch.build_batch` produces for the same records (a test checks
+The bytes are exactly those :func:`tidelog.protocol.records.build_batch` produces for the same records (a test checks
 it); only the work differs. Two choices make the common case cheap:
 
 - **Timestamps.** Every message of one read gets the read's reception time plus its position in the read, in
@@ -54,7 +54,7 @@ from tidelog.api.liftbridge import AckRequest, RefusedEnvelopeError, record_from
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.natsproto import Msg, parse_headers
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CRC_FIELD,
     CRC_POS,
     CRC_START,
@@ -63,8 +63,8 @@ from tidelog.storage.batch import (
     HEADER_SIZE,
     LENGTH_FIELD_END,
     NewRecord,
+    encode_varint,
 )
-from tidelog.storage.varint import encode_varint
 
 
 class Decoded(NamedTuple):

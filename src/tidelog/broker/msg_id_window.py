@@ -39,7 +39,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tidelog.storage.batch import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
+from tidelog.protocol.records import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
 from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError, OffsetDamagedError, OffsetOutOfRangeError
 from tidelog.storage.log import Log
 

@@ -27,8 +27,8 @@ from rich.table import Table
 from tidelog.api.errors import IncorrectOffsetError, RegisterMismatchError
 from tidelog.cli.common import async_command, bootstrap, brokers_option, parse_headers
 from tidelog.client import Appender, AppendOutcome, refusal_details
+from tidelog.protocol.records import NewRecord
 from tidelog.replication.registers import EMPTY, Label, LabelSelector, LabelSet, RegisterError, encode_selector
-from tidelog.storage.batch import NewRecord
 
 console = Console()
 

@@ -35,8 +35,8 @@ from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Parti
 from tidelog.client.producer import Producer
 from tidelog.client.records import ConsumerRecord, FetchedBatch
 from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
+from tidelog.protocol.records import Codec, NewRecord
 from tidelog.replication.registers import LabelSelector, LabelSet
-from tidelog.storage.batch import Codec, NewRecord
 
 __all__ = [
     "Acks",

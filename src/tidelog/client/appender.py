@@ -46,6 +46,7 @@ from tidelog.api.errors import (
 from tidelog.api.wire.messages import Acks, AppendPhase, AppendRequest, AppendResponse
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.records import BatchBuilder, NewRecord
 from tidelog.replication.registers import (
     EMPTY,
     LabelSelector,
@@ -54,7 +55,6 @@ from tidelog.replication.registers import (
     encode_labels,
     encode_selector,
 )
-from tidelog.storage.batch import BatchBuilder, NewRecord
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 RETRY_DELAYS = (0.05, 0.2, 0.5)

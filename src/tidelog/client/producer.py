@@ -58,7 +58,7 @@ from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.idempotence import ProducerIdentity, ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, Partitioner
 from tidelog.client.sender import Sender
-from tidelog.storage.batch import Codec
+from tidelog.protocol.records import Codec
 
 Headers = Sequence[tuple[str, bytes]]
 

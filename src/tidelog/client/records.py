@@ -10,11 +10,11 @@ holding the offset); a batch knows the consumer's position when it was fetched (
 counts leave out what lies before it, so nothing is delivered twice.
 
 Decoding is the consumer's per-record hot path, so the record section (decompressed first when the batch is
-compressed: :func:`~tidelog.storage.batch.record_section`) is parsed here by :func:`_parse_records`, the
-record format of :mod:`tidelog.storage.batch` with every varint decoded inline (a function call per field was
+compressed: :func:`~tidelog.protocol.records.record_section`) is parsed here by :func:`_parse_records`, the
+record format of :mod:`tidelog.protocol.records` with every varint decoded inline (a function call per field was
 half the cost), values sliced from one ``bytes`` of the section, and records built as tuples: about twice as
 fast as ``decode_records`` for 1 KiB records. It validates at least what
-:func:`~tidelog.storage.batch.decode_records` validates, and ``tests/client/test_records.py`` checks the two
+:func:`~tidelog.protocol.records.decode_records` validates, and ``tests/client/test_records.py`` checks the two
 agree on every record shape and codec, and on damaged input (refused, or read as the codec reads it).
 
 Runs. Even so a record cost ~1200 ns (1 KiB values, 100 a batch), most of it bytecode. But the producer's
@@ -57,10 +57,9 @@ from operator import itemgetter
 from struct import Struct
 from typing import NamedTuple
 
-from tidelog.storage.batch import BatchHeader, iter_batches, record_section
+from tidelog.protocol.records import BatchHeader, decode_varint, iter_batches, record_section
+from tidelog.protocol.records.lanes import agreeing, timestamp_lanes
 from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.varint import decode_varint
-from tidelog.storage.varint_lanes import agreeing, timestamp_lanes
 
 _MIN_RECORD_BODY = 6  # attributes, two deltas, key length, value length, header count: a byte each at least
 
@@ -462,7 +461,7 @@ def _run(
 
 def _timestamps(columns: list[bytes], n: int, first_ts: int) -> Sequence[int]:
     """The timestamps of ``n`` records whose timestamp deltas' varint bytes (checked) are ``columns``
-    (:func:`~tidelog.storage.varint_lanes.timestamp_lanes`, read back by one ``struct.unpack``)."""
+    (:func:`~tidelog.protocol.records.lanes.timestamp_lanes`, read back by one ``struct.unpack``)."""
     return _int64s(n)(timestamp_lanes(columns, n, first_ts)[0])
 
 

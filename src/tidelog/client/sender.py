@@ -71,7 +71,7 @@ from tidelog.client.idempotence import (
     add_sequence,
     stamp_batch,
 )
-from tidelog.storage.batch import Codec
+from tidelog.protocol.records import Codec
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ into columns. Decoding records into :class:`~tidelog.client.ConsumerRecord` tupl
 about 700 ns a record (100-byte values), more than Spark spends on the row; this costs a tenth of that for the
 records producers and NATS ingest write.
 
-Runs. The record layout is in :mod:`tidelog.storage.batch`; why consecutive records of a batch usually share
+Runs. The record layout is in :mod:`tidelog.protocol.records`; why consecutive records of a batch usually share
 one layout (no key or a key of one size, values of one size, no headers) is in :mod:`tidelog.client.records`,
 whose decoder finds such *runs* of records and reads them column-wise. Here a run goes further: its records sit
 at a fixed stride in the section, so the section *is* an Arrow ``fixed_size_binary(stride)`` array of them, and
@@ -17,7 +17,7 @@ count) or follow a known sequence (offset deltas counting up, the continuation b
 one extended slice ``data[i::stride]`` compared with the bytes expected; timestamps are decoded SWAR-wise in one
 big integer whose 64-bit lanes are the little-endian ``int64`` buffer Arrow wants. Records that fit no run (keys
 of varying size, headers, compacted batches) are parsed one by one, with the same checks as
-:func:`~tidelog.storage.batch.decode_records`; ``tests/spark/test_columns.py`` checks both paths against
+:func:`~tidelog.protocol.records.decode_records`; ``tests/spark/test_columns.py`` checks both paths against
 :meth:`FetchedBatch.records` for every record shape and codec.
 
 Offsets are kept as ranges (a run, or consecutive single records, extend one) and become one vectorised add
@@ -38,11 +38,10 @@ import pyarrow.compute as pc
 
 from tidelog.api.liftbridge import RESERVED_PREFIX, SUBJECT
 from tidelog.client import FetchedBatch
+from tidelog.protocol.records import BatchHeader, decode_varint, record_section
+from tidelog.protocol.records.lanes import agreeing, timestamp_lanes
 from tidelog.spark.schema import ARROW_SCHEMA, HEADERS_TYPE, TIMESTAMP_TYPE
-from tidelog.storage.batch import BatchHeader, record_section
 from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.varint import decode_varint
-from tidelog.storage.varint_lanes import agreeing, timestamp_lanes
 
 if sys.byteorder != "little":  # pragma: no cover - Arrow buffers are little-endian; so are the lanes built here
     raise ImportError("tidelog.spark.columns builds little-endian buffers and needs a little-endian machine")

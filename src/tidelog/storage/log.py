@@ -52,9 +52,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from tidelog.clock import Clock, SystemClock
-from tidelog.storage import disk_full as full
-from tidelog.storage.atomic import fsync_directory
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     LEADER_EPOCH_POS,
     LENGTH_FIELD_END,
     REGISTERS_FLAG,
@@ -63,6 +61,8 @@ from tidelog.storage.batch import (
     decode_records,
     iter_batches,
 )
+from tidelog.storage import disk_full as full
+from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.compaction import CompactionResult, compact_segment_files
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.damage import DamagedRange, DamageRegistry

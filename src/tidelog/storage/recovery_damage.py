@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidelog.storage.batch import FORMAT_VERSION, PREFIX, BatchHeader, check_batch
+from tidelog.protocol.records import FORMAT_VERSION, PREFIX, BatchHeader, check_batch
 from tidelog.storage.errors import CorruptBatchError, StorageError
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from tidelog.api.errors import NotEnoughReplicasError, NotLeaderError, TidelogEr
 from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.client import Cluster, Consumer, Producer, RecordMetadata
 from tidelog.client.connection import Connection
-from tidelog.storage.batch import BatchBuilder, Codec
+from tidelog.protocol.records import BatchBuilder, Codec
 from tidelog.testing.history import History
 
 __all__ = ["Bootstrap", "DirectOutcome", "ProduceLoad", "TailConsumer", "produce_direct", "read_all", "tally"]

@@ -40,7 +40,7 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.partition import Partition
 from tidelog.client.connection import Connection, ConnectionClosedError
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.storage.batch import NewRecord, build_batch, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import RATE_WINDOW_NS

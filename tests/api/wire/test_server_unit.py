@@ -39,7 +39,7 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

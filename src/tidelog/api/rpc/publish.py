@@ -40,7 +40,7 @@ from tidelog.api.liftbridge import build_ack, check_user_headers, record_for_pub
 from tidelog.api.subjects import check_ack, check_subject
 from tidelog.api.wire.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.broker.context import BrokerContext
-from tidelog.storage.batch import build_batch
+from tidelog.protocol.records import build_batch
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import AppendLimits, OpenAppend
 from tidelog.broker.transactional import AppendRefused, Expectations, appends_of
+from tidelog.protocol.records import HEADER_SIZE, REGISTERS_LENGTH
 from tidelog.replication.registers import (
     EMPTY,
     MAX_REGISTER_BYTES,
@@ -40,7 +41,6 @@ from tidelog.replication.registers import (
     decode_selector,
     encode_labels,
 )
-from tidelog.storage.batch import HEADER_SIZE, REGISTERS_LENGTH
 from tidelog.storage.batch_check import ProduceLimits
 
 SPOOL_DIRECTORY = ".appends"

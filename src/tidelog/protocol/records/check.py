@@ -3,7 +3,7 @@ span of its timestamps.
 
 A batch a client built is stored as it arrived, so one record that the readers cannot decode would stop every
 consumer at that offset for good. :func:`check_records` accepts only what every decoder accepts: the rules of
-:func:`tidelog.storage.batch.decode_records` and the stricter ones of the consumer's decoder
+:func:`tidelog.protocol.records.decode_records` and the stricter ones of the consumer's decoder
 (:mod:`tidelog.client.records`: a null key or value is the one byte of -1, any other length at least 0; header
 names UTF-8), with offset deltas running on one by one from ``first_delta``. It measures each record as
 ``max_message_bytes`` counts a message everywhere in tidelog (its key, value, header names and header values)
@@ -25,10 +25,10 @@ from __future__ import annotations
 import array
 from typing import NamedTuple, TypeAlias
 
-from tidelog.storage.batch import MIN_RECORD_SIZE
+from tidelog.protocol.records.lanes import agreeing, zigzag_lanes
+from tidelog.protocol.records.layout import MIN_RECORD_SIZE
+from tidelog.protocol.records.varint import decode_varint
 from tidelog.storage.errors import CorruptBatchError, RecordTooLargeError
-from tidelog.storage.varint import decode_varint
-from tidelog.storage.varint_lanes import agreeing, zigzag_lanes
 
 Buffer: TypeAlias = bytes | memoryview
 
