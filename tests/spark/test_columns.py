@@ -3,7 +3,7 @@
 :class:`ColumnBuilder` reads runs of alike records column-wise and the rest one by one (see
 ``tidelog.spark.columns``), so besides random shapes these build batches that are mostly runs, broken in every
 way a run can break, read from and to offsets inside them. The oracle is :meth:`FetchedBatch.records`, itself
-checked against the storage codec by ``tests/client/test_records.py``.
+checked against the canonical decoder by ``tests/protocol/records/test_rows.py``.
 """
 
 from __future__ import annotations

@@ -33,9 +33,10 @@ from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPos
 from tidelog.client.idempotence import ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Partitioner, RoundRobinPartitioner
 from tidelog.client.producer import Producer
-from tidelog.client.records import ConsumerRecord, FetchedBatch
+from tidelog.client.records import FetchedBatch
 from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
 from tidelog.protocol.records import Codec, NewRecord
+from tidelog.protocol.records.rows import ConsumerRecord
 from tidelog.replication.registers import LabelSelector, LabelSet
 
 __all__ = [

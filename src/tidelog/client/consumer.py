@@ -46,7 +46,8 @@ from tidelog.api.errors import ErrorCode, OffsetDamagedError, TidelogError, from
 from tidelog.api.wire.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.connection import Connection, Response
-from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_before_corruption, batches_of
+from tidelog.client.records import FetchedBatch, batches_before_corruption, batches_of
+from tidelog.protocol.records.rows import ConsumerRecord
 from tidelog.storage.errors import CorruptBatchError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.client.records import _parse_records
 from tidelog.protocol.records import (
     RUN_CHUNK,
     BatchBuilder,
@@ -22,6 +21,7 @@ from tidelog.protocol.records import (
     frame,
     parse_header,
 )
+from tidelog.protocol.records.rows import parse_records
 from tidelog.storage.errors import CorruptBatchError, RecordTooLargeError
 
 FIRST = 1_700_000_000_000_000_000
@@ -72,7 +72,7 @@ def decoded_by_both(data: bytes, count: int) -> list[int]:
     batch = as_batch(data, count)
     header: BatchHeader = parse_header(batch)
     stored = decode_records(batch)
-    consumed = _parse_records(data, header, "s", 0)
+    consumed = parse_records(data, header, "s", 0)
     assert [(r.offset, r.timestamp, r.key, r.value) for r in stored] == [
         (r.offset, r.timestamp, r.key, r.value) for r in consumed
     ]
