@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from tidelog.api._gen import api_pb2
 from tidelog.api.envelope import MessageType, encode_envelope
 from tidelog.api.liftbridge import record_from_nats
-from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message, plain_record_size
+from tidelog.broker.ingest_batch import Decoded, Encoded, IngestEncoder, Message
 from tidelog.broker.natsproto import Msg
 from tidelog.protocol.records import HEADER_SIZE, NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records.ingest import plain_record_size
 
 SUBJECT = "orders.in"
 T0 = 1_700_000_000_123_456_789

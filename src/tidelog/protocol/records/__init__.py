@@ -7,6 +7,8 @@ Read in this order:
 - :mod:`~tidelog.protocol.records.varint` — the zig-zag varints records are framed with;
 - :mod:`~tidelog.protocol.records.encode` — the canonical encoder: the producer's :class:`BatchBuilder`, whole
   batches, header packing and CRC, compaction's re-encoding, the leader's in-place offset assignment;
+- :mod:`~tidelog.protocol.records.ingest` — the same format as the NATS ingest writes it (records stamped one ns
+  apart, from precomputed tables; batches framed afterwards in one buffer);
 - :mod:`~tidelog.protocol.records.decode` — the canonical decoder: header parse and checks, CRC, iterating
   batches, the registers block, bounded decompression, :func:`decode_records`, the reference for every other
   decoder;

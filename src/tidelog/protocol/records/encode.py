@@ -77,7 +77,7 @@ def _encode_headers(headers: Iterable[tuple[str, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def _encode_record(
+def encode_record(
     parts: list[bytes],
     ts_delta: int,
     off_delta: int,
@@ -85,7 +85,7 @@ def _encode_record(
     value: bytes | None,
     headers: Iterable[tuple[str, bytes]],
 ) -> int:
-    """Append one record's pieces to ``parts``; return how many bytes they add."""
+    """Append one record's pieces to ``parts`` (joined, they are the record); return how many bytes they add."""
     head = (
         _ATTRIBUTES
         + _encode_delta(ts_delta)
@@ -186,7 +186,7 @@ class BatchBuilder:
         timestamp: int | None = None,
     ) -> int:
         """Encode one record at the next offset delta; return the record section's size so far."""
-        # _encode_record inlined: this runs once per record the producer sends.
+        # encode_record inlined: this runs once per record the producer sends.
         if timestamp is None:
             timestamp = self._first_timestamp
         elif timestamp > self._max_timestamp:
@@ -373,7 +373,7 @@ def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
     """
     parts: list[bytes] = []
     for rec in records:
-        _encode_record(
+        encode_record(
             parts,
             rec.timestamp - header.first_timestamp,
             rec.offset - header.base_offset,
