@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
-from tidelog.storage.batch import NewRecord, build_batch
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

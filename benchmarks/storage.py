@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks._common import Row, emit, log, median, scratch_dir
-from tidelog.storage.batch import NewRecord, build_batch, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

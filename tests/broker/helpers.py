@@ -29,8 +29,7 @@ from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.protocol.messages import AppendPhase, AppendRequest
-from tidelog.server import Broker
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CRC_FIELD,
     CRC_POS,
     CRC_START,
@@ -39,6 +38,7 @@ from tidelog.storage.batch import (
     decode_records,
     iter_batches,
 )
+from tidelog.server import Broker
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
 

@@ -11,15 +11,15 @@ import pytest
 
 from tidelog.broker.append_spool import MEMORY_BYTES, AppendSpool, AppendTooLargeError, Declared
 from tidelog.protocol.labels import LabelSet, decode_labels, encode_labels
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     REGISTERS_FLAG,
     TRANSACTIONAL_FLAG,
     BatchBuilder,
-    CorruptBatchError,
     check_batch,
     decode_records,
     registers_block,
 )
+from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.batch_check import ProduceLimits
 
 FIRST_TS = 1_700_000_000_000_000_000
@@ -156,7 +156,7 @@ def test_records_that_frame_but_do_not_decode_are_refused_even_when_declared(tmp
 def test_an_appends_timestamps_and_record_sizes_are_bounded(tmp_path: Path) -> None:
     import time
 
-    from tidelog.storage.errors import InvalidBatchError, RecordTooLargeError
+    from tidelog.protocol.records.errors import InvalidBatchError, RecordTooLargeError
 
     now = time.time_ns()
     spool = AppendSpool(tmp_path, now, 1 << 30, LIMITS)

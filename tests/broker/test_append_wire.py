@@ -122,7 +122,7 @@ async def test_a_client_cannot_smuggle_registers_through_produce(
     """Registers change only through transactional appends: a produced batch with a registers block is refused."""
     from tidelog.protocol.errors import TidelogError
     from tidelog.protocol.messages import ProduceRequest
-    from tidelog.storage.batch import NewRecord, build_batch
+    from tidelog.protocol.records import NewRecord, build_batch
 
     await create(address, stream_name)
     batch = build_batch([NewRecord(b"x")], timestamp=1, registers=b"\x01anything")

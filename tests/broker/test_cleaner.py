@@ -9,7 +9,7 @@ from tidelog.broker.partition import Partition
 from tidelog.clock import ManualClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.messages import Acks
-from tidelog.storage.batch import NewRecord, Record, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import NewRecord, Record, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

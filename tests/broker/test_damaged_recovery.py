@@ -18,7 +18,7 @@ from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import CorruptDataError
 from tidelog.protocol.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
-from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.serve_process import ServedBroker, start_served_broker
 

@@ -32,9 +32,9 @@ from tidelog.protocol.errors import (
     UnknownStreamError,
 )
 from tidelog.protocol.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.replication.follower import FetcherState
 from tidelog.server import Broker
-from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.recovery import MARKER_FILE
 from tidelog.testing.serve_process import TIDELOG, clean_env

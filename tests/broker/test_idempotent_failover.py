@@ -29,8 +29,8 @@ from tidelog.protocol.messages import (
     ProduceRequest,
     ProduceResponse,
 )
+from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
 from tidelog.replication.follower import split_address
-from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 from tidelog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -37,9 +37,9 @@ from tidelog.protocol.messages import (
     ProduceRequest,
     ProduceResponse,
 )
+from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
 from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.server import Broker
-from tidelog.storage.batch import BatchBuilder, decode_records, iter_batches
 
 from .conftest import broker_config
 from .helpers import bounded, create_stream

@@ -13,7 +13,7 @@ from tidelog.broker.natsproto import Msg
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope
 from tidelog.protocol.liftbridge import record_from_nats
-from tidelog.storage.batch import HEADER_SIZE, NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import HEADER_SIZE, NewRecord, build_batch, decode_records, iter_batches
 
 SUBJECT = "orders.in"
 T0 = 1_700_000_000_123_456_789

@@ -30,8 +30,8 @@ from tidelog.broker.partition import Partition
 from tidelog.clock import ManualClock
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.server import Broker
-from tidelog.storage.batch import decode_records, iter_batches
 from tidelog.storage.config import LogConfig
 from tidelog.testing.fakes import FakeNats
 

@@ -13,7 +13,7 @@ from tidelog.broker.manager import PartitionManager
 from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.errors import CorruptDataError
-from tidelog.storage.batch import NewRecord, build_batch, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

@@ -17,8 +17,8 @@ from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.errors import PartitionSuspendedError
 from tidelog.protocol.messages import Acks
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
-from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

@@ -10,7 +10,7 @@ from tests.broker.helpers import garble_first_record
 from tidelog.broker.ingest_batch import Decoded, IngestEncoder, Message
 from tidelog.broker.msg_id_window import MAX_ID_BYTES, PENDING, MsgIdWindow, msg_id_of, rebuild
 from tidelog.broker.natsproto import Msg, parse_headers
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     NewRecord,
     build_batch,
     iter_batches,

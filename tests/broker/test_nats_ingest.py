@@ -15,8 +15,8 @@ import pytest
 from tests.helpers import BOUND
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MAGIC, MessageType, encode_envelope
+from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.server import Broker
-from tidelog.storage.batch import decode_records, iter_batches
 
 from .helpers import (
     Stub,

@@ -13,9 +13,9 @@ from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import RequestTimeoutError, TidelogError
 from tidelog.protocol.messages import Acks
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.ack_poll import LoopPoller, poller_for
 from tidelog.replication.hw_checkpoint import checkpointed_hw
-from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log

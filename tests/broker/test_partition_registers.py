@@ -11,7 +11,7 @@ import pytest
 from tests.storage.logutil import open_log
 from tidelog.broker.partition_registers import REGISTERS_CHECKPOINT_FILE, PartitionRegisters
 from tidelog.protocol.labels import EMPTY, LabelSet, encode_labels
-from tidelog.storage.batch import NewRecord, build_batch
+from tidelog.protocol.records import NewRecord, build_batch
 
 pytestmark = pytest.mark.asyncio
 
@@ -55,7 +55,7 @@ async def test_the_checkpoint_is_used_and_a_truncated_log_is_rescanned(tmp_path:
 
 
 async def test_a_produce_batch_cannot_carry_registers(tmp_path: Path) -> None:
-    from tidelog.storage.errors import InvalidBatchError
+    from tidelog.protocol.records.errors import InvalidBatchError
 
     log = open_log(tmp_path)
     with pytest.raises(InvalidBatchError, match="registers"):

@@ -16,9 +16,9 @@ from tidelog.broker.safety import apply_confirmed_head, epoch_end_after_reset, s
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import FencedLeaderEpochError, PartitionSuspendedError, UnavailableError
 from tidelog.protocol.messages import Acks
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.replication.producer_state import ProducerStateTable
-from tidelog.storage.batch import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.epoch_cache import UNDEFINED, EpochEndOffset
 from tidelog.storage.log import Log

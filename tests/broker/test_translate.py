@@ -11,6 +11,7 @@ from tidelog.broker.translate import as_tidelog_error, to_error_body
 from tidelog.protocol.errors import ErrorCode, NotLeaderError
 from tidelog.protocol.frames import FrameError, Kind, ProtocolError
 from tidelog.protocol.messages import ErrorBody, UnsupportedOpError
+from tidelog.protocol.records import errors as records_errors
 from tidelog.storage import errors as storage_errors
 
 
@@ -21,11 +22,11 @@ from tidelog.storage import errors as storage_errors
         (ProtocolError("bad header"), ErrorCode.INVALID_ARGUMENT),
         (FrameError("bad frame"), ErrorCode.INVALID_ARGUMENT),
         (storage_errors.OffsetOutOfRangeError(9, 0, 5), ErrorCode.OFFSET_OUT_OF_RANGE),
-        (storage_errors.CorruptBatchError("crc mismatch", position=4), ErrorCode.CORRUPT_DATA),
+        (records_errors.CorruptBatchError("crc mismatch", position=4), ErrorCode.CORRUPT_DATA),
         (storage_errors.CorruptSegmentError("x.log", 1, 2, "crc"), ErrorCode.CORRUPT_DATA),
         (storage_errors.CheckpointError("hw-checkpoint", "bad magic"), ErrorCode.CORRUPT_DATA),
-        (storage_errors.InvalidBatchError("empty batch"), ErrorCode.INVALID_ARGUMENT),
-        (storage_errors.RecordTooLargeError("record 3 is 2 MiB"), ErrorCode.MESSAGE_TOO_LARGE),
+        (records_errors.InvalidBatchError("empty batch"), ErrorCode.INVALID_ARGUMENT),
+        (records_errors.RecordTooLargeError("record 3 is 2 MiB"), ErrorCode.MESSAGE_TOO_LARGE),
         (storage_errors.LogClosedError(), ErrorCode.UNAVAILABLE),
         (TimeoutError(), ErrorCode.TIMEOUT),
         (RuntimeError("boom"), ErrorCode.INTERNAL),

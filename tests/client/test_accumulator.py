@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tidelog.client.accumulator import Accumulator, PartitionBuffer, RecordMetadata
-from tidelog.storage.batch import HEADER_SIZE, decode_records
+from tidelog.protocol.records import HEADER_SIZE, decode_records
 
 NOW = 1_700_000_000_000_000_000
 

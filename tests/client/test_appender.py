@@ -12,7 +12,7 @@ from tidelog.client import Admin, Consumer, ConsumerRecord
 from tidelog.client.appender import Appender, refusal_details
 from tidelog.protocol.errors import IncorrectOffsetError, RegisterMismatchError, UnknownStreamError
 from tidelog.protocol.labels import LabelSelector, LabelSet
-from tidelog.storage.batch import NewRecord
+from tidelog.protocol.records import NewRecord
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 

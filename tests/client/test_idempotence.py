@@ -20,8 +20,8 @@ from tidelog.protocol.errors import (
     ProducerFencedError,
     UnknownProducerError,
 )
+from tidelog.protocol.records import BatchBuilder, check_batch, records_of
 from tidelog.replication.producer_state import MAX_SEQUENCE
-from tidelog.storage.batch import BatchBuilder, check_batch, records_of
 from tidelog.testing.fake_broker import FakeBroker, FakeCluster, Fault
 
 S = "orders"

@@ -10,8 +10,8 @@ import pytest
 from tests.helpers import BOUND
 from tidelog.client import Admin, Codec, Consumer, ConsumerRecord, Producer
 from tidelog.protocol.errors import ProducerFencedError
+from tidelog.protocol.records import BatchHeader
 from tidelog.replication.producer_state import Duplicate, ProducerStateTable, Verdict
-from tidelog.storage.batch import BatchHeader
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tidelog.clock import ManualClock
+from tidelog.protocol.records import CONTROL_FLAG, BatchHeader, NewRecord, build_batch
 from tidelog.replication.producer_snapshot import (
     ProducerSnapshots,
     decode_snapshot,
@@ -39,7 +40,6 @@ from tidelog.replication.producer_state import (
     last_sequence,
     next_sequence,
 )
-from tidelog.storage.batch import CONTROL_FLAG, BatchHeader, NewRecord, build_batch
 from tidelog.storage.checkpoint import encode_checkpoint
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.errors import CheckpointError

@@ -3,7 +3,7 @@
 :class:`ColumnBuilder` reads runs of alike records column-wise and the rest one by one (see
 ``tidelog.spark.columns``), so besides random shapes these build batches that are mostly runs, broken in every
 way a run can break, read from and to offsets inside them. The oracle is :meth:`FetchedBatch.records`, itself
-checked against the storage codec by ``tests/client/test_records.py``.
+checked against the canonical decoder by ``tests/protocol/records/test_rows.py``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
 from tidelog.client.records import FetchedBatch, batches_of  # noqa: E402
 from tidelog.protocol.liftbridge import REPLY, SUBJECT  # noqa: E402
-from tidelog.spark.columns import ColumnBuilder  # noqa: E402
-from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA  # noqa: E402
-from tidelog.storage.batch import (  # noqa: E402
+from tidelog.protocol.records import (  # noqa: E402
     HEADER_SIZE,
     BatchBuilder,
     BatchHeader,
@@ -35,7 +33,9 @@ from tidelog.storage.batch import (  # noqa: E402
     parse_header,
     rebuild_batch,
 )
-from tidelog.storage.errors import CorruptBatchError  # noqa: E402
+from tidelog.protocol.records.errors import CorruptBatchError  # noqa: E402
+from tidelog.spark.columns import ColumnBuilder  # noqa: E402
+from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA  # noqa: E402
 
 NOW = 1_700_000_000_000_000_000
 SUBJECT_OF_PARTITION = "orders.3"

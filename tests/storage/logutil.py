@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tidelog.storage.batch import NewRecord, Record, assign_offsets, build_batch, iter_batches, records_of
+from tidelog.protocol.records import NewRecord, Record, assign_offsets, build_batch, iter_batches, records_of
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

@@ -7,23 +7,30 @@ import lz4.frame
 import pytest
 import zstandard
 
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CONTROL_FLAG,
     BatchBuilder,
     Codec,
     NewRecord,
-    _frame,
     build_batch,
     check_batch,
     compress,
-    encode_records,
+    frame,
 )
+from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError, RecordTooLargeError
 from tidelog.storage.batch_check import ProduceLimits, check_produced
-from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, RecordTooLargeError
 
 NOW = 1_700_000_000_000_000_000
 HOUR_NS = 3_600_000_000_000
 LIMITS = ProduceLimits.of(max_message_bytes=1 << 20, max_batch_bytes=4 << 20, max_timestamp_ahead_ms=3_600_000)
+
+
+def encode_records(records: list[NewRecord], first_timestamp: int) -> bytes:
+    """The uncompressed, unframed record section of ``records`` (offset deltas 0..n-1)."""
+    builder = BatchBuilder(first_timestamp)
+    for record in records:
+        builder.append(record.value, record.key, record.headers, record.timestamp)
+    return builder.drain()
 
 
 def framed(
@@ -36,7 +43,7 @@ def framed(
     attributes: int = 0,
 ) -> bytes:
     """A batch around ``body`` with a valid CRC, whatever the body holds."""
-    return _frame(
+    return frame(
         body,
         base_offset=0,
         leader_epoch=0,
@@ -73,13 +80,13 @@ def test_garbage_after_decompression_is_refused() -> None:
 
 
 def test_a_batch_must_hold_as_many_records_as_its_header_says() -> None:
-    body = encode_records(records(3), NOW, NOW)
+    body = encode_records(records(3), NOW)
     with pytest.raises(InvalidBatchError, match="the header says 2 records, the batch holds 3"):
         check_produced(framed(body, 2, maximum=NOW + 2000), LIMITS, NOW)
 
 
 def test_a_truncated_record_is_refused() -> None:
-    body = encode_records(records(3), NOW, NOW)
+    body = encode_records(records(3), NOW)
     with pytest.raises(InvalidBatchError, match="record 2"):
         check_produced(framed(body[:-1], 3, maximum=NOW + 2000), LIMITS, NOW)
 
@@ -95,7 +102,7 @@ def test_the_crc_is_left_to_the_log() -> None:
 
 @pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4])
 def test_a_decompression_bomb_stops_at_the_batch_limit(codec: Codec) -> None:
-    one_record = encode_records([NewRecord(bytes(64 << 20))], NOW, NOW)  # 64 MiB of zeros: a few KiB compressed
+    one_record = encode_records([NewRecord(bytes(64 << 20))], NOW)  # 64 MiB of zeros: a few KiB compressed
     if codec is Codec.ZSTD:
         # Streamed, so the frame does not declare its size: decompression itself must stop at the bound.
         body = b"".join(zstandard.ZstdCompressor(level=1).read_to_iter(one_record))
@@ -121,7 +128,7 @@ def test_a_timestamp_too_far_ahead_is_refused() -> None:
 
 
 def test_the_header_max_timestamp_may_not_be_below_a_records() -> None:
-    body = encode_records(records(3, step_ns=1000), NOW, NOW)
+    body = encode_records(records(3, step_ns=1000), NOW)
     with pytest.raises(InvalidBatchError, match=r"timestamp \d+ ns is above the batch header's max_timestamp"):
         check_produced(framed(body, 3, maximum=NOW + 1000), LIMITS, NOW)
     assert check_produced(framed(body, 3, maximum=NOW + 2000), LIMITS, NOW)
@@ -137,13 +144,13 @@ def test_header_timestamps_must_be_ordered_and_not_negative(first: int, maximum:
 
 
 def test_a_record_stamped_before_the_epoch_is_refused() -> None:
-    body = encode_records([NewRecord(b"a", timestamp=NOW), NewRecord(b"b", timestamp=-1)], NOW, NOW)
+    body = encode_records([NewRecord(b"a", timestamp=NOW), NewRecord(b"b", timestamp=-1)], NOW)
     with pytest.raises(InvalidBatchError, match="may not be negative"):
         check_produced(framed(body, 2), LIMITS, NOW)
 
 
 def test_control_batches_and_empty_payloads_are_not_for_clients() -> None:
-    body = encode_records(records(1), NOW, NOW)
+    body = encode_records(records(1), NOW)
     with pytest.raises(InvalidBatchError, match="control batch"):
         check_produced(framed(body, 1, attributes=CONTROL_FLAG), LIMITS, NOW)
     with pytest.raises(InvalidBatchError, match="no bytes"):

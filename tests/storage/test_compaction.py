@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidelog.storage.batch import Codec, NewRecord, Record, build_batch, check_batch, iter_batches, records_of
+from tidelog.protocol.records import Codec, NewRecord, Record, build_batch, check_batch, iter_batches, records_of
 from tidelog.storage.compaction import (
     CLEANED_SUFFIX,
     CompactionResult,

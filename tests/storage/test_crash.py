@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.storage.batch import iter_batches
+from tidelog.protocol.records import iter_batches
 from tidelog.storage.log import Log
 from tidelog.testing.crash_child import CONFIG
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     check_batch,
 )
 from tidelog.storage.errors import LogClosedError

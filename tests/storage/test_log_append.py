@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CRC_POS,
     NewRecord,
     build_batch,
@@ -15,8 +15,8 @@ from tidelog.storage.batch import (
     decode_records,
     rebuild_batch,
 )
+from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
 from tidelog.storage.config import FlushPolicy
-from tidelog.storage.errors import CorruptBatchError, InvalidBatchError
 
 from .logutil import all_records, batch_offsets, make_batch, open_log, stored
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tests.storage.logutil import crash, make_batch, open_log, read_everything
+from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
 from tidelog.storage import segment_install
-from tidelog.storage.errors import CorruptBatchError, InvalidBatchError
 from tidelog.storage.log import Log
 from tidelog.storage.segment_install import STAGING_DIR, StagedSegment, staging_directory, verify_staged
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     NewRecord,
     build_batch,
 )

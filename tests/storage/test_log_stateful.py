@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tidelog.storage.batch import NewRecord, Record, build_batch, iter_batches, records_of
+from tidelog.protocol.records import NewRecord, Record, build_batch, iter_batches, records_of
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

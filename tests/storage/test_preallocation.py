@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tidelog.clock import ManualClock
+from tidelog.protocol.records import iter_batches
 from tidelog.storage import segment as segment_module
-from tidelog.storage.batch import iter_batches
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.flush import FlushFailedError
 from tidelog.storage.log import Log

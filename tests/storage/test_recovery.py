@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.clock import ManualClock
-from tidelog.storage.batch import iter_batches, records_of
+from tidelog.protocol.records import iter_batches, records_of
 from tidelog.storage.errors import OffsetDamagedError
 from tidelog.storage.log import Log
 from tidelog.storage.log_state import NEVER_SEAL_DELAY_MS

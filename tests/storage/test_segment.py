@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.storage.batch import iter_batches
+from tidelog.protocol.records import iter_batches
 from tidelog.storage.errors import CorruptSegmentError
 from tidelog.storage.segment import NO_TIMESTAMP, ByteRanges, Placed, Segment, pwritev_all
 

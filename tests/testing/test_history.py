@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.storage.batch import NewRecord, build_batch
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.log import Log
 from tidelog.testing.history import (

@@ -6,7 +6,7 @@ small, and a CAS append should not touch a file — and moves to a file past tha
 broker's data directory and unlinked at once, so a crash, a dropped connection or an abort leaves nothing to
 clean up: the space goes back when the descriptor closes.
 
-Each chunk is checked as it arrives, as a produced batch is (:func:`~tidelog.storage.record_check.check_records`:
+Each chunk is checked as it arrives, as a produced batch is (:func:`~tidelog.protocol.records.check.check_records`:
 whole, decodable records with offset deltas running on from the previous chunk, none above
 ``max_message_bytes``; timestamps not negative nor further ahead than ``max_timestamp_ahead_ms``, and the
 batch's largest timestamp taken from the records themselves, not the client's word), and its CRC folded into a
@@ -36,7 +36,7 @@ from typing import NamedTuple
 import crc32c
 
 from tidelog.protocol.labels import MAX_REGISTER_BYTES
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CRC_FIELD,
     CRC_POS,
     CRC_START,
@@ -44,13 +44,13 @@ from tidelog.storage.batch import (
     REGISTERS_FLAG,
     REGISTERS_LENGTH,
     TRANSACTIONAL_FLAG,
+    check_records,
     pack_header,
     registers_prefix,
 )
+from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.batch_check import ProduceLimits, check_timestamps
 from tidelog.storage.crc_combine import crc32c_combine
-from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.record_check import check_records
 from tidelog.storage.segment import FileSlice
 
 MEMORY_BYTES = 1024 * 1024
@@ -127,8 +127,8 @@ class AppendSpool:
         """Take one chunk of whole records (synchronously: chunks are added in the order they arrive).
 
         With ``declared`` (the client's count and CRC) the chunk must match them too. Raises
-        :class:`~tidelog.storage.errors.CorruptBatchError` for records that do not decode,
-        :class:`~tidelog.storage.errors.InvalidBatchError` for timestamps out of bounds (its subclass
+        :class:`~tidelog.protocol.records.errors.CorruptBatchError` for records that do not decode,
+        :class:`~tidelog.protocol.records.errors.InvalidBatchError` for timestamps out of bounds (its subclass
         ``RecordTooLargeError`` for a record above ``max_message_bytes``), and :class:`AppendTooLargeError` past
         the append's limit; whatever the failure, nothing of the chunk is kept.
         """

@@ -9,7 +9,7 @@ and per-byte copies are what count; on this class of machine copying a kilobyte 
    and a task wake-up each; docs/performance.md). nats-py remains the way in for URLs the
    reader does not speak (``tls://``, websockets) and for tests that stand in for the NATS client.
 2. **Encode** — :class:`~tidelog.broker.ingest_batch.IngestEncoder` turns the read into record batches at once, all
-   in one buffer (byte-identical to :func:`~tidelog.storage.batch.build_batch`; a plain message is a few table
+   in one buffer (byte-identical to :func:`~tidelog.protocol.records.build_batch`; a plain message is a few table
    lookups and concatenations, its payload copied once, into the buffer). The messages of one read share its
    reception time, plus 1 ns per message so that timestamps stay distinct and increasing (see that module).
    Batches respect the log's batch limit (``max_batch_bytes``, at most a segment): a batch the log refused would

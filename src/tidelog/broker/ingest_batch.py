@@ -1,6 +1,6 @@
 """Ingest's record encoder: the NATS messages of one socket read become record batches, with little Python each.
 
-The bytes are exactly those :func:`tidelog.storage.batch.build_batch` produces for the same records (a test checks
+The bytes are exactly those :func:`tidelog.protocol.records.build_batch` produces for the same records (a test checks
 it); only the work differs. Two choices make the common case cheap:
 
 - **Timestamps.** Every message of one read gets the read's reception time plus its position in the read, in
@@ -10,15 +10,8 @@ it); only the work differs. Two choices make the common case cheap:
   distinct, ordered timestamps let a TIMESTAMP lookup land on each of them.
 - **Plain messages.** A message on the partition's own subject, with no reply and no NATS headers, whose payload
   does not start like a Liftbridge envelope (byte ``B9``), is a record with no key and no headers, its payload as
-  the value::
-
-      varint(length)  00  varint(k)  varint(k)  01  varint(len(value))  value  00
-                      │   │          │          │                              └ header count 0
-                      │   │          │          └ key length -1: no key
-                      │   │          └ offset delta
-                      │   └ timestamp delta (= offset delta, see above)
-                      └ attributes
-
+  the value (its bytes are drawn in :mod:`tidelog.protocol.records.ingest`, which holds the format side of this
+  encoder: the tables, the general record and the batch headers).
   It costs a few table lookups, two concatenations and two list appends (a record's last byte travels with the
   next record's first piece); the payload, a view of the socket read, is copied once, into the batch.
 
@@ -47,24 +40,27 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
-import crc32c
-
 from tidelog.broker.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.natsproto import Msg, parse_headers
 from tidelog.protocol.envelope import MAGIC
 from tidelog.protocol.liftbridge import AckRequest, RefusedEnvelopeError, record_from_nats
 from tidelog.protocol.messages import Acks
-from tidelog.storage.batch import (
-    CRC_FIELD,
-    CRC_POS,
-    CRC_START,
-    FORMAT_VERSION,
-    HEADER,
-    HEADER_SIZE,
-    LENGTH_FIELD_END,
-    NewRecord,
+from tidelog.protocol.records import HEADER_SIZE, NewRecord, encode_varint
+from tidelog.protocol.records.ingest import (
+    HEADER_SPACE,
+    LENGTH,
+    LENGTHS,
+    NO_HEADERS,
+    NULL,
+    OWED_LENGTH,
+    PLAIN_HEAD,
+    PLAIN_SLACK,
+    TABLE,
+    fill_headers,
+    general_record,
+    plain_record_size,
+    record_head,
 )
-from tidelog.storage.varint import encode_varint
 
 
 class Decoded(NamedTuple):
@@ -120,77 +116,7 @@ class Encoded:
         return sum(self.counts)
 
 
-_TABLE = 4096
-_HEAD = [b"\x00" + encode_varint(k) + encode_varint(k) for k in range(_TABLE)]  # attributes, ts and offset deltas
-_PLAIN_HEAD = [head + encode_varint(-1) for head in _HEAD]  # ... and no key
-_LENGTHS = 1 << 13  # lengths below this encode through the table (one or two bytes)
-_LENGTH = [encode_varint(n) for n in range(_LENGTHS)]
-_NO_HEADERS = encode_varint(0)
-_OWED_LENGTH = [_NO_HEADERS + length for length in _LENGTH]  # the previous record's last byte, then a length
-_NULL = encode_varint(-1)
 _ENVELOPE_START = MAGIC[0]  # a payload starting with it may be a Liftbridge envelope: the general path decides
-_HEADER_SPACE = bytes(HEADER_SIZE)  # where a batch header goes, filled in once the batch is complete
-_PLAIN_SLACK = 32
-"""Bound on a plain record's framing (length, head, value length, header count): a batch is closed when the next
-record might not fit, so it may end up to this many bytes short of the limit."""
-
-
-def _head(k: int) -> bytes:
-    return _HEAD[k] if k < _TABLE else b"\x00" + encode_varint(k) + encode_varint(k)
-
-
-def _varint(n: int) -> bytes:
-    return _LENGTH[n] if 0 <= n < _LENGTHS else encode_varint(n)
-
-
-def plain_record_size(k: int, size: int) -> int:
-    """Bytes a plain record of a ``size``-byte value takes at offset delta ``k``."""
-    inner = len(_head(k)) + 1 + len(_varint(size)) + size + 1
-    return len(_varint(inner)) + inner
-
-
-def _general_record(
-    k: int, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
-) -> tuple[list[bytes], int]:
-    """A record in the general layout (key, value and headers of any kind): its pieces and their size."""
-    head = _head(k) + (_NULL if key is None else _varint(len(key)) + key)
-    head += _NULL if value is None else _varint(len(value))
-    if headers:
-        tail_parts = [_varint(len(headers))]
-        for name, hvalue in headers:
-            encoded = name.encode()
-            tail_parts += (_varint(len(encoded)), encoded, _varint(len(hvalue)), hvalue)
-        tail = b"".join(tail_parts)
-    else:
-        tail = _NO_HEADERS
-    inner = len(head) + len(tail) + (0 if value is None else len(value))
-    prefix = _varint(inner)
-    pieces = [prefix + head, tail] if value is None else [prefix + head, value, tail]
-    return pieces, len(prefix) + inner
-
-
-def _fill_headers(data: bytearray, marks: list[tuple[int, int, int, int]]) -> None:
-    """Write each batch's header (``marks``: position, body size, record count, first timestamp) and CRC."""
-    for position, size, count, first_timestamp in marks:
-        HEADER.pack_into(
-            data,
-            position,
-            0,  # base offset: the log assigns it
-            HEADER_SIZE + size - LENGTH_FIELD_END,
-            0,  # leader epoch: the log assigns it
-            FORMAT_VERSION,
-            0,  # CRC, below
-            0,  # attributes: no codec, not transactional, not control
-            count - 1,
-            first_timestamp,
-            first_timestamp + count - 1,  # record k is stamped first + k
-            -1,  # producer id
-            -1,  # producer epoch
-            -1,  # base sequence
-            count,
-        )
-        crc = crc32c.crc32c(memoryview(data)[position + CRC_START : position + HEADER_SIZE + size])
-        CRC_FIELD.pack_into(data, position + CRC_POS, crc)
 
 
 class IngestEncoder:
@@ -228,7 +154,7 @@ class IngestEncoder:
         refused: list[Refused] = []
         window = self._window
         marks: list[tuple[int, int, int, int]] = []  # closed batches: position, body size, records, first timestamp
-        parts: list[bytes | memoryview] = [_HEADER_SPACE]
+        parts: list[bytes | memoryview] = [HEADER_SPACE]
         append = parts.append
         position = 0  # of the open batch in the buffer
         k = 0  # records in the open batch
@@ -238,25 +164,25 @@ class IngestEncoder:
         for message in messages:
             if type(message) is memoryview and (not message or message[0] != _ENVELOPE_START):
                 n = len(message)
-                if k == max_records or size + n + _PLAIN_SLACK > max_body:
+                if k == max_records or size + n + PLAIN_SLACK > max_body:
                     if k:
                         if owed:
-                            append(_NO_HEADERS)
+                            append(NO_HEADERS)
                         marks.append((position, size, k, first_timestamp + stored))
                         position += HEADER_SIZE + size
                         stored += k
                         k, size, owed = 0, 0, False
-                        append(_HEADER_SPACE)
-                    if n + _PLAIN_SLACK > max_body and plain_record_size(0, n) > max_body:
+                        append(HEADER_SPACE)
+                    if n + PLAIN_SLACK > max_body and plain_record_size(0, n) > max_body:
                         too_large.append(n)
                         continue
-                value_length = _LENGTH[n] if n < _LENGTHS else encode_varint(n)
-                head = _PLAIN_HEAD[k] if k < _TABLE else _head(k) + _NULL
+                value_length = LENGTH[n] if n < LENGTHS else encode_varint(n)
+                head = PLAIN_HEAD[k] if k < TABLE else record_head(k) + NULL
                 inner = len(head) + len(value_length) + n + 1
-                if inner < _LENGTHS:
-                    prefix = _OWED_LENGTH[inner] if owed else _LENGTH[inner]
+                if inner < LENGTHS:
+                    prefix = OWED_LENGTH[inner] if owed else LENGTH[inner]
                 else:
-                    prefix = _NO_HEADERS + encode_varint(inner) if owed else encode_varint(inner)
+                    prefix = NO_HEADERS + encode_varint(inner) if owed else encode_varint(inner)
                 append(prefix + head + value_length)
                 append(message)
                 size += inner + len(prefix) - owed
@@ -266,7 +192,7 @@ class IngestEncoder:
             timestamp = first_timestamp + stored + k
             try:
                 record, ack = self._record(message, timestamp)
-                pieces, record_size = _general_record(k, record.key, record.value, record.headers)
+                pieces, record_size = general_record(k, record.key, record.value, record.headers)
             except Exception as exc:  # this message alone: never its neighbours of the same read
                 refused.append(_refusal(message, self._subject, exc))
                 continue
@@ -279,18 +205,18 @@ class IngestEncoder:
             if k == max_records or size + record_size > max_body:
                 if k:
                     if owed:
-                        append(_NO_HEADERS)
+                        append(NO_HEADERS)
                     marks.append((position, size, k, first_timestamp + stored))
                     position += HEADER_SIZE + size
                     stored += k
                     k, size, owed = 0, 0, False
-                    append(_HEADER_SPACE)
-                    pieces, record_size = _general_record(0, record.key, record.value, record.headers)
+                    append(HEADER_SPACE)
+                    pieces, record_size = general_record(0, record.key, record.value, record.headers)
                 if record_size > max_body:
                     too_large.append(len(record.value or b""))
                     continue
             if owed:
-                append(_NO_HEADERS)
+                append(NO_HEADERS)
                 owed = False
             parts += pieces
             size += record_size
@@ -301,12 +227,12 @@ class IngestEncoder:
             k += 1
         if k:
             if owed:
-                append(_NO_HEADERS)
+                append(NO_HEADERS)
             marks.append((position, size, k, first_timestamp + stored))
         else:
             parts.pop()  # the space of a batch that got no record
         data = bytearray().join(parts)
-        _fill_headers(data, marks)
+        fill_headers(data, marks)
         return Encoded(data, [count for _, _, count, _ in marks], acks, too_large, ids, duplicates, refused)
 
     def _record(self, message: Message, timestamp: int) -> tuple[NewRecord, AckRequest | None]:

@@ -39,8 +39,9 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tidelog.storage.batch import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
-from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError, OffsetDamagedError, OffsetOutOfRangeError
+from tidelog.protocol.records import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.errors import CorruptSegmentError, OffsetDamagedError, OffsetOutOfRangeError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)

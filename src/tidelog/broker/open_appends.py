@@ -30,8 +30,8 @@ from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol.errors import ErrorCode, InvalidArgumentError, OpenAppendsLimitError, TidelogError
 from tidelog.protocol.labels import EMPTY, LabelSet
 from tidelog.protocol.messages import Acks
+from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError, RecordTooLargeError
 from tidelog.storage.batch_check import ProduceLimits
-from tidelog.storage.errors import CorruptBatchError, InvalidBatchError, RecordTooLargeError
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ from tidelog.protocol.errors import (
     UnknownProducerError,
 )
 from tidelog.protocol.messages import Acks
+from tidelog.protocol.records import BatchHeader, iter_batches
 from tidelog.replication.ack_poll import poller_for
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
@@ -76,7 +77,6 @@ from tidelog.replication.producer_state import (
     Verdict,
 )
 from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
-from tidelog.storage.batch import BatchHeader, iter_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log

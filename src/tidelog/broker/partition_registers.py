@@ -1,6 +1,6 @@
 """A leader's view of its partition's registers: recovered from the log, kept current by commits.
 
-Registers travel in the batches of transactional appends (the registers block, :mod:`tidelog.storage.batch`),
+Registers travel in the batches of transactional appends (the registers block, :mod:`tidelog.protocol.records`),
 each block holding the whole set, so a replica's registers are those of the last such batch in its log: there
 is no separate replication, truncation or recovery of registers — the log's own rules carry them.
 
@@ -18,8 +18,8 @@ import asyncio
 import logging
 
 from tidelog.protocol.labels import EMPTY, LabelSet, MalformedRegistersError, decode_labels
+from tidelog.protocol.records import iter_batches, registers_block
 from tidelog.replication.register_history import RegisterCheckpoint, RegisterHistory
-from tidelog.storage.batch import iter_batches, registers_block
 from tidelog.storage.errors import CheckpointError
 from tidelog.storage.log import Log
 

@@ -24,6 +24,7 @@ from tidelog.protocol.errors import (
     error_from_exception,
 )
 from tidelog.protocol.messages import ErrorBody
+from tidelog.protocol.records import errors as records_errors
 from tidelog.storage import errors as storage_errors
 
 
@@ -42,12 +43,12 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
             return UnavailableError(f"offsets {exc.first}..{exc.last} are being restored from a replica")
         return OffsetDamagedError(str(exc), first=exc.first, last=exc.last)
     if isinstance(
-        exc, storage_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError
+        exc, records_errors.CorruptBatchError | storage_errors.CorruptSegmentError | storage_errors.CheckpointError
     ):
         return CorruptDataError(str(exc))
-    if isinstance(exc, storage_errors.RecordTooLargeError):
+    if isinstance(exc, records_errors.RecordTooLargeError):
         return MessageTooLargeError(str(exc))
-    if isinstance(exc, storage_errors.InvalidBatchError):
+    if isinstance(exc, records_errors.InvalidBatchError):
         return InvalidArgumentError(str(exc))
     if isinstance(exc, storage_errors.OffsetMismatchError):
         return IncorrectOffsetError(str(exc))

@@ -28,7 +28,7 @@ from tidelog.cli.common import async_command, bootstrap, brokers_option, parse_h
 from tidelog.client import Appender, AppendOutcome, refusal_details
 from tidelog.protocol.errors import IncorrectOffsetError, RegisterMismatchError
 from tidelog.protocol.labels import EMPTY, Label, LabelSelector, LabelSet, RegisterError, encode_selector
-from tidelog.storage.batch import NewRecord
+from tidelog.protocol.records import NewRecord
 
 console = Console()
 

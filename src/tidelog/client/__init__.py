@@ -30,13 +30,14 @@ from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPos
 from tidelog.client.idempotence import ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Partitioner, RoundRobinPartitioner
 from tidelog.client.producer import Producer
-from tidelog.client.records import ConsumerRecord, FetchedBatch
+from tidelog.client.records import FetchedBatch
 from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
 from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
 from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.labels import LabelSelector, LabelSet
 from tidelog.protocol.messages import Acks
-from tidelog.storage.batch import Codec, NewRecord
+from tidelog.protocol.records import Codec, NewRecord
+from tidelog.protocol.records.rows import ConsumerRecord
 
 __all__ = [
     "Acks",

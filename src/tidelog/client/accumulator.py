@@ -6,7 +6,7 @@ when it reaches ``batch_size`` bytes or ``max_records`` records; an open batch i
 lingered ``linger_ms``, or when the producer is flushing. The sender (:mod:`tidelog.client.sender`) takes
 ready and due batches in order, so records of one partition are sent, and land, in the order of ``send()``.
 
-A record is encoded into its batch's :class:`~tidelog.storage.batch.BatchBuilder` inside ``append``: the
+A record is encoded into its batch's :class:`~tidelog.protocol.records.BatchBuilder` inside ``append``: the
 per-record work of the producer is that call plus one future, and building the batch (join, compression,
 CRC) happens once per batch when the sender takes it.
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from tidelog.client.idempotence import NO_STAMP
-from tidelog.storage.batch import HEADER_SIZE, BatchBuilder
+from tidelog.protocol.records import HEADER_SIZE, BatchBuilder
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from tidelog.protocol.labels import (
     encode_selector,
 )
 from tidelog.protocol.messages import Acks, AppendPhase, AppendRequest, AppendResponse
-from tidelog.storage.batch import BatchBuilder, NewRecord
+from tidelog.protocol.records import BatchBuilder, NewRecord
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 RETRY_DELAYS = (0.05, 0.2, 0.5)

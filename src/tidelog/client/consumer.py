@@ -43,11 +43,12 @@ from types import TracebackType
 from typing import Literal
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
-from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_before_corruption, batches_of
+from tidelog.client.records import FetchedBatch, batches_before_corruption, batches_of
 from tidelog.protocol.connection import Connection, Response
 from tidelog.protocol.errors import ErrorCode, OffsetDamagedError, TidelogError, from_error_body
 from tidelog.protocol.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
-from tidelog.storage.errors import CorruptBatchError
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.protocol.records.rows import ConsumerRecord
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from tidelog.client.cluster import LEADER_RETRY_DELAYS, Cluster
 from tidelog.protocol.connection import ConnectionClosedError
 from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse
+from tidelog.protocol.records import CRC_FIELD, CRC_POS, CRC_START
 from tidelog.replication.producer_state import MAX_SEQUENCE, WINDOW
-from tidelog.storage.batch import CRC_FIELD, CRC_POS, CRC_START
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ MAX_IN_FLIGHT = WINDOW
 any batch still unacknowledged must fall in the broker's window, or it would be refused as too old."""
 
 # producer_id (int64), producer_epoch (int16), base_sequence (int32) at offset 43 of the batch header
-# (the layout is drawn in tidelog.storage.batch).
+# (the layout is drawn in tidelog.protocol.records).
 _PRODUCER_FIELDS = struct.Struct(">qhi")
 _PRODUCER_FIELDS_POS = 43
 

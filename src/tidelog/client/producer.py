@@ -58,7 +58,7 @@ from tidelog.client.partitioner import DefaultPartitioner, Partitioner
 from tidelog.client.sender import Sender
 from tidelog.protocol.errors import MessageTooLargeError, TidelogError
 from tidelog.protocol.messages import Acks
-from tidelog.storage.batch import Codec
+from tidelog.protocol.records import Codec
 
 Headers = Sequence[tuple[str, bytes]]
 

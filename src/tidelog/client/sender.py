@@ -71,7 +71,7 @@ from tidelog.protocol.errors import (
     from_error_body,
 )
 from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
-from tidelog.storage.batch import Codec
+from tidelog.protocol.records import Codec
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,9 @@ from tidelog.client.admin import Admin, ConfigValue
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.consumer import Consumer
 from tidelog.client.producer import Headers, Producer
-from tidelog.client.records import ConsumerRecord, FetchedBatch
+from tidelog.client.records import FetchedBatch
 from tidelog.protocol.messages import MetadataResponse, ResetHeadResponse, StreamInfo, StreamSummary
+from tidelog.protocol.records.rows import ConsumerRecord
 
 T = TypeVar("T")
 

@@ -14,6 +14,8 @@ stand on it. It holds:
 - :mod:`~tidelog.protocol.connection` — the wire :class:`~tidelog.protocol.connection.Connection`: one TCP
   (optionally TLS) stream with pipelined requests matched by correlation id. The client uses it, and so do
   brokers for their links to each other (replica fetches, peers, the controller link).
+- :mod:`tidelog.protocol.records` — the record batch format: its layout, the canonical encoder and decoder, the
+  varints, the column machinery the fast decoders share (runs of same-shaped records), and those decoders.
 - :mod:`~tidelog.protocol.labels` — :class:`~tidelog.protocol.labels.LabelSet` and
   :class:`~tidelog.protocol.labels.LabelSelector`, the partition registers' data model with Gazette's set
   algebra (match, union, subtract) and their encoding; where registers are remembered is replication's concern.
@@ -27,5 +29,4 @@ The small shared utilities :mod:`tidelog.clock` (the injectable clock), :mod:`ti
 launcher :mod:`tidelog.launch` sit at this level too, as independent siblings (import-linter's layers contract
 in ``pyproject.toml`` says so and checks it). ``tidelog.ui`` is not a bottom utility: it is empty for now, and
 when the observability work fills it, it belongs beside :mod:`tidelog.api` (it serves the broker's HTTP port).
-The record-batch format joins this package as ``protocol.records``.
 """

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, parse_envelope
 from tidelog.protocol.errors import InvalidArgumentError
+from tidelog.protocol.records import NewRecord, Record
 from tidelog.protocol.subjects import ack_problem, quote, subject_problem
-from tidelog.storage.batch import NewRecord, Record
 
 RESERVED_PREFIX = "_tl."
 SUBJECT = "_tl.subject"

@@ -544,7 +544,7 @@ class AppendRequest(Header, frozen=True):
 
     ``records``, ``crc`` and ``max_timestamp`` describe the frame's payload: how many records, their CRC32C,
     and the largest record timestamp so far in the append. The broker checks every record either way
-    (:mod:`tidelog.storage.record_check`); given (not -1), the count and CRC must match too. The append's largest
+    (:mod:`tidelog.protocol.records.check`); given (not -1), the count and CRC must match too. The append's largest
     timestamp is taken from the records.
     """
 

@@ -59,10 +59,10 @@ from tidelog.protocol.messages import (
     SegmentListResponse,
     SegmentSummary,
 )
+from tidelog.protocol.records.errors import InvalidBatchError
 from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.replication.producer_state import ProducerStateTable
 from tidelog.replication.producer_sync import after_install, after_truncation, record_replicated
-from tidelog.storage.errors import InvalidBatchError
 from tidelog.storage.log import Log
 from tidelog.storage.segment import LOG_SUFFIX, segment_name
 from tidelog.storage.segment_install import StagedSegment, discard_staging, staging_directory, verify_staged

@@ -66,6 +66,7 @@ from tidelog.protocol.messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
 )
+from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
 from tidelog.replication.catch_up import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_COPY_THRESHOLD_BYTES,
@@ -85,7 +86,7 @@ from tidelog.replication.producer_sync import (
 )
 from tidelog.replication.truncation import truncation_step
 from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
-from tidelog.storage.errors import CorruptBatchError, DiskFullError, InvalidBatchError, LogClosedError
+from tidelog.storage.errors import DiskFullError, LogClosedError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)

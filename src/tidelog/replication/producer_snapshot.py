@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tidelog.clock import Clock
+from tidelog.protocol.records import BatchHeader, iter_batches
 from tidelog.replication.producer_state import (
     DEFAULT_PRODUCER_EXPIRY_MS,
     MAX_PRODUCER_EPOCH,
@@ -42,7 +43,6 @@ from tidelog.replication.producer_state import (
     ProducerStateTable,
 )
 from tidelog.storage.atomic import write_atomically
-from tidelog.storage.batch import BatchHeader, iter_batches
 from tidelog.storage.checkpoint import MAX_CHECKPOINT_BYTES, decode_checkpoint, encode_checkpoint
 from tidelog.storage.errors import CheckpointError, OffsetDamagedError
 

@@ -1,7 +1,7 @@
 """Idempotent producers: per partition, which batches each producer already wrote (KIP-98's producer state).
 
 A producer that retries a batch after a timeout or a leader failover must not have it written twice. Each
-batch carries, in its header (:mod:`tidelog.storage.batch`), the producer's id, its epoch and the sequence
+batch carries, in its header (:mod:`tidelog.protocol.records`), the producer's id, its epoch and the sequence
 number of its first record; the records of one producer on one partition are numbered 0, 1, 2, … without gaps.
 The partition remembers, per producer id, the sequence ranges and offsets of the last :data:`WINDOW` batches
 it wrote, and checks each new batch against them before appending (:meth:`ProducerStateTable.check`):
@@ -60,7 +60,7 @@ from itertools import pairwise
 from typing import NamedTuple, TypeAlias
 
 from tidelog.clock import Clock, SystemClock
-from tidelog.storage.batch import BatchHeader
+from tidelog.protocol.records import BatchHeader
 
 NO_PRODUCER_ID = -1
 MAX_SEQUENCE = 2**31 - 1  # int32; the sequence after it is 0

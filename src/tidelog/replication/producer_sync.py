@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 
+from tidelog.protocol.records import iter_batches
 from tidelog.replication.producer_snapshot import (
     ProducerSnapshots,
     ReadableLog,
@@ -34,7 +35,6 @@ from tidelog.replication.producer_snapshot import (
     load_producer_state,
 )
 from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
-from tidelog.storage.batch import iter_batches
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)

@@ -4,21 +4,18 @@ A Spark task of the ``tidelog`` source reads one partition's offset range and yi
 of :data:`~tidelog.spark.schema.ARROW_SCHEMA`. :class:`ColumnBuilder` takes the batches as the consumer fetched
 them (:class:`~tidelog.client.FetchedBatch`: raw bytes, CRC-checked) and decodes their record sections straight
 into columns. Decoding records into :class:`~tidelog.client.ConsumerRecord` tuples and transposing them cost
-about 700 ns a record (100-byte values), more than Spark spends on the row; this costs a tenth of that for the
-records producers and NATS ingest write.
+more than Spark spends on the row (``docs/performance.md``); this costs a fraction of that for the records
+producers and NATS ingest write.
 
-Runs. The record layout is in :mod:`tidelog.storage.batch`; why consecutive records of a batch usually share
-one layout (no key or a key of one size, values of one size, no headers) is in :mod:`tidelog.client.records`,
-whose decoder finds such *runs* of records and reads them column-wise. Here a run goes further: its records sit
-at a fixed stride in the section, so the section *is* an Arrow ``fixed_size_binary(stride)`` array of them, and
-one ``binary_slice`` kernel cuts every record's value (or key) out of it, in C. What must hold for a run is
-checked for all its records at once, each byte position that must be equal across them (lengths, the header
-count) or follow a known sequence (offset deltas counting up, the continuation bits of the timestamp delta) by
-one extended slice ``data[i::stride]`` compared with the bytes expected; timestamps are decoded SWAR-wise in one
-big integer whose 64-bit lanes are the little-endian ``int64`` buffer Arrow wants. Records that fit no run (keys
-of varying size, headers, compacted batches) are parsed one by one, with the same checks as
-:func:`~tidelog.storage.batch.decode_records`; ``tests/spark/test_columns.py`` checks both paths against
-:meth:`FetchedBatch.records` for every record shape and codec.
+Runs. The record layout is in :mod:`tidelog.protocol.records.layout`; runs of records laid out alike are found
+and checked by :mod:`tidelog.protocol.records.runs`, the machinery every fast decoder shares. Here a run goes
+further than rows: its records sit at a fixed stride in the section, so the section *is* an Arrow
+``fixed_size_binary(stride)`` array of them, and one ``binary_slice`` kernel cuts every record's value (or key)
+out of it, in C; timestamps are decoded SWAR-wise in one big integer whose 64-bit lanes are the little-endian
+``int64`` buffer Arrow wants. Records that fit no run (keys of varying size, headers, compacted batches) are
+parsed one by one, with the same checks as :func:`~tidelog.protocol.records.decode_records`;
+``tests/spark/test_columns.py`` checks both paths against :meth:`FetchedBatch.records` for every record shape and
+codec, and ``tests/protocol/records/test_agreement.py`` against the canonical decoder.
 
 Offsets are kept as ranges (a run, or consecutive single records, extend one) and become one vectorised add
 over a cached ``0..n`` array; constant columns (stream, partition, the partition's subject) are repeated by
@@ -38,11 +35,11 @@ import pyarrow.compute as pc
 
 from tidelog.client import FetchedBatch
 from tidelog.protocol.liftbridge import RESERVED_PREFIX, SUBJECT
+from tidelog.protocol.records import BatchHeader, decode_varint, record_section
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.protocol.records.lanes import timestamp_lanes
+from tidelog.protocol.records.runs import MAX_CHUNK, MIN_RUN, RETRY_AFTER, read_layout, run_length
 from tidelog.spark.schema import ARROW_SCHEMA, HEADERS_TYPE, TIMESTAMP_TYPE
-from tidelog.storage.batch import BatchHeader, record_section
-from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.varint import decode_varint
-from tidelog.storage.varint_lanes import agreeing, timestamp_lanes
 
 if sys.byteorder != "little":  # pragma: no cover - Arrow buffers are little-endian; so are the lanes built here
     raise ImportError("tidelog.spark.columns builds little-endian buffers and needs a little-endian machine")
@@ -50,19 +47,11 @@ if sys.byteorder != "little":  # pragma: no cover - Arrow buffers are little-end
 Headers = list[tuple[str, bytes]]
 
 _MIN_RECORD_BODY = 6  # attributes, two deltas, key length, value length, header count: a byte each at least
-_MIN_RUN = 16  # records a run must hold: its fixed cost (~15 µs) is that of parsing about 16 one by one
-_RUN_CHUNK = 4096  # records checked at once: bounds the work a run that breaks early wastes
-_RETRY_AFTER = 16  # records parsed one by one after a missed run before the next try (doubling after each miss)
+_RUN_CHUNK = MAX_CHUNK  # records checked at once: bounds the work a run that breaks early wastes
 _MAX_TS_WIDTH = 8  # timestamp-delta varint bytes a run decodes (56 bits, deltas of years); longer: one by one
 
 _INT32_MAX = 2**31 - 1
 _THOUSAND = pa.scalar(1000, pa.int64())  # compute kernels given a Python int try to import numpy on every call
-_HIGH_BITS = bytes(b & 0x80 for b in range(256))  # each byte's continuation bit
-_CONTINUED = b"\x80" * _RUN_CHUNK
-_LAST = bytes(_RUN_CHUNK)
-_DELTA_1 = bytes(range(0, 128, 2))  # offset deltas 0..63 as one-byte zig-zag varints
-_DELTA_2_LOW = bytes(((d << 1) & 0x7F) | 0x80 for d in range(8192))  # deltas 0..8191 as two-byte varints
-_DELTA_2_HIGH = bytes(d >> 6 for d in range(8192))
 
 
 class _Binary:
@@ -167,7 +156,7 @@ class ColumnBuilder:
         buffer: pa.Buffer | None = None
         previous = -1
         p = k = 0
-        retry, backoff = 0, _RETRY_AFTER
+        retry, backoff = 0, RETRY_AFTER
         while k < count:
             q = p
             z = data[p]
@@ -179,22 +168,22 @@ class ColumnBuilder:
             end = p + length
             if length < _MIN_RECORD_BODY or end > total:
                 raise CorruptBatchError(f"record length {length} is impossible here")
-            # A record without headers, with records beginning as it does after it and _MIN_RUN - 1 records on,
+            # A record without headers, with records beginning as it does after it and MIN_RUN - 1 records on,
             # may start a run (the test compares ints only: it runs per record).
             if (
                 k >= retry
                 and data[end - 1] == 0
-                and (last := q + (_MIN_RUN - 1) * (end - q)) < total
+                and (last := q + (MIN_RUN - 1) * (end - q)) < total
                 and data[last] == data[q] == data[end]
             ):
                 if buffer is None:
                     buffer = pa.py_buffer(data)
-                n = self._run(data, buffer, q, p, end, count - k, previous, last_delta, base, first_ts, lo, hi)
+                n = self._run(data, buffer, q, end, count - k, previous, last_delta, base, first_ts, lo, hi)
                 if n:
                     k += n
                     previous += n
                     p = q + n * (end - q)
-                    backoff = _RETRY_AFTER
+                    backoff = RETRY_AFTER
                     if base + previous >= hi - 1:
                         return
                     continue
@@ -265,7 +254,6 @@ class ColumnBuilder:
         data: bytes,
         buffer: pa.Buffer,
         q: int,
-        body: int,
         end: int,
         left: int,
         previous: int,
@@ -275,81 +263,27 @@ class ColumnBuilder:
         lo: int,
         hi: int,
     ) -> int:
-        """Decode the run of records laid out as the one at ``data[q:end]`` (its body from ``body``), at most
-        ``left``, with offset deltas from ``previous + 1`` on; add those in ``[lo, hi)``; return how many the run
-        holds (0: fewer than _MIN_RUN, parse them one by one).
+        """Decode the run of records laid out as the one at ``data[q:end]`` (:mod:`tidelog.protocol.records.runs`),
+        at most ``left``, with offset deltas from ``previous + 1`` on; add those in ``[lo, hi)``; return how many the
+        run holds (0: fewer than MIN_RUN, parse them one by one).
 
         Every check made here is one the one-by-one parser would make of each record, with the same outcome,
         so a record joins the run exactly when that parser would decode it to the same fields.
         """
-        stride = end - q
-        n = min(left, (len(data) - q) // stride, last_delta - previous, _RUN_CHUNK)
-        constants = list(range(body - q))  # positions equal in every record: the length first
-        p = body + 1  # the attributes byte: read by neither parser
-        ts_at = p - q
-        while p < end and data[p] >= 0x80:
-            p += 1
-        p += 1
-        delta_at = p - q
-        while p < end and data[p] >= 0x80:
-            p += 1
-        p += 1
-        ts_width, delta_width = delta_at - ts_at, p - q - delta_at
-        if ts_width > _MAX_TS_WIDTH or delta_width > 2:
-            return 0
-        fields: list[tuple[int, int] | None] = []  # the key's and the value's (position, size); None: null
-        for _field_index in range(2):
-            if p >= end - 1:
-                return 0
-            at = p - q
-            if data[p] == 1:  # -1: null
-                constants.append(at)
-                fields.append(None)
-                p += 1
-                continue
-            z = shift = 0
-            while True:
-                byte = data[p]
-                p += 1
-                z |= (byte & 0x7F) << shift
-                shift += 7
-                if byte < 0x80:
-                    break
-                if shift > 21 or p >= end:
-                    return 0
-            size = z >> 1
-            if z & 1 or size == 0 or p + size > end - 1:  # negative, empty or past the record: one by one
-                return 0
-            constants += range(at, p - q)
-            fields.append((p - q, size))
-            p += size
-        if p != end - 1:  # the header count, zero (the caller checked), must be all that is left
-            return 0
-        constants.append(stride - 1)
+        layout = read_layout(data, q, end, max_ts_width=_MAX_TS_WIDTH, max_delta_width=2)
+        if (
+            layout is None
+            or (layout.key is not None and not layout.key[1])
+            or (layout.value is not None and not layout.value[1])
+        ):
+            return 0  # empty keys and values are parsed one by one
+        stride = layout.stride
         d0 = previous + 1
-        n = min(n, (64 if delta_width == 1 else 8192) - d0)
-        if n < _MIN_RUN:
+        n = min(left, (len(data) - q) // stride, last_delta - previous, _RUN_CHUNK)
+        n, ts_columns = run_length(data, q, layout, n, d0)
+        if not n:
             return 0
-        step = n * stride
-        found = [data[q + at : q + at + step : stride] for at in constants]
-        wanted = [data[q + at : q + at + 1] * n for at in constants]
-        at = q + delta_at
-        if delta_width == 1:
-            found.append(data[at : at + step : stride])
-            wanted.append(_DELTA_1[d0 : d0 + n])
-        else:
-            found += (data[at : at + step : stride], data[at + 1 : at + 1 + step : stride])
-            wanted += (_DELTA_2_LOW[d0 : d0 + n], _DELTA_2_HIGH[d0 : d0 + n])
-        at = q + ts_at
-        ts_columns = [data[at + i : at + i + step : stride] for i in range(ts_width)]
-        found += [column.translate(_HIGH_BITS) for column in ts_columns]
-        wanted += [_CONTINUED[:n]] * (ts_width - 1)
-        wanted.append(_LAST[:n])
-        if found != wanted:
-            n = min(agreeing(f, w) for f, w in zip(found, wanted, strict=True) if f != w)  # to the first failure
-            if n < _MIN_RUN:
-                return 0
-            ts_columns = [column[:n] for column in ts_columns]
+        fields = (layout.key, layout.value)
         first = base + d0
         a, b = max(0, lo - first), min(n, hi - first)
         if a < b:

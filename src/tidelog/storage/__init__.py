@@ -1,13 +1,13 @@
 """The partition commit log.
 
 A partition is one directory of segments. Everything on disk is a sequence of *record batches*
-(:mod:`tidelog.storage.batch`): a client batch is appended as it came, offsets are assigned by rewriting only the
+(:mod:`tidelog.protocol.records`): a client batch is appended as it came, offsets are assigned by rewriting only the
 batch header's base offset and leader epoch, and reads return whole batches. Python therefore does per-batch
 work on the hot path, never per-record work.
 
 Essential types:
 
-- :class:`~tidelog.storage.batch.RecordBatch` — a view over one encoded batch; ``build_batch`` encodes records.
+- :class:`~tidelog.protocol.records.RecordBatch` — a view over one encoded batch; ``build_batch`` encodes records.
 - :class:`~tidelog.storage.log.Log` — one partition: append, read, truncate, roll, retention, compaction. The one
   import path for it; its operations live in one module per concern (see below).
 - :class:`~tidelog.storage.config.LogConfig` — roll, flush, retention and compaction settings of a log.

@@ -8,7 +8,7 @@ batch only when:
 
 - its header is sound, it holds one record per offset, and it is a data batch without a registers block (the
   log checks these too, for every writer, and the CRC: one pass over the bytes is enough);
-- its records decode (:mod:`tidelog.storage.record_check`), after decompression bounded as below, and are
+- its records decode (:mod:`tidelog.protocol.records.check`), after decompression bounded as below, and are
   exactly as many as the header says;
 - no record is above ``max_message_bytes``, counted as everywhere in tidelog: its key, value, header names and
   header values (a gRPC publish is measured so);
@@ -34,20 +34,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     DEFAULT_MAX_UNCOMPRESSED,
     REGISTERS_FLAG,
     BatchHeader,
+    CheckedRecords,
+    check_records,
     iter_batches,
     record_section,
 )
-from tidelog.storage.errors import (
+from tidelog.protocol.records.errors import (
     CorruptBatchError,
     DecompressedTooLargeError,
     InvalidBatchError,
     RecordTooLargeError,
 )
-from tidelog.storage.record_check import CheckedRecords, check_records
 
 _NS_PER_MS = 1_000_000
 
@@ -71,7 +72,7 @@ def check_produced(
 ) -> list[BatchHeader]:
     """Check every batch of a produce payload (see the module docstring); return their headers.
 
-    ``alone_budget``: raise :class:`~tidelog.storage.record_check.IrregularRecords` rather than check more than
+    ``alone_budget``: raise :class:`~tidelog.protocol.records.check.IrregularRecords` rather than check more than
     that many records of a batch one by one (records laid out alike are checked in runs, not one by one)."""
     if not len(data):
         raise InvalidBatchError("a produce needs at least one batch; got no bytes")

@@ -17,7 +17,7 @@ truncated by a new leader, so it must neither be removed nor allowed to supersed
 or above ``upto_offset`` are left out of the offset map too), and control batches, copied as they are. The
 committed records of a batch that straddles ``upto_offset`` are in the map and stay where they are, so they may
 supersede older records. Offsets never change: a batch keeps its base offset and last offset delta
-(:func:`~tidelog.storage.batch.rebuild_batch`), so a compacted log has gaps but no renumbering, and a batch with
+(:func:`~tidelog.protocol.records.rebuild_batch`), so a compacted log has gaps but no renumbering, and a batch with
 no survivors is dropped whole (a segment may end up empty; the log decides what to do with it).
 
 Crash safety: a segment is rewritten into ``{name}.cleaned``, fsynced, renamed over the original and the
@@ -44,8 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tidelog.storage.atomic import atomic_writer, fsync_directory
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     HEADER_SIZE,
     LENGTH_FIELD_END,
     PREFIX,
@@ -57,7 +56,9 @@ from tidelog.storage.batch import (
     parse_header,
     rebuild_batch,
 )
-from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.atomic import atomic_writer, fsync_directory
+from tidelog.storage.errors import CorruptSegmentError
 
 CLEANED_SUFFIX = ".cleaned"
 _READ_BUFFER = 1024 * 1024

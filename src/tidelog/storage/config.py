@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from tidelog.storage.batch import HEADER_SIZE
+from tidelog.protocol.records import HEADER_SIZE
 
 MiB = 1024 * 1024
 DAY_MS = 24 * 60 * 60 * 1000

@@ -21,9 +21,10 @@ import os
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from tidelog.storage.batch import iter_batches
+from tidelog.protocol.records import iter_batches
+from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.damage import DamagedRange
-from tidelog.storage.errors import CorruptBatchError, StorageError
+from tidelog.storage.errors import StorageError
 from tidelog.storage.segment import Planned, Segment
 
 

@@ -3,19 +3,16 @@
 ::
 
     StorageError
-     ├── CorruptBatchError      bytes that are not a valid record batch (torn, hostile, bad CRC, absurd counts)
-     │    └── DecompressedTooLargeError  records that decompress past the bound the reader allows
      ├── CorruptSegmentError    a sealed segment failed validation; names the file and the offset range
      ├── OffsetOutOfRangeError  a read or truncation outside [log start, log end]
      ├── OffsetDamagedError     a read inside a range of offsets found damaged on disk (bit rot)
-     ├── InvalidBatchError      a well-formed batch the log refuses (too large, empty, wrong order)
-     │    └── RecordTooLargeError  a record above max_message_bytes
      ├── LogClosedError         an operation on a closed log
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      ├── DiskFullError          a write refused because the disk is full; nothing of it was kept (retry later)
      ├── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
      └── DamagedLogError        (in storage.recovery_damage) opening found damage with intact batches after it; not cut
 
+Errors of the batch format itself (corrupt or invalid batches) are in :mod:`tidelog.protocol.records.errors`.
 Expected outcomes elsewhere in tidelog are status values; these exceptions are real failures or bad input.
 """
 
@@ -24,19 +21,6 @@ from __future__ import annotations
 
 class StorageError(Exception):
     """Base of every storage engine error."""
-
-
-class CorruptBatchError(StorageError):
-    """Bytes that do not decode as a record batch.
-
-    Raised for truncated input, lengths that point outside the buffer, a CRC mismatch, impossible record
-    counts and undecodable records. ``position`` is the byte position of the batch in the buffer or file
-    that was being decoded, when known.
-    """
-
-    def __init__(self, message: str, *, position: int | None = None) -> None:
-        super().__init__(message if position is None else f"{message} (at byte {position})")
-        self.position = position
 
 
 class CorruptSegmentError(StorageError):
@@ -83,10 +67,6 @@ class OffsetDamagedError(StorageError):
         return self.last + 1
 
 
-class InvalidBatchError(StorageError):
-    """A batch that decodes but that the log will not store (empty, too large, not a data batch)."""
-
-
 class LogClosedError(StorageError):
     """The log was closed."""
 
@@ -124,12 +104,3 @@ class CheckpointError(StorageError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
-
-
-class RecordTooLargeError(InvalidBatchError):
-    """A record whose key, value and headers together exceed the broker's ``max_message_bytes``."""
-
-
-class DecompressedTooLargeError(CorruptBatchError):
-    """A compressed batch whose records decompress to more than the reader's bound (a compression bomb, or
-    records larger than a batch may hold): decompression stopped at the bound."""

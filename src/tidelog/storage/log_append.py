@@ -20,9 +20,10 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tidelog.protocol.records import LEADER_EPOCH_POS, LENGTH_FIELD_END, REGISTERS_FLAG, BatchHeader, iter_batches
+from tidelog.protocol.records.errors import InvalidBatchError
 from tidelog.storage import disk_full as full
-from tidelog.storage.batch import LEADER_EPOCH_POS, LENGTH_FIELD_END, REGISTERS_FLAG, BatchHeader, iter_batches
-from tidelog.storage.errors import InvalidBatchError, OffsetMismatchError
+from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.log_sealing import SealingLog
 from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Segment
 from tidelog.storage.write_observer import WriteObserver

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tidelog.storage.batch import check_batch, decode_records
-from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError, OffsetOutOfRangeError
+from tidelog.protocol.records import check_batch, decode_records
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.errors import CorruptSegmentError, OffsetOutOfRangeError
 from tidelog.storage.log_state import LogState
 from tidelog.storage.segment import Planned, Segment
 

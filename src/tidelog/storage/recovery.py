@@ -53,10 +53,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.atomic import fsync_directory, write_atomically
 from tidelog.storage.checkpoint import decode_checkpoint, encode_checkpoint
 from tidelog.storage.compaction import CLEANED_SUFFIX
-from tidelog.storage.errors import CheckpointError, CorruptBatchError
+from tidelog.storage.errors import CheckpointError
 from tidelog.storage.index import TMP_SUFFIX, DamagedIndexError
 from tidelog.storage.recovery_damage import DamagedLogError, RecoveryDamage, find_damage
 from tidelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment

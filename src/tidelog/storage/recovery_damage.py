@@ -31,8 +31,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidelog.storage.batch import FORMAT_VERSION, PREFIX, BatchHeader, check_batch
-from tidelog.storage.errors import CorruptBatchError, StorageError
+from tidelog.protocol.records import FORMAT_VERSION, PREFIX, BatchHeader, check_batch
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.errors import StorageError
 
 if TYPE_CHECKING:
     from tidelog.storage.segment import Segment

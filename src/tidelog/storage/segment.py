@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from tidelog.storage.batch import FORMAT_VERSION, HEADER, HEADER_SIZE, LENGTH_FIELD_END, BatchHeader, crc_ok
-from tidelog.storage.errors import CorruptBatchError, CorruptSegmentError
+from tidelog.protocol.records import FORMAT_VERSION, HEADER, HEADER_SIZE, LENGTH_FIELD_END, BatchHeader, crc_ok
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.errors import CorruptSegmentError
 from tidelog.storage.index import DamagedIndexError, OffsetIndex, TimeIndex
 from tidelog.storage.preallocation import Preallocation
 

@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
 from tidelog.storage.atomic import fsync_directory
-from tidelog.storage.errors import CorruptBatchError, InvalidBatchError
 from tidelog.storage.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, segment_name
 
 STAGING_DIR = "catch-up.tmp"

@@ -21,7 +21,7 @@ import json
 import random
 import sys
 
-from tidelog.storage.batch import NewRecord, assign_offsets, build_batch
+from tidelog.protocol.records import NewRecord, assign_offsets, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

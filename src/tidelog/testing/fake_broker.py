@@ -39,6 +39,7 @@ from tidelog.protocol.messages import (
     ProduceResponse,
     StreamInfo,
 )
+from tidelog.protocol.records import BatchHeader, assign_offsets, check_batch, records_of
 from tidelog.replication.producer_state import (
     Duplicate,
     Fenced,
@@ -48,7 +49,6 @@ from tidelog.replication.producer_state import (
     ProducerStateTable,
     UnknownProducer,
 )
-from tidelog.storage.batch import BatchHeader, assign_offsets, check_batch, records_of
 
 
 class Fault(enum.Enum):

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidelog.storage.batch import decode_records, iter_batches
+from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.log import Log
 

@@ -18,7 +18,7 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.messages import Acks
-from tidelog.storage.batch import NewRecord, build_batch
+from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.testing.fakes import StubManager

@@ -37,7 +37,7 @@ from tidelog.client import Cluster, Consumer, Producer, RecordMetadata
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import NotEnoughReplicasError, NotLeaderError, TidelogError
 from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
-from tidelog.storage.batch import BatchBuilder, Codec
+from tidelog.protocol.records import BatchBuilder, Codec
 from tidelog.testing.history import History
 
 __all__ = ["Bootstrap", "DirectOutcome", "ProduceLoad", "TailConsumer", "produce_direct", "read_all", "tally"]

@@ -19,8 +19,8 @@ from tidelog.client import Admin, Codec, Consumer, Producer
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import InvalidArgumentError, MessageTooLargeError
 from tidelog.protocol.messages import Acks, ProduceRequest
+from tidelog.protocol.records import BatchBuilder, NewRecord, build_batch, frame
 from tidelog.server import Broker
-from tidelog.storage.batch import BatchBuilder, NewRecord, _frame, build_batch
 
 __all__ = ["broker", "broker_settings", "stream_name", "stub"]
 
@@ -38,7 +38,7 @@ def address(broker: Broker) -> str:
 def garbage_batch(records: int = 3) -> bytes:
     """A batch whose header and CRC are right and whose record section is 0xFF bytes."""
     now = time.time_ns()
-    return _frame(
+    return frame(
         b"\xff" * 300,
         base_offset=0,
         leader_epoch=0,
@@ -130,7 +130,7 @@ def irregular_batch(records: int, *, damaged: bool = False) -> bytes:
     if damaged:
         section[-1] = 0x05  # the last record's header count: -3
     now = builder.first_timestamp
-    return _frame(
+    return frame(
         bytes(section),
         base_offset=0,
         leader_epoch=0,

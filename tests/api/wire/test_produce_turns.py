@@ -11,9 +11,9 @@ import pytest
 from tests.helpers import BOUND
 from tidelog.api.wire import produce_turns
 from tidelog.api.wire.produce_turns import ProduceTurns
+from tidelog.protocol.records.check import IrregularRecords
+from tidelog.protocol.records.errors import InvalidBatchError
 from tidelog.storage.batch_check import ProduceLimits
-from tidelog.storage.errors import InvalidBatchError
-from tidelog.storage.record_check import IrregularRecords
 
 KEY = ("s", 0)
 LIMITS = ProduceLimits.of(1 << 20, 1 << 22, 3_600_000)

@@ -33,7 +33,7 @@ from tidelog.protocol.messages import (
     SegmentListRequest,
     SegmentListResponse,
 )
-from tidelog.storage.batch import iter_batches
+from tidelog.protocol.records import iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.preallocation import RATE_WINDOW_NS

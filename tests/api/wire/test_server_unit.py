@@ -39,7 +39,7 @@ from tidelog.protocol.messages import (
     decode_header,
     encode_message,
 )
-from tidelog.storage.batch import NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.testing.fakes import StubManager

@@ -7,7 +7,7 @@ the commit in the partition's write turn. ``tidelog/v1/append.proto`` is the cli
 
 - One RPC is one append. The header rides on the first message, records on any message, ``commit`` on the last.
   Records arrive as protobuf messages and are encoded here by one
-  :class:`~tidelog.storage.batch.BatchBuilder` per append, so offset deltas run on across messages exactly as
+  :class:`~tidelog.protocol.records.BatchBuilder` per append, so offset deltas run on across messages exactly as
   the wire client's chunks do (the proto file says why the API takes records rather than encoded bytes).
 - A failure decided while the append streams (an expected offset the log has passed, a header on a later
   message, a client below the minimum rate, an append above ``max_append_bytes``) is answered at once: the
@@ -46,7 +46,7 @@ from tidelog.protocol.labels import (
     encode_selector,
 )
 from tidelog.protocol.messages import Acks
-from tidelog.storage.batch import BatchBuilder
+from tidelog.protocol.records import BatchBuilder
 
 T = TypeVar("T")
 M = TypeVar("M")

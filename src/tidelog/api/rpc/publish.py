@@ -39,8 +39,8 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.liftbridge import build_ack, check_user_headers, record_for_publish
 from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
+from tidelog.protocol.records import build_batch
 from tidelog.protocol.subjects import check_ack, check_subject
-from tidelog.storage.batch import build_batch
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from tidelog.broker.partition import Partition
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
 from tidelog.protocol.liftbridge import message_from_record
+from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage import errors as storage_errors
-from tidelog.storage.batch import decode_records, iter_batches
 
 READ_BYTES = 1024 * 1024
 _IDLE_WAIT = 30.0  # seconds between re-checks while waiting at the tail

@@ -40,7 +40,7 @@ from tidelog.protocol.labels import (
     encode_labels,
 )
 from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse, encode_message
-from tidelog.storage.batch import HEADER_SIZE, REGISTERS_LENGTH
+from tidelog.protocol.records import HEADER_SIZE, REGISTERS_LENGTH
 from tidelog.storage.batch_check import ProduceLimits
 
 SPOOL_DIRECTORY = ".appends"

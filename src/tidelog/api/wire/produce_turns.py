@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 
+from tidelog.protocol.records import IrregularRecords
 from tidelog.storage.batch_check import ProduceLimits, check_produced
-from tidelog.storage.record_check import IrregularRecords
 
 INLINE_ALONE = 2_000
 """Records of a produce that may be checked one by one on the event loop; beyond, a worker thread."""

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from tidelog.client.records import FetchedBatch
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     REGISTERS_FLAG,
     BatchBuilder,
     Codec,
-    CorruptBatchError,
     NewRecord,
     build_batch,
     check_batch,
     decode_records,
     registers_block,
 )
+from tidelog.protocol.records.errors import CorruptBatchError
 
 RECORDS = [NewRecord(b"v%d" % i, key=b"k", headers=[("h", b"x")]) for i in range(5)]
 

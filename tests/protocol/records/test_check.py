@@ -10,10 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.client.records import _parse_records
-from tidelog.storage.batch import BatchBuilder, BatchHeader, NewRecord, _frame, decode_records, parse_header
-from tidelog.storage.errors import CorruptBatchError, RecordTooLargeError
-from tidelog.storage.record_check import RUN_CHUNK, IrregularRecords, check_records
+from tidelog.protocol.records import (
+    RUN_CHUNK,
+    BatchBuilder,
+    BatchHeader,
+    IrregularRecords,
+    NewRecord,
+    check_records,
+    decode_records,
+    frame,
+    parse_header,
+)
+from tidelog.protocol.records.errors import CorruptBatchError, RecordTooLargeError
+from tidelog.protocol.records.rows import parse_records
 
 FIRST = 1_700_000_000_000_000_000
 NO_LIMIT = 1 << 40
@@ -43,7 +52,7 @@ def producer_section(count: int, size: int, step_ns: int, key: bytes | None = No
 
 
 def as_batch(data: bytes, count: int) -> bytes:
-    return _frame(
+    return frame(
         data,
         base_offset=0,
         leader_epoch=0,
@@ -63,7 +72,7 @@ def decoded_by_both(data: bytes, count: int) -> list[int]:
     batch = as_batch(data, count)
     header: BatchHeader = parse_header(batch)
     stored = decode_records(batch)
-    consumed = _parse_records(data, header, "s", 0)
+    consumed = parse_records(data, header, "s", 0)
     assert [(r.offset, r.timestamp, r.key, r.value) for r in stored] == [
         (r.offset, r.timestamp, r.key, r.value) for r in consumed
     ]

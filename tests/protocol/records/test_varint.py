@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.varint import decode_varint, encode_varint
+from tidelog.protocol.records import decode_varint, encode_varint
+from tidelog.protocol.records.errors import CorruptBatchError
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1

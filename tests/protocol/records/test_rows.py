@@ -1,6 +1,6 @@
 """The consumer's record parser against the storage codec: the same records from every batch, the same refusals.
 
-The parser decodes runs of records laid out alike column-wise (see ``tidelog.client.records``), so besides random
+The parser decodes runs of records laid out alike column-wise (see ``tidelog.protocol.records.rows``), so besides random
 shapes these build batches that are mostly such runs, with the run broken in every way it can be: a field's width
 changing, a key or a tombstone appearing, offsets skipped by compaction, and bytes changed at random.
 """
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidelog.client.records import ConsumerRecord, FetchedBatch, batches_of
-from tidelog.storage.batch import (
+from tidelog.client.records import FetchedBatch, batches_of
+from tidelog.protocol.records import (
     HEADER_SIZE,
     BatchBuilder,
     BatchHeader,
@@ -28,7 +28,8 @@ from tidelog.storage.batch import (
     parse_header,
     rebuild_batch,
 )
-from tidelog.storage.errors import CorruptBatchError
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.protocol.records.rows import ConsumerRecord
 
 NOW = 1_700_000_000_000_000_000
 blobs = st.none() | st.binary(max_size=300)

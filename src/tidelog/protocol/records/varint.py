@@ -8,7 +8,7 @@ record on the client's encode path.
 
 from __future__ import annotations
 
-from tidelog.storage.errors import CorruptBatchError
+from tidelog.protocol.records.errors import CorruptBatchError
 
 _MAX_VARINT_BYTES = 10  # a 64-bit value needs at most ceil(64 / 7) bytes
 _LAST_SHIFT = 63  # the tenth byte starts at bit 63 and may only carry that one bit

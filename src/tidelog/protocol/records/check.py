@@ -3,21 +3,18 @@ span of its timestamps.
 
 A batch a client built is stored as it arrived, so one record that the readers cannot decode would stop every
 consumer at that offset for good. :func:`check_records` accepts only what every decoder accepts: the rules of
-:func:`tidelog.storage.batch.decode_records` and the stricter ones of the consumer's decoder
-(:mod:`tidelog.client.records`: a null key or value is the one byte of -1, any other length at least 0; header
-names UTF-8), with offset deltas running on one by one from ``first_delta``. It measures each record as
+:func:`tidelog.protocol.records.decode_records` and the stricter ones of the consumer's decoder
+(:mod:`tidelog.protocol.records.rows`: a null key or value is the one byte of -1, any other length at least 0;
+header names UTF-8), with offset deltas running on one by one from ``first_delta``. It measures each record as
 ``max_message_bytes`` counts a message everywhere in tidelog (its key, value, header names and header values)
 and returns the smallest and largest timestamp delta, for the caller to bound.
 
-Runs. One record at a time costs ~3 µs of Python. A producer's records are laid out alike (no headers, a key and
-a value of one size each, timestamp and offset deltas of one width), so, as the consumer's decoder does, a
-record without headers followed by records beginning as it does starts a run: up to :data:`RUN_CHUNK` records
-checked column by column — each byte position that must hold the same byte in all of them gathered by one
-extended slice and compared at once, the varints' continuation bits likewise, the offset deltas against the
-bytes they must be — and the bounds of their timestamp deltas found from their raw bytes in the lanes of one
-big int (:func:`_ts_bounds`). A run takes
-a record only when every byte it checks is one the record-by-record check accepts; the first record that differs
-ends the run and is checked alone, which names what is wrong with it or starts the next run.
+Runs. A producer's records are laid out alike, so, as the other fast decoders do, a record without headers
+followed by records beginning as it does starts a run (:mod:`tidelog.protocol.records.runs`): up to
+:data:`RUN_CHUNK` records checked column by column, and the bounds of their timestamp deltas found from their raw
+bytes in the lanes of one big int (:func:`_ts_bounds`). A run takes a record only when every byte it checks is
+one the record-by-record check accepts; the first record that differs ends the run and is checked alone, which
+names what is wrong with it or starts the next run.
 """
 
 from __future__ import annotations
@@ -25,28 +22,17 @@ from __future__ import annotations
 import array
 from typing import NamedTuple, TypeAlias
 
-from tidelog.storage.batch import MIN_RECORD_SIZE
-from tidelog.storage.errors import CorruptBatchError, RecordTooLargeError
-from tidelog.storage.varint import decode_varint
-from tidelog.storage.varint_lanes import agreeing, zigzag_lanes
+from tidelog.protocol.records.errors import CorruptBatchError, RecordTooLargeError
+from tidelog.protocol.records.layout import MIN_RECORD_SIZE
+from tidelog.protocol.records.runs import MAX_CHUNK, MIN_RUN, RETRY_AFTER, read_layout, run_length
+from tidelog.protocol.records.varint import decode_varint
 
 Buffer: TypeAlias = bytes | memoryview
 
-RUN_CHUNK = 4096  # records a run checks at a time: bounds the work a run that breaks early wastes
-_MIN_RUN = 16  # a run's fixed cost pays off from about this many records
-_RETRY_AFTER = 16  # records checked alone after a run that did not form, doubling after each miss
+RUN_CHUNK = MAX_CHUNK  # records a run checks at a time: bounds the work a run that breaks early wastes
 _COPY_BELOW = 4096  # record size below which a run copies its section first (see check_records)
 _MAX_LANE_BYTES = 8  # varints wider than this do not fit a 64-bit lane: checked alone
 _MIN_BODY = MIN_RECORD_SIZE - 1  # a record after its length: attributes, two deltas, two lengths, header count
-_HIGH_BITS = bytes(b & 0x80 for b in range(256))  # each byte's continuation bit
-_LOW_BIT = bytes(b & 1 for b in range(256))  # a zig-zag varint's first byte: its sign
-_DELTA_1 = bytes(range(0, 128, 2))  # offset deltas 0..63 as one-byte zig-zag varints
-_DELTA_2 = (  # offset deltas 0..8191 as two-byte zig-zag varints: their first bytes, their second bytes
-    bytes(((d << 1) & 0x7F) | 0x80 for d in range(8192)),
-    bytes(d >> 6 for d in range(8192)),
-)
-_CONTINUED = b"\x80" * RUN_CHUNK
-_LAST = bytes(RUN_CHUNK)
 
 
 class IrregularRecords(Exception):
@@ -78,7 +64,7 @@ def check_records(
     total = len(view)
     p = k = 0
     low = high = 0
-    retry, backoff = 0, _RETRY_AFTER
+    retry, backoff = 0, RETRY_AFTER
     alone = 0
     while p < total:
         alone += 1
@@ -95,7 +81,7 @@ def check_records(
         if not k or ts > high:
             high = ts
         stride = end - p
-        if headerless and k >= retry and (last := p + (_MIN_RUN - 1) * stride) < total and view[last] == view[p]:
+        if headerless and k >= retry and (last := p + (MIN_RUN - 1) * stride) < total and view[last] == view[p]:
             if stride < _COPY_BELOW and not isinstance(view, bytes):
                 view = view.tobytes()  # small records: strided slices of bytes (~2 ns a byte, not ~13) pay for it
             run = _run(view, p, stride, total, first_delta + k)
@@ -104,7 +90,7 @@ def check_records(
                 low, high = min(low, run_low), max(high, run_high)
                 k += n
                 p += n * stride
-                backoff = _RETRY_AFTER
+                backoff = RETRY_AFTER
                 continue
             retry = k + backoff
             backoff += backoff
@@ -180,95 +166,17 @@ def _field(view: Buffer, p: int, end: int, delta: int, name: str) -> tuple[int, 
     return size, p + size
 
 
-def _varint_end(view: Buffer, p: int) -> int:
-    while view[p] >= 0x80:
-        p += 1
-    return p + 1
-
-
 def _run(view: Buffer, q: int, stride: int, total: int, d0: int) -> tuple[int, int, int] | None:
     """Check the records from ``q`` on laid out as the (checked, headerless) one at ``q`` and carrying offset
-    deltas ``d0, d0 + 1, …``; return how many and the least and greatest timestamp delta among them, or None
-    when fewer than _MIN_RUN are."""
-    p = _varint_end(view, q)
-    constants = list(range(p - q))  # the length
-    ts_at = p + 1 - q  # after the attributes, which readers ignore
-    delta_at = _varint_end(view, q + ts_at) - q
-    p = _varint_end(view, q + delta_at)
-    ts_width, delta_width = delta_at - ts_at, p - q - delta_at
-    if ts_width > _MAX_LANE_BYTES or delta_width > _MAX_LANE_BYTES:
+    deltas ``d0, d0 + 1, …`` (:mod:`tidelog.protocol.records.runs`); return how many and the least and greatest
+    timestamp delta among them, or None when fewer than MIN_RUN are."""
+    layout = read_layout(view, q, q + stride, max_ts_width=_MAX_LANE_BYTES, max_delta_width=_MAX_LANE_BYTES)
+    if layout is None:
         return None
-    for _ in range(2):  # the key's length, then the value's: the same in every record of the run
-        length_end = _varint_end(view, p)
-        constants += range(p - q, length_end - q)
-        if view[p] == 1:  # null
-            p = length_end
-        else:
-            size, p = decode_varint(view, p, length_end)
-            p += size
-    if p != q + stride - 1:  # a header count of more than one byte
+    n, ts_columns = run_length(view, q, layout, min((total - q) // stride, RUN_CHUNK), d0, nonnegative_ts=True)
+    if not n:
         return None
-    constants.append(stride - 1)
-    n = min((total - q) // stride, RUN_CHUNK)
-    if delta_width <= 2:  # the deltas' varints widen at 64 and at 8192: the run ends there
-        n = min(n, (64 if delta_width == 1 else 8192) - d0)
-    for at in range(ts_at - 1):
-        # First how far the records share this one's length, which ends most runs (a wider timestamp delta makes
-        # a longer record): the other positions are sliced only that far.
-        column = _cut(view, q + at, n * stride, stride)
-        same = bytes((view[q + at],)) * n
-        if column != same:
-            n = agreeing(column, same)
-            if n < _MIN_RUN:
-                return None
-    found: list[bytes] = []
-    wanted: list[bytes] = []
-    step = n * stride
-    for at in constants:
-        found.append(_cut(view, q + at, step, stride))
-        wanted.append(bytes((view[q + at],)) * n)
-    ts_columns = _columns(view, q + ts_at, ts_width, n, stride)
-    delta_columns = _columns(view, q + delta_at, delta_width, n, stride)
-    for columns in (ts_columns, delta_columns):
-        found += [column.translate(_HIGH_BITS) for column in columns]
-        wanted += [_CONTINUED[:n]] * (len(columns) - 1)
-        wanted.append(_LAST[:n])
-    found.append(ts_columns[0].translate(_LOW_BIT))  # a timestamp delta below 0: the run ends before it
-    wanted.append(_LAST[:n])
-    if delta_width == 1:
-        found.append(delta_columns[0])
-        wanted.append(_DELTA_1[d0 : d0 + n])
-    elif delta_width == 2:
-        found += delta_columns
-        wanted += (_DELTA_2[0][d0 : d0 + n], _DELTA_2[1][d0 : d0 + n])
-    if found != wanted:
-        n = min(agreeing(f, w) for f, w in zip(found, wanted, strict=True) if f != w)  # up to the first failure
-        if n < _MIN_RUN:
-            return None
-    if delta_width > 2:
-        deltas, ones = zigzag_lanes(delta_columns, n)
-        expected = 2 * d0 * ones + 2 * _ramp(n)  # the zig-zag varint of d0 + i in lane i
-        if deltas != expected:
-            n = _first_lane(deltas ^ expected)
-            if n < _MIN_RUN:
-                return None
     return n, *_ts_bounds(ts_columns, n)
-
-
-def _columns(view: Buffer, start: int, width: int, n: int, stride: int) -> list[bytes]:
-    step = n * stride
-    return [_cut(view, start + i, step, stride) for i in range(width)]
-
-
-def _cut(view: Buffer, start: int, length: int, stride: int) -> bytes:
-    """Every ``stride``-th byte of ``view[start : start + length]``."""
-    column = view[start : start + length : stride]
-    return column if isinstance(column, bytes) else column.tobytes()
-
-
-def _first_lane(x: int) -> int:
-    """The index of the lowest 64-bit lane of ``x`` that is not 0."""
-    return ((x & -x).bit_length() - 1) >> 6
 
 
 def _ts_bounds(columns: list[bytes], n: int) -> tuple[int, int]:
@@ -319,16 +227,3 @@ def _guards(n: int, size: int) -> tuple[int, int]:
             (1 << ((n - 1) * size * 8)) - 1,
         )
     return cached
-
-
-_ramps: dict[int, int] = {}
-
-
-def _ramp(n: int) -> int:
-    """``i`` in lane ``i`` of ``n`` 64-bit lanes."""
-    ramp = _ramps.get(n)
-    if ramp is None:
-        if len(_ramps) >= 64:
-            _ramps.clear()
-        ramp = _ramps[n] = int.from_bytes(array.array("q", range(n)).tobytes(), "little")
-    return ramp

@@ -22,7 +22,7 @@ import zstandard
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tidelog.storage.batch import (
+from tidelog.protocol.records import (
     CONTROL_FLAG,
     CRC_POS,
     CRC_START,
@@ -39,19 +39,19 @@ from tidelog.storage.batch import (
     check_batch,
     crc_ok,
     decode_records,
+    encode_varint,
     iter_batches,
     parse_header,
     rebuild_batch,
     records_of,
 )
-from tidelog.storage.errors import CorruptBatchError
-from tidelog.storage.varint import encode_varint
+from tidelog.protocol.records.errors import CorruptBatchError
 
 NOW = 1_700_000_000_000_000_000  # ns
 HOSTILE = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 MiB = 1024 * 1024
 
-# header field positions (see the layout in batch.py)
+# header field positions (see tidelog.protocol.records.layout)
 BATCH_LENGTH_POS = 8
 LEADER_EPOCH_POS = 12
 FORMAT_VERSION_POS = 16
