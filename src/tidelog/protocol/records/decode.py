@@ -9,6 +9,7 @@ decompression bound).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 
 import crc32c
@@ -106,13 +107,25 @@ def _decompress(data: memoryview, codec: Codec, limit: int) -> bytes:
         raise CorruptBatchError(f"cannot decompress {codec.name} records: {exc}") from exc
 
 
+_per_thread = threading.local()
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's decompression context: making one costs more than decompressing a small batch, and one
+    context serves any number of one-shot ``decompress`` calls, one at a time."""
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_per_thread, "zstd", None)
+    if decompressor is None:
+        decompressor = _per_thread.zstd = zstandard.ZstdDecompressor()
+    return decompressor
+
+
 def _unzstd(data: memoryview, limit: int) -> bytes:
     size = zstandard.frame_content_size(data)
     if size > limit:
         raise DecompressedTooLargeError(f"batch decompresses to {size} bytes, above the {limit} limit")
     if size >= 0:
         # One allocation of exactly the declared size; zstd refuses content that differs from the declaration.
-        return zstandard.ZstdDecompressor().decompress(data)
+        return _zstd_decompressor().decompress(data)
     # No declared size: stream in steps rather than reserving ``limit`` bytes up front for every batch.
     step = min(_DECOMPRESS_STEP, limit + 1)
     return _join_bounded(zstandard.ZstdDecompressor().read_to_iter(data, write_size=step), limit)

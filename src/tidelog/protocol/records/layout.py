@@ -84,6 +84,7 @@ class Codec(enum.IntEnum):
 
 
 CODEC_MASK = 0x07
+_CODECS = {codec.value: codec for codec in Codec}  # a dict lookup: calling the enum costs more, once per batch
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
 REGISTERS_FLAG = 0x40
@@ -123,7 +124,9 @@ class BatchHeader(NamedTuple):
 
     @property
     def codec(self) -> Codec:
-        return Codec(self.attributes & CODEC_MASK)
+        value = self.attributes & CODEC_MASK
+        codec = _CODECS.get(value)
+        return codec if codec is not None else Codec(value)  # an unknown codec: Codec raises ValueError
 
     @property
     def is_control(self) -> bool:
