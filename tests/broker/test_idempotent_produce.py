@@ -34,8 +34,8 @@ from tidelog.api.wire.messages import (
     ProduceRequest,
     ProduceResponse,
 )
-from tidelog.broker.partition import Appended
 from tidelog.broker.server import Broker
+from tidelog.broker.write_path import Appended
 from tidelog.client.connection import Connection
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.replication.producer_snapshot import ProducerSnapshots

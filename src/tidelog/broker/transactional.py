@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from tidelog.api.errors import ErrorCode, IncorrectOffsetError, TidelogError
 from tidelog.api.wire.messages import Acks
 from tidelog.broker.append_spool import AppendSpool
-from tidelog.broker.partition import Partition, TransactionalWrite
+from tidelog.broker.partition import Partition
 from tidelog.broker.partition_registers import PartitionRegisters
+from tidelog.broker.write_path import TransactionalWrite
 from tidelog.replication.registers import (
     EMPTY,
     LabelSelector,
