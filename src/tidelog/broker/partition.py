@@ -39,8 +39,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, cast
 
 from tidelog.api.errors import RequestTimeoutError, TidelogError, UnavailableError
 from tidelog.api.wire.messages import Acks
@@ -289,7 +289,7 @@ class Partition(CommittedReads):
         the first check of every write, whichever way it came in; reads are not affected."""
         self.safety.check_appendable()
 
-    async def write(
+    def write(
         self,
         data: bytes | bytearray | memoryview,
         acks: Acks,
@@ -298,10 +298,10 @@ class Partition(CommittedReads):
         expected_offset: int | None = None,
         transactional: TransactionalWrite | None = None,
         on_committed: Callable[[int, int], None] | None = None,
-    ) -> Appended | WriteRefused:
+    ) -> Coroutine[Any, Any, Appended | WriteRefused]:
         """Append whole batches and wait for ``acks``: :class:`Appended` once the policy is met, or the
         :class:`WriteRefused` status of a write routed back (nothing stored); raise on failures
-        (:mod:`tidelog.broker.write_path` runs it, state by state).
+        (:mod:`tidelog.broker.write_path` runs it, state by state, once the returned coroutine is awaited).
 
         ``timeout`` bounds the wait for the ack policy only: once the log has the bytes a timeout does not undo
         the write (the client gets a TIMEOUT error and may retry; an idempotent producer dedupes the retry).
@@ -313,9 +313,8 @@ class Partition(CommittedReads):
         produce answers from there (:func:`tidelog.api.wire.handlers.produce`).
         """
         write = LeaderWrite(self, data, acks, timeout, expected_offset, transactional, on_committed)
-        await write.run_to(_WRITTEN)
-        assert write.status is not None
-        return write.status
+        # The driver's own coroutine, not one wrapped in another: run to DONE, a write always has its status.
+        return cast("Coroutine[Any, Any, Appended | WriteRefused]", write.run_to(_WRITTEN))
 
     async def append(
         self,
@@ -330,8 +329,7 @@ class Partition(CommittedReads):
         """:meth:`write`, raising a refusal as the error of its code: for callers that answer every refusal as
         an error (an acks-``NONE`` produce, transactional commits, tests)."""
         write = LeaderWrite(self, data, acks, timeout, expected_offset, transactional, on_committed)
-        await write.run_to(_WRITTEN)
-        status = write.status
+        status = await write.run_to(_WRITTEN)
         if isinstance(status, WriteRefused):
             raise status.error()
         assert status is not None

@@ -181,8 +181,9 @@ class LeaderWrite:
         self.last_offset = -1
         self.duplicate = False
 
-    async def run_to(self, target: WriteState) -> None:
-        """Run the handlers until the write reaches ``target`` (or DONE, when refused early)."""
+    async def run_to(self, target: WriteState) -> Appended | WriteRefused | None:
+        """Run the handlers until the write reaches ``target`` (or DONE, when refused early); return its status,
+        which is set once it is DONE (None before)."""
         try:
             while self.state < target:
                 step = _STEPS[self.state](self)
@@ -192,6 +193,7 @@ class LeaderWrite:
             if not getattr(exc, "__notes__", None):
                 exc.add_note(f"leader write to {self._partition.name}: failed at {self.state.name}")
             raise
+        return self.status
 
     def _must_state(self, state: WriteState) -> None:
         if self.state is not state:
