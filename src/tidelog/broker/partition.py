@@ -327,7 +327,7 @@ class Partition(CommittedReads):
         on_committed: Callable[[int, int], None] | None = None,
     ) -> Appended:
         """:meth:`write`, raising a refusal as the error of its code: for callers that answer every refusal as
-        an error (an acks-``NONE`` produce, transactional commits, tests)."""
+        an error (an acks-``NONE`` produce, whose failures are only logged; tests)."""
         write = LeaderWrite(self, data, acks, timeout, expected_offset, transactional, on_committed)
         status = await write.run_to(_WRITTEN)
         if isinstance(status, WriteRefused):
