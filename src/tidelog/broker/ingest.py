@@ -14,7 +14,7 @@ and per-byte copies are what count; on this class of machine copying a kilobyte 
    reception time, plus 1 ns per message so that timestamps stay distinct and increasing (see that module).
    Batches respect the log's batch limit (``max_batch_bytes``, at most a segment): a batch the log refused would
    lose every message in it.
-3. **Append** — the read's buffer goes straight to :meth:`~tidelog.broker.partition.Partition.append` in a task of
+3. **Append** — the read's buffer goes straight to :meth:`~tidelog.broker.partition.Partition.write` in a task of
    its own, as a read-only view the log does not copy, as long as fewer than ``max_inflight`` appends are in
    flight. Beyond that, reads wait, and the next free slot takes all of them (up to ``max_append_bytes``) in one
    append — that is when appends wait for an fsync, and one fsync (group commit in the log) then covers everything
@@ -61,6 +61,7 @@ from tidelog.broker.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.nats_connection import UnsupportedServerError, supports
 from tidelog.broker.nats_reader import NatsReader
 from tidelog.broker.partition import Partition
+from tidelog.broker.write_path import Appended, WriteRefused
 from tidelog.clock import Clock, SystemClock
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope
@@ -309,14 +310,18 @@ class NatsIngest:
             # to it after encoding). Reads that waited for a slot are joined: one copy, one append.
             data = memoryview(group[0].data).toreadonly() if len(group) == 1 else b"".join(r.data for r in group)
             try:
-                appended = await partition.append(data, Acks.LEADER, self._ack_timeout)
+                appended: Appended | WriteRefused | TidelogError = await partition.write(
+                    data, Acks.LEADER, self._ack_timeout
+                )
             except TidelogError as exc:
-                self.failed += count
-                log.warning("could not store %d NATS messages on %s: %s", count, partition.name, exc)
-                self._forget_ids(group)
-                return
+                appended = exc
             finally:
                 self._stored(size)
+            if not isinstance(appended, Appended):  # refused or failed: the one place either is reported
+                self.failed += count
+                log.warning("could not store %d NATS messages on %s: %s", count, partition.name, appended)
+                self._forget_ids(group)
+                return
             self.appended += count
             acks: list[tuple[int, AckRequest]] = []
             first = 0

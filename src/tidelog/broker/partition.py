@@ -1,8 +1,9 @@
 """One partition led by this broker: its log, its high watermark, and the rules of writing to it.
 
-Every way in (NATS ingest, gRPC Publish, the wire protocol's produce) ends in :meth:`Partition.append` with
-whole record batches; every way out (gRPC Subscribe, wire fetch) reads committed batches with
-:meth:`Partition.read_committed` and long-polls with :meth:`Partition.wait_for_data`. Keeping those two doors
+Every way in (NATS ingest, gRPC Publish, the wire protocol's produce) ends in :meth:`Partition.write` with
+whole record batches, run state by state by :mod:`tidelog.broker.write_path`; every way out (gRPC Subscribe,
+wire fetch) reads committed batches with :meth:`Partition.read_committed` and long-polls with
+:meth:`Partition.wait_for_data`. Keeping those two doors
 in one type is what keeps the guarantees the same whichever protocol a client speaks:
 
 - nothing is acknowledged before the ack policy is met (``ALL``: below the high watermark; with flush
@@ -26,7 +27,7 @@ task: a caller cancelled meanwhile (connection dropped, server stopping) cannot 
 unrecorded, which would let its retry be written twice. The table is handed on across role changes by the
 partition manager; :meth:`Partition.close` waits for those appends first, so it is complete when handed on.
 
-Compare-and-append (Liftbridge's ``expectedOffset``): :meth:`Partition.append` passes the expected offset to
+Compare-and-append (Liftbridge's ``expectedOffset``): :meth:`Partition.write` passes the expected offset to
 :meth:`Log.append`, which compares it with the log end where it assigns offsets, under its lock and with no
 await before the write. Checking here and then appending would not be atomic: the log's lock may be held by
 retention or compaction, and another append could take the offset while this one waits for it.
@@ -38,46 +39,27 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, cast
 
 from tidelog.broker.replica_reads import CommittedReads
 from tidelog.broker.safety import LeaderSafety, ReportSuspension, start_evidence
+from tidelog.broker.write_path import Appended, LeaderWrite, TransactionalWrite, WriteRefused, WriteState
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import (
-    DuplicateInFlightError,
-    IncorrectOffsetError,
-    InvalidArgumentError,
-    NotEnoughReplicasError,
-    OutOfOrderSequenceError,
-    ProducerFencedError,
-    ReadonlyError,
     RequestTimeoutError,
     TidelogError,
     UnavailableError,
-    UnknownProducerError,
 )
 from tidelog.protocol.messages import Acks
-from tidelog.protocol.records import BatchHeader, iter_batches
+from tidelog.protocol.records import BatchHeader
 from tidelog.replication.ack_poll import poller_for
 from tidelog.replication.followers import Followers
 from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
 from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import (
-    NO_PRODUCER_ID,
-    Duplicate,
-    Fenced,
-    InFlight,
-    Invalid,
-    New,
-    OutOfOrder,
-    ProducerStateTable,
-    Verdict,
-)
+from tidelog.replication.producer_state import ProducerStateTable
 from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
-from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
 from tidelog.storage.log_append import AppendResult
@@ -86,19 +68,8 @@ from tidelog.storage.segment import Buffer, FileSlice
 log = logging.getLogger(__name__)
 
 TAIL_VISIBLE_WAIT = 1.0  # seconds a reader of a new leader waits for its committed tail (see tail_visible)
+_WRITTEN = WriteState.DONE  # a global: read on every write, faster than the enum's attribute
 APPEND_SETTLE_TIMEOUT = 10.0  # seconds close() waits for idempotent appends to land in the producer table
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Where an append landed."""
-
-    base_offset: int
-    last_offset: int
-    received_ns: int
-    committed_ns: int
-    duplicate: bool = False
-    """A producer's retry of batches written before: nothing was written now, the offsets are the originals."""
 
 
 ResumeHook = Callable[["Partition"], Awaitable[None]]
@@ -132,15 +103,6 @@ class _TailPush:
 
     def __init__(self, tell: Callable[[int, int, Sequence[Buffer | FileSlice]], None]) -> None:
         self.on_write = tell
-
-
-class TransactionalWrite(NamedTuple):
-    """How a transactional append's batch is written: its own size limit, and a hook run where the log places
-    it (under the log's lock, before the write) to record the registers it sets."""
-
-    max_batch_bytes: int
-    on_placed: Callable[[int], None]
-    source: FileSlice | None = None  # the batch in the append's spool file, copied from there
 
 
 class Partition(CommittedReads):
@@ -347,7 +309,7 @@ class Partition(CommittedReads):
         the first check of every write, whichever way it came in; reads are not affected."""
         self.safety.check_appendable()
 
-    async def append(
+    def write(
         self,
         data: bytes | bytearray | memoryview,
         acks: Acks,
@@ -356,8 +318,10 @@ class Partition(CommittedReads):
         expected_offset: int | None = None,
         transactional: TransactionalWrite | None = None,
         on_committed: Callable[[int, int], None] | None = None,
-    ) -> Appended:
-        """Append whole batches and wait for ``acks``; raise instead of acknowledging what is not stored.
+    ) -> Coroutine[Any, Any, Appended | WriteRefused]:
+        """Append whole batches and wait for ``acks``: :class:`Appended` once the policy is met, or the
+        :class:`WriteRefused` status of a write routed back (nothing stored); raise on failures
+        (:mod:`tidelog.broker.write_path` runs it, state by state, once the returned coroutine is awaited).
 
         ``timeout`` bounds the wait for the ack policy only: once the log has the bytes a timeout does not undo
         the write (the client gets a TIMEOUT error and may retry; an idempotent producer dedupes the retry).
@@ -368,60 +332,28 @@ class Partition(CommittedReads):
         commits the batches, before this returns (not when they were committed without waiting): the wire
         produce answers from there (:func:`tidelog.api.wire.handlers.produce`).
         """
-        self.check_appendable()
-        if self._closed:
-            raise UnavailableError(f"partition {self.name} is closing")
-        if self.record.readonly:
-            raise ReadonlyError(f"partition {self.name} is read-only")
-        if acks is Acks.ALL and len(self.record.isr or (self.broker_id,)) < self.min_isr:
-            raise NotEnoughReplicasError(
-                f"partition {self.name} has {len(self.record.isr)} in-sync replicas, min_isr is {self.min_isr}"
-            )
-        if self.record.paused and self._on_resume is not None:
-            await self._on_resume(self)
-        received = time.time_ns()
-        # From here to the log's lock there is no await: producers' batches reach the log in the order they
-        # were reserved, which is the order their sequence numbers were checked in.
-        headers = None if transactional is not None else _producer_headers(data)  # appends carry no producer id
-        try:
-            if transactional is not None:
-                result = await self.log.append(
-                    data,
-                    self.record.leader_epoch,
-                    expected_offset=expected_offset,
-                    max_batch_bytes=transactional.max_batch_bytes,
-                    registers=True,
-                    on_placed=transactional.on_placed,
-                    source=transactional.source,
-                )
-            elif headers is None:
-                result = await self.log.append(data, self.record.leader_epoch, expected_offset=expected_offset)
-            else:
-                verdict = self.producers.reserve_all(headers)
-                if isinstance(verdict, Duplicate):
-                    if acks is Acks.ALL:
-                        then = _bind(on_committed, verdict.base_offset, verdict.last_offset)
-                        await self.wait_committed(verdict.last_offset, timeout, then)
-                    return Appended(verdict.base_offset, verdict.last_offset, received, time.time_ns(), True)
-                if not isinstance(verdict, New):
-                    raise _refused(verdict, self.name)
-                result = await self._append_reserved(data, headers, expected_offset)
-        except OffsetMismatchError as exc:
-            await self.confirm_end(exc.actual, timeout)
-            raise IncorrectOffsetError(f"{self.name}: {exc}") from None
-        except asyncio.CancelledError:
-            self._settle_after_cancel()
-            raise
-        # The append's own end, not the log's: a concurrent append may already be written but not yet fsynced.
-        self._hw.replica_caught_up_to(self.broker_id, result.last_offset + 1)
-        if not self.first_received_ns:
-            self.first_received_ns = received
-        self.latest_received_ns = received
-        if acks is Acks.ALL:
-            await self.wait_committed(
-                result.last_offset, timeout, _bind(on_committed, result.base_offset, result.last_offset)
-            )
-        return Appended(result.base_offset, result.last_offset, received, time.time_ns())
+        write = LeaderWrite(self, data, acks, timeout, expected_offset, transactional, on_committed)
+        # The driver's own coroutine, not one wrapped in another: run to DONE, a write always has its status.
+        return cast("Coroutine[Any, Any, Appended | WriteRefused]", write.run_to(_WRITTEN))
+
+    async def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        acks: Acks,
+        timeout: float,
+        *,
+        expected_offset: int | None = None,
+        transactional: TransactionalWrite | None = None,
+        on_committed: Callable[[int, int], None] | None = None,
+    ) -> Appended:
+        """:meth:`write`, raising a refusal as the error of its code: for callers that answer every refusal as
+        an error (an acks-``NONE`` produce, whose failures are only logged; tests)."""
+        write = LeaderWrite(self, data, acks, timeout, expected_offset, transactional, on_committed)
+        status = await write.run_to(_WRITTEN)
+        if isinstance(status, WriteRefused):
+            raise status.error()
+        assert status is not None
+        return status
 
     async def confirm_end(self, end: int, timeout: float) -> None:
         """Before refusing a write whose expected offset is not the log end ``end``: wait until ``end`` is
@@ -470,7 +402,7 @@ class Partition(CommittedReads):
     def _settle_reserved(self, headers: Sequence[BatchHeader], task: asyncio.Task[AppendResult]) -> None:
         self._appending.discard(task)
         if task.cancelled() or task.exception() is not None:
-            # Refused before the write (bad batch, wrong expected offset, closed log). A failure after the write
+            # WriteRefused before the write (bad batch, wrong expected offset, closed log). A failure after the write
             # (the fsync) poisons the log: nothing more is appended here, and a reopen rebuilds the state.
             for header in headers:
                 self.producers.release(header)
@@ -545,31 +477,3 @@ class Partition(CommittedReads):
                 log.warning("could not checkpoint the HW of %s", self.name, exc_info=True)
         if close_log:
             await self.log.close()
-
-
-def _producer_headers(data: bytes | bytearray | memoryview) -> list[BatchHeader] | None:
-    """The batch headers of an append when any batch is a producer's, else None (the plain path, no table).
-
-    Headers only (no CRC, no records): :meth:`Log.append` verifies everything before writing.
-    """
-    headers = [header for _, header in iter_batches(data, verify=False)]
-    return headers if any(h.producer_id != NO_PRODUCER_ID for h in headers) else None
-
-
-def _refused(verdict: Verdict, name: str) -> TidelogError:
-    """The error a producer gets for a batch the table refused (every verdict but New and Duplicate)."""
-    if isinstance(verdict, OutOfOrder):
-        return OutOfOrderSequenceError(f"{name}: out-of-order sequence; expected {verdict.expected_sequence}")
-    if isinstance(verdict, Fenced):
-        return ProducerFencedError(f"{name}: producer fenced; its id has written with epoch {verdict.current_epoch}")
-    if isinstance(verdict, InFlight):
-        return DuplicateInFlightError(f"{name}: the same batch is being written; retry after a backoff")
-    if isinstance(verdict, Invalid):
-        return InvalidArgumentError(f"{name}: {verdict.reason}")
-    return UnknownProducerError(f"{name}: no state for this producer id; re-initialize the producer")
-
-
-def _bind(
-    on_committed: Callable[[int, int], None] | None, base_offset: int, last_offset: int
-) -> Callable[[], None] | None:
-    return None if on_committed is None else functools.partial(on_committed, base_offset, last_offset)

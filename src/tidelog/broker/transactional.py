@@ -36,9 +36,10 @@ import weakref
 from dataclasses import dataclass, field
 
 from tidelog.broker.append_spool import AppendSpool
-from tidelog.broker.partition import Partition, TransactionalWrite
+from tidelog.broker.partition import Partition
 from tidelog.broker.partition_registers import PartitionRegisters
-from tidelog.protocol.errors import ErrorCode, IncorrectOffsetError, TidelogError
+from tidelog.broker.write_path import TransactionalWrite, WriteRefused
+from tidelog.protocol.errors import ErrorCode, TidelogError
 from tidelog.protocol.labels import (
     EMPTY,
     LabelSelector,
@@ -162,22 +163,22 @@ class TransactionalAppends:
                 release()  # the next commit may check: this one's offsets and registers are settled
 
             try:
-                appended = await partition.append(
+                appended = await partition.write(
                     batch,
                     acks,
                     timeout,
                     expected_offset=expectations.expected_offset,
                     transactional=TransactionalWrite(max_bytes, placed, spool.file_slice()),
                 )
-            except IncorrectOffsetError as exc:
-                raise AppendRefused(
-                    ErrorCode.INCORRECT_OFFSET, exc.message, partition.log.end_offset, registers
-                ) from None
             except DiskFullError:  # refused and undone after ``placed`` recorded its registers: forget them too
                 self.registers.forget_after(partition.log.end_offset)
                 raise
             finally:
                 del batch  # the spool's memory map may close only once no view of it is left
+            if isinstance(appended, WriteRefused):  # the one place a refused write becomes the append's answer
+                if appended.code is ErrorCode.INCORRECT_OFFSET:
+                    raise AppendRefused(appended.code, appended.message, partition.log.end_offset, registers)
+                raise appended.error()
             if updated != registers:
                 self._schedule_checkpoint()
             return Committed(appended.base_offset, appended.last_offset, appended.last_offset + 1, updated)

@@ -28,9 +28,11 @@ from typing import Any
 
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
+from tidelog.broker.write_path import WriteRefused
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.protocol.errors import (
+    ErrorCode,
     IncorrectOffsetError,
     MessageTooLargeError,
     NotLeaderError,
@@ -84,19 +86,18 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
     )
     batch = build_batch([record], timestamp=record.timestamp or time.time_ns())
     policy = Acks(int(request.ackPolicy))
-    try:
-        # The log compares the expected offset where it assigns offsets, under its lock (see Partition.append):
-        # a check here followed by the append would let a concurrent publish take the offset in between.
-        appended = await partition.append(
-            batch, Acks.ALL if policy is Acks.ALL else Acks.LEADER, timeout, expected_offset=expected
-        )
-    except IncorrectOffsetError:
-        if expected is None:
-            raise
-        return api_pb2.PublishResponse(
-            correlationId=request.correlationId,
-            ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
-        )
+    # The log compares the expected offset where it assigns offsets, under its lock (see broker.write_path): a
+    # check here followed by the append would let a concurrent publish take the offset in between.
+    appended = await partition.write(
+        batch, Acks.ALL if policy is Acks.ALL else Acks.LEADER, timeout, expected_offset=expected
+    )
+    if isinstance(appended, WriteRefused):  # the one place a refused publish becomes its ack or gRPC status
+        if appended.code is ErrorCode.INCORRECT_OFFSET and expected is not None:
+            return api_pb2.PublishResponse(
+                correlationId=request.correlationId,
+                ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
+            )
+        raise appended.error()
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
     ack = _ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)

@@ -17,14 +17,15 @@ quickly is checked off the loop, the connection's later produces to the partitio
 
 Produce and the ack policies:
 
-- ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.append` returns, i.e. once the policy is met
-  (``ALL``: below the high watermark, which under flush ``always`` also means fsynced). Any failure, including
-  a TIMEOUT after the write, is an error frame. With ``ALL`` on a replicated partition the response is usually
+- ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.write` returns, i.e. once the policy is met
+  (``ALL``: below the high watermark, which under flush ``always`` also means fsynced). A refusal
+  (:class:`~tidelog.broker.write_path.WriteRefused`) is the error frame of its code; so is any failure, including a
+  TIMEOUT after the write. With ``ALL`` on a replicated partition the response is usually
   written from inside the follower acknowledgement that commits the batches (:class:`_CommittedReply`, through
   the session's ``reply_now``), a turn of the loop before the handler's task would resume and write it.
 - Idempotent producers (batches carrying a producer id): a retry of batches already written is answered like
   the first attempt, with the original offsets (for ``ALL`` once they are committed), and writes nothing; a
-  gap, an older epoch or an unknown producer is an error frame (:meth:`Partition.append` decides).
+  gap, an older epoch or an unknown producer is an error frame (:meth:`Partition.write` decides).
 - ``NONE``: the partition is looked up and the batches checked first (an unknown stream, a follower or an
   invalid batch still gets an error frame), then the append is *started* and the response (offsets -1) is sent
   without waiting for the write. Appends start in request order, so a producer's batches still land in the
@@ -46,6 +47,7 @@ from typing import Any, NamedTuple, TypeVar
 from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.open_appends import OpenAppends
+from tidelog.broker.write_path import WriteRefused
 from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.storage.batch_check import ProduceLimits
@@ -186,22 +188,24 @@ async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest,
             return Reply(encode_message(correlation_id, _NO_OFFSETS))
         if request.acks is Acks.ALL:
             reply = _CommittedReply(env, correlation_id)
-            appending = partition.append(payload, request.acks, timeout, on_committed=reply)
+            writing = partition.write(payload, request.acks, timeout, on_committed=reply)
             env.produce_turns.release(key, turn)  # those behind wake after this append has placed its batches
-            appended = await appending
+            status = await writing
             if reply.sent:
                 return SENT
         else:
-            appending = partition.append(payload, request.acks, timeout)
+            writing = partition.write(payload, request.acks, timeout)
             env.produce_turns.release(key, turn)
-            appended = await appending
+            status = await writing
     finally:
         env.produce_turns.release(key, turn)
-    return Reply(encode_message(correlation_id, ProduceResponse(appended.base_offset, appended.last_offset)))
+    if isinstance(status, WriteRefused):
+        raise status.error()  # the session answers it with the error frame of its code
+    return Reply(encode_message(correlation_id, ProduceResponse(status.base_offset, status.last_offset)))
 
 
 class _CommittedReply:
-    """Answers an acks-ALL produce from inside the acknowledgement that commits it (:meth:`Partition.append`'s
+    """Answers an acks-ALL produce from inside the acknowledgement that commits it (:meth:`Partition.write`'s
     ``on_committed``): the second follower's fetch is read, the high watermark passes the batches, and the
     response goes to the producer's socket there and then, instead of after the handler's task resumes through
     the append's awaits (a loop turn and some Python on a replicated write's critical path; see
