@@ -211,19 +211,13 @@ class Connection(asyncio.BufferedProtocol):
             try:
                 frames = self._cut_scratch(self._scratch_used + nbytes)
             except FrameError as exc:
-                self._unreadable = True
-                self._fail_all(ConnectionClosedError(f"{self.address} sent an unreadable byte stream: {exc}"))
-                if self._transport is not None:
-                    self._transport.abort()
+                self._stream_unreadable(exc)
                 return
         for body in frames:
             try:
                 frame = parse_frame_body(body)
             except FrameError as exc:
-                self._unreadable = True
-                self._fail_all(ConnectionClosedError(f"{self.address} sent an unreadable byte stream: {exc}"))
-                if self._transport is not None:
-                    self._transport.abort()
+                self._stream_unreadable(exc)
                 return
             self._resolve(frame)
         if self._room is not None and not self._room.done() and len(self._pending) < self._max_in_flight:
@@ -259,6 +253,13 @@ class Connection(asyncio.BufferedProtocol):
             scratch[:left] = scratch[position:end]
         self._scratch_used = left
         return bodies
+
+    def _stream_unreadable(self, exc: FrameError) -> None:
+        """The peer's bytes lost their framing: fail every waiting request and drop the connection."""
+        self._unreadable = True
+        self._fail_all(ConnectionClosedError(f"{self.address} sent an unreadable byte stream: {exc}"))
+        if self._transport is not None:
+            self._transport.abort()
 
     def _resolve(self, frame: Frame) -> None:
         future = self._pending.pop(frame.correlation_id, None)
