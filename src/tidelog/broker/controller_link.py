@@ -140,11 +140,19 @@ class ControllerLink:
         raise UnavailableError(f"could not {what}")  # pragma: no cover - bounded above by the deadline
 
     def _remote(self) -> str:
+        """The broker to send a forwarded request to. That is this broker itself when it became the controller
+        while the request was being retried: the request then arrives here marked ``forwarded`` and is served
+        by the local controller, so one retry loop serves every caller."""
         controller = self._election.controller_id
         if controller is None:
             raise UnavailableError("no controller is elected right now")
-        if controller == self.broker_id:
-            raise UnavailableError("this broker is becoming the controller")
+        if controller == self.broker_id and not self.is_local:
+            if self._election.is_controller:
+                raise UnavailableError("this broker is becoming the controller")
+            raise UnavailableError(
+                f"the controller key still names broker {self.broker_id} on an earlier lease (a previous run of "
+                "this broker); it is free once that lease expires"
+            )
         return controller
 
     async def forward(self, header: Header, timeout: float) -> Header:
