@@ -7,7 +7,7 @@ instantly and the same way every time (trio's ``MockClock`` is the model).
 
 Not all of tidelog does yet. The storage log and its flusher, the metadata controller, its election and lease
 sessions, the broker's cleaner and NATS ingest take an injected clock. Other code still reads ``time`` and
-sleeps with ``asyncio.sleep()`` itself: the partition runtime (:mod:`tidelog.broker.partition`: follower lag,
+sleeps with ``asyncio.sleep()`` itself: the partition runtime (:mod:`tidelog.broker.partitions.partition`: follower lag,
 ISR shrink, record timestamps), the partition manager, the safety and damage-repair retries, stream and broker
 records, open appends, the request handlers' timestamps and the wire server's shutdown grace, and the client and
 Spark retry loops. Moving those onto the clock is a step of its own.

@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.broker.partition import Appended
+from tidelog.broker.partitions.partition import Appended
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.connection import Connection

@@ -3,7 +3,7 @@
 It listens to the :class:`~tidelog.metadata.mirror.MetadataMirror`. Every partition with this broker among its
 replicas has its log open here, in one of two roles:
 
-- **leader**: a :class:`~tidelog.broker.partition.Partition` (writes, the high watermark, the ISR) and NATS
+- **leader**: a :class:`~tidelog.broker.partitions.partition.Partition` (writes, the high watermark, the ISR) and NATS
   ingest (an ingest that fails to start is logged as an error and retried with backoff until it subscribes:
   :meth:`PartitionManager.ingesting` says whether it has);
 - **follower**: a :class:`~tidelog.replication.follower.ReplicaFetcher` pulling from the leader named in the
@@ -20,7 +20,7 @@ open or close partitions themselves: they change metadata and wait for the manag
 state follows one source of truth whatever protocol the change came through.
 
 A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
-:class:`~tidelog.broker.damaged_partitions.DamagedPartitions` allows the cut; otherwise the partition is not run
+:class:`~tidelog.broker.partitions.damaged.DamagedPartitions` allows the cut; otherwise the partition is not run
 here, and its requests get CORRUPT_DATA naming the damage.
 
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
@@ -37,13 +37,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tidelog.broker.damage_repair import DamageRepairs
-from tidelog.broker.damaged_partitions import DamagedPartitions
-from tidelog.broker.follower_replica import FollowerReplica
-from tidelog.broker.ingest import NatsIngest
-from tidelog.broker.partition import AlterIsr, Partition
+from tidelog.broker.ingest.nats_ingest import NatsIngest
+from tidelog.broker.partitions.damage_repair import DamageRepairs
+from tidelog.broker.partitions.damaged import DamagedPartitions
+from tidelog.broker.partitions.followed import FollowerReplica
+from tidelog.broker.partitions.partition import AlterIsr, Partition
+from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
-from tidelog.broker.safety import ReportSuspension, apply_confirmed_head
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError

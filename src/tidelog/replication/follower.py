@@ -578,7 +578,7 @@ class ReplicaFetcher:
     def _lower_hw(self, hw: int) -> None:
         """The log is cut below the known HW, on the leader's word (its epoch answer, or a head an operator
         confirmed): what this replica knows committed goes down with it, or a promotion would take the records
-        it no longer holds for lost ones (:mod:`tidelog.broker.safety`)."""
+        it no longer holds for lost ones (:mod:`tidelog.broker.partitions.safety`)."""
         self._report_hw(hw)
 
     def _report_hw(self, hw: int) -> None:

@@ -9,7 +9,7 @@ else. Every writer of a replica's log therefore tells the state, with the functi
 the log changed by          the state
 ==========================  ======================================================================================
 leader append               reserved before, recorded or released once the append finished
-                            (:class:`~tidelog.broker.partition.Partition`)
+                            (:class:`~tidelog.broker.partitions.partition.Partition`)
 follower append             :func:`record_replicated`: the headers of the replicated payload, stored as-is
 epoch truncation            :func:`after_truncation`: cut exactly, or rebuilt from a snapshot and the log
 reset (catch-up)            :func:`after_truncation` too: the log restarts at the leader's log start

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.follower_replica import FollowerReplica
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.followed import FollowerReplica
+from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
 from tidelog.protocol.liftbridge import message_from_record

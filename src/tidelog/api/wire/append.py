@@ -24,11 +24,11 @@ import functools
 import time
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.broker.append_spool import Declared
+from tidelog.broker.appends.commit import AppendRefused, Expectations, appends_of
+from tidelog.broker.appends.spool import Declared
+from tidelog.broker.appends.streamed import AppendLimits, OpenAppend
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.open_appends import AppendLimits, OpenAppend
-from tidelog.broker.transactional import AppendRefused, Expectations, appends_of
 from tidelog.protocol.errors import InvalidArgumentError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.labels import (

@@ -26,7 +26,7 @@ bounds without another round trip; a broker that does not lead at all answers wi
   the assignment disagree, and the one to refresh is whichever is older);
 - an offset outside ``[log_start, log_end]``: OFFSET_OUT_OF_RANGE with the bounds. Below the log start means
   far-horizon catch-up. Above the log end, after the follower's epoch truncation, the follower holds offsets the
-  leader lacks: evidence that consistency is lost (:mod:`tidelog.broker.safety`), which suspends appends, and
+  leader lacks: evidence that consistency is lost (:mod:`tidelog.broker.partitions.safety`), which suspends appends, and
   the answer is PARTITION_SUSPENDED, so that the follower keeps its copy instead of cutting it to the leader's
   end. Only where an operator confirmed the head for this leadership is it OFFSET_OUT_OF_RANGE: the follower
   cuts what the operator gave up.
@@ -47,7 +47,7 @@ epoch cache (:meth:`Log.end_offset_for_epoch`); the follower truncates there bef
 :mod:`tidelog.replication.truncation`). It is fenced like a fetch when the follower names the leadership it
 believes in, so a follower never truncates on the word of a deposed leader — nor on the word of a suspended
 one, whose log is known to lack committed records: that is PARTITION_SUSPENDED too. After a confirmed head, an
-epoch this leader does not know ends at its log start (:func:`~tidelog.broker.safety.epoch_end_after_reset`).
+epoch this leader does not know ends at its log start (:func:`~tidelog.broker.partitions.safety.epoch_end_after_reset`).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ from tidelog.api.wire.handlers import (
     frame_with_file,
     route,
 )
-from tidelog.broker.partition import Partition
-from tidelog.broker.safety import epoch_end_after_reset
+from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.partitions.safety import epoch_end_after_reset
 from tidelog.protocol.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.messages import (
