@@ -38,7 +38,7 @@ from tidelog.protocol.messages import (
     ProduceResponse,
 )
 from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
-from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.server import Broker
 
 from .conftest import broker_config

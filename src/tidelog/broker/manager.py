@@ -6,7 +6,7 @@ replicas has its log open here, in one of two roles:
 - **leader**: a :class:`~tidelog.broker.partitions.partition.Partition` (writes, the high watermark, the ISR) and NATS
   ingest (an ingest that fails to start is logged as an error and retried with backoff until it subscribes:
   :meth:`PartitionManager.ingesting` says whether it has);
-- **follower**: a :class:`~tidelog.replication.follower.ReplicaFetcher` pulling from the leader named in the
+- **follower**: a :class:`~tidelog.replication.follower.fetcher.ReplicaFetcher` pulling from the leader named in the
   metadata, restarted whenever the leader or its epoch changes (and idle while the partition has no live
   leader).
 
@@ -47,10 +47,10 @@ from tidelog.broker.peers import Peers
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
-from tidelog.replication.follower import ReplicaFetcher
+from tidelog.replication.follower.fetcher import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
-from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
-from tidelog.replication.producer_sync import open_producer_state
+from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
 from tidelog.storage.flush import FlushShares
 from tidelog.storage.log import Log

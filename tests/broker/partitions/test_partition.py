@@ -14,8 +14,8 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import RequestTimeoutError, TidelogError
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import NewRecord, build_batch
-from tidelog.replication.ack_poll import LoopPoller, poller_for
 from tidelog.replication.hw_checkpoint import checkpointed_hw
+from tidelog.replication.leader.ack_poll import LoopPoller, poller_for
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log

@@ -18,7 +18,7 @@ from tidelog.protocol.errors import FencedLeaderEpochError, PartitionSuspendedEr
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
-from tidelog.replication.producer_state import ProducerStateTable
+from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.epoch_cache import UNDEFINED, EpochEndOffset
 from tidelog.storage.log import Log

@@ -17,7 +17,7 @@ from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import ErrorCode, RequestTimeoutError, TidelogError
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchBuilder, NewRecord, build_batch
-from tidelog.replication.ack_poll import poller_for
+from tidelog.replication.leader.ack_poll import poller_for
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.segment import Buffer

@@ -33,7 +33,7 @@ bounds without another round trip; a broker that does not lead at all answers wi
 
 None of these record the follower's offset: a refused fetch acknowledges nothing.
 
-SEGMENT_LIST and SEGMENT_FETCH serve far-horizon catch-up (:mod:`tidelog.replication.catch_up`): a follower
+SEGMENT_LIST and SEGMENT_FETCH serve far-horizon catch-up (:mod:`tidelog.replication.follower.catch_up`): a follower
 that is behind the log start, or too many bytes behind, lists the sealed segments from its log end and copies
 them as whole files, in chunks. Only sealed segments: the active one changes under the reader and fetching
 covers it. A chunk is the segment file's raw bytes, sent with ``os.sendfile`` on plain TCP like a fetch,
@@ -44,7 +44,7 @@ nothing: copying files is no acknowledgement.
 
 EPOCH_END_OFFSET answers KIP-279's question "where does my latest epoch end on your log?" from the leader's
 epoch cache (:meth:`Log.end_offset_for_epoch`); the follower truncates there before fetching (see
-:mod:`tidelog.replication.truncation`). It is fenced like a fetch when the follower names the leadership it
+:mod:`tidelog.replication.follower.truncation`). It is fenced like a fetch when the follower names the leadership it
 believes in, so a follower never truncates on the word of a deposed leader — nor on the word of a suspended
 one, whose log is known to lack committed records: that is PARTITION_SUSPENDED too. After a confirmed head, an
 epoch this leader does not know ends at its log start (:func:`~tidelog.broker.partitions.safety.epoch_end_after_reset`).

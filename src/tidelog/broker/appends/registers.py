@@ -7,8 +7,8 @@ is no separate replication, truncation or recovery of registers — the log's ow
 A replica does not track them while it follows. A leader learns them on first need (the first transactional
 append it serves), by scanning its log from the last checkpoint for registers blocks; a failover of a stream
 that never uses registers therefore costs nothing. The checkpoint (``registers-checkpoint``,
-:class:`~tidelog.replication.register_history.RegisterCheckpoint`) is written with the committed registers at
-the high watermark, which is never truncated, so it can be trusted by any later leader whose log still reaches
+:class:`~tidelog.replication.idempotence.register_history.RegisterCheckpoint`) is written with the committed registers
+at the high watermark, which is never truncated, so it can be trusted by any later leader whose log still reaches
 that offset; what lies above it is rescanned.
 """
 
@@ -19,7 +19,7 @@ import logging
 
 from tidelog.protocol.labels import EMPTY, LabelSet, MalformedRegistersError, decode_labels
 from tidelog.protocol.records import iter_batches, registers_block
-from tidelog.replication.register_history import RegisterCheckpoint, RegisterHistory
+from tidelog.replication.idempotence.register_history import RegisterCheckpoint, RegisterHistory
 from tidelog.storage.errors import CheckpointError
 from tidelog.storage.log import Log
 

@@ -5,7 +5,7 @@
   :mod:`~tidelog.broker.partitions.write_path` (admit, dedupe, place, durable, committed, answer), which returns
   routable refusals as status values for the protocol edges to answer.
 - :mod:`~tidelog.broker.partitions.followed` — a partition this broker *follows*: its log, its fetcher
-  (:mod:`tidelog.replication.follower`) and reads for ``readISRReplica`` subscribers.
+  (:mod:`tidelog.replication.follower.fetcher`) and reads for ``readISRReplica`` subscribers.
 - :mod:`~tidelog.broker.partitions.committed_reads` — what a reader sees of either: committed batches only.
 - :mod:`~tidelog.broker.partitions.safety` — fail to safety: a leader that finds evidence of lost records
   suspends appends until an operator confirms the head.

@@ -14,19 +14,19 @@ and is elected before it caught up suspends appends instead of leading without t
 
 A follower also owns the replica's producer state (``producers``): its fetcher keeps it in step with the log,
 and a promotion hands the very same table to the new leader, so a producer's retry after a failover is
-recognized (:mod:`tidelog.replication.producer_state`).
+recognized (:mod:`tidelog.replication.idempotence.producer_state`).
 """
 
 from __future__ import annotations
 
 from tidelog.broker.partitions.committed_reads import CommittedReads
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.replication.follower import ReplicaFetcher
+from tidelog.replication.follower.fetcher import ReplicaFetcher
+from tidelog.replication.follower.offset_waiters import OffsetWaiters
 from tidelog.replication.hw_checkpoint import checkpointed_hw, read_hw_checkpoint
-from tidelog.replication.offset_waiters import OffsetWaiters
-from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import ProducerStateTable
-from tidelog.replication.producer_sync import take_snapshot
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_state import ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import take_snapshot
 from tidelog.storage.log import Log
 
 

@@ -19,8 +19,8 @@ both through the controller (``alter_isr``); the HW tracker only takes a new ISR
 so the HW never passes data a departing follower lacks before it has left (Rama's ordering).
 
 Idempotent producers: batches carrying a producer id are checked against the partition's
-:class:`~tidelog.replication.producer_state.ProducerStateTable` before anything is written. A retry is answered
-with its original offsets (waiting, for ``ALL``, until they are committed) and writes nothing; a gap, an older
+:class:`~tidelog.replication.idempotence.producer_state.ProducerStateTable` before anything is written. A retry is
+answered with its original offsets (waiting, for ``ALL``, until they are committed) and writes nothing; a gap, an older
 epoch, an unknown producer or a batch still being written is refused with its own error. New batches are
 *reserved* before the append and recorded (or released) when the log answers, by a callback on the append's own
 task: a caller cancelled meanwhile (connection dropped, server stopping) cannot leave a written batch
@@ -53,13 +53,13 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchHeader
-from tidelog.replication.ack_poll import poller_for
-from tidelog.replication.followers import Followers
-from tidelog.replication.highwater import HighWatermark
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
-from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import ProducerStateTable
-from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_state import ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
+from tidelog.replication.leader.ack_poll import poller_for
+from tidelog.replication.leader.follower_progress import Followers
+from tidelog.replication.leader.highwater import HighWatermark
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
 from tidelog.storage.log_append import AppendResult

@@ -15,7 +15,7 @@ The evidence, and why each is conclusive (no race produces it):
   the follower's log end. The fetch is fenced to this leadership (leader epoch) before it gets here, and a
   follower only fetches after epoch truncation on the same connection (``ReplicaFetcher``: truncating, then
   fetching). Every branch of that truncation leaves the follower at or below where the leader said its epoch
-  ends, which is at or below the leader's log end (:mod:`tidelog.replication.truncation`) — except the fallback
+  ends, which is at or below the leader's log end (:mod:`tidelog.replication.follower.truncation`) — except the fallback
   when the leader knows no matching epoch, where the follower keeps what *it* knew committed: that being above
   the leader's end is exactly the evidence. A follower still in truncation has not fetched; one that truncated
   against an earlier leadership is fenced by the epoch. The leader's log end is read from the log itself,
@@ -71,9 +71,9 @@ from dataclasses import dataclass
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol.errors import FencedLeaderEpochError, PartitionSuspendedError, TidelogError
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
-from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import ProducerStateTable
-from tidelog.replication.producer_sync import after_truncation
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_state import ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import after_truncation
 from tidelog.storage.epoch_cache import UNDEFINED_EPOCH, EpochEndOffset
 from tidelog.storage.log import Log
 

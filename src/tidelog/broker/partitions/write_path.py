@@ -25,7 +25,7 @@ The states, in order (a write may skip ahead, never go back)::
 - DURABLE: the log returned (written, flushed per policy): the leader counts its own copy toward the high
   watermark, up to this write's end (a concurrent write may be written but not yet flushed).
 - COMMITTED: with acks ``ALL``, wait until the high watermark passes the write. Hooks: ack polling for a lone
-  waiting write (:mod:`tidelog.replication.ack_poll`, started by :meth:`Partition.wait_committed`), and the
+  waiting write (:mod:`tidelog.replication.leader.ack_poll`, started by :meth:`Partition.wait_committed`), and the
   committed reply (``on_committed``), run from inside the acknowledgement that commits the write.
 - ANSWER: the status value for the caller (:class:`Appended`).
 
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from tidelog.protocol.errors import ErrorCode, TidelogError, make_error
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchHeader, iter_batches
-from tidelog.replication.producer_state import (
+from tidelog.replication.idempotence.producer_state import (
     NO_PRODUCER_ID,
     Duplicate,
     Fenced,
@@ -114,7 +114,8 @@ class WriteRefused:
     - ``READONLY``: the partition is read-only.
     - ``NOT_ENOUGH_REPLICAS``: acks ``ALL`` with fewer in-sync replicas than ``min_isr``.
     - ``OUT_OF_ORDER_SEQUENCE``, ``PRODUCER_FENCED``, ``DUPLICATE_IN_FLIGHT``, ``UNKNOWN_PRODUCER``,
-      ``INVALID_ARGUMENT``: the producer table refused a batch (:class:`~tidelog.replication.producer_state.Verdict`).
+      ``INVALID_ARGUMENT``: the producer table refused a batch
+      (:class:`~tidelog.replication.idempotence.producer_state.Verdict`).
     - ``INCORRECT_OFFSET``: the log does not end at the expected offset; ``log_end`` is where it ends, and it is
       committed (a refusal never rests on records a failover may truncate).
     """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidelog.replication.truncation import TruncationStep, truncation_step
+from tidelog.replication.follower.truncation import TruncationStep, truncation_step
 from tidelog.storage.epoch_cache import UNDEFINED, EpochEndOffset
 
 

@@ -1,7 +1,7 @@
 """Producer-state snapshots, and rebuilding a replica's producer state from a snapshot and its log.
 
-Producer state (:mod:`tidelog.replication.producer_state`) is derived from batch headers, so it can always be
-rebuilt by scanning the log; a snapshot bounds that scan to the log after the snapshot's offset. A partition
+Producer state (:mod:`tidelog.replication.idempotence.producer_state`) is derived from batch headers, so it can always
+be rebuilt by scanning the log; a snapshot bounds that scan to the log after the snapshot's offset. A partition
 directory holds a few, named by offset as Kafka names its ``.snapshot`` files::
 
     00000000000000004096.producer-snapshot
@@ -32,7 +32,7 @@ from typing import Protocol
 
 from tidelog.clock import Clock
 from tidelog.protocol.records import BatchHeader, iter_batches
-from tidelog.replication.producer_state import (
+from tidelog.replication.idempotence.producer_state import (
     DEFAULT_PRODUCER_EXPIRY_MS,
     MAX_PRODUCER_EPOCH,
     MAX_SEQUENCE,

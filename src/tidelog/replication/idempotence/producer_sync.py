@@ -1,7 +1,7 @@
 """Keeping a replica's producer state in step with its log, whatever changes the log.
 
-The producer state (:mod:`tidelog.replication.producer_state`) must describe exactly the batches the log holds:
-a batch in the log but missing from the state would be written again when its producer retries after a
+The producer state (:mod:`tidelog.replication.idempotence.producer_state`) must describe exactly the batches the log
+holds: a batch in the log but missing from the state would be written again when its producer retries after a
 failover; a batch in the state but gone from the log would be acknowledged with offsets that hold something
 else. Every writer of a replica's log therefore tells the state, with the functions here:
 
@@ -28,13 +28,13 @@ from __future__ import annotations
 import logging
 
 from tidelog.protocol.records import iter_batches
-from tidelog.replication.producer_snapshot import (
+from tidelog.replication.idempotence.producer_snapshot import (
     ProducerSnapshots,
     ReadableLog,
     iter_log_headers,
     load_producer_state,
 )
-from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
+from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from tidelog.api.wire import server as server_module
 from tidelog.clock import ManualClock
 from tidelog.protocol.frames import Op
 from tidelog.protocol.messages import Acks
-from tidelog.replication.follower import FetcherState, ReplicaFetcher, split_address
+from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher, split_address
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
 from tidelog.testing.replica_leader import Leader, open_log, start_leader

@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidelog.protocol.labels import EMPTY, MAX_REGISTER_LABELS, LabelSet, RegisterLimitError
-from tidelog.replication.register_history import RegisterCheckpoint, RegisterHistory, decode_history, encode_history
+from tidelog.replication.idempotence.register_history import (
+    RegisterCheckpoint,
+    RegisterHistory,
+    decode_history,
+    encode_history,
+)
 from tidelog.storage.errors import CheckpointError
 
 

@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 
 from tidelog.protocol.records import BatchBuilder, parse_header
-from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import NEW, WINDOW, Duplicate, OutOfOrder, ProducerStateTable
-from tidelog.replication.producer_sync import after_truncation, open_producer_state, record_replicated, take_snapshot
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_state import NEW, WINDOW, Duplicate, OutOfOrder, ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import (
+    after_truncation,
+    open_producer_state,
+    record_replicated,
+    take_snapshot,
+)
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 

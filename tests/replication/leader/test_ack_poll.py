@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tidelog.replication.ack_poll import LoopPoller, poller_for
+from tidelog.replication.leader.ack_poll import LoopPoller, poller_for
 
 
 class _Clock:

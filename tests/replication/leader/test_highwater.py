@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tidelog.replication.highwater import HighWatermark
+from tidelog.replication.leader.highwater import HighWatermark
 
 
 async def test_a_sole_leader_commits_what_it_writes() -> None:

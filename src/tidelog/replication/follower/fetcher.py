@@ -12,14 +12,14 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
 
 - **connecting**: a dedicated wire :class:`~tidelog.protocol.connection.Connection` to the leader.
 - **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
-  (the decision itself is :mod:`tidelog.replication.truncation`). Run after every (re)connection: it costs one
+  (the decision itself is :mod:`tidelog.replication.follower.truncation`). Run after every (re)connection: it costs one
   round trip and a leader may have changed its log while we could not see it.
 - **fetching**: REPLICA_FETCH at the log end, long-polling at the tail; append what comes back with
   :meth:`Log.append_as_follower`, which returns once the log's flush policy is met (flush ``always``: fsynced),
   and only then fetch again. The next fetch's offset is the acknowledgement the leader's high watermark waits
   for, so nothing is acknowledged before it is durable here. One request in flight, no sleep on this path:
   the leader's write wakes the long-poll, and the fsync here is followed by exactly one round trip.
-- **copying**: far-horizon catch-up (seed 001, :mod:`tidelog.replication.catch_up`): copy the leader's sealed
+- **copying**: far-horizon catch-up (seed 001, :mod:`tidelog.replication.follower.catch_up`): copy the leader's sealed
   segment files in rounds, then fetch again. Entered when a fetch answers OFFSET_OUT_OF_RANGE below the leader's
   log start (retention deleted what we need next), or when more than ``copy_threshold_bytes`` of sealed
   segments lie beyond our log end: checked after each truncation (every connection) and again each time that
@@ -35,8 +35,8 @@ truncation cuts the log below it (an unclean leader election, a leader that lost
 operator confirmed with reset-head): then ``on_high_watermark`` is told the lower value too.
 
 Producer state (``producers``, optional): the fetcher is the only writer of a follower's log, so it keeps the
-replica's :class:`~tidelog.replication.producer_state.ProducerStateTable` in step (see
-:mod:`tidelog.replication.producer_sync`): it records the headers of every payload it appends (also when the
+replica's :class:`~tidelog.replication.idempotence.producer_state.ProducerStateTable` in step (see
+:mod:`tidelog.replication.idempotence.producer_sync`): it records the headers of every payload it appends (also when the
 append is cancelled after its write, so a promotion finds every batch the log holds), follows truncations, and
 between two appends snapshots the state and expires idle producers. That is what lets this replica, once
 leader, answer a producer's retry with the original offsets.
@@ -67,7 +67,7 @@ from tidelog.protocol.messages import (
     ReplicaFetchResponse,
 )
 from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
-from tidelog.replication.catch_up import (
+from tidelog.replication.follower.catch_up import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_COPY_THRESHOLD_BYTES,
     DEFAULT_MAX_ROUNDS,
@@ -76,15 +76,15 @@ from tidelog.replication.catch_up import (
     CopyHooks,
     SegmentCopier,
 )
-from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import ProducerStateTable
-from tidelog.replication.producer_sync import (
+from tidelog.replication.follower.truncation import truncation_step
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_state import ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import (
     SNAPSHOT_INTERVAL_NS,
     after_truncation,
     record_replicated,
     take_snapshot,
 )
-from tidelog.replication.truncation import truncation_step
 from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
 from tidelog.storage.errors import DiskFullError, LogClosedError
 from tidelog.storage.log import Log
@@ -170,7 +170,7 @@ class ReplicaFetcher:
         ``copy_threshold_bytes``: copy sealed segment files rather than fetch when more than this many bytes of
         them lie beyond our log end (0: only when the log ends below the leader's start). ``copy_chunk_bytes``
         is the size of one SEGMENT_FETCH, ``max_copy_rounds`` bounds one catch-up (see
-        :mod:`tidelog.replication.catch_up`); ``copy_hooks`` are test seams."""
+        :mod:`tidelog.replication.follower.catch_up`); ``copy_hooks`` are test seams."""
         self._log = log_
         self.stream = stream
         self.partition = partition
@@ -357,7 +357,8 @@ class ReplicaFetcher:
         )
 
     async def _on_truncating(self) -> None:
-        """Cut the log back to where it agrees with the leader's (see :mod:`tidelog.replication.truncation`)."""
+        """Cut the log back to where it agrees with the leader's (see
+        :mod:`tidelog.replication.follower.truncation`)."""
         log_ = self._log
         for _ in range(MAX_TRUNCATION_ROUNDS):
             if log_.end_offset <= log_.start_offset:
@@ -446,7 +447,7 @@ class ReplicaFetcher:
         return self._copy_pending
 
     async def _on_copying(self) -> None:
-        """Far-horizon catch-up: copy sealed segment files in rounds (:mod:`tidelog.replication.catch_up`)."""
+        """Far-horizon catch-up: copy sealed segment files in rounds (:mod:`tidelog.replication.follower.catch_up`)."""
         self._copy_pending = True
         if not self._copy_supported:
             raise CatchUpNeededError(self._log.end_offset, self._leader_start)

@@ -24,8 +24,8 @@ The state is derived from the log alone: :meth:`ProducerStateTable.record` is ca
 by the leader after its append, by followers for every batch they replicate, and by recovery for every batch it
 scans — and gives the same state whichever of the three wrote it. That is why a retry is recognized after a
 leader failover: the new leader rebuilt the window from the batches it replicated. A restart loads a snapshot
-(:mod:`tidelog.replication.producer_snapshot`) and scans only the log after it; a truncated log either keeps an
-exact state (:meth:`ProducerStateTable.truncate_to` returns ``True``) or is rebuilt from a snapshot at or below
+(:mod:`tidelog.replication.idempotence.producer_snapshot`) and scans only the log after it; a truncated log either keeps
+an exact state (:meth:`ProducerStateTable.truncate_to` returns ``True``) or is rebuilt from a snapshot at or below
 the truncation point and the log between.
 
 Sequences are int32 and wrap from 2**31-1 to 0, as in Kafka. Each epoch starts again at sequence 0, and the

@@ -31,9 +31,10 @@ A segment that disappears while it is being copied (retention) or whose file cha
 ``file_id``) is answered with OFFSET_OUT_OF_RANGE; the round starts again from a fresh listing. Anything
 downloaded is discarded unless it passes every check; file I/O runs in worker threads, never on the loop.
 
-The replica's producer state (when given) follows every change made here (:mod:`tidelog.replication.producer_sync`):
-a reset cuts it as a truncation does, installed segments and topped-up batches are recorded from their headers.
-Each log change and its state update run as one shielded unit, so a stopped fetcher never separates them.
+The replica's producer state (when given) follows every change made here
+(:mod:`tidelog.replication.idempotence.producer_sync`): a reset cuts it as a truncation does, installed segments and
+topped-up batches are recorded from their headers. Each log change and its state update run as one shielded unit, so a
+stopped fetcher never separates them.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ from tidelog.protocol.messages import (
     SegmentSummary,
 )
 from tidelog.protocol.records.errors import InvalidBatchError
-from tidelog.replication.producer_snapshot import ProducerSnapshots
-from tidelog.replication.producer_state import ProducerStateTable
-from tidelog.replication.producer_sync import after_install, after_truncation, record_replicated
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_state import ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import after_install, after_truncation, record_replicated
 from tidelog.storage.log import Log
 from tidelog.storage.segment import LOG_SUFFIX, segment_name
 from tidelog.storage.segment_install import StagedSegment, discard_staging, staging_directory, verify_staged

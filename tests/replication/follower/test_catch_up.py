@@ -17,8 +17,8 @@ from tests.helpers import BOUND
 from tests.replication.helpers import spy_truncations, until_log_end, write
 from tidelog.clock import ManualClock
 from tidelog.protocol.messages import SegmentSummary
-from tidelog.replication.catch_up import CopyHooks
-from tidelog.replication.follower import FetcherState, ReplicaFetcher
+from tidelog.replication.follower.catch_up import CopyHooks
+from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.segment_install import STAGING_DIR

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tidelog.clock import ManualClock
 from tidelog.protocol.records import CONTROL_FLAG, BatchHeader, NewRecord, build_batch
-from tidelog.replication.producer_snapshot import (
+from tidelog.replication.idempotence.producer_snapshot import (
     ProducerSnapshots,
     decode_snapshot,
     encode_snapshot,
@@ -23,7 +23,7 @@ from tidelog.replication.producer_snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from tidelog.replication.producer_state import (
+from tidelog.replication.idempotence.producer_state import (
     IN_FLIGHT,
     MAX_SEQUENCE,
     NEW,
