@@ -40,7 +40,7 @@ from typing import Any
 from tidelog.broker.ingest.nats_ingest import NatsIngest
 from tidelog.broker.partitions.damage_repair import DamageRepairs
 from tidelog.broker.partitions.damaged import DamagedPartitions
-from tidelog.broker.partitions.followed import FollowerReplica
+from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import AlterIsr, Partition
 from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
@@ -113,7 +113,7 @@ class PartitionManager:
         self._producer_expiry_ms = producer_expiry_ms
         self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr)
         self._partitions: dict[PartitionKey, Partition] = {}
-        self._followers: dict[PartitionKey, FollowerReplica] = {}
+        self._followers: dict[PartitionKey, FollowedPartition] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
         self._ingest_retries: dict[PartitionKey, asyncio.Task[None]] = {}  # ingests that failed to start
         self._snapshot = MetadataSnapshot()
@@ -147,15 +147,15 @@ class PartitionManager:
     def partitions(self) -> list[Partition]:
         return list(self._partitions.values())
 
-    def replicas(self) -> list[Partition | FollowerReplica]:
+    def replicas(self) -> list[Partition | FollowedPartition]:
         """Every partition this broker holds a copy of, led or followed."""
         return [*self._partitions.values(), *self._followers.values()]
 
-    def follower(self, stream: str, partition: int) -> FollowerReplica | None:
+    def follower(self, stream: str, partition: int) -> FollowedPartition | None:
         """The partition if this broker follows it, else None."""
         return self._followers.get((stream, partition))
 
-    def reader_of(self, stream: str, partition: int, *, isr_replica: bool = False) -> Partition | FollowerReplica:
+    def reader_of(self, stream: str, partition: int, *, isr_replica: bool = False) -> Partition | FollowedPartition:
         """Where a subscriber reads: the leader, or with ``isr_replica`` (Liftbridge's ``readISRReplica``) this
         broker's copy when it is in the ISR; the leader's precise error otherwise."""
         if isr_replica:
@@ -386,7 +386,7 @@ class PartitionManager:
                 (log_, producers), hw = opened, None
             # A demoted leader's HW (which its close() has checkpointed) is what the follower may serve and start
             # from; a log just opened starts from its checkpoint.
-            follower = FollowerReplica(stream, record, log_, producers, high_watermark=hw)
+            follower = FollowedPartition(stream, record, log_, producers, high_watermark=hw)
             self._followers[key] = follower
             self._repairs.watch(log_, stream.name, record.id)
         follower.record = record
@@ -512,7 +512,7 @@ async def _delete_directory(path: Path) -> None:
         parent.rmdir()
 
 
-async def _close_follower(follower: FollowerReplica) -> None:
+async def _close_follower(follower: FollowedPartition) -> None:
     """Checkpoint what the follower knows is committed, then close its log."""
     hw = follower.known_committed
     await write_hw_checkpoint(follower.log.directory, hw)

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from tests.helpers import BOUND
-from tidelog.broker.partitions.followed import FollowerReplica
+from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.safety import apply_confirmed_head, epoch_end_after_reset, start_evidence
 from tidelog.metadata.records import PartitionRecord, StreamRecord
@@ -176,7 +176,7 @@ async def test_a_follower_restarted_with_a_short_log_and_promoted_before_catchin
 ) -> None:
     log = await open_log(tmp_path, records=3)
     await write_hw_checkpoint(tmp_path, 6)
-    follower = FollowerReplica(STREAM, RECORD, log)
+    follower = FollowedPartition(STREAM, RECORD, log)
     assert (follower.known_committed, follower.high_watermark) == (6, 3)  # reads stay within the log
     partition = lead(log, initial_hw=follower.known_committed)  # elected from the ISR before it caught up
     try:
@@ -186,7 +186,7 @@ async def test_a_follower_restarted_with_a_short_log_and_promoted_before_catchin
 
 
 async def test_what_a_follower_knows_committed_follows_its_leaders_word(tmp_path: Path) -> None:
-    follower = FollowerReplica(STREAM, RECORD, await open_log(tmp_path, records=6))
+    follower = FollowedPartition(STREAM, RECORD, await open_log(tmp_path, records=6))
     follower.high_watermark_moved(6)
     assert (follower.known_committed, follower.high_watermark) == (6, 6)
     follower.high_watermark_moved(2)  # its fetcher cut the log below it: the leader said so

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from tidelog.api.wire.append import limits_of
-from tidelog.broker.appends.commit import AppendRefused, Committed, Expectations, appends_of
+from tidelog.broker.appends.commit import AppendRefused, Committed, Expectations, committer_of
 from tidelog.broker.appends.streamed import OpenAppend
 from tidelog.broker.context import BrokerContext
 from tidelog.protocol._gen.tidelog.v1 import append_pb2 as pb
@@ -242,5 +242,5 @@ def _invalid(opened: OpenAppend, reason: str) -> AppendRefused:
         ErrorCode.INVALID_ARGUMENT,
         f"append {opened.append_id} to {partition.name}: {reason}",
         partition.log.end_offset,
-        appends_of(partition).registers.latest_known(),
+        committer_of(partition).registers.latest_known(),
     )

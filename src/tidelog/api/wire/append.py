@@ -24,7 +24,7 @@ import functools
 import time
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.broker.appends.commit import AppendRefused, Expectations, appends_of
+from tidelog.broker.appends.commit import AppendRefused, Expectations, committer_of
 from tidelog.broker.appends.spool import Declared
 from tidelog.broker.appends.streamed import AppendLimits, OpenAppend
 from tidelog.broker.config import BrokerConfig
@@ -99,7 +99,7 @@ def _status(append: OpenAppend) -> AppendResponse:
     knows them now (every append response carries them; the COMMIT answer's are the ones that count)."""
     failure = append.failure
     if failure is None:
-        registers = appends_of(append.partition).registers.latest_known()
+        registers = committer_of(append.partition).registers.latest_known()
         return AppendResponse(
             append.append_id,
             log_end=append.partition.log.end_offset,

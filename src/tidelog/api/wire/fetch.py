@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
-from tidelog.broker.partitions.followed import FollowerReplica
+from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
@@ -50,7 +50,7 @@ from tidelog.protocol.messages import (
 )
 from tidelog.storage import errors as storage_errors
 
-Replica = Partition | FollowerReplica
+Replica = Partition | FollowedPartition
 MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
 """Batches beyond this are left for the next fetch (one batch larger than it still comes whole)."""
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from tidelog.api.wire.produce_turns import ProduceTurns
-from tidelog.broker.appends.streamed import OpenAppends
+from tidelog.broker.appends.streamed import ConnectionAppends
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
@@ -99,7 +99,7 @@ class HandlerEnv:
     winding_down: asyncio.Future[None]  # resolved once the session takes no more requests: long-polls answer now
     zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
-    appends: OpenAppends = field(default_factory=OpenAppends)  # this connection's uncommitted transactional appends
+    appends: ConnectionAppends = field(default_factory=ConnectionAppends)  # its uncommitted transactional appends
     produce_turns: ProduceTurns = field(default_factory=ProduceTurns)  # its produces checked off the loop
     reply_now: ReplyNow = _never_now  # the session's, for a reply produced outside its handler task
 

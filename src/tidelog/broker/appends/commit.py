@@ -18,7 +18,7 @@ that sends it, :mod:`tidelog.api.wire.append`), then commits here:
    ``union``, only if it has records) the new set rides in the batch's registers block. It is written like a
    produce and acknowledged per the ack policy.
 
-An expected offset the log has already passed is refused at the start (:meth:`TransactionalAppends.precheck`),
+An expected offset the log has already passed is refused at the start (:meth:`AppendCommitter.precheck`),
 so a client that lost a race learns it before streaming megabytes; the commit decides everything in its turn.
 
 Why a spool rather than writing chunks to the log as they arrive (the plan in
@@ -88,8 +88,10 @@ class AppendRefused(Exception):
         return self.message
 
 
-class TransactionalAppends:
-    """The transactional-append side of one partition leader."""
+class AppendCommitter:
+    """Commits the transactional appends of one partition this broker leads: the write turn, the expectations,
+    the registers. One per leadership (:func:`committer_of`); an append being streamed is
+    :class:`~tidelog.broker.appends.streamed.OpenAppend`."""
 
     def __init__(self, partition: Partition) -> None:
         self.partition = partition
@@ -218,16 +220,16 @@ class TransactionalAppends:
             log.warning("%s: could not checkpoint the registers", self.partition.name, exc_info=True)
 
 
-_BY_PARTITION: weakref.WeakKeyDictionary[Partition, TransactionalAppends] = weakref.WeakKeyDictionary()
+_BY_PARTITION: weakref.WeakKeyDictionary[Partition, AppendCommitter] = weakref.WeakKeyDictionary()
 
 
-def appends_of(partition: Partition) -> TransactionalAppends:
-    """The transactional side of a leader, made on first use: one per leadership, since a new leadership is
+def committer_of(partition: Partition) -> AppendCommitter:
+    """The committer of a leader's appends, made on first use: one per leadership, since a new leadership is
     a new :class:`Partition` (and recovers the registers from its log)."""
-    appends = _BY_PARTITION.get(partition)
-    if appends is None:
-        appends = _BY_PARTITION[partition] = TransactionalAppends(partition)
-    return appends
+    committer = _BY_PARTITION.get(partition)
+    if committer is None:
+        committer = _BY_PARTITION[partition] = AppendCommitter(partition)
+    return committer
 
 
 def _show(registers: LabelSet) -> str:

@@ -2,7 +2,7 @@
 
 Both protocols drive appends through these objects: the wire protocol's APPEND frames
 (:mod:`tidelog.api.wire.append`) and the gRPC ``tidelog.v1`` Append stream. An append belongs to the connection
-that began it: when the connection goes away, :meth:`OpenAppends.abort_all` drops everything it had not
+that began it: when the connection goes away, :meth:`ConnectionAppends.abort_all` drops everything it had not
 committed, and nothing of it was ever written.
 
 An append's outcome is decided once and then repeated: a failure while it streams (an expectation that already
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog.broker.appends.commit import AppendRefused, Committed, Expectations, appends_of
+from tidelog.broker.appends.commit import AppendRefused, Committed, Expectations, committer_of
 from tidelog.broker.appends.spool import AppendSpool, AppendTooLargeError, Declared
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.translate import as_tidelog_error
@@ -48,7 +48,8 @@ class AppendLimits:
 
 
 class OpenAppend:
-    """One append between its beginning and its commit or abort."""
+    """One open append: streamed in chunks between its beginning and its commit or abort (the commit itself is
+    :class:`~tidelog.broker.appends.commit.AppendCommitter`'s)."""
 
     def __init__(
         self,
@@ -81,7 +82,7 @@ class OpenAppend:
         """Check the expectations now, so that a client learns of a failure before it streams everything."""
 
         try:
-            appends_of(self.partition).precheck(self.expectations)
+            committer_of(self.partition).precheck(self.expectations)
         except AppendRefused as refused:
             self.fail(refused)
 
@@ -121,15 +122,17 @@ class OpenAppend:
 
     async def commit(self) -> Committed:
         """Write the append (raises :class:`AppendRefused` for every outcome but success; an expectation that
-        failed is confirmed first, see :meth:`TransactionalAppends.confirm`)."""
-        appends = appends_of(self.partition)
+        failed is confirmed first, see :meth:`AppendCommitter.confirm`)."""
+        committer = committer_of(self.partition)
         try:
             if self.failure is not None:
                 raise self.failure
             self._cancel_timer()
-            return await appends.commit(self._spool, self.expectations, self.acks, self.timeout, self._limits.max_bytes)
+            return await committer.commit(
+                self._spool, self.expectations, self.acks, self.timeout, self._limits.max_bytes
+            )
         except AppendRefused as refused:
-            raise await appends.confirm(refused, self.timeout) from None
+            raise await committer.confirm(refused, self.timeout) from None
         except Exception as exc:
             raise self._refusal(as_tidelog_error(exc)) from None
         finally:
@@ -140,7 +143,7 @@ class OpenAppend:
         self.fail(AppendRefused(ErrorCode.UNAVAILABLE, f"append {self.append_id} was aborted", -1, EMPTY))
 
     def _refusal(self, error: TidelogError) -> AppendRefused:
-        registers: LabelSet = appends_of(self.partition).registers.latest_known()
+        registers: LabelSet = committer_of(self.partition).registers.latest_known()
         return AppendRefused(error.code, error.message, self.partition.log.end_offset, registers)
 
     def _check_rate(self) -> None:
@@ -174,9 +177,9 @@ class OpenAppend:
         self._spool.discard()
 
 
-class OpenAppends:
-    """A connection's appends by id, within the connection's limits (``max_open`` appends, ``max_open_bytes``
-    spooled): a client cannot fill the data disk with appends it never commits."""
+class ConnectionAppends:
+    """The open appends of one connection, by id, within the connection's limits (``max_open`` appends,
+    ``max_open_bytes`` spooled): a client cannot fill the data disk with appends it never commits."""
 
     def __init__(self) -> None:
         self._open: dict[int, OpenAppend] = {}

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 class Cleanable(Protocol):
     """What the cleaner needs of a replica (a led :class:`~tidelog.broker.partitions.partition.Partition` or a
-    :class:`~tidelog.broker.partitions.followed.FollowerReplica`)."""
+    :class:`~tidelog.broker.partitions.followed.FollowedPartition`)."""
 
     @property
     def log(self) -> Log: ...

@@ -1,7 +1,7 @@
 """What a reader sees of a replica: committed batches only, whichever replica serves them.
 
 A subscription or a fetch reads a :class:`~tidelog.broker.partitions.partition.Partition` (the leader) or, with
-``readISRReplica``, a :class:`~tidelog.broker.partitions.followed.FollowerReplica`. Both serve the same way —
+``readISRReplica``, a :class:`~tidelog.broker.partitions.followed.FollowedPartition`. Both serve the same way —
 whole batches from the one holding the offset, never reaching the replica's high watermark — and differ only
 in where that high watermark comes from (the ISR's log ends at the leader, the leader's word at a follower). So
 the rules live here once, and each class supplies ``high_watermark``.

@@ -6,7 +6,7 @@ follower never sees anything that is not committed, only sees it a little later 
 follower's HW only grows while it is fetched from one leader (unless its leader has it cut its log below it);
 it may be lower after a restart (the checkpoint is written once a second), never above what was committed.
 
-What the replica *knows* committed (:attr:`FollowerReplica.known_committed`) is kept apart, unclamped: its own
+What the replica *knows* committed (:attr:`FollowedPartition.known_committed`) is kept apart, unclamped: its own
 checkpoint may say more than its log holds (a disk lost records), and that stays true until its leader's word
 moves it. It is what the replica checkpoints and what a promotion starts from, so a follower that lost records
 and is elected before it caught up suspends appends instead of leading without them (fail to safety,
@@ -30,7 +30,7 @@ from tidelog.replication.idempotence.producer_sync import take_snapshot
 from tidelog.storage.log import Log
 
 
-class FollowerReplica(CommittedReads):
+class FollowedPartition(CommittedReads):
     """One followed partition. ``fetcher`` is None while the partition has no live leader."""
 
     def __init__(

@@ -58,7 +58,7 @@ from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
 from tidelog.replication.leader.ack_poll import poller_for
-from tidelog.replication.leader.follower_progress import Followers
+from tidelog.replication.leader.follower_progress import FollowerProgress
 from tidelog.replication.leader.highwater import HighWatermark
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
@@ -146,7 +146,7 @@ class Partition(CommittedReads):
         start_hw = log_.end_offset if initial_hw is None else min(initial_hw, log_.end_offset)
         self._hw = HighWatermark(broker_id, record.isr or (broker_id,), start_hw, min_isr=min_isr)
         self._hw.replica_caught_up_to(broker_id, log_.end_offset)
-        self.followers = Followers(broker_id, record.replicas, time.monotonic_ns())
+        self.followers = FollowerProgress(broker_id, record.replicas, time.monotonic_ns())
         self._epoch_start = log_.end_offset  # the first offset of this leadership (Kafka's ISR-join rule)
         self._isr_change: asyncio.Task[None] | None = None
         evidence = start_evidence(record, broker_id, log_, initial_hw)
@@ -360,7 +360,7 @@ class Partition(CommittedReads):
         """Before refusing a write whose expected offset is not the log end ``end``: wait until ``end`` is
         committed, so the refusal never rests on records a failover may still truncate (it would not be
         linearizable: the log might really end at the expected offset). UNAVAILABLE (nothing written, retry)
-        if that does not happen in time. See :meth:`TransactionalAppends.confirm`."""
+        if that does not happen in time. See :meth:`AppendCommitter.confirm`."""
         if end <= 0:
             return
         try:

@@ -28,7 +28,7 @@ The evidence, and why each is conclusive (no race produces it):
   offsets were never committed, but the leader must not hand them out again either.
 - **The log ends below the checkpointed high watermark** (:func:`start_evidence`). A leader starts from the HW
   it knew — the checkpoint of a log opened now, what a promoted follower knew
-  (:attr:`~tidelog.broker.partitions.followed.FollowerReplica.known_committed`, which starts from its own
+  (:attr:`~tidelog.broker.partitions.followed.FollowedPartition.known_committed`, which starts from its own
   checkpoint), or the previous leadership's on a re-election — and the HW is only ever below what every ISR
   member had made durable (with flush ``always``). A log ending below it lost committed records: files lost or
   cut, or (flush ``interval``/``never``) a crash of more than the replication could cover. A follower learns

@@ -27,7 +27,7 @@ class FollowerState:
     previous_leader_end: int = -1  # the leader's log end when that previous fetch arrived
 
 
-class Followers:
+class FollowerProgress:
     """Progress of every follower of one partition this broker leads."""
 
     def __init__(self, leader_id: str, replicas: Iterable[str], now_ns: int) -> None:
