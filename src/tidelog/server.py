@@ -23,7 +23,8 @@ import aetcd
 
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
-from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_endpoint
+from tidelog.broker.config import BrokerConfig, ensure_broker_id
+from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
