@@ -20,7 +20,7 @@ from tidelog.api.wire import server as server_module
 from tidelog.clock import ManualClock
 from tidelog.protocol.frames import Op
 from tidelog.protocol.messages import Acks
-from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher, split_address
+from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
 from tidelog.testing.replica_leader import Leader, open_log, start_leader
@@ -303,10 +303,3 @@ async def test_stop_is_idempotent_and_the_high_watermark_starts_from_what_is_kno
     await fetcher.stop()
     await fetcher.start()  # a stopped fetcher stays stopped
     assert fetcher.state is FetcherState.STOPPED
-
-
-def test_addresses_split_into_host_and_port() -> None:
-    assert split_address("127.0.0.1:9292") == ("127.0.0.1", 9292)
-    assert split_address("[::1]:9292") == ("::1", 9292)
-    with pytest.raises(ValueError):
-        split_address("nohost")

@@ -30,16 +30,14 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
   ``on_leader_unreachable``; NOT_LEADER and FENCED_LEADER_EPOCH are simply retried: the metadata will move
   the broker to stop this fetcher and start one for the new leadership.
 
-The follower's high watermark is ``min(leader HW seen, own log end)`` and never goes back, except when
-truncation cuts the log below it (an unclean leader election, a leader that lost records, or a lower head an
-operator confirmed with reset-head): then ``on_high_watermark`` is told the lower value too.
-
-Producer state (``producers``, optional): the fetcher is the only writer of a follower's log, so it keeps the
-replica's :class:`~tidelog.replication.idempotence.producer_state.ProducerStateTable` in step (see
-:mod:`tidelog.replication.idempotence.producer_sync`): it records the headers of every payload it appends (also when the
-append is cancelled after its write, so a promotion finds every batch the log holds), follows truncations, and
-between two appends snapshots the state and expires idle producers. That is what lets this replica, once
-leader, answer a producer's retry with the original offsets.
+The fetcher decides; its :class:`~tidelog.replication.follower.local_replica.LocalReplica` carries the changes
+out on this broker's copy: truncations and resets, the follower's high watermark (``min(leader HW seen, own log
+end)``, lowered only with a cut below it, ``on_high_watermark`` told either way) and the producer state
+(``producers``, optional). The fetcher is the only writer of a follower's log, so it records the headers of every
+payload it appends in that state (also when the append is cancelled after its write, so a promotion finds every
+batch the log holds; :mod:`tidelog.replication.idempotence.producer_sync`): that is what lets this replica, once
+leader, answer a producer's retry with the original offsets. Its requests go through a
+:class:`~tidelog.replication.follower.leader_link.LeaderLink`, a connection of its own to the leader.
 """
 
 from __future__ import annotations
@@ -52,17 +50,14 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from tidelog.clock import Clock, SystemClock
-from tidelog.deadline import within
-from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
+from tidelog.protocol.connection import ConnectionClosedError, Response
 from tidelog.protocol.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
-from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES, ProtocolError
+from tidelog.protocol.frames import ProtocolError
 from tidelog.protocol.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
-    Header,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
 )
@@ -76,14 +71,12 @@ from tidelog.replication.follower.catch_up import (
     CopyHooks,
     SegmentCopier,
 )
+from tidelog.replication.follower.leader_link import LeaderLink, expect, response_of
+from tidelog.replication.follower.local_replica import LocalReplica
 from tidelog.replication.follower.truncation import truncation_step
-from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import (
-    SNAPSHOT_INTERVAL_NS,
-    after_truncation,
     record_replicated,
-    take_snapshot,
 )
 from tidelog.storage.epoch_cache import UNDEFINED, UNDEFINED_EPOCH, EpochEndOffset
 from tidelog.storage.errors import DiskFullError, LogClosedError
@@ -178,16 +171,12 @@ class ReplicaFetcher:
         self.leader_id = leader_id
         self.leader_epoch = leader_epoch
         self.leader_address = leader_address
-        self._host, self._port = split_address(leader_address)
         self._max_wait_ms = max_wait_ms
         self._max_bytes = max_bytes
-        self._on_high_watermark = on_high_watermark
         self._on_leader_unreachable = on_leader_unreachable
         self._fetch_timeout = max_wait_ms / 1000 + request_timeout
         self._request_timeout = request_timeout
-        self._connect_timeout = connect_timeout
         self._clock: Clock = clock or SystemClock()
-        self._hw = max(0, min(initial_hw, log_.end_offset))  # owned by the task once started; never decreases
         self._leader_end = -1
         self._leader_start = 0  # as of the last out-of-range answer
         self._state = FetcherState.CONNECTING
@@ -197,7 +186,7 @@ class ReplicaFetcher:
         self._in_outage = False  # the leader was reported unreachable and has not answered since
         self._backoff = MIN_BACKOFF
         self._last_error: str | None = None
-        self._connection: Connection | None = None
+        self._link = LeaderLink(leader_id, leader_address, connect_timeout)
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._copy_threshold = copy_threshold_bytes
@@ -205,12 +194,10 @@ class ReplicaFetcher:
         self._copy_supported = True  # False once the leader answered UNSUPPORTED (an older broker)
         self._fetched_since_survey = 0  # bytes fetched since the lag was last measured
         self._producers = producers
-        self._snapshots = ProducerSnapshots(log_.directory)
-        self._snapshot_offset = -1
-        self._snapshot_due_ns = self._clock.monotonic_ns() + SNAPSHOT_INTERVAL_NS
+        self._replica = LocalReplica(log_, self.name, initial_hw, producers, on_high_watermark, self._clock)
         self._copier = SegmentCopier(
             log_,
-            self._send,
+            self._link.send,
             stream,
             partition,
             broker_id,
@@ -232,7 +219,7 @@ class ReplicaFetcher:
     @property
     def high_watermark(self) -> int:
         """The highest offset known committed here: ``min(leader HW seen, own log end)``."""
-        return self._hw
+        return self._replica.hw
 
     @property
     def state(self) -> FetcherState:
@@ -256,7 +243,7 @@ class ReplicaFetcher:
             self.leader_epoch,
             self._log.end_offset,
             self._leader_end,
-            self._hw,
+            self._replica.hw,
             self.caught_up,
             self._last_error,
             stats.segments,
@@ -348,13 +335,7 @@ class ReplicaFetcher:
 
     async def _on_connecting(self) -> None:
         self._truncated = False
-        self._connection = await Connection.open(
-            self._host,
-            self._port,
-            connect_timeout=self._connect_timeout,
-            max_frame_bytes=DEFAULT_MAX_RESPONSE_BYTES,
-            max_in_flight=4,
-        )
+        await self._link.open()
 
     async def _on_truncating(self) -> None:
         """Cut the log back to where it agrees with the leader's (see
@@ -366,8 +347,8 @@ class ReplicaFetcher:
             epoch = log_.latest_epoch
             leader = UNDEFINED if epoch == UNDEFINED_EPOCH else await self._ask_epoch_end(epoch)
             local = UNDEFINED if leader.epoch == UNDEFINED_EPOCH else log_.end_offset_for_epoch(leader.epoch)
-            step = truncation_step(leader, local, log_.end_offset, self._hw)
-            await self._truncate(step.offset, step.reason)
+            step = truncation_step(leader, local, log_.end_offset, self._replica.hw)
+            await self._replica.truncate(step.offset, step.reason)
             if step.complete:
                 break
         else:
@@ -393,8 +374,8 @@ class ReplicaFetcher:
                     pending = self._fetch(offset)
                 else:
                     (offset, pending), ahead = ahead, None
-                header, payload = await self._response(pending, self._fetch_timeout)
-                response = _expect(header, ReplicaFetchResponse)
+                header, payload = await response_of(pending, self._fetch_timeout)
+                response = expect(header, ReplicaFetchResponse)
                 if response.error is not None:
                     if await self._on_fetch_error(response, offset):
                         return FetcherState.COPYING
@@ -417,9 +398,9 @@ class ReplicaFetcher:
                             record_replicated(self._producers, log_, payload)
                     self._fetched_since_survey = fetched
                     if self._producers is not None:
-                        self._maintain_producers()
+                        self._replica.maintain_producers()
                 self._leader_end = response.log_end
-                self._advance_hw(response.high_watermark)
+                self._replica.advance_hw(response.high_watermark)
                 if self._copy_threshold and self._fetched_since_survey >= self._copy_threshold:
                     self._fetched_since_survey = 0  # that many bytes fetched: still far behind?
                     if response.log_end > log_.end_offset and await self._should_copy():
@@ -460,7 +441,7 @@ class ReplicaFetcher:
         self._copy_pending = False
         self._reached_leader()
         self._leader_end = listing.log_end
-        self._advance_hw(listing.high_watermark)
+        self._replica.advance_hw(listing.high_watermark)
 
     def _copy_unsupported(self) -> None:
         if self._copy_supported:
@@ -471,7 +452,7 @@ class ReplicaFetcher:
         self._set_state(FetcherState.BACKING_OFF)
         await self._clock.sleep(self._backoff)
         self._backoff = min(self._backoff * 2, MAX_BACKOFF)
-        if self._connection is None or self._connection.closed:
+        if not self._link.connected:
             return FetcherState.CONNECTING
         if not self._truncated:
             return FetcherState.TRUNCATING
@@ -490,8 +471,8 @@ class ReplicaFetcher:
 
     async def _ask_epoch_end(self, epoch: int) -> EpochEndOffset:
         request = EpochEndOffsetRequest(self.stream, self.partition, self.broker_id, epoch, self.leader_epoch)
-        header, _ = await self._send(request, self._request_timeout)
-        response = _expect(header, EpochEndOffsetResponse)
+        header, _ = await self._link.send(request, self._request_timeout)
+        response = expect(header, EpochEndOffsetResponse)
         if response.error is not None:
             raise from_error_body(response.error)
         self._reached_leader()
@@ -513,94 +494,12 @@ class ReplicaFetcher:
             # leader that finds it otherwise suspends appends and answers PARTITION_SUSPENDED: the log is kept).
             reason = f"the leader's log ends at {response.log_end}"
             if self._log.start_offset > response.log_end:  # nothing held is at or below it: start over there
-                await self._reset(response.log_end, reason)
+                await self._replica.reset(response.log_end, reason)
             else:
-                await self._truncate(response.log_end, reason)
+                await self._replica.truncate(response.log_end, reason)
         return False  # otherwise the leader's bounds moved between its check and ours: just fetch again
 
-    async def _truncate(self, offset: int, reason: str) -> None:
-        log_ = self._log
-        target = max(offset, log_.start_offset)
-        if target >= log_.end_offset:
-            return
-        log.info("%s: truncating from %d to %d: %s", self.name, log_.end_offset, target, reason)
-        if target < self._hw:
-            log.warning("%s: truncating below the known high watermark %d (unclean election?)", self.name, self._hw)
-            self._lower_hw(target)
-        # One shielded unit: the log's truncation completes even if this task is stopped, and so must the
-        # producer state's, or a promotion would find batches in the table that the log no longer holds.
-        await asyncio.shield(self._truncate_with_state(target))
-
-    async def _reset(self, offset: int, reason: str) -> None:
-        """Empty the log and start it at ``offset``, as :meth:`_truncate` would if it could cut below the start."""
-        log.warning(
-            "%s: resetting the log from %d..%d to %d: %s",
-            self.name,
-            self._log.start_offset,
-            self._log.end_offset,
-            offset,
-            reason,
-        )
-        if offset < self._hw:
-            self._lower_hw(offset)
-        await asyncio.shield(self._reset_with_state(offset))
-
-    async def _reset_with_state(self, offset: int) -> None:
-        await self._log.reset_to(offset)
-        if self._producers is not None:
-            after_truncation(self._producers, self._log, self._snapshots)
-            self._snapshot_offset = -1
-
-    async def _truncate_with_state(self, target: int) -> None:
-        await self._log.truncate_to(target)
-        if self._producers is not None:
-            after_truncation(self._producers, self._log, self._snapshots)
-            self._snapshot_offset = -1
-
-    def _maintain_producers(self) -> None:
-        """Between two appends (the state is exact at the log end): expire idle producers and, when due and the
-        log grew, snapshot the producer state."""
-        assert self._producers is not None
-        now = self._clock.monotonic_ns()
-        if now < self._snapshot_due_ns:
-            return
-        self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
-        self._producers.remove_expired()
-        end = self._log.end_offset
-        if end != self._snapshot_offset and take_snapshot(self._producers, self._snapshots, end):
-            self._snapshot_offset = end
-
-    def _advance_hw(self, leader_hw: int) -> None:
-        hw = min(leader_hw, self._log.end_offset)
-        if hw <= self._hw:
-            return
-        self._report_hw(hw)
-
-    def _lower_hw(self, hw: int) -> None:
-        """The log is cut below the known HW, on the leader's word (its epoch answer, or a head an operator
-        confirmed): what this replica knows committed goes down with it, or a promotion would take the records
-        it no longer holds for lost ones (:mod:`tidelog.broker.partitions.safety`)."""
-        self._report_hw(hw)
-
-    def _report_hw(self, hw: int) -> None:
-        self._hw = hw
-        if self._on_high_watermark is not None:
-            try:
-                self._on_high_watermark(hw)
-            except Exception:
-                log.exception("%s: high-watermark callback failed", self.name)
-
     # -- connection and failures -------------------------------------------------------------------------------
-
-    async def _send(self, request: Header, timeout: float) -> tuple[Header, memoryview]:
-        return await self._response(self._request(request), timeout)
-
-    def _request(self, request: Header) -> asyncio.Future[Response]:
-        """Write ``request`` to the leader now; the future of its response."""
-        connection = self._connection
-        if connection is None:
-            raise ConnectionClosedError(f"not connected to leader {self.leader_id} at {self.leader_address}")
-        return connection.send(request)
 
     def _fetch_into(self, sent: list[tuple[int, asyncio.Future[Response]]], offset: int) -> None:
         """The next fetch, sent from inside the fsync round the moment the append is durable (the append's
@@ -612,7 +511,7 @@ class ReplicaFetcher:
     def _fetch(self, offset: int) -> asyncio.Future[Response]:
         """Send a REPLICA_FETCH at ``offset`` (our log end: the acknowledgement of everything below)."""
         verify, self._verify_next = self._verify_next, False
-        return self._request(
+        return self._link.request(
             ReplicaFetchRequest(
                 self.stream,
                 self.partition,
@@ -624,11 +523,6 @@ class ReplicaFetcher:
                 verify,
             )
         )
-
-    @staticmethod
-    async def _response(pending: asyncio.Future[Response], timeout: float) -> tuple[Header, memoryview]:
-        response = await within(pending, timeout)  # not asyncio.timeout: see tidelog.deadline
-        return response.header, response.payload
 
     def _reached_leader(self) -> None:
         """A response came back: any outage is over, and the next failure starts backing off from the bottom."""
@@ -658,24 +552,4 @@ class ReplicaFetcher:
         self._last_error = message
 
     async def _disconnect(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await connection.close()
-
-
-H = TypeVar("H", bound=Header)
-
-
-def _expect(header: Header, cls: type[H]) -> H:
-    if not isinstance(header, cls):
-        raise ProtocolError(f"expected a {cls.__name__}, the leader answered a {type(header).__name__}")
-    return header
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[v6]:port"``) as ``(host, port)``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"leader address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
+        await self._link.close()
