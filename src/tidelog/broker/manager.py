@@ -44,6 +44,7 @@ from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import AlterIsr, Partition
 from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
+from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
@@ -92,8 +93,10 @@ class PartitionManager:
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
         recovery_truncate_damaged: bool = False,
         peers: Peers | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
         self._root = data_dir / "streams"
         self._nc = nc
         self._nats_urls = list(nats_urls)  # for each ingest's own NATS connection (see broker.ingest)
@@ -111,7 +114,9 @@ class PartitionManager:
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
-        self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr)
+        self.damaged = DamagedPartitions(
+            broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr, clock=self._clock
+        )
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowedPartition] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
@@ -289,6 +294,7 @@ class PartitionManager:
             producers=producers,
             report_suspension=self._report_suspension,
             ack_poll_us=self._ack_poll_us,
+            clock=self._clock,
         )
         self._partitions[(stream.name, record.id)] = partition
         self._repairs.watch(log_, stream.name, record.id)
@@ -335,6 +341,7 @@ class PartitionManager:
             ack_timeout=self._ack_timeout,
             duplicate_window_ms=self._duplicate_window_ms,
             max_msg_ids=self._max_msg_ids,
+            clock=self._clock,
         )
         try:
             await ingest.start()
@@ -351,7 +358,7 @@ class PartitionManager:
         wait = _INGEST_RETRY_FIRST
         attempts = 1
         while True:
-            await asyncio.sleep(wait)
+            await self._clock.sleep(wait)
             wait = min(wait * 2, _INGEST_RETRY_MAX)
             attempts += 1
             try:
@@ -416,6 +423,7 @@ class PartitionManager:
             on_high_watermark=follower.high_watermark_moved,
             on_leader_unreachable=self._unreachable_hook(leader_id),
             producers=follower.producers,
+            clock=self._clock,
         )
         follower.fetcher = fetcher
         await fetcher.start()
@@ -434,7 +442,7 @@ class PartitionManager:
     async def _checkpoint_followers(self) -> None:
         """Persist each follower's high watermark once a second while it moves."""
         while True:
-            await asyncio.sleep(1.0)
+            await self._clock.sleep(1.0)
             for follower in list(self._followers.values()):
                 if follower.fetcher is None:
                     continue

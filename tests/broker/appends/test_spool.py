@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import crc32c
 import pytest
 
 from tidelog.broker.appends.spool import MEMORY_BYTES, AppendSpool, AppendTooLargeError, Declared
+from tidelog.clock import SystemClock
 from tidelog.protocol.labels import LabelSet, decode_labels, encode_labels
 from tidelog.protocol.records import (
     REGISTERS_FLAG,
@@ -24,6 +26,9 @@ from tidelog.storage.batch_check import ProduceLimits
 
 FIRST_TS = 1_700_000_000_000_000_000
 LIMITS = ProduceLimits.of(1 << 20, 1 << 30, 3_600_000)
+
+# What an append asks of its partition before its commit: only the clock (its spool checks timestamps with it).
+NO_PARTITION = SimpleNamespace(clock=SystemClock())
 
 
 def chunks(count: int, per_chunk: int, size: int) -> tuple[list[bytes], list[bytes], BatchBuilder]:
@@ -96,7 +101,7 @@ def test_a_spool_that_cannot_be_written_fails_the_append_cleanly(tmp_path: Path)
 
     async def run() -> None:
         limits = AppendLimits(tmp_path / "gone", 1 << 30, 0, 5.0, LIMITS)
-        opened = OpenAppend(1, None, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
+        opened = OpenAppend(1, NO_PARTITION, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
         parts, _, _ = chunks(3, 400, 1000)  # over MEMORY_BYTES: the spool moves to a file, which fails
         for part in parts:
             opened.add(memoryview(part))
@@ -119,7 +124,7 @@ def test_a_spool_on_a_full_disk_fails_the_append_with_disk_full(tmp_path: Path) 
     async def run(disk: Path) -> None:
         Ballast(disk / "ballast").fill()
         limits = AppendLimits(disk, 1 << 30, 0, 5.0, LIMITS)
-        opened = OpenAppend(1, None, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
+        opened = OpenAppend(1, NO_PARTITION, Expectations(), FIRST_TS, None, 1.0, limits)  # type: ignore[arg-type]
         parts, _, _ = chunks(3, 400, 1000)  # over MEMORY_BYTES: the spool moves to a file, which fails
         for part in parts:
             opened.add(memoryview(part))

@@ -10,6 +10,7 @@ import pytest
 
 from tests.broker.helpers import until
 from tidelog.broker.partitions.partition import Partition
+from tidelog.clock import ManualClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import RequestTimeoutError, TidelogError
 from tidelog.protocol.messages import Acks
@@ -207,3 +208,30 @@ async def test_a_full_disk_delays_the_high_watermark_checkpoint_and_never_stops_
         await partition.close()
     finally:
         mounted.__exit__(None, None, None)
+
+
+async def test_a_follower_that_stops_fetching_leaves_the_isr_after_the_lag_time_on_the_partitions_clock(
+    tmp_path: Path,
+) -> None:
+    """Lag, ISR shrink and record timestamps read the injected clock: no real time passes in this test."""
+    clock = ManualClock()
+    log = await Log.open_async(tmp_path, LogConfig(flush_policy=FlushPolicy.ALWAYS))
+    stream = StreamRecord("s", "s", "", 1, 2, 0)
+    record = PartitionRecord("s", 0, ("b", "c"), "b", ("b", "c"))
+    proposed: list[tuple[str, ...]] = []
+
+    async def alter_isr(_: PartitionRecord, isr: tuple[str, ...]) -> None:
+        proposed.append(isr)
+
+    partition = Partition(
+        stream, record, log, "b", min_isr=1, alter_isr=alter_isr, replica_lag_time_max=10.0, clock=clock
+    )
+    appended = await partition.append(_batch(1), Acks.LEADER, 5)
+    assert appended.received_ns == clock.now_ns()
+    await until(lambda: clock.sleepers > 0, "the upkeep timer")
+    clock.advance(5.0)  # within the lag time: "c" stays
+    await until(lambda: clock.sleepers > 0, "the next tick")
+    assert proposed == []
+    clock.advance(6.0)  # 11 s without a fetch reaching the log end
+    await until(lambda: proposed == [("b",)], "the ISR shrink")
+    await partition.close()

@@ -29,12 +29,12 @@ import contextlib
 import mmap
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import crc32c
 
+from tidelog.clock import Clock, SystemClock
 from tidelog.protocol.labels import MAX_REGISTER_BYTES
 from tidelog.protocol.records import (
     CRC_FIELD,
@@ -80,6 +80,7 @@ class AppendSpool:
 
     __slots__ = (
         "_chunks",
+        "_clock",
         "_closed",
         "_count",
         "_crc",
@@ -94,8 +95,18 @@ class AppendSpool:
         "_size",
     )
 
-    def __init__(self, directory: Path, first_timestamp: int, max_bytes: int, limits: ProduceLimits) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        first_timestamp: int,
+        max_bytes: int,
+        limits: ProduceLimits,
+        clock: Clock | None = None,
+    ) -> None:
+        """``clock``: what a chunk's timestamps are checked against (a :class:`~tidelog.clock.SystemClock` when
+        not given)."""
         self._directory = directory
+        self._clock: Clock = clock or SystemClock()
         self._limits = limits
         self._first_timestamp = first_timestamp
         self._max_bytes = max_bytes
@@ -153,7 +164,7 @@ class AppendSpool:
             raise CorruptBatchError(f"chunk holds {checked.records} records, the client declared {declared.records}")
         max_delta = max(self._max_delta, checked.max_timestamp_delta)
         first = self._first_timestamp
-        check_timestamps(first, first + max_delta, checked, self._limits, time.time_ns(), "append")
+        check_timestamps(first, first + max_delta, checked, self._limits, self._clock.now_ns(), "append")
         records = checked.records
         if self._fd < 0 and self._size + len(chunk) > MEMORY_BYTES:
             self._to_file()

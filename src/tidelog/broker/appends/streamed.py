@@ -19,7 +19,6 @@ writers; the minimum rate bounds how long a broker holds spool space for a clien
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,14 +66,15 @@ class OpenAppend:
         self.acks = acks
         self.timeout = timeout
         self._limits = limits
-        self._spool = AppendSpool(limits.spool_directory, first_timestamp, limits.max_bytes, limits.records)
+        self._spool = AppendSpool(
+            limits.spool_directory, first_timestamp, limits.max_bytes, limits.records, partition.clock
+        )
         self.failure: AppendRefused | None = None
         # Resolved once the outcome is a failure: a protocol waiting for the client's next message can stop
         # waiting (gRPC answers a stalled client APPEND_TOO_SLOW when the rate check fails, not when it sends).
         self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._bytes_at_check = 0
         self._timer: asyncio.TimerHandle | None = None
-        self.started_ns = time.monotonic_ns()
         if limits.min_rate_bytes:
             self._timer = asyncio.get_running_loop().call_later(limits.window, self._check_rate)
 

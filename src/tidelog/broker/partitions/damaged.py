@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidelog.broker.partitions.partition import AlterIsr
+from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.controller_plans import OFFLINE
 from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.snapshot import PartitionKey
@@ -53,8 +54,16 @@ STEP_DOWN_RETRY_MAX = 5.0  # seconds between attempts to reach the controller, a
 class DamagedPartitions:
     """This broker's refusals to open a damaged log, and the rule for when a cut is allowed."""
 
-    def __init__(self, broker_id: str, *, truncate_damaged: bool, alter_isr: AlterIsr | None = None) -> None:
+    def __init__(
+        self,
+        broker_id: str,
+        *,
+        truncate_damaged: bool,
+        alter_isr: AlterIsr | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self._broker_id = broker_id
+        self._clock: Clock = clock or SystemClock()
         self._truncate = truncate_damaged
         self._alter_isr = alter_isr
         # key -> ((leader, ISR) then, the refusal, the partition's directory)
@@ -135,7 +144,7 @@ class DamagedPartitions:
                     if not refused:
                         log.error("%s: the controller refused the step-down of %s: %s", name, self._broker_id, exc)
                     refused, delay = True, STEP_DOWN_RETRY_MAX
-                    await asyncio.sleep(delay)
+                    await self._clock.sleep(delay)
                     continue
                 failure: Exception = exc
             except (OSError, ConnectionError) as exc:
@@ -144,7 +153,7 @@ class DamagedPartitions:
                 log.warning("%s: leader %s stepped down for in-sync replicas %s", name, self._broker_id, others)
                 return
             log.warning("%s: could not step down yet (%s); retrying in %.1fs", name, failure, delay)
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)
             delay = min(delay * 2, STEP_DOWN_RETRY_MAX)
 
     def refused(self) -> list[PartitionKey]:

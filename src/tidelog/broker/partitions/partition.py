@@ -38,13 +38,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast
 
 from tidelog.broker.partitions.committed_reads import CommittedReads
 from tidelog.broker.partitions.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.broker.partitions.write_path import Appended, LeaderWrite, TransactionalWrite, WriteRefused, WriteState
+from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import (
     RequestTimeoutError,
@@ -123,10 +123,12 @@ class Partition(CommittedReads):
         producers: ProducerStateTable | None = None,
         report_suspension: ReportSuspension | None = None,
         ack_poll_us: int = 0,
+        clock: Clock | None = None,
     ) -> None:
         """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
         ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0, or a
-        single replica: not).
+        single replica: not). ``clock``: follower lag, ISR shrink, producer snapshots and record timestamps
+        read it (a :class:`~tidelog.clock.SystemClock` when not given).
         ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
         :mod:`tidelog.broker.partitions.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
@@ -134,6 +136,7 @@ class Partition(CommittedReads):
         self.log = log_
         self.broker_id = broker_id
         self.min_isr = min_isr
+        self.clock: Clock = clock or SystemClock()
         self._on_resume = on_resume
         self._alter_isr = alter_isr
         self._lag_max_ns = int(replica_lag_time_max * 1e9)
@@ -146,18 +149,18 @@ class Partition(CommittedReads):
         start_hw = log_.end_offset if initial_hw is None else min(initial_hw, log_.end_offset)
         self._hw = HighWatermark(broker_id, record.isr or (broker_id,), start_hw, min_isr=min_isr)
         self._hw.replica_caught_up_to(broker_id, log_.end_offset)
-        self.followers = FollowerProgress(broker_id, record.replicas, time.monotonic_ns())
+        self.followers = FollowerProgress(broker_id, record.replicas, self.clock.monotonic_ns())
         self._epoch_start = log_.end_offset  # the first offset of this leadership (Kafka's ISR-join rule)
         self._isr_change: asyncio.Task[None] | None = None
         evidence = start_evidence(record, broker_id, log_, initial_hw)
         self._checkpointed = -1 if evidence is None else start_hw  # evidence stays on disk while suspended
         self._tasks: list[asyncio.Task[None]] = []
-        self.safety = LeaderSafety(self.name, record, report_suspension, self._tasks.append)
+        self.safety = LeaderSafety(self.name, record, report_suspension, self._tasks.append, self.clock)
         self.safety.found(evidence)
         self.producers = ProducerStateTable() if producers is None else producers
         self._snapshots = ProducerSnapshots(log_.directory)
         self._snapshot_offset = -1  # the offset of the last producer snapshot written
-        self._snapshot_due_ns = time.monotonic_ns() + SNAPSHOT_INTERVAL_NS
+        self._snapshot_due_ns = self.clock.monotonic_ns() + SNAPSHOT_INTERVAL_NS
         self._appending: set[asyncio.Task[AppendResult]] = set()  # idempotent appends the table awaits
         self._tail_waiters: dict[int, list[TailWaiter]] = {}  # log end -> fetches parked there (park_at_log_end)
         self._tail_push = _TailPush(self._tell_waiters)
@@ -183,7 +186,7 @@ class Partition(CommittedReads):
         """Take a newer metadata record (paused/readonly flags, ISR, suspension)."""
         self.record = record
         self.safety.update(record)
-        self.followers.set_replicas(record.replicas, time.monotonic_ns())
+        self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
         self._hw.set_isr(record.isr or (self.broker_id,))
 
     # ------------------------------------------------------------------------------------------ replication
@@ -198,7 +201,7 @@ class Partition(CommittedReads):
                 return False
             self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
             return True
-        if not self.followers.fetched(replica, offset, self.log.end_offset, time.monotonic_ns()):
+        if not self.followers.fetched(replica, offset, self.log.end_offset, self.clock.monotonic_ns()):
             return False
         self._hw.replica_caught_up_to(replica, offset)
         if replica not in self.record.isr and self._isr_change is None and not self._closed:
@@ -263,11 +266,11 @@ class Partition(CommittedReads):
         idle producers and snapshot the producer state (every partition)."""
         period = min(1.0, self._lag_max_ns / 2e9)
         while not self._closed:
-            await asyncio.sleep(period)
+            await self.clock.sleep(period)
             self._maintain_producers()
             if not self.replicated:
                 continue
-            lagging = self.followers.lagging(self.record.isr, time.monotonic_ns(), self._lag_max_ns)
+            lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
             if lagging and self._isr_change is None:
                 log.warning("%s: followers %s fell behind; removing them from the ISR", self.name, lagging)
                 self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
@@ -278,7 +281,7 @@ class Partition(CommittedReads):
 
     def _maintain_producers(self) -> None:
         self.producers.remove_expired()
-        now = time.monotonic_ns()
+        now = self.clock.monotonic_ns()
         if now >= self._snapshot_due_ns and self.snapshot_producers():
             self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
 

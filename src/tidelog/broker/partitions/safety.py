@@ -68,6 +68,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tidelog.clock import Clock
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol.errors import FencedLeaderEpochError, PartitionSuspendedError, TidelogError
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
@@ -185,8 +186,10 @@ class LeaderSafety:
         record: PartitionRecord,
         report: ReportSuspension | None,
         spawn: Callable[[asyncio.Task[None]], None],
+        clock: Clock,
     ) -> None:
         self._name = name
+        self._clock = clock
         self._record = record
         self._report = report
         self._spawn = spawn
@@ -280,5 +283,5 @@ class LeaderSafety:
             except (OSError, ConnectionError) as exc:
                 failure = exc
             log.warning("%s: could not record the suspension (%s); retrying in %.1fs", self._name, failure, delay)
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)
             delay = min(delay * 2, REPORT_RETRY_MAX)

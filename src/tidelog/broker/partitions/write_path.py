@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -227,13 +226,13 @@ class LeaderWrite:
         elif record.paused and partition._on_resume is not None:
             return self._resume(partition._on_resume(partition))
         else:
-            self.received_ns = time.time_ns()
+            self.received_ns = partition.clock.now_ns()
             self.state = _DEDUPE
         return None
 
     async def _resume(self, resuming: Awaitable[None]) -> None:
         await resuming
-        self.received_ns = time.time_ns()
+        self.received_ns = self._partition.clock.now_ns()
         self.state = _DEDUPE
 
     def _on_dedupe(self) -> None:
@@ -320,7 +319,9 @@ class LeaderWrite:
 
     def _on_answer(self) -> None:
         self._must_state(_ANSWER)
-        self.status = Appended(self.base_offset, self.last_offset, self.received_ns, time.time_ns(), self.duplicate)
+        self.status = Appended(
+            self.base_offset, self.last_offset, self.received_ns, self._partition.clock.now_ns(), self.duplicate
+        )
         self.state = _DONE
 
     def _on_done(self) -> None:
