@@ -58,6 +58,7 @@ from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
 from tidelog.replication.leader.ack_poll import poller_for
+from tidelog.replication.leader.fencing import fence_follower
 from tidelog.replication.leader.follower_progress import FollowerProgress
 from tidelog.replication.leader.highwater import HighWatermark
 from tidelog.storage.flush import FlushMode
@@ -209,6 +210,12 @@ class Partition(CommittedReads):
             if replica in ready:
                 self._propose_isr((*self.record.isr, replica))
         return True
+
+    def fence_follower(self, replica: str, leader_epoch: int) -> TidelogError | None:
+        """Why ``replica``, following at ``leader_epoch``, may not be served by this leadership; None when it may
+        (:mod:`tidelog.replication.leader.fencing`)."""
+        record = self.record
+        return fence_follower(self.name, record.leader_epoch, record.replicas, self.followers, replica, leader_epoch)
 
     def park_at_log_end(self, offset: int, waiter: TailWaiter) -> None:
         """Have ``waiter`` told of the write that starts at ``offset`` (the log end), from inside that write,
