@@ -130,15 +130,14 @@ class GrpcAppends:
                 opened.add(memoryview(_encode(records, message.records)))
                 if message.commit:
                     committing = True
-                    return _committed(await opened.commit())
+                    outcome = await opened.commit()
+                    return _refusal(outcome) if isinstance(outcome, AppendRefused) else _committed(outcome)
                 self._changed()
                 message = await _next(requests, opened.failed)
             if opened.failure is None:  # the stream ended: a cancel, a lost connection, or a client that forgot
                 opened.fail(_invalid(opened, "the stream ended without a message setting commit; nothing was written"))
             assert opened.failure is not None
             return _refusal(opened.failure)
-        except AppendRefused as refused:
-            return _refusal(refused)
         finally:
             if not committing:
                 opened.abort()  # nothing was written; the spool goes now

@@ -158,10 +158,9 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
 
 
 async def _commit(correlation_id: int, append: OpenAppend) -> Reply:
-    try:
-        committed = await append.commit()
-    except AppendRefused as refused:
-        return _reply(correlation_id, _refusal(append.append_id, refused))
+    committed = await append.commit()
+    if isinstance(committed, AppendRefused):
+        return _reply(correlation_id, _refusal(append.append_id, committed))
     return _reply(
         correlation_id,
         AppendResponse(

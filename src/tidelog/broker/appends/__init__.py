@@ -9,5 +9,7 @@ An append streams in chunks, then commits (``docs/design/transactional-appends.m
 - :mod:`~tidelog.broker.appends.commit` — the commit on the leader: the write turn, the expectations, the batch.
 - :mod:`~tidelog.broker.appends.registers` — the leader's view of its partition's registers.
 
-A commit writes through :meth:`tidelog.broker.partitions.partition.Partition.write`, as every producer does.
+A commit writes through :meth:`tidelog.broker.partitions.partition.Partition.write`, the leader's write path, as
+every producer does; like it, every outcome but success is a value (an
+:class:`~tidelog.broker.appends.commit.AppendRefused`) that the protocol edges answer, not an exception.
 """

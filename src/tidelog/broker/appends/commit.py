@@ -21,6 +21,11 @@ that sends it, :mod:`tidelog.api.wire.append`), then commits here:
 An expected offset the log has already passed is refused at the start (:meth:`AppendCommitter.precheck`),
 so a client that lost a race learns it before streaming megabytes; the commit decides everything in its turn.
 
+The commit writes through the leader's write path (:mod:`tidelog.broker.partitions.write_path`), as every
+producer does, and, like it, returns routable outcomes as values: an :class:`AppendRefused` (an expectation
+that failed, registers that cannot be applied) or the write path's own
+:class:`~tidelog.broker.partitions.write_path.WriteRefused`. Exceptions are real failures.
+
 Why a spool rather than writing chunks to the log as they arrive (the plan in
 ``docs/design/transactional-appends.md``): the write turn is taken only at commit, so a slow client never holds
 up a partition's other writers, an abort or a dropped connection has nothing to undo in the log, and readers,
@@ -75,9 +80,11 @@ class Committed:
     registers: LabelSet
 
 
-@dataclass(slots=True)
-class AppendRefused(Exception):
-    """An expectation failed: nothing was appended. Carries what the client needs to decide again."""
+@dataclass(frozen=True, slots=True)
+class AppendRefused:
+    """An append's outcome when nothing was appended (an expectation failed, the records were refused, the append
+    was aborted or too slow...): a status value, answered by the protocol edges. Carries what the client needs to
+    decide again."""
 
     code: ErrorCode
     message: str
@@ -99,7 +106,7 @@ class AppendCommitter:
         self._turn = asyncio.Lock()
         self._checkpointing: asyncio.Task[None] | None = None
 
-    def precheck(self, expectations: Expectations) -> None:
+    def precheck(self, expectations: Expectations) -> AppendRefused | None:
         """Refuse early an append whose expected offset the log has already passed: a leader's log end only
         grows, so that one can never succeed. Nothing else is decided early — appends ahead of this one (from
         this client's pipeline or others) may still move the log end to the expected offset or change the
@@ -107,17 +114,18 @@ class AppendCommitter:
         expected = expectations.expected_offset
         end = self.partition.log.end_offset
         if expected is not None and expected < end:
-            raise AppendRefused(
+            return AppendRefused(
                 ErrorCode.INCORRECT_OFFSET,
                 f"{self.partition.name}: expected the log to end at offset {expected}, it ends at {end}",
                 end,
                 self.registers.latest_known(),
             )
+        return None
 
-    def _check(self, expectations: Expectations, registers: LabelSet, end: int) -> None:
+    def _check(self, expectations: Expectations, registers: LabelSet, end: int) -> AppendRefused | None:
         selector = expectations.check_registers
         if selector is not None and not matches(registers, selector):
-            raise AppendRefused(
+            return AppendRefused(
                 ErrorCode.REGISTER_MISMATCH,
                 f"{self.partition.name}: registers [{_show(registers)}] do not match the selector {selector}",
                 end,
@@ -125,17 +133,19 @@ class AppendCommitter:
             )
         expected = expectations.expected_offset
         if expected is not None and expected != end:
-            raise AppendRefused(
+            return AppendRefused(
                 ErrorCode.INCORRECT_OFFSET,
                 f"{self.partition.name}: expected the log to end at offset {expected}, it ends at {end}",
                 end,
                 registers,
             )
+        return None
 
     async def commit(
         self, spool: AppendSpool, expectations: Expectations, acks: Acks, timeout: float, max_bytes: int
-    ) -> Committed:
-        """Write the spooled append if its expectations hold; see the module docstring."""
+    ) -> Committed | AppendRefused | WriteRefused:
+        """Write the spooled append if its expectations hold; see the module docstring. A refusal is returned:
+        an :class:`AppendRefused` decided here, or the write path's :class:`WriteRefused` as it is."""
         partition = self.partition
         await self._turn.acquire()
         held = True
@@ -148,15 +158,17 @@ class AppendCommitter:
 
         try:
             registers = await self.registers.current()
-            self._check(expectations, registers, partition.log.end_offset)
+            failed = self._check(expectations, registers, partition.log.end_offset)
+            if failed is not None:
+                return failed
             if not spool.count:  # nothing to write, and registers change only with records
                 return Committed(-1, -1, partition.log.end_offset, registers)
             try:
                 updated = apply(registers, expectations.union_registers, expectations.subtract_registers)
             except RegisterError as exc:  # e.g. the union would hold more labels than registers may
-                raise AppendRefused(
+                return AppendRefused(
                     ErrorCode.INVALID_ARGUMENT, f"{partition.name}: {exc}", partition.log.end_offset, registers
-                ) from None
+                )
             batch = spool.seal(registers=encode_labels(updated) if updated != registers else None)
             count = spool.count
 
@@ -177,10 +189,10 @@ class AppendCommitter:
                 raise
             finally:
                 del batch  # the spool's memory map may close only once no view of it is left
-            if isinstance(appended, WriteRefused):  # the one place a refused write becomes the append's answer
-                if appended.code is ErrorCode.INCORRECT_OFFSET:
-                    raise AppendRefused(appended.code, appended.message, partition.log.end_offset, registers)
-                raise appended.error()
+            if isinstance(appended, WriteRefused):
+                if appended.code is ErrorCode.INCORRECT_OFFSET:  # an expectation: the client decides again
+                    return AppendRefused(appended.code, appended.message, partition.log.end_offset, registers)
+                return appended
             if updated != registers:
                 self._schedule_checkpoint()
             return Committed(appended.base_offset, appended.last_offset, appended.last_offset + 1, updated)

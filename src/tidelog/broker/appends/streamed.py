@@ -25,6 +25,7 @@ from pathlib import Path
 from tidelog.broker.appends.commit import AppendRefused, Committed, Expectations, committer_of
 from tidelog.broker.appends.spool import AppendSpool, AppendTooLargeError, Declared
 from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol.errors import ErrorCode, InvalidArgumentError, OpenAppendsLimitError, TidelogError
 from tidelog.protocol.labels import EMPTY, LabelSet
@@ -81,9 +82,8 @@ class OpenAppend:
     def precheck(self) -> None:
         """Check the expectations now, so that a client learns of a failure before it streams everything."""
 
-        try:
-            committer_of(self.partition).precheck(self.expectations)
-        except AppendRefused as refused:
+        refused = committer_of(self.partition).precheck(self.expectations)
+        if refused is not None:
             self.fail(refused)
 
     def add(self, chunk: memoryview, declared: Declared | None = None) -> None:
@@ -120,21 +120,28 @@ class OpenAppend:
             self.failed.set_result(None)
         self._close()
 
-    async def commit(self) -> Committed:
-        """Write the append (raises :class:`AppendRefused` for every outcome but success; an expectation that
-        failed is confirmed first, see :meth:`AppendCommitter.confirm`)."""
+    async def commit(self) -> Committed | AppendRefused:
+        """Write the append, on the leader's write path (:meth:`AppendCommitter.commit`). Every outcome but
+        success is an :class:`AppendRefused` value, also a failure (an exception) of the write; an expectation
+        that failed is confirmed first, see :meth:`AppendCommitter.confirm`."""
         committer = committer_of(self.partition)
         try:
+            outcome: Committed | AppendRefused | WriteRefused
             if self.failure is not None:
-                raise self.failure
-            self._cancel_timer()
-            return await committer.commit(
-                self._spool, self.expectations, self.acks, self.timeout, self._limits.max_bytes
-            )
-        except AppendRefused as refused:
-            raise await committer.confirm(refused, self.timeout) from None
-        except Exception as exc:
-            raise self._refusal(as_tidelog_error(exc)) from None
+                outcome = self.failure
+            else:
+                self._cancel_timer()
+                try:
+                    outcome = await committer.commit(
+                        self._spool, self.expectations, self.acks, self.timeout, self._limits.max_bytes
+                    )
+                except Exception as exc:
+                    return self._refusal(as_tidelog_error(exc))
+            if isinstance(outcome, WriteRefused):  # the write path's refusal becomes the append's answer here
+                return self._refusal(outcome.error())
+            if isinstance(outcome, AppendRefused):
+                return await committer.confirm(outcome, self.timeout)
+            return outcome
         finally:
             self._close()
 
