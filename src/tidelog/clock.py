@@ -5,12 +5,20 @@ passes :class:`SystemClock`; tests pass :class:`ManualClock` and move time forwa
 :meth:`ManualClock.advance`, so a test of "roll the segment after seven days" or "flush every 200 ms" runs
 instantly and the same way every time (trio's ``MockClock`` is the model).
 
-Not all of tidelog does yet. The storage log and its flusher, the metadata controller, its election and lease
-sessions, the broker's cleaner and NATS ingest take an injected clock. Other code still reads ``time`` and
-sleeps with ``asyncio.sleep()`` itself: the partition runtime (:mod:`tidelog.broker.partition`: follower lag,
-ISR shrink, record timestamps), the partition manager, the safety and damage-repair retries, stream and broker
-records, open appends, the request handlers' timestamps and the wire server's shutdown grace, and the client and
-Spark retry loops. Moving those onto the clock is a step of its own.
+Not all of tidelog does yet. These take an injected clock: the storage log and its flusher, the metadata
+controller, its election and lease sessions, and in the broker (:mod:`tidelog.broker`) the partition manager and
+everything it makes with it — the partition runtime (follower lag, ISR shrink, producer snapshots, record
+timestamps on the write path), the fail-to-safety and step-down retries, the follower's fetcher, NATS ingest and
+its reader — the log cleaner, transactional appends (their spool's timestamp check), stream administration and
+the controller link's retries. Production passes none of them a clock, so each makes its own ``SystemClock``.
+
+What still reads ``time`` or sleeps with ``asyncio.sleep()`` itself: the broker record written at start-up and
+the stream-creation marker, the request handlers' timestamps and the wire server's shutdown grace, the nats-py
+fallback's reconnect wait, the client and Spark retry loops, and the leader's ack poller
+(:mod:`tidelog.replication.leader.ack_poll`, which spins the loop for microseconds of real time by design).
+Deadlines of single requests are event-loop timers (``asyncio.timeout``, ``call_later``: long-polls, the
+transactional append's rate window, the follower's high-watermark waits), which a :class:`Clock` does not
+drive.
 
 Two readings are offered because they answer different questions: :meth:`Clock.now_ns` is wall-clock time in
 nanoseconds since the Unix epoch (record timestamps, retention by age), :meth:`Clock.monotonic_ns` never goes

@@ -23,14 +23,15 @@ import aetcd
 
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
-from tidelog.broker.cleaner import LogCleaner
-from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_endpoint
+from tidelog.broker.config import BrokerConfig, ensure_broker_id
+from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
-from tidelog.broker.nats_client import BrokerNats
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.cleaner import LogCleaner
+from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
 from tidelog.metadata.controller import Controller

@@ -22,7 +22,7 @@ import crc32c
 import grpc
 
 from tests.helpers import BOUND
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.client import Consumer, Producer
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc

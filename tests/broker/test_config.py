@@ -9,15 +9,17 @@ import pytest
 
 from tidelog.broker.config import (
     BROKER_ID_FILE,
-    BadConfigValueError,
     BrokerConfig,
-    BrokerIdMismatchError,
-    ConfigError,
-    UnknownConfigKeyError,
     config_keys,
     describe_keys,
     ensure_broker_id,
     load_config,
+)
+from tidelog.broker.config_values import (
+    BadConfigValueError,
+    BrokerIdMismatchError,
+    ConfigError,
+    UnknownConfigKeyError,
     parse_etcd_endpoint,
 )
 from tidelog.metadata.records import StreamConfig, StreamRecord

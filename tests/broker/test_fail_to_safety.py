@@ -33,7 +33,7 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
 from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
-from tidelog.replication.follower import FetcherState
+from tidelog.replication.follower.fetcher import FetcherState
 from tidelog.server import Broker
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.recovery import MARKER_FILE

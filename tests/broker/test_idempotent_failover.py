@@ -30,7 +30,7 @@ from tidelog.protocol.messages import (
     ProduceResponse,
 )
 from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
-from tidelog.replication.follower import split_address
+from tidelog.replication.follower.leader_link import split_address
 from tidelog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

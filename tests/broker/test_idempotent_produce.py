@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.broker.partition import Appended
+from tidelog.broker.partitions.partition import Appended
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.connection import Connection
@@ -38,7 +38,7 @@ from tidelog.protocol.messages import (
     ProduceResponse,
 )
 from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
-from tidelog.replication.producer_snapshot import ProducerSnapshots
+from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.server import Broker
 
 from .conftest import broker_config

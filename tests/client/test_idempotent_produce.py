@@ -11,7 +11,7 @@ from tests.helpers import BOUND
 from tidelog.client import Admin, Codec, Consumer, ConsumerRecord, Producer
 from tidelog.protocol.errors import ProducerFencedError
 from tidelog.protocol.records import BatchHeader
-from tidelog.replication.producer_state import Duplicate, ProducerStateTable, Verdict
+from tidelog.replication.idempotence.producer_state import Duplicate, ProducerStateTable, Verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

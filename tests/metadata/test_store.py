@@ -8,7 +8,7 @@ import aetcd
 import pytest
 import pytest_asyncio
 
-from tidelog.broker.config import parse_etcd_endpoint
+from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.embedded import EmbeddedEtcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import BrokerRecord, Keys

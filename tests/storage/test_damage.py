@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tidelog.protocol.records import HEADER_SIZE, iter_batches
-from tidelog.replication.producer_snapshot import iter_log_headers
+from tidelog.replication.idempotence.producer_snapshot import iter_log_headers
 from tidelog.storage.damage import DAMAGE_FILE, DamageRegistry
 from tidelog.storage.damage_repair import RepairRefusedError
 from tidelog.storage.errors import OffsetDamagedError

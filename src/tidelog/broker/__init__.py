@@ -1,8 +1,21 @@
-"""The broker's runtime: partition manager, NATS ingest, transactional appends, configuration, the embedded NATS
-and etcd servers of ``tidelog serve`` and the one translation of lower layers' exceptions into domain errors
-(:mod:`~tidelog.broker.translate`). The process that composes it with the API above it is :mod:`tidelog.server`.
+"""The broker's runtime, composed by :mod:`tidelog.server` with the API above it.
 
-A partition this broker leads is :mod:`~tidelog.broker.partition`; each write to it runs through the state
-machine of :mod:`~tidelog.broker.write_path` (admit, dedupe, place, durable, committed, answer), which returns
-routable refusals as status values for the protocol edges to answer.
+Read the sub-packages bottom up; each imports only those listed before it (an ``import-linter`` contract) and
+the leaf modules of the top (:mod:`~tidelog.broker.peers`, :mod:`~tidelog.broker.translate`):
+
+- :mod:`~tidelog.broker.partitions` — the partition runtime: a partition this broker leads
+  (:class:`~tidelog.broker.partitions.partition.Partition`, each write run through the state machine of
+  :mod:`~tidelog.broker.partitions.write_path`), one it follows, the reads both serve, fail to safety, damaged
+  logs and their repair, and the log cleaner.
+- :mod:`~tidelog.broker.ingest` — NATS ingest: a leader's own subscription to its subject, appending what arrives.
+- :mod:`~tidelog.broker.appends` — transactional appends: streamed in chunks, committed under expectations and
+  registers.
+
+Here, at the top, the process-level pieces: the partition manager (:mod:`~tidelog.broker.manager`, which makes
+leaders, followers and ingests match the metadata, so it sits above all three sub-packages), the broker's context
+shared by the request handlers, configuration (:mod:`~tidelog.broker.config`, its value kinds and errors in
+:mod:`~tidelog.broker.config_values`) and its documentation, the links to the controller and to peer
+brokers, stream administration, RESET_HEAD, the embedded NATS and etcd of ``tidelog serve``
+(:mod:`~tidelog.broker.embedded`) and the one translation of lower layers' exceptions into domain errors
+(:mod:`~tidelog.broker.translate`).
 """

@@ -18,7 +18,8 @@ Mistakes are refused before the broker starts, because a typo that silently fall
 - a bad value raises :class:`BadConfigValueError` naming the key, where it came from, the value and what is
   allowed.
 
-Both are :class:`ConfigError`, a :class:`ValueError`. The environment variable ``TIDELOG_CONFIG`` names the TOML
+Both are :class:`~tidelog.broker.config_values.ConfigError`, a :class:`ValueError` (the kinds of values and these
+errors are :mod:`tidelog.broker.config_values`). The environment variable ``TIDELOG_CONFIG`` names the TOML
 file when no ``--config`` is given; it is the only ``TIDELOG_*`` variable that is not a key.
 
 A broker's identity outlives its configuration: :func:`ensure_broker_id` fills in ``id`` from
@@ -29,247 +30,57 @@ contradicts it (the data directory belongs to another broker).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 import secrets
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, Final
 
+from tidelog.broker.config_values import (
+    ENV_PREFIX,
+    NON_NEGATIVE,
+    PORT,
+    POSITIVE,
+    Bad,
+    BadConfigValueError,
+    BrokerIdMismatchError,
+    ConfigError,
+    Kind,
+    UnknownConfigKeyError,
+    bool_kind,
+    choice_kind,
+    int_kind,
+    is_etcd_endpoint,
+    is_host,
+    is_nats_url,
+    list_kind,
+    path_kind,
+    setting,
+    text_kind,
+)
 from tidelog.storage.atomic import write_atomically
 
 __all__ = [
     "BROKER_ID_FILE",
     "CONFIG_FILE_ENV",
-    "ENV_PREFIX",
-    "BadConfigValueError",
     "BrokerConfig",
-    "BrokerIdMismatchError",
-    "ConfigError",
-    "UnknownConfigKeyError",
     "config_keys",
     "describe_keys",
     "ensure_broker_id",
     "load_config",
-    "parse_etcd_endpoint",
 ]
 
-ENV_PREFIX: Final = "TIDELOG_"
 CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
 CLIENT_ENV: Final = frozenset({"TIDELOG_BROKERS"})
 """``TIDELOG_*`` variables read by the client commands, not the broker: the broker ignores them."""
 BROKER_ID_FILE: Final = "broker-id"
 
-_T = TypeVar("_T")
 _MIB = 1024 * 1024
 _DAY_MS = 24 * 60 * 60 * 1000
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-# ---- errors ----
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says which key, from where, and what would be accepted."""
-
-
-REMOVED_KEYS = {
-    "fsync_io_uring": "removed: every fsync runs on worker threads now (io_uring rounds could hang); delete the key",
-}
-"""Keys earlier versions accepted, with why they went: refused like any unknown key, but saying so."""
-
-
-class UnknownConfigKeyError(ConfigError):
-    def __init__(self, key: str, source: str, allowed: tuple[str, ...], *, noun: str = "key") -> None:
-        self.key = key
-        self.source = source
-        self.allowed = allowed
-        removed = REMOVED_KEYS.get(key.lower().removeprefix(ENV_PREFIX.lower()))
-        close = difflib.get_close_matches(key, allowed, n=1)
-        hint = f" ({removed})" if removed else f" (did you mean {close[0]!r}?)" if close else ""
-        super().__init__(
-            f"unknown configuration {noun} {key!r} in {source}{hint}; allowed {noun}s: {', '.join(allowed)}"
-        )
-
-
-class BadConfigValueError(ConfigError):
-    def __init__(self, key: str, source: str, value: object, expected: str) -> None:
-        self.key = key
-        self.source = source
-        self.value = value
-        self.expected = expected
-        super().__init__(f"bad value for {key!r} in {source}: {value!r}; expected {expected}")
-
-
-class BrokerIdMismatchError(ConfigError):
-    def __init__(self, configured: str, stored: str, path: Path) -> None:
-        self.configured = configured
-        self.stored = stored
-        self.path = path
-        super().__init__(
-            f"broker id {configured!r} does not match {stored!r} stored in {path}: that data directory belongs to "
-            f"broker {stored!r}. Start with id {stored!r}, or use another data_dir for a new broker."
-        )
-
-
-class _Bad(Exception):
-    """A value a kind refuses; turned into :class:`BadConfigValueError` where the key and source are known."""
-
-    def __init__(self, expected: str) -> None:
-        super().__init__(expected)
-        self.expected = expected
-
-
-# ---- value kinds: how each key's values are parsed and checked ----
-
-
-@dataclass(frozen=True, slots=True)
-class _Kind:
-    """Parses a value from any layer and checks it. Strings are parsed as text (the environment gives nothing
-    else, and a TOML ``port = "9292"`` is meant as a number); other values must already have the right type."""
-
-    expected: str
-    parse: Callable[[object], object]
-
-
-def _int_kind(low: int, high: int | None = None) -> _Kind:
-    expected = f"an integer from {low} to {high}" if high is not None else f"an integer of at least {low}"
-
-    def parse(raw: object) -> object:
-        if isinstance(raw, str):
-            try:
-                raw = int(raw.strip(), 10)
-            except ValueError:
-                raise _Bad(expected) from None
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < low or (high is not None and raw > high):
-            raise _Bad(expected)
-        return raw
-
-    return _Kind(expected, parse)
-
-
-def _bool_kind() -> _Kind:
-    expected = "true or false"
-
-    def parse(raw: object) -> object:
-        if isinstance(raw, str):
-            text = raw.strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-        if not isinstance(raw, bool):
-            raise _Bad(expected)
-        return raw
-
-    return _Kind(expected, parse)
-
-
-def _choice_kind(*choices: str) -> _Kind:
-    expected = "one of " + ", ".join(repr(choice) for choice in choices)
-
-    def parse(raw: object) -> object:
-        if not isinstance(raw, str) or raw.strip().lower() not in choices:
-            raise _Bad(expected)
-        return raw.strip().lower()
-
-    return _Kind(expected, parse)
-
-
-def _text_kind(expected: str, check: Callable[[str], bool], *, optional: bool = False) -> _Kind:
-    def parse(raw: object) -> object:
-        if raw is None and optional:
-            return None
-        if not isinstance(raw, str):
-            raise _Bad(expected)
-        text = raw.strip()
-        if not text and optional:
-            return None
-        if not check(text):
-            raise _Bad(expected)
-        return text
-
-    return _Kind(expected + (" (empty: unset)" if optional else ""), parse)
-
-
-def _path_kind() -> _Kind:
-    expected = "a directory path"
-
-    def parse(raw: object) -> object:
-        if not isinstance(raw, str | os.PathLike) or not os.fspath(raw):
-            raise _Bad(expected)
-        return Path(os.fspath(raw)).expanduser()
-
-    return _Kind(expected, parse)
-
-
-def _list_kind(expected_item: str, check: Callable[[str], bool]) -> _Kind:
-    expected = f"a list of {expected_item} (in the environment: comma-separated)"
-
-    def parse(raw: object) -> object:
-        items: list[object]
-        if isinstance(raw, str):
-            items = [item for item in raw.split(",") if item.strip()]
-        elif isinstance(raw, list | tuple):
-            items = list(raw)
-        else:
-            raise _Bad(expected)
-        if not all(isinstance(item, str) and check(item.strip()) for item in items):
-            raise _Bad(expected)
-        return tuple(str(item).strip() for item in items)
-
-    return _Kind(expected, parse)
-
-
-def _is_host(text: str) -> bool:
-    return bool(text) and not any(ch.isspace() or ch in "/@" for ch in text)
-
-
-def _is_nats_url(text: str) -> bool:
-    if "://" not in text:
-        return _is_host(text.rsplit(":", 1)[0])
-    parts = urlsplit(text)
-    return parts.scheme in {"nats", "tls", "ws", "wss"} and bool(parts.hostname)
-
-
-def parse_etcd_endpoint(endpoint: str) -> tuple[str, int]:
-    """``http://host:port``, ``https://host:port`` or ``host[:port]`` → ``(host, port)``; port 2379 if absent.
-
-    The etcd client takes a host and a port, while users and ``EmbeddedEtcd`` speak in URLs.
-    """
-    text = endpoint.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    if parts.scheme not in {"http", "https"} or not parts.hostname or parts.path not in {"", "/"}:
-        raise ValueError(f"not an etcd endpoint: {endpoint!r}")
-    try:
-        port = parts.port or 2379
-    except ValueError:
-        raise ValueError(f"bad port in etcd endpoint {endpoint!r}") from None
-    return parts.hostname, port
-
-
-def _is_etcd_endpoint(text: str) -> bool:
-    try:
-        parse_etcd_endpoint(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _setting(default: _T, kind: _Kind, doc: str) -> _T:
-    """A configuration field: its default, how its values are parsed and checked, and what it is for."""
-    return field(default=default, metadata={"kind": kind, "doc": doc})
-
-
-_PORT = _int_kind(0, 65535)
-_POSITIVE = _int_kind(1)
-_NON_NEGATIVE = _int_kind(0)
 
 
 # ---- the configuration ----
@@ -285,190 +96,190 @@ class BrokerConfig:
     """
 
     # -- identity and listeners --
-    id: str | None = _setting(
+    id: str | None = setting(
         None,
-        _text_kind("1-64 letters, digits, '_' or '-'", lambda s: _ID_PATTERN.fullmatch(s) is not None, optional=True),
+        text_kind("1-64 letters, digits, '_' or '-'", lambda s: _ID_PATTERN.fullmatch(s) is not None, optional=True),
         "Broker id, unique in the cluster; it appears in etcd keys and metadata. Unset: generated on first start "
         "and kept in <data_dir>/broker-id.",
     )
-    host: str = _setting("127.0.0.1", _text_kind("a host name or IP address", _is_host), "Address to listen on.")
-    advertise_host: str | None = _setting(
+    host: str = setting("127.0.0.1", text_kind("a host name or IP address", is_host), "Address to listen on.")
+    advertise_host: str | None = setting(
         None,
-        _text_kind("a host name or IP address", _is_host, optional=True),
+        text_kind("a host name or IP address", is_host, optional=True),
         "Address clients and other brokers are told to connect to. Unset: host (set it when host is 0.0.0.0).",
     )
-    port: int = _setting(9292, _PORT, "gRPC port of the Liftbridge API and the health service (0: any free port).")
-    wire_port: int = _setting(9293, _PORT, "Port of the tidelog wire protocol (0: any free port).")
-    advertise_wire_port: int = _setting(
+    port: int = setting(9292, PORT, "gRPC port of the Liftbridge API and the health service (0: any free port).")
+    wire_port: int = setting(9293, PORT, "Port of the tidelog wire protocol (0: any free port).")
+    advertise_wire_port: int = setting(
         0,
-        _PORT,
+        PORT,
         "Wire port clients and other brokers are told to connect to (behind NAT or a proxy). 0: the wire port.",
     )
-    data_dir: Path = _setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
+    data_dir: Path = setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
         Path("./tidelog-data"),
-        _path_kind(),
+        path_kind(),
         "Directory of this broker's partitions, its id, and the embedded servers' data and logs.",
     )
-    log_level: str = _setting("info", _choice_kind("debug", "info", "warning", "error"), "Logging threshold.")
+    log_level: str = setting("info", choice_kind("debug", "info", "warning", "error"), "Logging threshold.")
 
     # -- NATS and etcd --
-    nats_servers: tuple[str, ...] = _setting(
+    nats_servers: tuple[str, ...] = setting(
         (),
-        _list_kind("NATS URLs (nats://host:port)", _is_nats_url),
+        list_kind("NATS URLs (nats://host:port)", is_nats_url),
         "NATS servers to use. Empty: the broker runs its own nats-server on loopback.",
     )
-    etcd_endpoints: tuple[str, ...] = _setting(
+    etcd_endpoints: tuple[str, ...] = setting(
         (),
-        _list_kind("etcd endpoints (http://host:port)", _is_etcd_endpoint),
+        list_kind("etcd endpoints (http://host:port)", is_etcd_endpoint),
         "etcd endpoints to use. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
     )
-    embedded_nats_port: int = _setting(
-        4222, _PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
+    embedded_nats_port: int = setting(
+        4222, PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
     )
-    embedded_etcd_port: int = _setting(0, _PORT, "Client port of the embedded etcd (0: any free port).")
+    embedded_etcd_port: int = setting(0, PORT, "Client port of the embedded etcd (0: any free port).")
 
     # -- writes and acks --
-    default_flush_policy: str = _setting(
+    default_flush_policy: str = setting(
         "always",
-        _choice_kind("always", "interval", "never"),
+        choice_kind("always", "interval", "never"),
         "When appends are fsynced: 'always' before acking (group commit), 'interval' every "
         "default_flush_interval_ms, 'never' (durability from replication alone).",
     )
-    default_flush_interval_ms: int = _setting(1000, _POSITIVE, "fsync period under the 'interval' flush policy.")
-    recovery_truncate_damaged: bool = _setting(
+    default_flush_interval_ms: int = setting(1000, POSITIVE, "fsync period under the 'interval' flush policy.")
+    recovery_truncate_damaged: bool = setting(
         False,
-        _bool_kind(),
+        bool_kind(),
         "Let start-up recovery cut a partition's log at a damaged batch that intact batches follow (bit rot, a bad "
         "sector; not a crash), losing those batches. Off: such a single-replica partition (or a leader with no "
         "other in-sync replica) is not opened, and the broker logs the damaged offsets; a follower always cuts "
         "and fetches the range again from its leader. Every cut is logged with its offsets.",
     )
-    default_ack_timeout_ms: int = _setting(
-        5000, _POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
+    default_ack_timeout_ms: int = setting(
+        5000, POSITIVE, "How long a publish waits for its ack policy to be met before failing with DeadlineExceeded."
     )
-    max_message_bytes: int = _setting(_MIB, _POSITIVE, "Largest message (key, value and headers) a broker accepts.")
-    max_timestamp_ahead_ms: int = _setting(
+    max_message_bytes: int = setting(_MIB, POSITIVE, "Largest message (key, value and headers) a broker accepts.")
+    max_timestamp_ahead_ms: int = setting(
         3_600_000,
-        _POSITIVE,
+        POSITIVE,
         "A produced batch or append whose timestamps are further ahead of the broker's clock than this is refused "
         "with INVALID_ARGUMENT: a record stamped in the future would hold its segment back from retention by age "
         "until then (Kafka's message.timestamp.after.max.ms).",
     )
-    default_unclean_leader_election: bool = _setting(
-        False, _bool_kind(), "Allow a replica outside the ISR to become leader (loses committed data; opt-in)."
+    default_unclean_leader_election: bool = setting(
+        False, bool_kind(), "Allow a replica outside the ISR to become leader (loses committed data; opt-in)."
     )
-    producer_expiry_ms: int = _setting(
+    producer_expiry_ms: int = setting(
         86_400_000,
-        _POSITIVE,
+        POSITIVE,
         "An idempotent producer idle this long (by its newest batch's timestamp) is forgotten by each partition; "
         "a retry after that cannot be deduplicated (Kafka's producer.id.expiration.ms).",
     )
 
-    nats_duplicate_window_ms: int = _setting(
+    nats_duplicate_window_ms: int = setting(
         120_000,
-        _NON_NEGATIVE,
+        NON_NEGATIVE,
         "NATS messages with a Nats-Msg-Id header are stored once per partition within this window, as JetStream "
         "does (0: no deduplication).",
     )
-    nats_max_msg_ids: int = _setting(
+    nats_max_msg_ids: int = setting(
         100_000,
-        _POSITIVE,
+        POSITIVE,
         "Most Nats-Msg-Id values remembered per partition; beyond it the oldest are forgotten early (a late "
         "duplicate of one is stored again, nothing is lost).",
     )
 
     # -- transactional appends --
-    max_append_bytes: int = _setting(
+    max_append_bytes: int = setting(
         128 * _MIB,
-        _POSITIVE,
+        POSITIVE,
         "Largest transactional append (its records, as one batch; at most segment_max_bytes, which also bounds "
         "it). Replicas and consumers receive an append whole, so this also bounds their largest fetch response.",
     )
-    append_min_rate_bytes: int = _setting(
+    append_min_rate_bytes: int = setting(
         65_536,
-        _NON_NEGATIVE,
+        NON_NEGATIVE,
         "A transactional append whose client streams fewer bytes per second than this, measured over "
         "append_rate_window_ms, is aborted with APPEND_TOO_SLOW (Gazette's minimum append rate; 0: no minimum).",
     )
-    append_rate_window_ms: int = _setting(
-        5_000, _POSITIVE, "The window over which append_min_rate_bytes is measured, and the longest pause allowed."
+    append_rate_window_ms: int = setting(
+        5_000, POSITIVE, "The window over which append_min_rate_bytes is measured, and the longest pause allowed."
     )
-    max_open_appends_per_connection: int = _setting(
+    max_open_appends_per_connection: int = setting(
         64,
-        _POSITIVE,
+        POSITIVE,
         "Most transactional appends one wire connection may have begun and not yet committed or aborted; one "
         "more is refused with OPEN_APPENDS_LIMIT (their records wait in spool files on the data disk).",
     )
-    max_open_append_bytes_per_connection: int = _setting(
+    max_open_append_bytes_per_connection: int = setting(
         512 * _MIB,
-        _POSITIVE,
+        POSITIVE,
         "Most record bytes one wire connection's open transactional appends may hold spooled together; the append "
         "whose chunk would pass it fails with OPEN_APPENDS_LIMIT and its spool is dropped. At least the largest "
         "append (max_append_bytes, or segment_max_bytes if smaller).",
     )
 
     # -- segments, retention, compaction --
-    segment_max_bytes: int = _setting(256 * _MIB, _POSITIVE, "Roll to a new segment file at this size.")
-    segment_preallocate_bytes: int = _setting(
+    segment_max_bytes: int = setting(256 * _MIB, POSITIVE, "Roll to a new segment file at this size.")
+    segment_preallocate_bytes: int = setting(
         4 * _MIB,
-        _NON_NEGATIVE,
+        NON_NEGATIVE,
         "Under the 'always' flush policy, zeros written ahead of each active segment's end in the background, so "
         "that an fsynced append overwrites instead of growing the file (a cheaper fsync: no journal commit). "
         "Only while a stream is appended to at under 8 MiB/s. 0: off (no gain on copy-on-write filesystems such as "
         "btrfs or ZFS, where an overwrite allocates anyway).",
     )
-    segment_max_age_ms: int = _setting(7 * _DAY_MS, _NON_NEGATIVE, "Roll a segment this old (0: never by age).")
-    retention_max_bytes: int = _setting(
-        0, _NON_NEGATIVE, "Delete the oldest segments beyond this many bytes per partition (0: no limit)."
+    segment_max_age_ms: int = setting(7 * _DAY_MS, NON_NEGATIVE, "Roll a segment this old (0: never by age).")
+    retention_max_bytes: int = setting(
+        0, NON_NEGATIVE, "Delete the oldest segments beyond this many bytes per partition (0: no limit)."
     )
-    retention_max_messages: int = _setting(
-        0, _NON_NEGATIVE, "Delete the oldest segments beyond this many messages per partition (0: no limit)."
+    retention_max_messages: int = setting(
+        0, NON_NEGATIVE, "Delete the oldest segments beyond this many messages per partition (0: no limit)."
     )
-    retention_max_age_ms: int = _setting(
-        7 * _DAY_MS, _NON_NEGATIVE, "Delete segments whose newest message is older than this (0: no limit)."
+    retention_max_age_ms: int = setting(
+        7 * _DAY_MS, NON_NEGATIVE, "Delete segments whose newest message is older than this (0: no limit)."
     )
-    cleaner_interval_ms: int = _setting(5 * 60 * 1000, _POSITIVE, "How often retention and compaction run.")
-    compact_enabled: bool = _setting(False, _bool_kind(), "Key compaction: keep only the newest record per key.")
-    compact_delete_retention_ms: int = _setting(
-        _DAY_MS, _NON_NEGATIVE, "How long compaction keeps a tombstone (a keyed record without a value)."
+    cleaner_interval_ms: int = setting(5 * 60 * 1000, POSITIVE, "How often retention and compaction run.")
+    compact_enabled: bool = setting(False, bool_kind(), "Key compaction: keep only the newest record per key.")
+    compact_delete_retention_ms: int = setting(
+        _DAY_MS, NON_NEGATIVE, "How long compaction keeps a tombstone (a keyed record without a value)."
     )
 
     # -- replication and membership --
-    replica_lag_time_max_ms: int = _setting(
-        15_000, _POSITIVE, "A follower behind the leader for longer than this leaves the ISR."
+    replica_lag_time_max_ms: int = setting(
+        15_000, POSITIVE, "A follower behind the leader for longer than this leaves the ISR."
     )
-    replica_fetch_wait_max_ms: int = _setting(
-        500, _POSITIVE, "Longest a follower's fetch waits at the leader for new data (long poll)."
+    replica_fetch_wait_max_ms: int = setting(
+        500, POSITIVE, "Longest a follower's fetch waits at the leader for new data (long poll)."
     )
-    replica_copy_threshold_bytes: int = _setting(
+    replica_copy_threshold_bytes: int = setting(
         256 * _MIB,
-        _NON_NEGATIVE,
+        NON_NEGATIVE,
         "A follower this far behind (or behind the leader's log start) copies sealed segment files instead of "
         "fetching batches (far-horizon catch-up). 0: copy only when behind the log start.",
     )
-    replica_ack_poll_us: int = _setting(
+    replica_ack_poll_us: int = setting(
         500,
-        _NON_NEGATIVE,
+        NON_NEGATIVE,
         "After an acks-ALL write that waits alone for its commit is fsynced, the leader polls its sockets for this "
         "long instead of sleeping (stopping early when it passes the next write to its followers), so the "
         "followers' acknowledgements and the producer's next write need not wake it: lower latency where waking an "
         "idle CPU is dear (virtual machines), for up to this much leader CPU per such write. 0: "
         "sleep (a leader sharing its CPUs with other busy work).",
     )
-    broker_lease_ttl_ms: int = _setting(
+    broker_lease_ttl_ms: int = setting(
         10_000,
-        _int_kind(1000),
+        int_kind(1000),
         "TTL of the etcd lease that proves this broker alive; the controller fails it over after it lapses "
         "(etcd rounds it up to whole seconds).",
     )
-    leader_balance_interval_ms: int = _setting(
+    leader_balance_interval_ms: int = setting(
         30_000,
-        _POSITIVE,
+        POSITIVE,
         "How often the controller moves leadership back to each partition's preferred replica (the first one) "
         "once that replica is back in the ISR.",
     )
-    shutdown_timeout_ms: int = _setting(
-        15_000, _POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."
+    shutdown_timeout_ms: int = setting(
+        15_000, POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."
     )
 
     def __post_init__(self) -> None:
@@ -478,7 +289,7 @@ class BrokerConfig:
             value = getattr(self, each.name)
             try:
                 object.__setattr__(self, each.name, each.metadata["kind"].parse(value))
-            except _Bad as bad:
+            except Bad as bad:
                 raise BadConfigValueError(each.name, "BrokerConfig arguments", value, bad.expected) from None
         if self.max_message_bytes > self.segment_max_bytes:
             raise BadConfigValueError(
@@ -526,7 +337,7 @@ def describe_keys() -> dict[str, str]:
     """Key → what it is for, its default and what it accepts (for ``--help`` texts and documentation)."""
     described = {}
     for name, each in _FIELDS.items():
-        kind: _Kind = each.metadata["kind"]
+        kind: Kind = each.metadata["kind"]
         described[name] = f"{each.metadata['doc']} Default: {_show(each.default)}. Accepts {kind.expected}."
     return described
 
@@ -572,7 +383,7 @@ def _coerce(key: str, raw: object, source: str) -> object:
         raise UnknownConfigKeyError(key, source, config_keys())
     try:
         return each.metadata["kind"].parse(raw)
-    except _Bad as bad:
+    except Bad as bad:
         raise BadConfigValueError(key, source, raw, bad.expected) from None
 
 

@@ -7,7 +7,8 @@ committed file is current.
 
 from __future__ import annotations
 
-from tidelog.broker.config import CONFIG_FILE_ENV, ENV_PREFIX, config_keys, describe_keys
+from tidelog.broker.config import CONFIG_FILE_ENV, config_keys, describe_keys
+from tidelog.broker.config_values import ENV_PREFIX
 
 HEADER = f"""# Configuration reference
 

@@ -28,7 +28,7 @@ class BrokerContext:
     manager: PartitionManager
     admin: StreamAdmin
     mirror: MetadataMirror
-    nc: Any  # tidelog.broker.nats_client.BrokerNats (or a stand-in with its publish, subscribe and flush)
+    nc: Any  # tidelog.broker.ingest.nats_client.BrokerNats (or a stand-in with its publish, subscribe and flush)
     link: ControllerLink | None = None  # the way to the controller (None: a broker assembled without one)
     peers: Peers | None = None  # connections to the other brokers, for forwarding
     producer_ids: ProducerIdAllocator | None = None  # INIT_PRODUCER (None: a broker assembled without etcd)

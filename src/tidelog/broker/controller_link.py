@@ -15,13 +15,12 @@ broker re-registers, and a live controller's next fenced write simply fails and 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from tidelog.broker.peers import Peers
+from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.controller import probe_refused
 from tidelog.metadata.controller_plans import AlterIsrError
 from tidelog.metadata.fenced_writer import ControllerError
@@ -103,8 +102,10 @@ class ControllerLink:
         *,
         etcd: Any = None,
         keys: Keys | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self._clock: Clock = clock or SystemClock()
         self._election = election
         self.controller = controller  # tidelog.metadata.controller.Controller; usable while elected
         self._peers = peers
@@ -123,7 +124,7 @@ class ControllerLink:
 
     async def _retrying(self, what: str, timeout: float, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run ``attempt`` until it succeeds, a non-retriable error, or ``timeout``."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic_ns() + int(timeout * 1e9)
         for tries in range(1_000):
             try:
                 return await attempt()
@@ -134,9 +135,9 @@ class ControllerLink:
             except (OSError, ConnectionError) as exc:
                 failure = exc
             delay = RETRY_DELAYS[min(tries, len(RETRY_DELAYS) - 1)]
-            if time.monotonic() + delay >= deadline:
+            if self._clock.monotonic_ns() + int(delay * 1e9) >= deadline:
                 raise UnavailableError(f"could not {what} within {timeout:.1f}s: {failure}")
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)
         raise UnavailableError(f"could not {what}")  # pragma: no cover - bounded above by the deadline
 
     def _remote(self) -> str:

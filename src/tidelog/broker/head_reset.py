@@ -10,7 +10,7 @@ Any broker takes the request (``tidelog partition reset-head`` asks whichever it
    (:func:`~tidelog.metadata.suspension.decide_reset_head`) and writes the record, fenced.
 4. The broker that took the request answers once its own mirror shows the new leadership.
 
-The leader applies the record when its broker sees it (:func:`tidelog.broker.safety.apply_confirmed_head`);
+The leader applies the record when its broker sees it (:func:`tidelog.broker.partitions.safety.apply_confirmed_head`);
 the client waits for that by asking the leader (:meth:`tidelog.client.admin.Admin.reset_head`).
 """
 

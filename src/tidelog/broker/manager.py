@@ -3,10 +3,10 @@
 It listens to the :class:`~tidelog.metadata.mirror.MetadataMirror`. Every partition with this broker among its
 replicas has its log open here, in one of two roles:
 
-- **leader**: a :class:`~tidelog.broker.partition.Partition` (writes, the high watermark, the ISR) and NATS
+- **leader**: a :class:`~tidelog.broker.partitions.partition.Partition` (writes, the high watermark, the ISR) and NATS
   ingest (an ingest that fails to start is logged as an error and retried with backoff until it subscribes:
   :meth:`PartitionManager.ingesting` says whether it has);
-- **follower**: a :class:`~tidelog.replication.follower.ReplicaFetcher` pulling from the leader named in the
+- **follower**: a :class:`~tidelog.replication.follower.fetcher.ReplicaFetcher` pulling from the leader named in the
   metadata, restarted whenever the leader or its epoch changes (and idle while the partition has no live
   leader).
 
@@ -20,7 +20,7 @@ open or close partitions themselves: they change metadata and wait for the manag
 state follows one source of truth whatever protocol the change came through.
 
 A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
-:class:`~tidelog.broker.damaged_partitions.DamagedPartitions` allows the cut; otherwise the partition is not run
+:class:`~tidelog.broker.partitions.damaged.DamagedPartitions` allows the cut; otherwise the partition is not run
 here, and its requests get CORRUPT_DATA naming the damage.
 
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
@@ -37,20 +37,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tidelog.broker.damage_repair import DamageRepairs
-from tidelog.broker.damaged_partitions import DamagedPartitions
-from tidelog.broker.follower_replica import FollowerReplica
-from tidelog.broker.ingest import NatsIngest
-from tidelog.broker.partition import AlterIsr, Partition
+from tidelog.broker.ingest.nats_ingest import NatsIngest
+from tidelog.broker.partitions.damage_repair import DamageRepairs
+from tidelog.broker.partitions.damaged import DamagedPartitions
+from tidelog.broker.partitions.followed import FollowedPartition
+from tidelog.broker.partitions.partition import AlterIsr, Partition
+from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
-from tidelog.broker.safety import ReportSuspension, apply_confirmed_head
+from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
-from tidelog.replication.follower import ReplicaFetcher
+from tidelog.replication.follower.fetcher import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
-from tidelog.replication.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
-from tidelog.replication.producer_sync import open_producer_state
+from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
+from tidelog.replication.idempotence.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
 from tidelog.storage.flush import FlushShares
 from tidelog.storage.log import Log
@@ -92,8 +93,10 @@ class PartitionManager:
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
         recovery_truncate_damaged: bool = False,
         peers: Peers | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
         self._root = data_dir / "streams"
         self._nc = nc
         self._nats_urls = list(nats_urls)  # for each ingest's own NATS connection (see broker.ingest)
@@ -111,9 +114,11 @@ class PartitionManager:
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
         self._producer_expiry_ms = producer_expiry_ms
-        self.damaged = DamagedPartitions(broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr)
+        self.damaged = DamagedPartitions(
+            broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr, clock=self._clock
+        )
         self._partitions: dict[PartitionKey, Partition] = {}
-        self._followers: dict[PartitionKey, FollowerReplica] = {}
+        self._followers: dict[PartitionKey, FollowedPartition] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
         self._ingest_retries: dict[PartitionKey, asyncio.Task[None]] = {}  # ingests that failed to start
         self._snapshot = MetadataSnapshot()
@@ -147,15 +152,15 @@ class PartitionManager:
     def partitions(self) -> list[Partition]:
         return list(self._partitions.values())
 
-    def replicas(self) -> list[Partition | FollowerReplica]:
+    def replicas(self) -> list[Partition | FollowedPartition]:
         """Every partition this broker holds a copy of, led or followed."""
         return [*self._partitions.values(), *self._followers.values()]
 
-    def follower(self, stream: str, partition: int) -> FollowerReplica | None:
+    def follower(self, stream: str, partition: int) -> FollowedPartition | None:
         """The partition if this broker follows it, else None."""
         return self._followers.get((stream, partition))
 
-    def reader_of(self, stream: str, partition: int, *, isr_replica: bool = False) -> Partition | FollowerReplica:
+    def reader_of(self, stream: str, partition: int, *, isr_replica: bool = False) -> Partition | FollowedPartition:
         """Where a subscriber reads: the leader, or with ``isr_replica`` (Liftbridge's ``readISRReplica``) this
         broker's copy when it is in the ISR; the leader's precise error otherwise."""
         if isr_replica:
@@ -289,6 +294,7 @@ class PartitionManager:
             producers=producers,
             report_suspension=self._report_suspension,
             ack_poll_us=self._ack_poll_us,
+            clock=self._clock,
         )
         self._partitions[(stream.name, record.id)] = partition
         self._repairs.watch(log_, stream.name, record.id)
@@ -335,6 +341,7 @@ class PartitionManager:
             ack_timeout=self._ack_timeout,
             duplicate_window_ms=self._duplicate_window_ms,
             max_msg_ids=self._max_msg_ids,
+            clock=self._clock,
         )
         try:
             await ingest.start()
@@ -351,7 +358,7 @@ class PartitionManager:
         wait = _INGEST_RETRY_FIRST
         attempts = 1
         while True:
-            await asyncio.sleep(wait)
+            await self._clock.sleep(wait)
             wait = min(wait * 2, _INGEST_RETRY_MAX)
             attempts += 1
             try:
@@ -386,7 +393,7 @@ class PartitionManager:
                 (log_, producers), hw = opened, None
             # A demoted leader's HW (which its close() has checkpointed) is what the follower may serve and start
             # from; a log just opened starts from its checkpoint.
-            follower = FollowerReplica(stream, record, log_, producers, high_watermark=hw)
+            follower = FollowedPartition(stream, record, log_, producers, high_watermark=hw)
             self._followers[key] = follower
             self._repairs.watch(log_, stream.name, record.id)
         follower.record = record
@@ -416,6 +423,7 @@ class PartitionManager:
             on_high_watermark=follower.high_watermark_moved,
             on_leader_unreachable=self._unreachable_hook(leader_id),
             producers=follower.producers,
+            clock=self._clock,
         )
         follower.fetcher = fetcher
         await fetcher.start()
@@ -434,7 +442,7 @@ class PartitionManager:
     async def _checkpoint_followers(self) -> None:
         """Persist each follower's high watermark once a second while it moves."""
         while True:
-            await asyncio.sleep(1.0)
+            await self._clock.sleep(1.0)
             for follower in list(self._followers.values()):
                 if follower.fetcher is None:
                     continue
@@ -512,7 +520,7 @@ async def _delete_directory(path: Path) -> None:
         parent.rmdir()
 
 
-async def _close_follower(follower: FollowerReplica) -> None:
+async def _close_follower(follower: FollowedPartition) -> None:
     """Checkpoint what the follower knows is committed, then close its log."""
     hw = follower.known_committed
     await write_hw_checkpoint(follower.log.directory, hw)

@@ -10,13 +10,13 @@ broker it asked.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from tidelog.broker.controller_link import call_controller
+from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.placement import place_replicas, resolve_replication_factor
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
@@ -108,9 +108,17 @@ class StreamAdmin:
     """Validated metadata changes for streams and their partitions."""
 
     def __init__(
-        self, broker_id: str, store: MetadataWriter, mirror: MetadataMirror, *, link: ControllerLink | None = None
+        self,
+        broker_id: str,
+        store: MetadataWriter,
+        mirror: MetadataMirror,
+        *,
+        link: ControllerLink | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock``: the creation and change times written into stream records."""
         self._broker_id = broker_id
+        self._clock: Clock = clock or SystemClock()
         self._store = store
         self._mirror = mirror
         self._link = link
@@ -172,7 +180,7 @@ class StreamAdmin:
             leaders[p.replicas[0]] = leaders.get(p.replicas[0], 0) + 1
             for r in p.replicas:
                 load[r] = load.get(r, 0) + 1
-        record = StreamRecord(name, subject, group, partitions, rf, time.time_ns(), config)
+        record = StreamRecord(name, subject, group, partitions, rf, self._clock.now_ns(), config)
         parts = [
             PartitionRecord(name, i, replicas, replicas[0], replicas)
             for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load, leaders))
@@ -230,7 +238,7 @@ class StreamAdmin:
             )
             await self._forward_update(request, name, partitions, lambda p: p.paused == paused)
             return
-        now = time.time_ns()
+        now = self._clock.now_ns()
         await self._update(
             name,
             partitions,
@@ -250,7 +258,7 @@ class StreamAdmin:
             request = SetStreamStateRequest(name, tuple(partitions), readonly=readonly, forwarded=True)
             await self._forward_update(request, name, partitions, lambda p: p.readonly == readonly)
             return
-        now = time.time_ns()
+        now = self._clock.now_ns()
         await self._update(name, partitions, lambda p: msgspec.structs.replace(p, readonly=readonly, readonly_ns=now))
 
     def _partition_ids(self, name: str, partitions: Sequence[int]) -> list[int]:

@@ -23,7 +23,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tidelog.broker.config import parse_etcd_endpoint
+from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,

@@ -3,7 +3,7 @@
 
 A leader that finds evidence of lost consistency — a replica holding offsets beyond its log end, or a log that
 ends below what it knew committed — refuses appends with PARTITION_SUSPENDED until an operator has looked and
-confirmed where the log's head is (:mod:`tidelog.broker.safety`). This is that confirmation. It shows what it
+confirmed where the log's head is (:mod:`tidelog.broker.partitions.safety`). This is that confirmation. It shows what it
 is about to confirm (the evidence, the leader's bounds) and asks first, unless ``--yes``.
 """
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from tidelog.broker.config import ConfigError, load_config
+from tidelog.broker.config import load_config
+from tidelog.broker.config_values import ConfigError
 from tidelog.cli.signals import stop_on_signals
 
 log = logging.getLogger("tidelog")

@@ -1,6 +1,6 @@
 """Idempotent producing, the client's half: who the producer is, and stamping its batches with sequences.
 
-The broker's half is :mod:`tidelog.replication.producer_state`: per partition, a leader remembers the last
+The broker's half is :mod:`tidelog.replication.idempotence.producer_state`: per partition, a leader remembers the last
 :data:`WINDOW` batches of each producer id and answers a retry of one of them with its original offsets instead
 of writing it again. For that, every batch this producer sends carries, in its header, the producer's id and
 epoch (a :class:`ProducerStamp`, from one ``INIT_PRODUCER`` request) and the sequence of its first record; the
@@ -35,7 +35,7 @@ from tidelog.protocol.connection import ConnectionClosedError
 from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse
 from tidelog.protocol.records import CRC_FIELD, CRC_POS, CRC_START
-from tidelog.replication.producer_state import MAX_SEQUENCE, WINDOW
+from tidelog.replication.idempotence.producer_state import MAX_SEQUENCE, WINDOW
 
 log = logging.getLogger(__name__)
 

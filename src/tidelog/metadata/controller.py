@@ -272,7 +272,7 @@ class Controller:
         record before and after, and the bounds the leader reported (asked with ``bounds_of``, each attempt).
 
         The new record clears the suspension, bumps the leader epoch and names the head for it; the leader cuts
-        its log there before taking appends (:mod:`tidelog.broker.safety`). Raises
+        its log there before taking appends (:mod:`tidelog.broker.partitions.safety`). Raises
         :class:`~tidelog.metadata.suspension.SuspensionError` (see
         :func:`~tidelog.metadata.suspension.decide_reset_head`).
         """

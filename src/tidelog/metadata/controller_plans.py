@@ -275,7 +275,7 @@ def decide_alter_isr(
     **Stepping down**: an ISR without the leader (itself in the ISR), made only of current ISR members, hands the
     leadership (one epoch later) to the first of them in replicas order that is live and not shutting down, and
     leaves the old leader out of the ISR. A leader whose log lost records it cannot serve (start-up recovery
-    found damage with intact data after it: :mod:`tidelog.broker.damaged_partitions`) asks this so that a replica
+    found damage with intact data after it: :mod:`tidelog.broker.partitions.damaged`) asks this so that a replica
     holding the records leads, while it cuts its log and fetches them again as a follower. It is a clean
     election: every ISR member holds everything committed.
     """

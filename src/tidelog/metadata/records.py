@@ -81,7 +81,7 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     partition lost committed data; empty while it takes appends. Every leader of the partition refuses appends
     while it is set, whichever broker leads. Only ``tidelog partition reset-head`` clears it, and that bumps
     the leader epoch and records the head the operator confirmed: ``head_offset`` for the leadership of
-    ``head_epoch`` (-1: never confirmed). See :mod:`tidelog.broker.safety`.
+    ``head_epoch`` (-1: never confirmed). See :mod:`tidelog.broker.partitions.safety`.
     """
 
     stream: str

@@ -3,7 +3,7 @@
 Pure functions of a partition record, as :mod:`tidelog.metadata.controller_plans` (no I/O, no clock): the
 :class:`~tidelog.metadata.controller.Controller` writes what they return with a compare-and-swap on the exact
 record they decided on, fenced by its controller epoch. What the leader does around them, and why, is in
-:mod:`tidelog.broker.safety`.
+:mod:`tidelog.broker.partitions.safety`.
 
 - :func:`decide_suspend`: a leader reports evidence that its partition lost consistency. Accepted only from the
   leader of the record's leader epoch (as AlterIsr): a deposed leader's finding is about a log that no longer
@@ -141,7 +141,7 @@ def decide_reset_head(record: PartitionRecord, bounds: LeaderBounds, offset: int
     invented, and a head the leader does not hold would suspend it again. Not below the high watermark: those
     offsets are committed, consumers may have read them, and another record must never take one. In between
     the leader's uncommitted tail is cut. The new record has the suspension cleared and the next leader epoch
-    (followers truncate again against the confirmed log, see :mod:`tidelog.broker.safety`), and remembers the
+    (followers truncate again against the confirmed log, see :mod:`tidelog.broker.partitions.safety`), and remembers the
     head for that epoch.
     """
     name = f"{record.stream}/{record.id}"

@@ -30,9 +30,9 @@ keeps length limits equal to byte limits and the sort order identical in every c
 
 Registers travel with the data (:func:`encode_labels`, at most :data:`MAX_REGISTER_LABELS` labels and
 :data:`MAX_REGISTER_BYTES` bytes) and are remembered per log end offset by
-:class:`~tidelog.replication.register_history.RegisterHistory`, so that a replica truncated by leader epoch goes
-back to the registers of the data it kept; the history is persisted in a checksummed checkpoint file
-(:class:`~tidelog.replication.register_history.RegisterCheckpoint`).
+:class:`~tidelog.replication.idempotence.register_history.RegisterHistory`, so that a replica truncated by leader epoch
+goes back to the registers of the data it kept; the history is persisted in a checksummed checkpoint file
+(:class:`~tidelog.replication.idempotence.register_history.RegisterCheckpoint`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The checkpoint is derived state: a damaged one (empty, torn, garbage, another ve
 falls back to the log start, logged as a WARNING, the choice Kafka makes for a missing checkpoint: nothing is
 exposed as committed that was not, a leader's HW rises again as its followers fetch (reads above it wait until
 then), a follower's as its leader reports it. It is not a safety evidence either way: a fallback below the true
-HW can only hide a loss that :mod:`tidelog.broker.safety` would otherwise have found.
+HW can only hide a loss that :mod:`tidelog.broker.partitions.safety` would otherwise have found.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def read_hw_checkpoint(log_: Log) -> int:
 def checkpointed_hw(log_: Log) -> int:
     """The high watermark this replica last checkpointed, *not* clamped to its log end (the log start when none,
     unreadable, or below it). Above the log end, it is evidence that the log lost committed records: a new
-    leader suspends appends on it (:mod:`tidelog.broker.safety`)."""
+    leader suspends appends on it (:mod:`tidelog.broker.partitions.safety`)."""
     try:
         hw = HighWatermarkCheckpoint(log_.directory / HW_CHECKPOINT_FILE).read(0)
     except Exception as exc:  # a damaged checkpoint: fall back to the safe value, nothing beyond the log start

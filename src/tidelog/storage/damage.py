@@ -19,7 +19,7 @@ does run: a read of bytes not yet verified in this process (a sealed segment aft
 
 Ranges that fall below the log start (retention) or at or past a truncation point are dropped: the bytes they
 described are gone. A replicated partition restores a range from a replica (``on_found`` starts it,
-:mod:`tidelog.broker.damage_repair`); while that runs, reads inside the range are told to retry
+:mod:`tidelog.broker.partitions.damage_repair`); while that runs, reads inside the range are told to retry
 (``OffsetDamagedError.repairing``), and a restored range is forgotten.
 """
 

@@ -375,7 +375,7 @@ class Flusher:
         ``on_durable`` runs the moment the fsync covering ``seq`` has returned, from inside the round (before any
         waiter resumes), or before this returns when no fsync is needed; never when the fsync fails or the wait
         is cancelled first. A follower sends its acknowledgement from there
-        (:meth:`~tidelog.replication.follower.ReplicaFetcher._on_fetching`)."""
+        (:meth:`~tidelog.replication.follower.fetcher.ReplicaFetcher._on_fetching`)."""
         if self.policy is FlushPolicy.ALWAYS and seq > self.durable:
             await self.wait_durable(seq, on_durable)
         elif on_durable is not None:

@@ -12,7 +12,7 @@ batch that is torn or fails its CRC. What it does next depends on what lies *aft
 - **CRC-valid batches** at higher offsets, in the same segment or in a later one: **damage in the middle**.
   A crash does not do that; bit rot or a bad sector does. The batches after the damage were written,
   fsynced and most likely acknowledged: they are not cut without an operator's word (a single replica) or a
-  replica to fetch them from (see :mod:`tidelog.broker.damaged_partitions`).
+  replica to fetch them from (see :mod:`tidelog.broker.partitions.damaged`).
 
 :class:`RecoveryDamage` describes such damage; :class:`DamagedLogError` is what opening a log raises when it
 finds some and was not allowed to cut it. :func:`find_damage` decides between the two cases.

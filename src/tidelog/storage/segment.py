@@ -695,7 +695,7 @@ class Segment:
 
 class FileSlice:
     """Bytes to write that are already in another file: a transactional append's spool (see
-    :mod:`tidelog.broker.append_spool`). Written with ``copy_file_range``, an in-kernel copy between page-cache
+    :mod:`tidelog.broker.appends.spool`). Written with ``copy_file_range``, an in-kernel copy between page-cache
     pages: writing a 64 MiB append from a memory map of its spool took ~180 ms here (a page fault per source
     page), copying it ~25 ms."""
 

@@ -1,7 +1,7 @@
 """Installing whole segment files copied from a leader (far-horizon catch-up), and resetting a log.
 
 A follower too far behind its leader copies the leader's *sealed* segment files instead of fetching their
-batches (:mod:`tidelog.replication.catch_up`). It downloads them into a staging directory inside the
+batches (:mod:`tidelog.replication.follower.catch_up`). It downloads them into a staging directory inside the
 partition directory (:data:`STAGING_DIR`), checks them with :func:`verify_staged` and hands the result to
 :meth:`Log.install_segments`, which runs :func:`install_files` under its lock, in a worker thread.
 

@@ -45,7 +45,8 @@ from typing import Any
 
 import aetcd
 
-from tidelog.broker.config import config_keys, parse_etcd_endpoint
+from tidelog.broker.config import config_keys
+from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import ReadinessProbe, all_of

@@ -40,7 +40,7 @@ from tidelog.protocol.messages import (
     StreamInfo,
 )
 from tidelog.protocol.records import BatchHeader, assign_offsets, check_batch, records_of
-from tidelog.replication.producer_state import (
+from tidelog.replication.idempotence.producer_state import (
     Duplicate,
     Fenced,
     InFlight,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol.errors import UnknownStreamError
 
 

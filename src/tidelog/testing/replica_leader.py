@@ -1,7 +1,7 @@
 """A partition leader serving the replication protocol on a real wire server, for replication tests.
 
 :func:`start_leader` makes broker ``a`` the leader of ``s/0`` (replicas ``a`` and ``b``) over a real
-:class:`~tidelog.broker.partition.Partition` and :class:`~tidelog.storage.log.Log`, served by a
+:class:`~tidelog.broker.partitions.partition.Partition` and :class:`~tidelog.storage.log.Log`, served by a
 :class:`~tidelog.api.wire.server.WireServer` whose manager (:class:`~tidelog.testing.fakes.StubManager`) leads
 that partition alone. Followers under test fetch from it as from a real broker; the test writes through
 :meth:`Leader.append` and may stop and restart serving on the same port.
@@ -15,7 +15,7 @@ from pathlib import Path
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import NewRecord, build_batch

@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from tests.broker.helpers import bounded, create_stream, expect_code, read_until_stop, values
 from tests.helpers import BOUND
-from tidelog.broker.open_appends import OpenAppend
+from tidelog.broker.appends.streamed import OpenAppend
 from tidelog.client import Consumer
 from tidelog.protocol._gen import api_pb2_grpc
 from tidelog.protocol._gen.tidelog.v1 import append_pb2 as pb

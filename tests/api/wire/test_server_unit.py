@@ -24,7 +24,7 @@ from tests.helpers import BOUND
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import ErrorCode
 from tidelog.protocol.frames import FrameDecoder, Kind, Op, encode_frame_bytes

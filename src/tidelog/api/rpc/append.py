@@ -1,7 +1,7 @@
 """The ``tidelog.v1`` Append RPC: transactional appends over gRPC, for clients in other languages (issue 5).
 
 It is the wire protocol's APPEND op (:mod:`tidelog.api.wire.append`) in another framing, driven through the
-same :class:`~tidelog.broker.open_appends.OpenAppend` with the same limits (:func:`limits_of`): the expected
+same :class:`~tidelog.broker.appends.streamed.OpenAppend` with the same limits (:func:`limits_of`): the expected
 offset prechecked when the header arrives, records spooled as they arrive, the minimum-rate flow control, and
 the commit in the partition's write turn. ``tidelog/v1/append.proto`` is the client's description; on this side:
 
@@ -33,9 +33,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from tidelog.api.wire.append import limits_of
+from tidelog.broker.appends.commit import AppendRefused, Committed, Expectations, committer_of
+from tidelog.broker.appends.streamed import OpenAppend
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.open_appends import OpenAppend
-from tidelog.broker.transactional import AppendRefused, Committed, Expectations, appends_of
 from tidelog.protocol._gen.tidelog.v1 import append_pb2 as pb
 from tidelog.protocol.errors import ErrorCode, InvalidArgumentError
 from tidelog.protocol.labels import (
@@ -130,15 +130,14 @@ class GrpcAppends:
                 opened.add(memoryview(_encode(records, message.records)))
                 if message.commit:
                     committing = True
-                    return _committed(await opened.commit())
+                    outcome = await opened.commit()
+                    return _refusal(outcome) if isinstance(outcome, AppendRefused) else _committed(outcome)
                 self._changed()
                 message = await _next(requests, opened.failed)
             if opened.failure is None:  # the stream ended: a cancel, a lost connection, or a client that forgot
                 opened.fail(_invalid(opened, "the stream ended without a message setting commit; nothing was written"))
             assert opened.failure is not None
             return _refusal(opened.failure)
-        except AppendRefused as refused:
-            return _refusal(refused)
         finally:
             if not committing:
                 opened.abort()  # nothing was written; the spool goes now
@@ -242,5 +241,5 @@ def _invalid(opened: OpenAppend, reason: str) -> AppendRefused:
         ErrorCode.INVALID_ARGUMENT,
         f"append {opened.append_id} to {partition.name}: {reason}",
         partition.log.end_offset,
-        appends_of(partition).registers.latest_known(),
+        committer_of(partition).registers.latest_known(),
     )

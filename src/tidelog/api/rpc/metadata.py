@@ -7,7 +7,7 @@ record (-1 when there are none), not as "next offset" the way tidelog tracks the
 from __future__ import annotations
 
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.errors import NotLeaderError

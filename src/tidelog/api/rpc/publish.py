@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.broker.translate import as_tidelog_error
-from tidelog.broker.write_path import WriteRefused
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.protocol.errors import (

@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.follower_replica import FollowerReplica
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.followed import FollowedPartition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
 from tidelog.protocol.liftbridge import message_from_record
@@ -50,7 +50,7 @@ class Stop:
         return self.timestamp is not None and timestamp > self.timestamp
 
 
-def start_offset(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRequest) -> int:
+def start_offset(partition: Partition | FollowedPartition, request: api_pb2.SubscribeRequest) -> int:
     """Resolve the start position to the first offset to send."""
     hw = partition.high_watermark
     start = partition.log_start
@@ -70,7 +70,7 @@ def start_offset(partition: Partition | FollowerReplica, request: api_pb2.Subscr
     raise InvalidArgumentError(f"unknown startPosition {position}")
 
 
-def stop_of(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRequest) -> Stop:
+def stop_of(partition: Partition | FollowedPartition, request: api_pb2.SubscribeRequest) -> Stop:
     position = request.stopPosition
     if position == _Stop.STOP_ON_CANCEL:
         return Stop()

@@ -24,11 +24,11 @@ import functools
 import time
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.broker.append_spool import Declared
+from tidelog.broker.appends.commit import AppendRefused, Expectations, committer_of
+from tidelog.broker.appends.spool import Declared
+from tidelog.broker.appends.streamed import AppendLimits, OpenAppend
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.open_appends import AppendLimits, OpenAppend
-from tidelog.broker.transactional import AppendRefused, Expectations, appends_of
 from tidelog.protocol.errors import InvalidArgumentError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.labels import (
@@ -99,7 +99,7 @@ def _status(append: OpenAppend) -> AppendResponse:
     knows them now (every append response carries them; the COMMIT answer's are the ones that count)."""
     failure = append.failure
     if failure is None:
-        registers = appends_of(append.partition).registers.latest_known()
+        registers = committer_of(append.partition).registers.latest_known()
         return AppendResponse(
             append.append_id,
             log_end=append.partition.log.end_offset,
@@ -158,10 +158,9 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
 
 
 async def _commit(correlation_id: int, append: OpenAppend) -> Reply:
-    try:
-        committed = await append.commit()
-    except AppendRefused as refused:
-        return _reply(correlation_id, _refusal(append.append_id, refused))
+    committed = await append.commit()
+    if isinstance(committed, AppendRefused):
+        return _reply(correlation_id, _refusal(append.append_id, committed))
     return _reply(
         correlation_id,
         AppendResponse(

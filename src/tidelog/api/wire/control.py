@@ -2,7 +2,7 @@
 
 ALTER_ISR (a leader's ISR change), REPORT_UNREACHABLE (a follower's hint that its leader is gone),
 CONTROLLED_SHUTDOWN (a stopping broker handing its leaderships off) and SUSPEND_PARTITION (a leader that found
-evidence of lost consistency, :mod:`tidelog.broker.safety`). Only the controller answers them; any other
+evidence of lost consistency, :mod:`tidelog.broker.partitions.safety`). Only the controller answers them; any other
 broker says UNAVAILABLE ("not the controller"), which the sender retries after the election settles
 (:class:`~tidelog.broker.controller_link.ControllerLink`). The controller validates each request against the
 metadata itself (an ISR change from a stale leader epoch is refused), so a request from a confused broker can

@@ -22,7 +22,7 @@ Damage on disk (:mod:`tidelog.storage.damage`). A fetch starting before a damage
 it; one starting inside it gets OFFSET_DAMAGED with the bounds and the range (``damaged_first``,
 ``damaged_last``: read on from ``damaged_last + 1``), unless an operator confirmed skipping the range (then the
 fetch is answered from past it, like a compacted gap). While a replicated partition restores the range from a
-replica (:mod:`tidelog.broker.damage_repair`) the fetch is answered UNAVAILABLE, which clients retry.
+replica (:mod:`tidelog.broker.partitions.damage_repair`) the fetch is answered UNAVAILABLE, which clients retry.
 
 Served ranges are CRC-checked once per process, so bytes that rot after that reach the client unchecked: a
 client whose own CRC check fails fetches again with ``verify``, and that fetch is read into memory and checked
@@ -36,8 +36,8 @@ from __future__ import annotations
 import asyncio
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
-from tidelog.broker.follower_replica import FollowerReplica
-from tidelog.broker.partition import Partition
+from tidelog.broker.partitions.followed import FollowedPartition
+from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.protocol.messages import (
@@ -50,7 +50,7 @@ from tidelog.protocol.messages import (
 )
 from tidelog.storage import errors as storage_errors
 
-Replica = Partition | FollowerReplica
+Replica = Partition | FollowedPartition
 MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
 """Batches beyond this are left for the next fetch (one batch larger than it still comes whole)."""
 

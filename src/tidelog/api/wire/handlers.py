@@ -3,7 +3,7 @@
 A handler is a coroutine ``(env, correlation_id, request_header, payload) -> Reply``. It only turns a request
 into reply buffers or raises; the session (:mod:`tidelog.api.wire.session`) owns the socket, the order of
 replies, and turning exceptions into error frames through the one error table. Handlers are thin (Gazette's
-rule): the rules of writing and reading live in :class:`~tidelog.broker.partition.Partition`, stream
+rule): the rules of writing and reading live in :class:`~tidelog.broker.partitions.partition.Partition`, stream
 administration in :class:`~tidelog.broker.streams.StreamAdmin`. One module per family: produce here, reads in
 :mod:`tidelog.api.wire.fetch`, administration and metadata in :mod:`tidelog.api.wire.admin`; the server
 (:mod:`tidelog.api.wire.server`) assembles the op → handler table from the three.
@@ -19,8 +19,8 @@ Produce and the ack policies:
 
 - ``LEADER`` / ``ALL``: the response is built once :meth:`Partition.write` returns, i.e. once the policy is met
   (``ALL``: below the high watermark, which under flush ``always`` also means fsynced). A refusal
-  (:class:`~tidelog.broker.write_path.WriteRefused`) is the error frame of its code; so is any failure, including a
-  TIMEOUT after the write. With ``ALL`` on a replicated partition the response is usually
+  (:class:`~tidelog.broker.partitions.write_path.WriteRefused`) is the error frame of its code; so is any failure,
+  including a TIMEOUT after the write. With ``ALL`` on a replicated partition the response is usually
   written from inside the follower acknowledgement that commits the batches (:class:`_CommittedReply`, through
   the session's ``reply_now``), a turn of the loop before the handler's task would resume and write it.
 - Idempotent producers (batches carrying a producer id): a retry of batches already written is answered like
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from tidelog.api.wire.produce_turns import ProduceTurns
+from tidelog.broker.appends.streamed import ConnectionAppends
 from tidelog.broker.context import BrokerContext
-from tidelog.broker.open_appends import OpenAppends
-from tidelog.broker.write_path import WriteRefused
+from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
 from tidelog.storage.batch_check import ProduceLimits
@@ -99,7 +99,7 @@ class HandlerEnv:
     winding_down: asyncio.Future[None]  # resolved once the session takes no more requests: long-polls answer now
     zero_copy: bool  # plain TCP: a fetch may reply with a file range for os.sendfile
     background: set[asyncio.Task[Any]] = field(default_factory=set)  # acks NONE appends; the server awaits them
-    appends: OpenAppends = field(default_factory=OpenAppends)  # this connection's uncommitted transactional appends
+    appends: ConnectionAppends = field(default_factory=ConnectionAppends)  # its uncommitted transactional appends
     produce_turns: ProduceTurns = field(default_factory=ProduceTurns)  # its produces checked off the loop
     reply_now: ReplyNow = _never_now  # the session's, for a reply produced outside its handler task
 

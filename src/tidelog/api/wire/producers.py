@@ -3,7 +3,7 @@
 Any broker answers: the allocator (:mod:`tidelog.metadata.producer_ids`) takes ids and epochs from etcd by
 compare-and-swap, so neither the controller nor the partition leaders take part. The batches that follow carry
 the id, the epoch and per-partition sequence numbers, and each partition leader dedupes them
-(:mod:`tidelog.replication.producer_state`).
+(:mod:`tidelog.replication.idempotence.producer_state`).
 """
 
 from __future__ import annotations

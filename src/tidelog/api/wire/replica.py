@@ -20,20 +20,19 @@ What is refused, and how (errors inside the response, so the follower also learn
 bounds without another round trip; a broker that does not lead at all answers with an error frame, from
 :meth:`~tidelog.broker.manager.PartitionManager.leader_of`):
 
-- an older ``leader_epoch`` than the partition's: FENCED_LEADER_EPOCH (the follower's metadata is stale);
-- a newer one: NOT_LEADER (this leader is the stale one: a successor was elected and it has not heard yet);
-- a broker that is no replica of the partition: NOT_LEADER (Kafka's NOT_LEADER_OR_FOLLOWER: the two views of
-  the assignment disagree, and the one to refresh is whichever is older);
+- a request from another leadership than this one, or from no replica of the partition: FENCED_LEADER_EPOCH
+  or NOT_LEADER, decided by :mod:`tidelog.replication.leader.fencing`
+  (:meth:`~tidelog.broker.partitions.partition.Partition.fence_follower`);
 - an offset outside ``[log_start, log_end]``: OFFSET_OUT_OF_RANGE with the bounds. Below the log start means
   far-horizon catch-up. Above the log end, after the follower's epoch truncation, the follower holds offsets the
-  leader lacks: evidence that consistency is lost (:mod:`tidelog.broker.safety`), which suspends appends, and
+  leader lacks: evidence that consistency is lost (:mod:`tidelog.broker.partitions.safety`), which suspends appends, and
   the answer is PARTITION_SUSPENDED, so that the follower keeps its copy instead of cutting it to the leader's
   end. Only where an operator confirmed the head for this leadership is it OFFSET_OUT_OF_RANGE: the follower
   cuts what the operator gave up.
 
 None of these record the follower's offset: a refused fetch acknowledges nothing.
 
-SEGMENT_LIST and SEGMENT_FETCH serve far-horizon catch-up (:mod:`tidelog.replication.catch_up`): a follower
+SEGMENT_LIST and SEGMENT_FETCH serve far-horizon catch-up (:mod:`tidelog.replication.follower.catch_up`): a follower
 that is behind the log start, or too many bytes behind, lists the sealed segments from its log end and copies
 them as whole files, in chunks. Only sealed segments: the active one changes under the reader and fetching
 covers it. A chunk is the segment file's raw bytes, sent with ``os.sendfile`` on plain TCP like a fetch,
@@ -44,10 +43,10 @@ nothing: copying files is no acknowledgement.
 
 EPOCH_END_OFFSET answers KIP-279's question "where does my latest epoch end on your log?" from the leader's
 epoch cache (:meth:`Log.end_offset_for_epoch`); the follower truncates there before fetching (see
-:mod:`tidelog.replication.truncation`). It is fenced like a fetch when the follower names the leadership it
+:mod:`tidelog.replication.follower.truncation`). It is fenced like a fetch when the follower names the leadership it
 believes in, so a follower never truncates on the word of a deposed leader — nor on the word of a suspended
 one, whose log is known to lack committed records: that is PARTITION_SUSPENDED too. After a confirmed head, an
-epoch this leader does not know ends at its log start (:func:`~tidelog.broker.safety.epoch_end_after_reset`).
+epoch this leader does not know ends at its log start (:func:`~tidelog.broker.partitions.safety.epoch_end_after_reset`).
 """
 
 from __future__ import annotations
@@ -66,9 +65,9 @@ from tidelog.api.wire.handlers import (
     frame_with_file,
     route,
 )
-from tidelog.broker.partition import Partition
-from tidelog.broker.safety import epoch_end_after_reset
-from tidelog.protocol.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
+from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.partitions.safety import epoch_end_after_reset
+from tidelog.protocol.errors import OffsetOutOfRangeError, TidelogError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.messages import (
     EpochEndOffsetRequest,
@@ -91,7 +90,7 @@ async def replica_fetch(
     """Batches from ``request.offset`` up to the log end, at once; see the module docstring. A fetch that waits
     at the tail never gets here: :func:`park_at_tail` took it as it was read."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
-    refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
+    refusal = partition.fence_follower(request.replica_id, request.leader_epoch)
     if refusal is not None:
         return _refuse(correlation_id, partition, refusal)
     offset = request.offset
@@ -127,7 +126,7 @@ def park_at_tail(env: HandlerEnv, correlation_id: int, request: ReplicaFetchRequ
     except TidelogError:
         return None
     offset = request.offset
-    if offset != partition.log_end or _check_follower(partition, request.replica_id, request.leader_epoch):
+    if offset != partition.log_end or partition.fence_follower(request.replica_id, request.leader_epoch):
         return None
     fetch = _TailFetch(env, correlation_id, partition, offset, min(request.max_bytes, MAX_FETCH_BYTES))
     try:
@@ -214,7 +213,7 @@ def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
         return
     offset = request.offset
     if (
-        _check_follower(partition, request.replica_id, request.leader_epoch) is None
+        partition.fence_follower(request.replica_id, request.leader_epoch) is None
         and partition.log_start <= offset <= partition.log_end
     ):
         partition.replica_fetched(request.replica_id, offset)
@@ -227,7 +226,7 @@ async def epoch_end_offset(
     partition = env.broker.manager.leader_of(request.stream, request.partition)
     epoch = partition.record.leader_epoch
     if request.current_leader_epoch >= 0:
-        refusal = _check_follower(partition, request.replica_id, request.current_leader_epoch)
+        refusal = partition.fence_follower(request.replica_id, request.current_leader_epoch)
         if refusal is not None:
             body = refusal.to_error_body()
             return Reply(encode_message(correlation_id, EpochEndOffsetResponse(epoch, -1, body)))
@@ -245,7 +244,7 @@ async def segment_list(
 ) -> Reply:
     """The sealed segments holding offsets at or after ``request.offset``, oldest first; see the module docstring."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
-    refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
+    refusal = partition.fence_follower(request.replica_id, request.leader_epoch)
     if refusal is not None:
         return Reply(encode_message(correlation_id, _listing(partition, (), refusal)))
     sealed = partition.log.segments[:-1]
@@ -263,7 +262,7 @@ async def segment_fetch(
     """Raw bytes of one sealed segment file; see the module docstring."""
     partition = env.broker.manager.leader_of(request.stream, request.partition)
     epoch = partition.record.leader_epoch
-    refusal = _check_follower(partition, request.replica_id, request.leader_epoch)
+    refusal = partition.fence_follower(request.replica_id, request.leader_epoch)
     if refusal is not None:
         response = SegmentFetchResponse(0, 0, partition.log_start, epoch, refusal.to_error_body())
         return Reply(encode_message(correlation_id, response))
@@ -316,27 +315,6 @@ def _out_of_range(partition: Partition, replica_id: str, offset: int) -> Tidelog
     return OffsetOutOfRangeError(
         f"replica {replica_id} fetches {partition.name} at {offset}, outside the leader's [{start}, {end}]"
     )
-
-
-def _check_follower(partition: Partition, replica_id: str, leader_epoch: int) -> TidelogError | None:
-    """Why ``replica_id`` following at ``leader_epoch`` may not fetch from ``partition``; None when it may."""
-    epoch = partition.record.leader_epoch
-    if leader_epoch < epoch:
-        return FencedLeaderEpochError(
-            f"replica {replica_id} follows {partition.name} at leader epoch {leader_epoch}; it is {epoch} now"
-        )
-    if leader_epoch > epoch:
-        return NotLeaderError(
-            f"replica {replica_id} follows {partition.name} at leader epoch {leader_epoch}, "
-            f"newer than this leader's {epoch}: this broker's leadership is stale"
-        )
-    if partition.followers.state(replica_id) is None:
-        replicas = ",".join(partition.record.replicas)
-        return NotLeaderError(
-            f"broker {replica_id} is not a follower of {partition.name} at leader epoch {epoch} "
-            f"(replicas {replicas}): refresh metadata"
-        )
-    return None
 
 
 def _bounds(

@@ -2,7 +2,7 @@
 to back in one buffer and framed afterwards.
 
 The bytes are exactly those :func:`~tidelog.protocol.records.encode.build_batch` produces for the same records
-(``tests/broker/test_ingest_batch.py`` checks it); only the work differs. Record ``k`` of a batch has timestamp
+(``tests/broker/ingest/test_encoder.py`` checks it); only the work differs. Record ``k`` of a batch has timestamp
 delta ``k`` as well as offset delta ``k``, so everything before a record's key comes from one precomputed table
 (:data:`HEAD`). A *plain* record (no key, no headers, its payload as the value) is then::
 
@@ -13,7 +13,7 @@ delta ``k`` as well as offset delta ``k``, so everything before a record's key c
                     │   └ timestamp delta (= offset delta)
                     └ attributes
 
-and the ingest's encoder (:mod:`tidelog.broker.ingest_batch`, which decides what becomes a record and where
+and the ingest's encoder (:mod:`tidelog.broker.ingest.encoder`, which decides what becomes a record and where
 batches end) writes it from :data:`PLAIN_HEAD` and :data:`LENGTH`, carrying a record's last byte with the next
 record's first piece (:data:`OWED_LENGTH`). Any other record is encoded by :func:`general_record`. Each batch
 starts as :data:`HEADER_SPACE`, filled in by :func:`fill_headers` once the read is encoded.

@@ -1,0 +1,13 @@
+"""NATS ingest: a partition leader's subscription to its stream's subject, appending what arrives in batches.
+
+- :mod:`~tidelog.broker.ingest.nats_ingest` — :class:`~tidelog.broker.ingest.nats_ingest.NatsIngest`, one per
+  partition led: receive, encode, append, acknowledge (start here: its docstring follows a message through).
+- :mod:`~tidelog.broker.ingest.nats_reader`, :mod:`~tidelog.broker.ingest.nats_connection` and
+  :mod:`~tidelog.broker.ingest.natsproto` — tidelog's own NATS subscriber: the connection, and a parser of the
+  NATS client protocol that hands over each socket read in one call.
+- :mod:`~tidelog.broker.ingest.nats_client` — nats-py, the way in for URLs the reader does not speak.
+- :mod:`~tidelog.broker.ingest.encoder` — a read's messages turned into record batches in one buffer.
+- :mod:`~tidelog.broker.ingest.msg_id_window` — ``Nats-Msg-Id`` deduplication.
+
+Ingest writes through :meth:`tidelog.broker.partitions.partition.Partition.write`, as every producer does.
+"""

@@ -1,0 +1,55 @@
+"""What a reader sees of a replica: committed batches only, whichever replica serves them.
+
+A subscription or a fetch reads a :class:`~tidelog.broker.partitions.partition.Partition` (the leader) or, with
+``readISRReplica``, a :class:`~tidelog.broker.partitions.followed.FollowedPartition`. Both serve the same way —
+whole batches from the one holding the offset, never reaching the replica's high watermark — and differ only
+in where that high watermark comes from (the ISR's log ends at the leader, the leader's word at a follower). So
+the rules live here once, and each class supplies ``high_watermark``.
+"""
+
+from __future__ import annotations
+
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.storage.log import Log
+
+
+class CommittedReads:
+    """Reads bounded by ``high_watermark``; subclasses set ``stream``, ``record`` and ``log``."""
+
+    stream: StreamRecord
+    record: PartitionRecord
+    log: Log
+
+    @property
+    def high_watermark(self) -> int:
+        """The offset after the last record this replica knows is committed (Kafka's meaning)."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return f"{self.stream.name}/{self.record.id}"
+
+    @property
+    def subject(self) -> str:
+        return self.stream.partition_subject(self.record.id)
+
+    @property
+    def log_start(self) -> int:
+        return self.log.start_offset
+
+    @property
+    def log_end(self) -> int:
+        return self.log.end_offset
+
+    def read_committed(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding ``offset``, never reaching the high watermark."""
+        hw = min(self.high_watermark, self.log.end_offset)  # a follower's HW may briefly run ahead of its log
+        if offset >= hw:
+            return b""
+        return self.log.read(offset, max_bytes, max_offset=hw)
+
+    def offset_for_timestamp(self, timestamp_ns: int) -> int:
+        """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none)."""
+        found = self.log.offset_for_timestamp(timestamp_ns)
+        hw = self.high_watermark
+        return hw if found is None or found > hw else found
