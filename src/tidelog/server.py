@@ -19,8 +19,6 @@ import logging
 import time
 from typing import Any
 
-import aetcd
-
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.config import BrokerConfig, ensure_broker_id
@@ -36,6 +34,7 @@ from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
 from tidelog.metadata.controller import Controller
 from tidelog.metadata.controller_election import ControllerElection
+from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
@@ -213,8 +212,7 @@ class Broker:
         await asyncio.gather(*(s.start() for s in (self.embedded_nats, self.embedded_etcd) if s is not None))
         self.nc = BrokerNats(self.nats_urls, name=f"tidelog-broker-{self.id}")
         await self.nc.connect()
-        host, port = parse_etcd_endpoint(self.etcd_endpoints[0])
-        self.etcd = aetcd.Client(host=host, port=port, timeout=10)
+        self.etcd = open_etcd([parse_etcd_endpoint(e) for e in self.etcd_endpoints], timeout=10)
         await self.etcd.connect()
 
     def _controller(self) -> Controller:

@@ -131,7 +131,8 @@ class BrokerConfig:
     etcd_endpoints: tuple[str, ...] = setting(
         (),
         list_kind("etcd endpoints (http://host:port)", is_etcd_endpoint),
-        "etcd endpoints to use. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
+        "etcd endpoints to use, members of one etcd cluster: the broker connects to the first that answers and fails "
+        "over to the others in order. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
     )
     embedded_nats_port: int = setting(
         4222, PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
