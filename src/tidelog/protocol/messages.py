@@ -699,7 +699,12 @@ def encode_error(correlation_id: int, op: int, body: ErrorBody) -> list[BytesLik
 
 
 # -- cursors (SET_CURSOR, FETCH_CURSOR): a consumer's position, stored in the internal stream __cursors ----------
-# Kept in one block so that it can move as a whole; it registers its ops in the tables above.
+# Kept in one block so that it can move as a whole; it registers its ops in the tables above. Partition and offset
+# take any 32- and 64-bit value here: the broker checks them and names what is wrong (a partition that does not
+# exist, an offset below -1), which a header decoding error could not.
+
+CursorPartition = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
+CursorOffset = Annotated[int, msgspec.Meta(ge=-(2**63), le=INT64_MAX)]
 
 
 class SetCursorRequest(Header, frozen=True):
@@ -708,9 +713,9 @@ class SetCursorRequest(Header, frozen=True):
     ``cursor_id,stream,partition``); answered once committed (acks ALL)."""
 
     stream: Name
-    partition: PartitionId
+    partition: CursorPartition
     cursor_id: str
-    offset: OffsetOrNone
+    offset: CursorOffset
     timeout_ms: Millis = 5_000
 
 
@@ -722,7 +727,7 @@ class FetchCursorRequest(Header, frozen=True):
     """Read cursor ``cursor_id``'s position in ``stream``/``partition``; sent like :class:`SetCursorRequest`."""
 
     stream: Name
-    partition: PartitionId
+    partition: CursorPartition
     cursor_id: str
     timeout_ms: Millis = 5_000
 
