@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 CURSORS_SUBJECT = "_tidelog.cursors"
 """The NATS subject of ``__cursors`` (nothing is meant to publish there; the leaders listen as for any stream)."""
 
+CURSORS_CONFIG = StreamConfig(
+    compact_enabled=True, retention_max_age_ms=0, retention_max_bytes=0, retention_max_messages=0
+)
+"""Compacted, and never cut by age, size or count: a cursor set once and left alone for weeks (a consumer that
+stopped) keeps its newest record, which retention would otherwise delete with its segment. Compaction alone
+bounds the stream: one record per cursor, plus what arrived since the last cleaning."""
+
 _RECHECK = 5.0  # seconds between looks at the controller and the brokers while waiting
 _RETRY_FIRST = 0.5  # seconds before retrying a creation that failed; doubles each time
 _RETRY_MAX = 10.0
@@ -100,7 +107,7 @@ class CursorStreamKeeper:
                     subject=CURSORS_SUBJECT,
                     partitions=self._partitions,
                     replication_factor=self._replication_factor,
-                    config=StreamConfig(compact_enabled=True),
+                    config=CURSORS_CONFIG,
                     internal=True,
                 )
             except Exception as exc:  # logged and retried: cursors wait for it, nothing else does

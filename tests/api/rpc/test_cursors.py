@@ -22,7 +22,7 @@ from tidelog.broker.cursors import CursorValue
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.records import decode_records, iter_batches
-from tidelog.server import Broker
+from tidelog.server import Broker, log_config_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -174,6 +174,19 @@ async def test_the_cursors_stream_is_listed_and_reserved(stub: Stub, broker: Bro
     delete = api_pb2.DeleteStreamRequest(name=CURSORS_STREAM)
     assert "reserved" in await expect_code(Code.INVALID_ARGUMENT, stub.DeleteStream(delete))
     assert broker.mirror is not None and broker.mirror.snapshot.stream(CURSORS_STREAM) is not None
+
+
+async def test_the_cursors_stream_is_compacted_and_never_cut_by_retention(broker: Broker) -> None:
+    """A cursor nobody updated for longer than the broker's retention (7 days by default) must not go with its
+    segment: only compaction may remove a cursor record, and only an older one of the same cursor."""
+    await cursors_created(broker)
+    assert broker.mirror is not None
+    stream = broker.mirror.snapshot.stream(CURSORS_STREAM)
+    assert stream is not None
+    config = log_config_for(broker.config, stream)
+    assert config.compact
+    assert (config.retention_max_age_ms, config.retention_max_bytes, config.retention_max_messages) == (None,) * 3
+    assert broker.config.retention_max_age_ms > 0  # the broker default that would otherwise apply
 
 
 async def test_a_cursor_survives_a_broker_restart(tmp_path: Path) -> None:
