@@ -4,10 +4,11 @@ positions without gRPC, in the same ``__cursors`` stream the Liftbridge RPCs use
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
-from tests.broker.conftest import broker, broker_settings, stream_name, stub
+from tests.broker.conftest import broker, broker_config, broker_settings, stream_name, stub
 from tests.broker.helpers import Stub, bounded
 from tests.helpers import BOUND
 from tidelog.client import Admin
@@ -15,7 +16,12 @@ from tidelog.client.sync import SyncAdmin
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.cursors import CURSORS_STREAM
-from tidelog.protocol.errors import InvalidArgumentError, UnknownPartitionError, UnknownStreamError
+from tidelog.protocol.errors import (
+    InvalidArgumentError,
+    UnknownPartitionError,
+    UnknownStreamError,
+    UnsupportedError,
+)
 from tidelog.protocol.messages import FetchCursorRequest, FetchCursorResponse, SetCursorRequest
 from tidelog.server import Broker
 
@@ -114,3 +120,18 @@ async def test_the_sync_facade(broker: Broker, address: str, stream_name: str) -
             return before, sync.fetch_cursor(stream_name, 0, "threaded")
 
     assert await asyncio.wait_for(asyncio.to_thread(use), BOUND) == (-1, 5)
+
+
+async def test_with_cursors_disabled_the_client_hears_why(tmp_path: Path) -> None:
+    disabled = Broker(broker_config(tmp_path / "disabled", cursors_stream_partitions=0))
+    await disabled.start()
+    try:
+        assert disabled.wire is not None
+        async with Admin(f"127.0.0.1:{disabled.wire.port}") as admin:
+            await admin.create_stream("plain")
+            with pytest.raises(UnsupportedError, match="cursors_stream_partitions is 0"):
+                await admin.set_cursor("plain", 0, "c", 1)
+            with pytest.raises(UnknownStreamError):  # bad input still comes first
+                await admin.fetch_cursor("missing", 0, "c")
+    finally:
+        await disabled.stop()
