@@ -169,6 +169,8 @@ class Broker:
             self.cleaner.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
             self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
+            mirror.add_listener(self.cursors.on_metadata)
+            await self.cursors.on_metadata(mirror.snapshot, mirror.snapshot)
             self.context = BrokerContext(
                 self.id,
                 cfg,

@@ -14,12 +14,14 @@ newest record per key.
 
 **Reads** come from a cache on the leader: every cursor of a ``__cursors`` partition, key → (offset of its
 record in ``__cursors``, cursor offset). The cache belongs to one leadership (one
-:class:`~tidelog.broker.partition.Partition` object): when the partition changes hands and comes back, or this
-broker becomes its leader after a failover, the first request rebuilds it by reading the partition from its log
-start — after waiting until everything this leader holds is committed, so it never serves a position that a
-failover could still take back, nor misses one its predecessor committed. A write updates the cache only when
-its record is newer than the cached one (writes to one key need no lock to stay ordered); a write that fails
-after reaching the log (a timeout) drops the cache, so the next read rebuilds it from what the log holds.
+:class:`~tidelog.broker.partition.Partition` object). When this broker becomes the partition's leader (after a
+failover, or when leadership comes back to it) the cache is rebuilt by reading the partition from its log start,
+after waiting until everything this leader holds is committed: it never serves a position that a failover could
+still take back, nor misses one its predecessor committed. The read starts as soon as the metadata makes this
+broker the leader (:meth:`CursorStore.on_metadata`), so it is usually done before the first request arrives;
+requests wait for it. A write updates the cache only when its record is newer than the cached one (writes to one
+key need no lock to stay ordered); a write that fails after reaching the log (a timeout) drops the cache, so the
+next read rebuilds it from what the log holds.
 
 **Input** is checked before anything else, on any broker: a cursor id of 1 to :data:`MAX_CURSOR_ID_BYTES`
 UTF-8 bytes, an existing stream and partition, an offset of -1 (nothing consumed) or more. Each failure is its
@@ -39,6 +41,7 @@ from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partition import Partition
 from tidelog.broker.write_path import WriteRefused
 from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.cursors import CURSORS_STREAM, MAX_CURSOR_ID_BYTES, cursor_key, cursors_partition
 from tidelog.protocol.errors import (
     InvalidArgumentError,
@@ -55,6 +58,7 @@ from tidelog.protocol.records import NewRecord, build_batch, decode_records, ite
 log = logging.getLogger(__name__)
 
 _READ_BYTES = 1024 * 1024  # what one read of a rebuild takes from the log
+_WARM_TIMEOUT = 30.0  # seconds a rebuild started on a leader change waits for the partition's tail to commit
 
 
 class CursorValue(msgspec.Struct, frozen=True, array_like=True):
@@ -124,6 +128,20 @@ class CursorStore:
         known = cache.by_key.get(key)
         return -1 if known is None else known[1]
 
+    async def on_metadata(self, _old: MetadataSnapshot, new: MetadataSnapshot) -> None:
+        """A mirror listener, run after the partition manager acted on a change: start reading the cursors of each
+        ``__cursors`` partition this broker has come to lead (the first request after a failover then finds them
+        read, or the read under way), and forget those of partitions it no longer leads."""
+        if not self._enabled:
+            return
+        for pid, cache in list(self._caches.items()):
+            if self._manager.local(CURSORS_STREAM, pid) is not cache.partition:
+                del self._caches[pid]
+        for record in new.partitions_of(CURSORS_STREAM):
+            leader = self._manager.local(CURSORS_STREAM, record.id) if record.leader == self._broker_id else None
+            if leader is not None:
+                self._start(record.id, leader, _WARM_TIMEOUT)
+
     async def close(self) -> None:
         """Stop any rebuild still running (the broker is stopping)."""
         for task in list(self._rebuilds):
@@ -181,12 +199,7 @@ class CursorStore:
 
     async def _positions(self, pid: int, leader: Partition, timeout: float) -> _Positions:
         """The cache of ``pid`` for this leadership, rebuilt from the log when there is none yet."""
-        cache = self._caches.get(pid)
-        if cache is None or cache.partition is not leader:
-            cache = self._caches[pid] = _Positions(leader)
-            task = asyncio.create_task(self._rebuild(pid, cache, timeout), name=f"cursors-rebuild-{pid}")
-            self._rebuilds.add(task)
-            task.add_done_callback(self._rebuilds.discard)
+        cache = self._start(pid, leader, timeout)
         if not cache.ready.is_set():
             try:
                 async with asyncio.timeout(timeout):
@@ -195,6 +208,16 @@ class CursorStore:
                 raise UnavailableError(
                     f"the cursors of {CURSORS_STREAM} partition {pid} are still being read after a leader change; retry"
                 ) from None
+        return cache
+
+    def _start(self, pid: int, leader: Partition, timeout: float) -> _Positions:
+        """The cache of ``pid`` for this leadership; a new one, being read from the log, if there was none."""
+        cache = self._caches.get(pid)
+        if cache is None or cache.partition is not leader:
+            cache = self._caches[pid] = _Positions(leader)
+            task = asyncio.create_task(self._rebuild(pid, cache, timeout), name=f"cursors-rebuild-{pid}")
+            self._rebuilds.add(task)
+            task.add_done_callback(self._rebuilds.discard)
         return cache
 
     async def _rebuild(self, pid: int, cache: _Positions, timeout: float) -> None:

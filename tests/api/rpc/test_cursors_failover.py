@@ -98,6 +98,20 @@ async def set_on_leader(cluster: LocalCluster, stream: str, cursor_id: str, offs
     await until_served(f"setting {cursor_id} on its leader", attempt)
 
 
+async def create_everywhere(cluster: LocalCluster, stream: str) -> None:
+    """Create ``stream`` (3 replicas) and wait until every broker's metadata has it: cursor requests check the
+    stream where they arrive, and a broker's view of etcd may lag the one that answered the create."""
+    await with_stub(cluster, "b0", lambda stub: create_stream(stub, stream, replicationFactor=3))
+    for broker in cluster.brokers:
+
+        async def knows(broker_id: str = broker.id) -> bool:
+            request = api_pb2.FetchMetadataRequest(streams=[stream])
+            response = await with_stub(cluster, broker_id, lambda stub: stub.FetchMetadata(request))
+            return all(m.error == api_pb2.StreamMetadata.OK for m in response.streamMetadata)
+
+        await cluster.wait_until(knows, BOUND, f"broker {broker.id} to know stream {stream}")
+
+
 def set_request(stream: str, cursor_id: str, offset: int) -> api_pb2.SetCursorRequest:
     return api_pb2.SetCursorRequest(stream=stream, partition=0, cursorId=cursor_id, offset=offset)
 
@@ -114,7 +128,7 @@ async def test_the_cursors_stream_has_the_configured_replicas(cluster: LocalClus
 
 async def test_a_broker_that_does_not_lead_the_cursor_answers_failed_precondition(cluster: LocalCluster) -> None:
     stream = "wrong-broker"
-    await with_stub(cluster, "b0", lambda stub: create_stream(stub, stream, replicationFactor=3))
+    await create_everywhere(cluster, stream)
     pid = cursor_partition("c", stream)
     leader = (await cursors_record(cluster, pid)).leader
     other = next(b.id for b in cluster.brokers if b.id != leader)
@@ -138,7 +152,7 @@ async def test_a_broker_that_does_not_lead_the_cursor_answers_failed_preconditio
 
 async def test_offsets_survive_killing_the_leader_of_their_cursors_partition(cluster: LocalCluster) -> None:
     stream = "kept-through-failover"
-    await with_stub(cluster, "b0", lambda stub: create_stream(stub, stream, replicationFactor=3))
+    await create_everywhere(cluster, stream)
     cursor_ids = [f"consumer-{i}" for i in range(6)]
     pid = cursor_partition(cursor_ids[0], stream)
     before = await cursors_record(cluster, pid)
