@@ -20,7 +20,11 @@ from tests.helpers import BOUND
 from tidelog.client import Admin
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.connection import Connection
 from tidelog.protocol.cursors import CURSORS_STREAM
+from tidelog.protocol.errors import NotLeaderError
+from tidelog.protocol.messages import SetCursorRequest
+from tidelog.replication.follower import split_address
 from tidelog.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -145,9 +149,39 @@ async def test_a_broker_that_does_not_lead_the_cursor_answers_failed_preconditio
         cluster, other, lambda stub: expect_code(Code.INVALID_ARGUMENT, stub.SetCursor(set_request(stream, "", 5)))
     )
 
+    # the wire protocol answers the same: NOT_LEADER, naming the leader
+    host, port = split_address(cluster.broker(other).wire_address)
+    connection = await Connection.open(host, port)
+    try:
+        with pytest.raises(NotLeaderError, match=repr(leader)):
+            await connection.request(SetCursorRequest(stream, 0, "c", 5), timeout=BOUND)
+    finally:
+        await connection.close()
+
     await with_stub(cluster, leader, lambda stub: stub.SetCursor(set_request(stream, "c", 5)))
     response = await with_stub(cluster, leader, lambda stub: stub.FetchCursor(fetch_request(stream, "c")))
     assert response.offset == 5
+
+
+async def test_a_write_that_timed_out_is_read_back_from_the_log(cluster: LocalCluster) -> None:
+    """A SetCursor whose record reached the leader's log but not the ISR in time fails with DEADLINE_EXCEEDED;
+    its record commits later (once the stalled follower leaves the ISR), and a read then answers what the log
+    holds, not the position cached before the write."""
+    stream = "timed-out-write"
+    await create_everywhere(cluster, stream)
+    pid = cursor_partition("slow", stream)
+    record = await cursors_record(cluster, pid)
+    await set_on_leader(cluster, stream, "slow", 1)
+    stalled = next(r for r in record.replicas if r != record.leader)
+    await cluster.pause(stalled)
+    try:
+        async with grpc.aio.insecure_channel(cluster.broker(record.leader).grpc_address) as channel:
+            call = api_pb2_grpc.APIStub(channel).SetCursor(set_request(stream, "slow", 2), timeout=0.5)
+            await expect_code(Code.DEADLINE_EXCEEDED, call)
+        assert await fetch_from_leader(cluster, stream, "slow") == 2
+    finally:
+        await cluster.resume(stalled)
+    await cursors_record(cluster, pid)  # the follower is back in the ISR for the tests that follow
 
 
 async def test_offsets_survive_killing_the_leader_of_their_cursors_partition(cluster: LocalCluster) -> None:
