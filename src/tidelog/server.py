@@ -25,6 +25,8 @@ from tidelog.broker.config import BrokerConfig, ensure_broker_id
 from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
+from tidelog.broker.cursor_stream import CursorStreamKeeper
+from tidelog.broker.cursors import CursorStore
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
@@ -93,6 +95,8 @@ class Broker:
         self.election: ControllerElection | None = None
         self.controller: Controller | None = None
         self.link: ControllerLink | None = None
+        self.cursor_stream: CursorStreamKeeper | None = None
+        self.cursors: CursorStore | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -164,6 +168,9 @@ class Broker:
             self.cleaner = LogCleaner(self.manager.replicas, cfg.cleaner_interval_ms / 1000)
             self.cleaner.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
+            self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
+            mirror.add_listener(self.cursors.on_metadata)
+            await self.cursors.on_metadata(mirror.snapshot, mirror.snapshot)
             self.context = BrokerContext(
                 self.id,
                 cfg,
@@ -174,6 +181,7 @@ class Broker:
                 link=self.link,
                 peers=self.peers,
                 producer_ids=ProducerIdAllocator(self.etcd, keys),
+                cursors=self.cursors,
             )
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
@@ -184,6 +192,14 @@ class Broker:
             await mirror.wait_for(lambda s: self.id in s.brokers, 10)
             await self.election.start()
             await self.election.wait_for(lambda e: e.controller_id is not None, 15)
+            self.cursor_stream = CursorStreamKeeper(
+                admin,
+                mirror,
+                self.election,
+                partitions=cfg.cursors_stream_partitions,
+                replication_factor=cfg.cursors_stream_replication_factor,
+            )
+            self.cursor_stream.start()
             await self.grpc.start()
         except BaseException:
             await self.stop()
@@ -243,6 +259,10 @@ class Broker:
         if self.wire is not None:
             with contextlib.suppress(Exception):
                 await self.wire.stop(grace=min(grace, 5.0))
+        if self.cursor_stream is not None:
+            await self.cursor_stream.stop()
+        if self.cursors is not None:
+            await self.cursors.close()
         if self.election is not None:
             with contextlib.suppress(Exception):
                 await self.election.stop()  # resigns at once: the next controller need not wait for a TTL

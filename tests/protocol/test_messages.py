@@ -32,6 +32,8 @@ from tidelog.protocol.messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     ErrorBody,
+    FetchCursorRequest,
+    FetchCursorResponse,
     FetchRequest,
     FetchResponse,
     Header,
@@ -58,6 +60,8 @@ from tidelog.protocol.messages import (
     SegmentListRequest,
     SegmentListResponse,
     SegmentSummary,
+    SetCursorRequest,
+    SetCursorResponse,
     SetStreamStateRequest,
     SetStreamStateResponse,
     SkipDamagedRequest,
@@ -215,6 +219,18 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         st.binary(max_size=8),
     ),
 }
+# cursors (SET_CURSOR, FETCH_CURSOR): any 32/64-bit partition and offset decode; the broker checks them
+cursor_partition = st.integers(-(2**31), INT32_MAX)
+STRATEGIES.update(
+    {
+        SetCursorRequest: st.builds(
+            SetCursorRequest, names, cursor_partition, text, st.integers(-(2**63), INT64_MAX), millis
+        ),
+        SetCursorResponse: st.builds(SetCursorResponse),
+        FetchCursorRequest: st.builds(FetchCursorRequest, names, cursor_partition, text, millis),
+        FetchCursorResponse: st.builds(FetchCursorResponse, offset_or_none),
+    }
+)
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))
 
 

@@ -283,6 +283,24 @@ class BrokerConfig:
         15_000, POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."
     )
 
+    # -- cursors (consumer positions in the internal stream __cursors) --
+    cursors_stream_partitions: int = _setting(
+        1,
+        _int_kind(0, 1000),
+        "Partitions of the internal compacted stream __cursors that stores cursors (SetCursor, FetchCursor, "
+        "committed offsets); the controller creates it. A cursor lives in partition crc32(key) % partitions, "
+        "where key is 'cursorId,stream,partition' (Liftbridge's rule). 0: cursors are disabled (cursor requests "
+        "answer UNSUPPORTED). Read when __cursors is created: changing it later has no effect.",
+    )
+    cursors_stream_replication_factor: int = _setting(
+        -1,
+        _int_kind(-1, 100),
+        "Replicas of each __cursors partition. -1: every broker alive when the controller creates the stream "
+        "(Liftbridge's default); 0: 1; n > 0: the controller waits until n brokers are alive, then creates it (set n "
+        "in a cluster, so that the stream never starts with fewer replicas because brokers were still starting). "
+        "Read when __cursors is created.",
+    )
+
     def __post_init__(self) -> None:
         # Every value goes through its key's kind, also when the class is built directly: checked, and
         # normalised (a list becomes a tuple, a str path a Path) so that the object really is immutable.

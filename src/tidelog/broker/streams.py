@@ -22,6 +22,7 @@ from tidelog.metadata.placement import place_replicas, resolve_replication_facto
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
+from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import (
     InvalidArgumentError,
     StreamExistsError,
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 10_000
+RESERVED_STREAMS = frozenset({CURSORS_STREAM})
+"""Internal streams (:mod:`tidelog.broker.cursor_stream`): clients can neither create nor delete them."""
 _APPLY_TIMEOUT = 10.0
 _APPLY_SECONDS_PER_PARTITION = 0.02
 """Creating or deleting a stream opens or closes every local partition of it before the request is answered: the
@@ -147,9 +150,13 @@ class StreamAdmin:
         replication_factor: int = 1,
         config: StreamConfig | None = None,
         forwarded: bool = False,
+        internal: bool = False,
     ) -> StreamRecord:
-        """Create a stream; creating one that exists with the same subject succeeds and changes nothing."""
+        """Create a stream; creating one that exists with the same subject succeeds and changes nothing.
+        ``internal``: the broker itself creates one of :data:`RESERVED_STREAMS`."""
         validate_stream_name(name)
+        if name in RESERVED_STREAMS and not internal:
+            raise InvalidArgumentError(f"stream name {name!r} is reserved for tidelog's own use")
         if partitions == 0:
             partitions = 1
         if not 1 <= partitions <= MAX_PARTITIONS:
@@ -201,6 +208,8 @@ class StreamAdmin:
         return created
 
     async def delete_stream(self, name: str, *, forwarded: bool = False) -> None:
+        if name in RESERVED_STREAMS:
+            raise InvalidArgumentError(f"stream {name!r} is reserved for tidelog's own use and cannot be deleted")
         writer = self._writer(forwarded)
         known = self._mirror.snapshot.stream(name)
         timeout = _apply_timeout(known.partitions if known is not None else 0)

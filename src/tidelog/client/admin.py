@@ -1,5 +1,5 @@
 """The asyncio admin client: create, delete, list, describe, pause and set read-only streams; cluster metadata;
-confirm the head of a suspended partition (fail to safety).
+confirm the head of a suspended partition (fail to safety); store and read cursors (consumer positions).
 
 ::
 
@@ -25,10 +25,22 @@ from types import TracebackType
 import msgspec
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
-from tidelog.protocol.errors import PartitionSuspendedError, RequestTimeoutError, TidelogError
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.cursors import CURSORS_STREAM, cursor_key, cursors_partition
+from tidelog.protocol.errors import (
+    NotLeaderError,
+    PartitionSuspendedError,
+    RequestTimeoutError,
+    TidelogError,
+    UnavailableError,
+    UnknownStreamError,
+)
 from tidelog.protocol.messages import (
     CreateStreamRequest,
     DeleteStreamRequest,
+    FetchCursorRequest,
+    FetchCursorResponse,
+    Header,
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListStreamsRequest,
@@ -37,6 +49,7 @@ from tidelog.protocol.messages import (
     PartitionInfo,
     ResetHeadRequest,
     ResetHeadResponse,
+    SetCursorRequest,
     SetStreamStateRequest,
     SkipDamagedRequest,
     SkipDamagedResponse,
@@ -45,6 +58,8 @@ from tidelog.protocol.messages import (
 )
 
 ConfigValue = str | int | bool
+CURSOR_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+"""Seconds between looks for a cursor's leader (a failover of a __cursors partition takes about a lease TTL)."""
 
 
 def _setting(value: ConfigValue) -> str:
@@ -223,6 +238,52 @@ class Admin:
             log_start=bounds.log_start,
             suspended=bounds.suspended or partition.suspended,  # the leader's own finding may not be recorded yet
         )
+
+    # -- cursors: a consumer's position, stored on the leader of its __cursors partition ------------------------
+
+    async def set_cursor(
+        self, stream: str, partition: int, cursor_id: str, offset: int, *, timeout_ms: int = 5_000
+    ) -> None:
+        """Store ``offset`` as cursor ``cursor_id``'s position in ``stream``/``partition`` (-1: nothing consumed);
+        returns once it is committed to the ``__cursors`` partition's in-sync replicas. ``InvalidArgumentError``
+        for an empty or over-long id or an offset below -1, ``UnknownStreamError`` / ``UnknownPartitionError``
+        for a stream or partition that does not exist."""
+        await self._cursor_request(SetCursorRequest(stream, partition, cursor_id, offset, timeout_ms))
+
+    async def fetch_cursor(self, stream: str, partition: int, cursor_id: str, *, timeout_ms: int = 5_000) -> int:
+        """Cursor ``cursor_id``'s stored position in ``stream``/``partition``; -1 when it was never set."""
+        response = await self._cursor_request(FetchCursorRequest(stream, partition, cursor_id, timeout_ms))
+        assert isinstance(response, FetchCursorResponse)
+        return response.offset
+
+    async def _cursor_request(self, request: SetCursorRequest | FetchCursorRequest) -> Header:
+        """Send a cursor request to the leader of its ``__cursors`` partition, looking the leader up again after
+        NOT_LEADER or UNAVAILABLE (a failover, or ``__cursors`` still being created) a few times."""
+        key = cursor_key(request.cursor_id, request.stream, request.partition)
+        timeout = request.timeout_ms / 1000 + self._cluster.request_timeout
+        failure: TidelogError | None = None
+        for attempt, delay in enumerate((*CURSOR_RETRY_DELAYS, None)):
+            try:
+                connection = await self._cursor_leader(key, refresh=attempt > 0)
+                response = await connection.request(request, timeout=timeout)
+                return response.header
+            except (NotLeaderError, UnavailableError) as exc:  # a failover: look the leader up again
+                failure = exc
+            self._cluster.forget(CURSORS_STREAM)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        assert failure is not None
+        raise failure
+
+    async def _cursor_leader(self, key: bytes, *, refresh: bool) -> Connection:
+        """The leader of the key's ``__cursors`` partition; any broker while the client knows no ``__cursors``
+        (that broker checks the request and says why it cannot serve it: disabled, not created yet)."""
+        try:
+            info = await self._cluster.stream(CURSORS_STREAM, refresh=refresh)
+        except UnknownStreamError:
+            return await self._cluster.any_connection()
+        return await self._cluster.leader_connection(CURSORS_STREAM, cursors_partition(key, len(info.partitions)))
 
     async def close(self) -> None:
         if self._owns_cluster:

@@ -245,6 +245,12 @@ class SyncAdmin(_Facade):
     def metadata(self, streams: Sequence[str] = ()) -> MetadataResponse:
         return self._runner.run(self._admin.metadata(streams))
 
+    def set_cursor(self, stream: str, partition: int, cursor_id: str, offset: int, **kw: Any) -> None:
+        self._runner.run(self._admin.set_cursor(stream, partition, cursor_id, offset, **kw))
+
+    def fetch_cursor(self, stream: str, partition: int, cursor_id: str, **kw: Any) -> int:
+        return self._runner.run(self._admin.fetch_cursor(stream, partition, cursor_id, **kw))
+
     def close(self) -> None:
         try:
             if not self._runner.loop.is_closed():

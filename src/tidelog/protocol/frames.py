@@ -73,6 +73,8 @@ class Op(enum.IntEnum):
     APPEND = 3  # transactional append (Gazette, seed 002): BEGIN, CHUNKs, COMMIT or ABORT frames
     LIST_OFFSETS = 4  # a partition's bounds and the offset at a timestamp
     INIT_PRODUCER = 5  # an idempotent producer's id and epoch (any broker answers; ids come from etcd)
+    SET_CURSOR = 6  # store a consumer's position (a cursor in __cursors; its partition's leader answers)
+    FETCH_CURSOR = 7  # read a stored cursor (-1 when never set)
     METADATA = 16
     CREATE_STREAM = 17
     DELETE_STREAM = 18

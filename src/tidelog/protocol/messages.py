@@ -24,6 +24,8 @@ Which header goes with which frame::
     LIST_STREAMS    ListStreamsRequest    ListStreamsResponse
     LIST_OFFSETS    ListOffsetsRequest    ListOffsetsResponse
     INIT_PRODUCER   InitProducerRequest   InitProducerResponse
+    SET_CURSOR      SetCursorRequest      SetCursorResponse
+    FETCH_CURSOR    FetchCursorRequest    FetchCursorResponse
     APPEND          AppendRequest         AppendResponse         request: encoded records (BEGIN, CHUNK)
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
     RESET_HEAD      ResetHeadRequest      ResetHeadResponse
@@ -694,3 +696,52 @@ def encode_message(
 def encode_error(correlation_id: int, op: int, body: ErrorBody) -> list[BytesLike]:
     """An ERROR frame answering request ``correlation_id`` of ``op``."""
     return encode_frame(Kind.ERROR, op, correlation_id, _ENCODER.encode(body))
+
+
+# -- cursors (SET_CURSOR, FETCH_CURSOR): a consumer's position, stored in the internal stream __cursors ----------
+# Kept in one block so that it can move as a whole; it registers its ops in the tables above. Partition and offset
+# take any 32- and 64-bit value here: the broker checks them and names what is wrong (a partition that does not
+# exist, an offset below -1), which a header decoding error could not.
+
+CursorPartition = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
+CursorOffset = Annotated[int, msgspec.Meta(ge=-(2**63), le=INT64_MAX)]
+
+
+class SetCursorRequest(Header, frozen=True):
+    """Store ``offset`` (-1: nothing consumed) as cursor ``cursor_id``'s position in ``stream``/``partition``.
+    Sent to the leader of the cursor's ``__cursors`` partition (``crc32(key) % partitions``, key
+    ``cursor_id,stream,partition``); answered once committed (acks ALL)."""
+
+    stream: Name
+    partition: CursorPartition
+    cursor_id: str
+    offset: CursorOffset
+    timeout_ms: Millis = 5_000
+
+
+class SetCursorResponse(Header, frozen=True):
+    pass
+
+
+class FetchCursorRequest(Header, frozen=True):
+    """Read cursor ``cursor_id``'s position in ``stream``/``partition``; sent like :class:`SetCursorRequest`."""
+
+    stream: Name
+    partition: CursorPartition
+    cursor_id: str
+    timeout_ms: Millis = 5_000
+
+
+class FetchCursorResponse(Header, frozen=True):
+    offset: OffsetOrNone  # -1: never set
+
+
+_CURSOR_TYPES: dict[tuple[Kind, int], type[Header]] = {
+    (Kind.REQUEST, Op.SET_CURSOR): SetCursorRequest,
+    (Kind.RESPONSE, Op.SET_CURSOR): SetCursorResponse,
+    (Kind.REQUEST, Op.FETCH_CURSOR): FetchCursorRequest,
+    (Kind.RESPONSE, Op.FETCH_CURSOR): FetchCursorResponse,
+}
+HEADER_TYPES.update(_CURSOR_TYPES)
+_ROUTES.update({cls: route for route, cls in _CURSOR_TYPES.items()})
+_DECODERS.update({cls: msgspec.msgpack.Decoder(cls) for cls in _CURSOR_TYPES.values()})

@@ -820,8 +820,6 @@ async def test_publish_to_subject_refuses_reserved_headers(stub: Stub, stream_na
 @pytest.mark.parametrize(
     ("rpc", "request_type"),
     [
-        ("SetCursor", api_pb2.SetCursorRequest),
-        ("FetchCursor", api_pb2.FetchCursorRequest),
         ("JoinConsumerGroup", api_pb2.JoinConsumerGroupRequest),
         ("LeaveConsumerGroup", api_pb2.LeaveConsumerGroupRequest),
         ("FetchConsumerGroupAssignments", api_pb2.FetchConsumerGroupAssignmentsRequest),

@@ -208,7 +208,7 @@ async def test_a_restarted_broker_ingests_past_an_unreadable_batch_in_the_window
             assert partition is not None and await partition.wait_for_data(4, BOUND)
     finally:
         await first.stop()
-    (path, position, _, size), *_ = segment_batches_under(data_dir / "streams")
+    (path, position, _, size), *_ = segment_batches_under(data_dir / "streams", "damaged")
     garble_first_record(path, position, size, fix_crc=True)
 
     second = Broker(broker_config(data_dir))
@@ -282,9 +282,10 @@ async def leads(broker: Broker, stream: str) -> None:
     await broker.mirror.wait_for(done, BOUND)
 
 
-def segment_batches_under(root: Path) -> list[tuple[Path, int, int, int]]:
-    """(segment file, position, base offset, size) of every batch of the one partition under ``root``."""
-    (directory,) = {path.parent for path in root.rglob("*.log")}
+def segment_batches_under(root: Path, stream: str) -> list[tuple[Path, int, int, int]]:
+    """(segment file, position, base offset, size) of every batch of ``stream``'s one partition under ``root``
+    (a broker's ``streams`` directory also holds the internal ``__cursors`` stream)."""
+    (directory,) = {path.parent for path in root.glob(f"{stream}@*/*/*.log")}
     found = []
     for path in sorted(directory.glob("*.log")):
         for position, header in iter_batches(path.read_bytes(), verify=False):

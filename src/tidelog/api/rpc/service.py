@@ -3,7 +3,7 @@ modules and map errors to statuses.
 
 Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
 gRPC status — looked up in :mod:`tidelog.protocol.errors`, so gRPC and the wire protocol answer the same condition
-with the same meaning. Cursor and consumer-group RPCs answer ``UNIMPLEMENTED`` until their own issue.
+with the same meaning. Consumer-group RPCs answer ``UNIMPLEMENTED`` until their own issue.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tidelog.api.rpc import metadata, publish, subscribe
+from tidelog.api.rpc import cursors, metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
@@ -98,10 +98,10 @@ class LiftbridgeService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not implemented yet")
 
     async def SetCursor(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "SetCursor")
+        return await _guard(context, cursors.set_cursor(self._ctx, request, context))
 
     async def FetchCursor(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "FetchCursor")
+        return await _guard(context, cursors.fetch_cursor(self._ctx, request, context))
 
     async def JoinConsumerGroup(self, request: Any, context: Any) -> Any:
         return await self._unimplemented(context, "JoinConsumerGroup")

@@ -1,0 +1,44 @@
+"""The cursor family of the wire protocol: SET_CURSOR and FETCH_CURSOR, so the native client commits and reads
+consumer positions without gRPC. Same store, same rules and same errors as Liftbridge's ``SetCursor`` and
+``FetchCursor`` (:mod:`tidelog.broker.cursors`): answered by the leader of the cursor's ``__cursors``
+partition, NOT_LEADER elsewhere (the client looks the leader up again and retries).
+"""
+
+from __future__ import annotations
+
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.cursors import CursorStore
+from tidelog.protocol.errors import UnsupportedError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import (
+    FetchCursorRequest,
+    FetchCursorResponse,
+    SetCursorRequest,
+    SetCursorResponse,
+    encode_message,
+)
+
+
+def _store(ctx: BrokerContext) -> CursorStore:
+    if ctx.cursors is None:
+        raise UnsupportedError("this broker was assembled without cursors")
+    return ctx.cursors
+
+
+async def set_cursor(env: HandlerEnv, correlation_id: int, request: SetCursorRequest, _: memoryview) -> Reply:
+    timeout = request.timeout_ms / 1000
+    await _store(env.broker).set(request.stream, request.partition, request.cursor_id, request.offset, timeout)
+    return Reply(encode_message(correlation_id, SetCursorResponse()))
+
+
+async def fetch_cursor(env: HandlerEnv, correlation_id: int, request: FetchCursorRequest, _: memoryview) -> Reply:
+    timeout = request.timeout_ms / 1000
+    offset = await _store(env.broker).fetch(request.stream, request.partition, request.cursor_id, timeout)
+    return Reply(encode_message(correlation_id, FetchCursorResponse(offset)))
+
+
+ROUTES: dict[int, Route] = {
+    Op.SET_CURSOR: route(SetCursorRequest, set_cursor),
+    Op.FETCH_CURSOR: route(FetchCursorRequest, fetch_cursor),
+}

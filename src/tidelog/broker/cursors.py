@@ -1,0 +1,257 @@
+"""Cursors: a consumer's position in a partition, stored durably under an id (Liftbridge's ``SetCursor`` and
+``FetchCursor``; committed offsets of consumer groups are cursors too).
+
+A cursor is one keyed record in the internal compacted stream ``__cursors``
+(:mod:`tidelog.broker.cursor_stream` creates it). Its key is Liftbridge's ``cursorId,stream,partition`` and it
+lives in partition ``crc32(key) % partitions`` of ``__cursors`` (:mod:`tidelog.protocol.cursors`), so
+Liftbridge clients that compute the partition themselves send the request to the right broker. Only the leader
+of that partition answers; any other broker answers NOT_LEADER (gRPC ``FAILED_PRECONDITION``, as Liftbridge
+does): it never forwards, because the answer must come from the one broker whose log orders the writes.
+
+**Writes** are acks ``ALL``: :meth:`CursorStore.set` returns once the record is committed to the ISR of its
+``__cursors`` partition (and, under the default flush policy, fsynced on each of them). Compaction keeps the
+newest record per key.
+
+**Reads** come from a cache on the leader: every cursor of a ``__cursors`` partition, key → (offset of its
+record in ``__cursors``, cursor offset). The cache belongs to one leadership (one
+:class:`~tidelog.broker.partition.Partition` object). When this broker becomes the partition's leader (after a
+failover, or when leadership comes back to it) the cache is rebuilt by reading the partition from its log start,
+after waiting until everything this leader holds is committed: it never serves a position that a failover could
+still take back, nor misses one its predecessor committed. The read starts as soon as the metadata makes this
+broker the leader (:meth:`CursorStore.on_metadata`), so it is usually done before the first request arrives;
+requests wait for it. A write updates the cache only when its record is newer than the cached one (writes to one
+key need no lock to stay ordered); a write that fails after reaching the log (a timeout) drops the cache, so the
+next read rebuilds it from what the log holds.
+
+**Input** is checked before anything else, on any broker: a cursor id of 1 to :data:`MAX_CURSOR_ID_BYTES`
+UTF-8 bytes, an existing stream and partition, an offset of -1 (nothing consumed) or more. Each failure is its
+precise error (INVALID_ARGUMENT, UNKNOWN_STREAM, UNKNOWN_PARTITION) and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tidelog.broker.manager import PartitionManager
+from tidelog.broker.partition import Partition
+from tidelog.broker.write_path import WriteRefused
+from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.protocol.cursors import CURSORS_STREAM, MAX_CURSOR_ID_BYTES, cursor_key, cursors_partition
+from tidelog.protocol.errors import (
+    InvalidArgumentError,
+    NotLeaderError,
+    TidelogError,
+    UnavailableError,
+    UnknownPartitionError,
+    UnknownStreamError,
+    UnsupportedError,
+)
+from tidelog.protocol.messages import Acks
+from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
+
+log = logging.getLogger(__name__)
+
+_READ_BYTES = 1024 * 1024  # what one read of a rebuild takes from the log
+_WARM_TIMEOUT = 30.0  # seconds a rebuild started on a leader change waits for the partition's tail to commit
+
+
+class CursorValue(msgspec.Struct, frozen=True, array_like=True):
+    """The value of a cursor's record (msgpack): what the key says, and the offset."""
+
+    stream: str
+    partition: int
+    cursor_id: str
+    offset: int
+
+
+_ENCODE = msgspec.msgpack.Encoder().encode
+_DECODE = msgspec.msgpack.Decoder(CursorValue).decode
+
+
+@dataclass(eq=False, slots=True)
+class _Positions:
+    """The cursors of one ``__cursors`` partition, for one leadership of it."""
+
+    partition: Partition
+    by_key: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # key -> (record offset, cursor offset)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def put(self, key: bytes, record_offset: int, offset: int) -> None:
+        known = self.by_key.get(key)
+        if known is None or known[0] < record_offset:
+            self.by_key[key] = (record_offset, offset)
+
+
+class CursorStore:
+    """Stores and reads cursors on the leaders of ``__cursors`` partitions (see the module docstring)."""
+
+    def __init__(self, broker_id: str, mirror: MetadataMirror, manager: PartitionManager, *, enabled: bool) -> None:
+        """``enabled``: whether this broker is configured with cursors (``cursors_stream_partitions`` > 0)."""
+        self._broker_id = broker_id
+        self._mirror = mirror
+        self._manager = manager
+        self._enabled = enabled
+        self._caches: dict[int, _Positions] = {}  # __cursors partition id -> its cache
+        self._rebuilds: set[asyncio.Task[None]] = set()
+
+    # ---- the two operations ----
+
+    async def set(self, stream: str, partition: int, cursor_id: str, offset: int, timeout: float) -> None:
+        """Store ``offset`` as the cursor's position; returns once it is committed (acks ALL)."""
+        key = self.check(stream, partition, cursor_id, offset)
+        pid, leader = self._leader_for(key)
+        value = _ENCODE(CursorValue(stream, partition, cursor_id, offset))
+        now = time.time_ns()
+        batch = build_batch([NewRecord(value, key, timestamp=now)], timestamp=now)
+        try:
+            written = await leader.write(batch, Acks.ALL, timeout)
+        except TidelogError:
+            self._drop(pid, leader)  # the record may be in the log all the same: rebuild from it next time
+            raise
+        if isinstance(written, WriteRefused):
+            raise written.error()
+        cache = self._caches.get(pid)
+        if cache is not None and cache.partition is leader:  # also while it is rebuilt: put keeps the newest
+            cache.put(key, written.base_offset, offset)
+
+    async def fetch(self, stream: str, partition: int, cursor_id: str, timeout: float) -> int:
+        """The cursor's stored position; -1 for a cursor never set."""
+        key = self.check(stream, partition, cursor_id)
+        pid, leader = self._leader_for(key)
+        cache = await self._positions(pid, leader, timeout)
+        known = cache.by_key.get(key)
+        return -1 if known is None else known[1]
+
+    async def on_metadata(self, _old: MetadataSnapshot, new: MetadataSnapshot) -> None:
+        """A mirror listener, run after the partition manager acted on a change: start reading the cursors of each
+        ``__cursors`` partition this broker has come to lead (the first request after a failover then finds them
+        read, or the read under way), and forget those of partitions it no longer leads."""
+        if not self._enabled:
+            return
+        for pid, cache in list(self._caches.items()):
+            if self._manager.local(CURSORS_STREAM, pid) is not cache.partition:
+                del self._caches[pid]
+        for record in new.partitions_of(CURSORS_STREAM):
+            leader = self._manager.local(CURSORS_STREAM, record.id) if record.leader == self._broker_id else None
+            if leader is not None:
+                self._start(record.id, leader, _WARM_TIMEOUT)
+
+    async def close(self) -> None:
+        """Stop any rebuild still running (the broker is stopping)."""
+        for task in list(self._rebuilds):
+            task.cancel()
+        await asyncio.gather(*self._rebuilds, return_exceptions=True)
+        self._caches.clear()
+
+    # ---- input ----
+
+    def check(self, stream: str, partition: int, cursor_id: str, offset: int | None = None) -> bytes:
+        """Validate a request (see the module docstring) and return the cursor's key."""
+        if not cursor_id:
+            raise InvalidArgumentError(f"cursor id is empty: give 1 to {MAX_CURSOR_ID_BYTES} bytes of UTF-8")
+        size = len(cursor_id.encode())
+        if size > MAX_CURSOR_ID_BYTES:
+            raise InvalidArgumentError(f"cursor id is {size} bytes long: at most {MAX_CURSOR_ID_BYTES} are allowed")
+        if offset is not None and offset < -1:
+            raise InvalidArgumentError(f"cursor offset {offset} is below -1: give -1 (nothing consumed) or more")
+        if not stream:
+            raise InvalidArgumentError("no stream given for the cursor")
+        record = self._mirror.snapshot.stream(stream)
+        if record is None:
+            raise UnknownStreamError(f"no stream named {stream!r}")
+        if not 0 <= partition < record.partitions:
+            raise UnknownPartitionError(f"stream {stream!r} has partitions 0..{record.partitions - 1}, not {partition}")
+        return cursor_key(cursor_id, stream, partition)
+
+    # ---- where a cursor lives ----
+
+    def _leader_for(self, key: bytes) -> tuple[int, Partition]:
+        """The ``__cursors`` partition of ``key`` and this broker's leader of it; the precise error otherwise."""
+        if not self._enabled:
+            raise UnsupportedError("cursors are disabled on this broker (cursors_stream_partitions is 0)")
+        snap = self._mirror.snapshot
+        stream = snap.stream(CURSORS_STREAM)
+        if stream is None:
+            raise UnavailableError(f"the {CURSORS_STREAM} stream is not created yet; retry shortly")
+        pid = cursors_partition(key, stream.partitions)
+        leader = self._manager.local(CURSORS_STREAM, pid)
+        if leader is None:
+            record = snap.partition(CURSORS_STREAM, pid)
+            who = f"broker {record.leader!r}" if record is not None and record.leader else "no broker right now"
+            raise NotLeaderError(
+                f"broker {self._broker_id!r} is not the leader of {CURSORS_STREAM} partition {pid}, which holds "
+                f"this cursor; its leader is {who}"
+            )
+        return pid, leader
+
+    # ---- the cache ----
+
+    def _drop(self, pid: int, leader: Partition) -> None:
+        cache = self._caches.get(pid)
+        if cache is not None and cache.partition is leader:
+            del self._caches[pid]
+
+    async def _positions(self, pid: int, leader: Partition, timeout: float) -> _Positions:
+        """The cache of ``pid`` for this leadership, rebuilt from the log when there is none yet."""
+        cache = self._start(pid, leader, timeout)
+        if not cache.ready.is_set():
+            try:
+                async with asyncio.timeout(timeout):
+                    await cache.ready.wait()
+            except TimeoutError:
+                raise UnavailableError(
+                    f"the cursors of {CURSORS_STREAM} partition {pid} are still being read after a leader change; retry"
+                ) from None
+        return cache
+
+    def _start(self, pid: int, leader: Partition, timeout: float) -> _Positions:
+        """The cache of ``pid`` for this leadership; a new one, being read from the log, if there was none."""
+        cache = self._caches.get(pid)
+        if cache is None or cache.partition is not leader:
+            cache = self._caches[pid] = _Positions(leader)
+            task = asyncio.create_task(self._rebuild(pid, cache, timeout), name=f"cursors-rebuild-{pid}")
+            self._rebuilds.add(task)
+            task.add_done_callback(self._rebuilds.discard)
+        return cache
+
+    async def _rebuild(self, pid: int, cache: _Positions, timeout: float) -> None:
+        """Fill ``cache`` from the partition's log; on failure forget it, so the next request tries again."""
+        try:
+            await self._read_log(cache, max(timeout, 5.0))
+        except Exception as exc:
+            log.warning("cannot read the cursors of %s partition %d: %s", CURSORS_STREAM, pid, exc)
+            if self._caches.get(pid) is cache:
+                del self._caches[pid]
+            return
+        cache.ready.set()
+        log.info("%s partition %d: %d cursor(s) read from the log", CURSORS_STREAM, pid, len(cache.by_key))
+
+    @staticmethod
+    async def _read_log(cache: _Positions, timeout: float) -> None:
+        partition = cache.partition
+        end = partition.log_end
+        if end > 0:
+            await partition.wait_committed(end - 1, timeout)  # what this leader holds is committed first
+        offset = partition.log_start
+        while offset < end:
+            data = partition.read_committed(offset, _READ_BYTES)
+            if not data:
+                break
+            for pos, header in iter_batches(data):
+                for record in decode_records(data, pos, header=header):
+                    if record.offset < offset or record.key is None or record.value is None:
+                        continue
+                    try:
+                        value = _DECODE(record.value)
+                    except msgspec.DecodeError:
+                        log.warning("%s: record %d is not a cursor; skipped", partition.name, record.offset)
+                        continue
+                    cache.put(record.key, record.offset, value.offset)
+                offset = header.next_offset
+            await asyncio.sleep(0)  # let requests run between chunks of a long partition
