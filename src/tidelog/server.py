@@ -28,6 +28,7 @@ from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_end
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.nats_client import BrokerNats
 from tidelog.broker.partition import Partition
@@ -93,6 +94,7 @@ class Broker:
         self.election: ControllerElection | None = None
         self.controller: Controller | None = None
         self.link: ControllerLink | None = None
+        self.groups: GroupRuntime | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -163,6 +165,8 @@ class Broker:
             await self.manager.remove_orphans(mirror.snapshot)
             self.cleaner = LogCleaner(self.manager.replicas, cfg.cleaner_interval_ms / 1000)
             self.cleaner.start()
+            self.groups = GroupRuntime(self.id, self.etcd, keys, self.election, mirror, self.link, cfg)
+            await self.groups.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
             self.context = BrokerContext(
                 self.id,
@@ -174,6 +178,7 @@ class Broker:
                 link=self.link,
                 peers=self.peers,
                 producer_ids=ProducerIdAllocator(self.etcd, keys),
+                groups=self.groups.service,
             )
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
@@ -250,6 +255,8 @@ class Broker:
         if self.controller is not None:
             with contextlib.suppress(Exception):
                 await self.controller.stop()
+        if self.groups is not None:
+            await self.groups.stop()
         if self.cleaner is not None:
             await self.cleaner.stop()
         if self.manager is not None:

@@ -470,6 +470,20 @@ class BrokerConfig:
     shutdown_timeout_ms: int = _setting(
         15_000, _POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."
     )
+    # -- consumer groups --
+    group_consumer_timeout_ms: int = _setting(
+        15_000,
+        _POSITIVE,
+        "A consumer group member that has not fetched its assignments (its heartbeat) for this long is removed "
+        "from the group by the coordinator and its partitions reassigned (Liftbridge's groups.consumer.timeout).",
+    )
+    group_coordinator_timeout_ms: int = _setting(
+        15_000,
+        _POSITIVE,
+        "Members that get no answer from their group's coordinator for this long report it; reports from more "
+        "than half of the members within this time of each other move the group to another coordinator "
+        "(Liftbridge's groups.coordinator.timeout).",
+    )
 
     def __post_init__(self) -> None:
         # Every value goes through its key's kind, also when the class is built directly: checked, and

@@ -694,3 +694,91 @@ def encode_message(
 def encode_error(correlation_id: int, op: int, body: ErrorBody) -> list[BytesLike]:
     """An ERROR frame answering request ``correlation_id`` of ``op``."""
     return encode_frame(Kind.ERROR, op, correlation_id, _ENCODER.encode(body))
+
+
+# -- consumer groups ----------------------------------------------------------------------------------------------
+#
+#   JOIN_GROUP         JoinGroupRequest          JoinGroupResponse
+#   LEAVE_GROUP        LeaveGroupRequest         LeaveGroupResponse
+#   GROUP_ASSIGNMENTS  GroupAssignmentsRequest   GroupAssignmentsResponse   (the coordinator answers; a heartbeat)
+#   REPORT_COORDINATOR ReportCoordinatorRequest  ReportCoordinatorResponse
+#
+# The same operations as Liftbridge's group RPCs, so a native client can be a member without gRPC. Ids are checked
+# by the broker (not here), so a bad id gets INVALID_ARGUMENT naming the rule rather than a malformed header.
+# ``forwarded`` marks a request a broker sent on to the controller (see tidelog.broker.controller_link).
+
+GroupEpoch = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # an etcd revision (Liftbridge: uint64)
+
+
+class JoinGroupRequest(Header, frozen=True):
+    """Join ``group_id`` (created if needed) as ``consumer_id``, consuming ``streams``."""
+
+    group_id: str
+    consumer_id: str
+    streams: tuple[str, ...]
+    forwarded: bool = False
+
+
+class JoinGroupResponse(Header, frozen=True):
+    """Where to heartbeat, at which epoch, and the broker's timeouts (milliseconds)."""
+
+    coordinator: str
+    epoch: GroupEpoch
+    consumer_timeout_ms: int
+    coordinator_timeout_ms: int
+
+
+class LeaveGroupRequest(Header, frozen=True):
+    group_id: str
+    consumer_id: str
+    expired: bool = False  # sent by the coordinator for a member that stopped heartbeating
+    forwarded: bool = False
+
+
+class LeaveGroupResponse(Header, frozen=True):
+    pass
+
+
+class GroupAssignmentsRequest(Header, frozen=True):
+    group_id: str
+    consumer_id: str
+    epoch: GroupEpoch
+
+
+class StreamAssignment(Header, frozen=True):
+    stream: str
+    partitions: tuple[int, ...]
+
+
+class GroupAssignmentsResponse(Header, frozen=True):
+    epoch: GroupEpoch
+    assignments: tuple[StreamAssignment, ...]
+
+
+class ReportCoordinatorRequest(Header, frozen=True):
+    """``consumer_id`` says ``coordinator`` (of group ``epoch``) does not answer."""
+
+    group_id: str
+    consumer_id: str
+    coordinator: str
+    epoch: GroupEpoch
+    forwarded: bool = False
+
+
+class ReportCoordinatorResponse(Header, frozen=True):
+    pass
+
+
+_GROUP_HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
+    (Kind.REQUEST, Op.JOIN_GROUP): JoinGroupRequest,
+    (Kind.RESPONSE, Op.JOIN_GROUP): JoinGroupResponse,
+    (Kind.REQUEST, Op.LEAVE_GROUP): LeaveGroupRequest,
+    (Kind.RESPONSE, Op.LEAVE_GROUP): LeaveGroupResponse,
+    (Kind.REQUEST, Op.GROUP_ASSIGNMENTS): GroupAssignmentsRequest,
+    (Kind.RESPONSE, Op.GROUP_ASSIGNMENTS): GroupAssignmentsResponse,
+    (Kind.REQUEST, Op.REPORT_COORDINATOR): ReportCoordinatorRequest,
+    (Kind.RESPONSE, Op.REPORT_COORDINATOR): ReportCoordinatorResponse,
+}
+HEADER_TYPES.update(_GROUP_HEADER_TYPES)
+_ROUTES.update({cls: route for route, cls in _GROUP_HEADER_TYPES.items()})
+_DECODERS.update({cls: msgspec.msgpack.Decoder(cls) for cls in _GROUP_HEADER_TYPES.values()})

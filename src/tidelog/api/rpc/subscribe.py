@@ -24,7 +24,13 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.follower_replica import FollowerReplica
 from tidelog.broker.partition import Partition
 from tidelog.protocol._gen import api_pb2
-from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
+from tidelog.protocol.errors import (
+    InvalidArgumentError,
+    OffsetDamagedError,
+    StopReachedError,
+    UnavailableError,
+    UnsupportedError,
+)
 from tidelog.protocol.liftbridge import message_from_record
 from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage import errors as storage_errors
@@ -70,6 +76,24 @@ def start_offset(partition: Partition | FollowerReplica, request: api_pb2.Subscr
     raise InvalidArgumentError(f"unknown startPosition {position}")
 
 
+async def check_group_consumer(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> None:
+    """A subscription as a consumer group member reads only a partition assigned to it at the group's current
+    epoch (:meth:`~tidelog.broker.groups.service.GroupService.check_subscribe`)."""
+    consumer = request.consumer
+    if not consumer.groupId:
+        raise InvalidArgumentError("a consumer id was given without a group id")
+    if ctx.groups is None:
+        raise UnsupportedError(f"broker {ctx.broker_id} runs without consumer groups")
+    await ctx.groups.check_subscribe(
+        consumer.groupId,
+        consumer.consumerId,
+        consumer.groupEpoch,
+        request.stream,
+        request.partition,
+        request.readISRReplica,
+    )
+
+
 def stop_of(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRequest) -> Stop:
     position = request.stopPosition
     if position == _Stop.STOP_ON_CANCEL:
@@ -85,6 +109,8 @@ def stop_of(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRe
 
 async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
     partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
+    if request.HasField("consumer") and (request.consumer.groupId or request.consumer.consumerId):
+        await check_group_consumer(ctx, request)
     if isinstance(partition, Partition):
         await partition.tail_visible()
     offset = start_offset(partition, request)
