@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from tests.broker.groups.helpers import assignments, group_metadata, join, leave, partitions
 from tests.broker.helpers import bounded, create_stream, expect_code
 from tests.helpers import BOUND
 from tidelog.metadata.group_records import MAX_ID_LENGTH
@@ -30,32 +31,6 @@ CONSUMER_TIMEOUT_MS = 1500
 @pytest.fixture(scope="module")
 def broker_settings() -> dict[str, Any]:
     return {"group_consumer_timeout_ms": CONSUMER_TIMEOUT_MS}
-
-
-async def join(stub: Stub, group: str, consumer: str, *streams: str) -> api_pb2.JoinConsumerGroupResponse:
-    request = api_pb2.JoinConsumerGroupRequest(groupId=group, consumerId=consumer, streams=list(streams))
-    response: api_pb2.JoinConsumerGroupResponse = await bounded(stub.JoinConsumerGroup(request))
-    return response
-
-
-async def leave(stub: Stub, group: str, consumer: str) -> None:
-    await bounded(stub.LeaveConsumerGroup(api_pb2.LeaveConsumerGroupRequest(groupId=group, consumerId=consumer)))
-
-
-async def assignments(stub: Stub, group: str, consumer: str, epoch: int) -> tuple[int, set[tuple[str, int]]]:
-    request = api_pb2.FetchConsumerGroupAssignmentsRequest(groupId=group, consumerId=consumer, epoch=epoch)
-    response = await bounded(stub.FetchConsumerGroupAssignments(request))
-    return response.epoch, {(a.stream, p) for a in response.assignments for p in a.partitions}
-
-
-async def group_metadata(stub: Stub, group: str) -> api_pb2.ConsumerGroupMetadata:
-    response = await bounded(stub.FetchMetadata(api_pb2.FetchMetadataRequest(groups=[group])))
-    (found,) = response.groupMetadata
-    return found
-
-
-def partitions(stream: str, count: int) -> set[tuple[str, int]]:
-    return {(stream, p) for p in range(count)}
 
 
 async def test_join_balance_leave_and_epochs(broker: Broker, stub: Stub, stream_name: str) -> None:
