@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from tests.broker.groups.helpers import assignments, group_metadata, join, leave, partitions
-from tests.broker.helpers import bounded, create_stream, expect_code
+from tests.broker.helpers import bounded, create_stream, expect_code, publish
 from tests.helpers import BOUND
 from tidelog.metadata.group_records import MAX_ID_LENGTH
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
@@ -195,3 +195,28 @@ async def test_bad_input_is_refused_and_nothing_is_stored(stub: Stub, stream_nam
     meta = await group_metadata(stub, group)
     assert meta.epoch == joined.epoch, "no refused request changed the group"
     await leave(stub, group, "c")
+
+
+async def test_a_rebalance_ends_the_subscription_of_a_partition_that_moved(stub: Stub, stream_name: str) -> None:
+    await create_stream(stub, stream_name, partitions=2)
+    group = f"g-{stream_name}"
+    first = await join(stub, group, "a", stream_name)
+    calls = {}
+    for p in (0, 1):
+        consumer = api_pb2.Consumer(groupId=group, groupEpoch=first.epoch, consumerId="a")
+        calls[p] = stub.Subscribe(api_pb2.SubscribeRequest(stream=stream_name, partition=p, consumer=consumer))
+        assert await bounded(calls[p].read()) == api_pb2.Message()
+
+    second = await join(stub, group, "b", stream_name)
+    _, kept = await assignments(stub, group, "a", second.epoch)
+    ((_, own),) = kept
+    moved = 1 - own
+    assert await bounded(calls[moved].read()) == grpc.aio.EOF, "the moved partition's subscription ended"
+    assert await bounded(calls[moved].code()) == S.OK
+
+    await publish(stub, stream_name, b"still mine", partition=own)
+    message = await bounded(calls[own].read())
+    assert (message.partition, message.value) == (own, b"still mine")
+    calls[own].cancel()
+    await leave(stub, group, "a")
+    await leave(stub, group, "b")

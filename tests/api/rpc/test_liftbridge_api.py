@@ -822,10 +822,6 @@ async def test_publish_to_subject_refuses_reserved_headers(stub: Stub, stream_na
     [
         ("SetCursor", api_pb2.SetCursorRequest),
         ("FetchCursor", api_pb2.FetchCursorRequest),
-        ("JoinConsumerGroup", api_pb2.JoinConsumerGroupRequest),
-        ("LeaveConsumerGroup", api_pb2.LeaveConsumerGroupRequest),
-        ("FetchConsumerGroupAssignments", api_pb2.FetchConsumerGroupAssignmentsRequest),
-        ("ReportConsumerGroupCoordinator", api_pb2.ReportConsumerGroupCoordinatorRequest),
     ],
 )
 async def test_cursor_and_group_rpcs_are_unimplemented(stub: Stub, rpc: str, request_type: Any) -> None:

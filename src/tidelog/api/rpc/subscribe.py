@@ -17,6 +17,7 @@ subscription ends with UNAVAILABLE instead, so that Liftbridge clients resubscri
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -76,6 +77,19 @@ def start_offset(partition: Partition | FollowerReplica, request: api_pb2.Subscr
     raise InvalidArgumentError(f"unknown startPosition {position}")
 
 
+async def _wait_for_data(partition: Partition | FollowerReplica, offset: int, ended: asyncio.Event | None) -> None:
+    """Wait at the tail for a record at ``offset``, or until ``ended`` is set."""
+    if ended is None:
+        await partition.wait_for_data(offset, _IDLE_WAIT)
+        return
+    waits = {asyncio.ensure_future(partition.wait_for_data(offset, _IDLE_WAIT)), asyncio.ensure_future(ended.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 async def check_group_consumer(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> None:
     """A subscription as a consumer group member reads only a partition assigned to it at the group's current
     epoch (:meth:`~tidelog.broker.groups.service.GroupService.check_subscribe`)."""
@@ -109,8 +123,23 @@ def stop_of(partition: Partition | FollowerReplica, request: api_pb2.SubscribeRe
 
 async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
     partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
-    if request.HasField("consumer") and (request.consumer.groupId or request.consumer.consumerId):
-        await check_group_consumer(ctx, request)
+    consumer = request.consumer
+    if not request.HasField("consumer") or not (consumer.groupId or consumer.consumerId):
+        async for message in _read(partition, request, None):
+            yield message
+        return
+    await check_group_consumer(ctx, request)
+    assert ctx.groups is not None
+    with ctx.groups.readers.reading(consumer.groupId, consumer.consumerId, request.stream, request.partition) as ended:
+        async for message in _read(partition, request, ended):
+            yield message
+
+
+async def _read(
+    partition: Partition | FollowerReplica, request: api_pb2.SubscribeRequest, ended: asyncio.Event | None
+) -> AsyncIterator[api_pb2.Message]:
+    """The subscription proper; it finishes early (cleanly) once ``ended`` is set: a group consumer that lost the
+    partition (:mod:`tidelog.broker.groups.readers`)."""
     if isinstance(partition, Partition):
         await partition.tail_visible()
     offset = start_offset(partition, request)
@@ -119,7 +148,7 @@ async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> As
     yield api_pb2.Message()  # handshake
     if stop.offset is not None and offset > stop.offset:
         raise StopReachedError(f"stop offset {stop.offset} is before the start offset {offset}")
-    while True:
+    while ended is None or not ended.is_set():
         try:
             data = partition.read_committed(offset, READ_BYTES)
         except storage_errors.OffsetDamagedError as exc:
@@ -134,7 +163,7 @@ async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> As
                 last=exc.last,
             ) from None
         if not data:
-            await partition.wait_for_data(offset, _IDLE_WAIT)
+            await _wait_for_data(partition, offset, ended)
             continue
         for pos, header in iter_batches(data):
             if header.last_offset < offset:

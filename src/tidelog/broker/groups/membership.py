@@ -24,6 +24,7 @@ second (so that a broker just elected controller looks without waiting for a cha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -165,23 +166,31 @@ class GroupMembership:
     # ---- the reconcile task ----
 
     async def run(self) -> None:
-        """Fix groups by themselves while this broker is the controller (module docstring); runs until cancelled."""
+        """Fix groups by themselves while this broker is the controller (module docstring); runs until cancelled.
+
+        The groups are looked at after a change of brokers, streams or groups, and once when this broker becomes
+        the controller; the tick only notices that (and retries a failed pass), so an idle cluster costs nothing.
+        """
+        was_active = False
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_TICK):
                     await self._dirty.wait()
-            except TimeoutError:
-                pass
-            self._dirty.clear()
-            if not self.active:
+            active = self.active
+            if not active:
+                self._dirty.clear()  # the controller looks when it is elected
                 self._failovers.clear()
-                continue
-            try:
-                await self._reconcile_all()
-            except ControllerFencedError:
-                continue
-            except Exception as error:
-                log.warning("group reconcile failed (%s); trying again in %.1fs", error, _TICK)
+            elif self._dirty.is_set() or not was_active:
+                self._dirty.clear()
+                try:
+                    await self._reconcile_all()
+                except ControllerFencedError:
+                    pass  # the term is over: the next controller looks again
+                except Exception as error:
+                    log.warning("group reconcile failed (%s); trying again in %.1fs", error, _TICK)
+                    await self._clock.sleep(_TICK)
+                    self._dirty.set()
+            was_active = active
 
     async def _reconcile_all(self) -> None:
         snap = self._mirror.snapshot

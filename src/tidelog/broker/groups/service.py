@@ -11,8 +11,9 @@ served:
   :class:`~tidelog.broker.groups.coordinator.GroupCoordinator` (NOT_COORDINATOR when it does not coordinate the
   group, as Liftbridge answers).
 
-It also answers what other requests need to know about groups: a group's record for ``FetchMetadata``, and
-whether a ``Subscribe`` naming a group consumer may read a partition (:meth:`GroupService.check_subscribe`).
+It also answers what other requests need to know about groups: a group's record for ``FetchMetadata``, whether a
+``Subscribe`` naming a group consumer may read a partition (:meth:`GroupService.check_subscribe`), and, through
+``readers`` (:mod:`tidelog.broker.groups.readers`), when such a subscription must end.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from tidelog.broker.controller_link import ControllerLink, call_controller
 from tidelog.broker.groups.coordinator import CATCH_UP, GroupCoordinator
 from tidelog.broker.groups.membership import GroupMembership
+from tidelog.broker.groups.readers import GroupReaders
 from tidelog.metadata.group_mirror import GroupMirror
 from tidelog.metadata.group_records import GroupRecord, check_id
 from tidelog.protocol.errors import (
@@ -71,6 +73,7 @@ class GroupService:
         self.groups = groups
         self.membership = membership
         self.coordinator = coordinator
+        self.readers = GroupReaders(groups)
         self._link = link
         self.consumer_timeout_ms = consumer_timeout_ms
         self.coordinator_timeout_ms = coordinator_timeout_ms
