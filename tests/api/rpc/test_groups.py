@@ -220,3 +220,21 @@ async def test_a_rebalance_ends_the_subscription_of_a_partition_that_moved(stub:
     calls[own].cancel()
     await leave(stub, group, "a")
     await leave(stub, group, "b")
+
+
+async def test_a_deleted_stream_leaves_the_group_rebalanced(broker: Broker, stub: Stub, stream_name: str) -> None:
+    kept, dropped = f"{stream_name}-k", f"{stream_name}-d"
+    await create_stream(stub, kept, partitions=2)
+    await create_stream(stub, dropped, partitions=2)
+    group = f"g-{stream_name}"
+    joined = await join(stub, group, "c", kept, dropped)
+    _, owned = await assignments(stub, group, "c", joined.epoch)
+    assert owned == partitions(kept, 2) | partitions(dropped, 2)
+
+    await bounded(stub.DeleteStream(api_pb2.DeleteStreamRequest(name=dropped)))
+
+    assert broker.groups is not None
+    await broker.groups.mirror.wait_for(lambda g: getattr(g.get(group), "epoch", 0) > joined.epoch, BOUND)
+    epoch = (await group_metadata(stub, group)).epoch
+    assert await assignments(stub, group, "c", epoch) == (epoch, partitions(kept, 2))
+    await leave(stub, group, "c")
