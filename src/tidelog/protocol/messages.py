@@ -32,6 +32,7 @@ Which header goes with which frame::
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
     SEGMENT_FETCH   SegmentFetchRequest   SegmentFetchResponse   response: raw bytes of a segment file
+    JOIN_GROUP …    the consumer-group headers, in their own block at the end of this module
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
 
 A response that has something useful to say besides the failure carries an ``error`` field instead: a produce

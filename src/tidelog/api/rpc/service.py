@@ -3,7 +3,8 @@ modules and map errors to statuses.
 
 Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
 gRPC status — looked up in :mod:`tidelog.protocol.errors`, so gRPC and the wire protocol answer the same condition
-with the same meaning. Cursor and consumer-group RPCs answer ``UNIMPLEMENTED`` until their own issue.
+with the same meaning. Consumer-group RPCs are in :mod:`tidelog.api.rpc.groups`; cursor RPCs answer
+``UNIMPLEMENTED`` until their own issue.
 """
 
 from __future__ import annotations
