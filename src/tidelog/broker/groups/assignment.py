@@ -21,6 +21,7 @@ assignment on any broker.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Iterable, Mapping
 
 Assignment = dict[str, dict[str, list[int]]]
@@ -64,12 +65,17 @@ def assign(
             owner[key] = taker
             load[taker] += 1
 
+    held: dict[str, list[tuple[str, int]]] = {m: [] for m in members}
+    for key, m in sorted(owner.items()):
+        held[m].append(key)
     for _ in range(len(all_partitions) * max(1, len(members))):  # 3. even out (bounded; see the docstring)
-        move = _best_move(owner, load, eligible)
+        move = _next_move(held, load, eligible)
         if move is None:
             break
-        key, taker = move
-        load[owner[key]] -= 1
+        key, giver, taker = move
+        held[giver].remove(key)
+        insort(held[taker], key)
+        load[giver] -= 1
         load[taker] += 1
         owner[key] = taker
 
@@ -79,20 +85,16 @@ def assign(
     return result
 
 
-def _best_move(
-    owner: Mapping[tuple[str, int], str], load: Mapping[str, int], eligible: Mapping[str, list[str]]
-) -> tuple[tuple[str, int], str] | None:
-    """A partition of the most loaded member that can go to a member holding at least two fewer; None if none."""
+def _next_move(
+    held: Mapping[str, list[tuple[str, int]]], load: Mapping[str, int], eligible: Mapping[str, list[str]]
+) -> tuple[tuple[str, int], str, str] | None:
+    """``(partition, giver, taker)``: the first partition of the most loaded member (that has one to give) that a
+    member holding at least two fewer consumes, to the least loaded such member; None when there is none."""
     for giver in sorted(load, key=lambda m: (-load[m], m)):
-        best: tuple[tuple[str, int], str] | None = None
-        for key in sorted(k for k, m in owner.items() if m == giver):
+        for key in held[giver]:
             takers = [m for m in eligible[key[0]] if load[m] <= load[giver] - 2]
             if takers:
-                taker = min(takers, key=lambda m: (load[m], m))
-                if best is None or load[taker] < load[best[1]]:
-                    best = (key, taker)
-        if best is not None:
-            return best
+                return key, giver, min(takers, key=lambda m: (load[m], m))
     return None
 
 

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _ATTEMPTS = 8  # compare-and-swap rounds before a group change gives up (only lost races cost a round)
 _TICK = 1.0  # seconds between looks of the reconcile task when nothing changed
+_SEEN_WAIT = 5.0  # seconds a change waits for this broker's group mirror to show it before answering anyway
 
 Decide = Callable[[GroupRecord | None, int], GroupRecord | None]
 """``(record in etcd or None, epoch for the new record) -> record to write (None: delete)``."""
@@ -249,8 +250,10 @@ class GroupMembership:
 
     async def _seen(self, revision: int) -> None:
         """Wait until this broker's group mirror has applied ``revision`` (a write just made), so that what the
-        requester does next on this broker sees it."""
-        await self._groups.wait_for(lambda g: g.revision >= revision, timeout=5.0)
+        requester does next on this broker sees it. The write has landed either way: a mirror that lags longer
+        only makes that later request wait for it (:data:`~tidelog.broker.groups.coordinator.CATCH_UP`)."""
+        with contextlib.suppress(TimeoutError):
+            await self._groups.wait_for(lambda g: g.revision >= revision, timeout=_SEEN_WAIT)
 
     async def _partition_counts(self, streams: tuple[str, ...]) -> dict[str, int]:
         """Partition counts of every known stream; a stream named in ``streams`` that this broker's mirror has
