@@ -92,6 +92,8 @@ class Op(enum.IntEnum):
     LEAVE_GROUP = 65  # a consumer leaves (or its coordinator removes it; forwarded to the controller)
     GROUP_ASSIGNMENTS = 66  # a member's partitions and the group epoch; its heartbeat (the coordinator answers)
     REPORT_COORDINATOR = 67  # a member reports that the group's coordinator does not answer (to the controller)
+    DESCRIBE_GROUP = 68  # a group's coordinator, epoch, members and assignments (any broker, from its mirror)
+    LIST_GROUPS = 69  # every group, in short (any broker, from its mirror)
 
 
 class ProtocolError(Exception):

@@ -703,6 +703,8 @@ def encode_error(correlation_id: int, op: int, body: ErrorBody) -> list[BytesLik
 #   LEAVE_GROUP        LeaveGroupRequest         LeaveGroupResponse
 #   GROUP_ASSIGNMENTS  GroupAssignmentsRequest   GroupAssignmentsResponse   (the coordinator answers; a heartbeat)
 #   REPORT_COORDINATOR ReportCoordinatorRequest  ReportCoordinatorResponse
+#   DESCRIBE_GROUP     DescribeGroupRequest      DescribeGroupResponse      (any broker; where the coordinator is)
+#   LIST_GROUPS        ListGroupsRequest         ListGroupsResponse
 #
 # The same operations as Liftbridge's group RPCs, so a native client can be a member without gRPC. Ids are checked
 # by the broker (not here), so a bad id gets INVALID_ARGUMENT naming the rule rather than a malformed header.
@@ -770,6 +772,40 @@ class ReportCoordinatorResponse(Header, frozen=True):
     pass
 
 
+class DescribeGroupRequest(Header, frozen=True):
+    group_id: str
+
+
+class GroupMemberInfo(Header, frozen=True):
+    consumer_id: str
+    streams: tuple[str, ...]
+    assignments: tuple[StreamAssignment, ...]
+
+
+class DescribeGroupResponse(Header, frozen=True):
+    """The group as the answering broker's mirror holds it (UNKNOWN_GROUP when there is none)."""
+
+    group_id: str
+    coordinator: str
+    epoch: GroupEpoch
+    members: tuple[GroupMemberInfo, ...]
+
+
+class ListGroupsRequest(Header, frozen=True):
+    pass
+
+
+class GroupSummary(Header, frozen=True):
+    group_id: str
+    coordinator: str
+    epoch: GroupEpoch
+    members: int
+
+
+class ListGroupsResponse(Header, frozen=True):
+    groups: tuple[GroupSummary, ...]  # sorted by group id
+
+
 _GROUP_HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.REQUEST, Op.JOIN_GROUP): JoinGroupRequest,
     (Kind.RESPONSE, Op.JOIN_GROUP): JoinGroupResponse,
@@ -779,6 +815,10 @@ _GROUP_HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.GROUP_ASSIGNMENTS): GroupAssignmentsResponse,
     (Kind.REQUEST, Op.REPORT_COORDINATOR): ReportCoordinatorRequest,
     (Kind.RESPONSE, Op.REPORT_COORDINATOR): ReportCoordinatorResponse,
+    (Kind.REQUEST, Op.DESCRIBE_GROUP): DescribeGroupRequest,
+    (Kind.RESPONSE, Op.DESCRIBE_GROUP): DescribeGroupResponse,
+    (Kind.REQUEST, Op.LIST_GROUPS): ListGroupsRequest,
+    (Kind.RESPONSE, Op.LIST_GROUPS): ListGroupsResponse,
 }
 HEADER_TYPES.update(_GROUP_HEADER_TYPES)
 _ROUTES.update({cls: route for route, cls in _GROUP_HEADER_TYPES.items()})

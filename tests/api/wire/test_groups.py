@@ -20,13 +20,18 @@ from tidelog.protocol.errors import (
     UnknownMemberError,
 )
 from tidelog.protocol.messages import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
     GroupAssignmentsRequest,
     GroupAssignmentsResponse,
+    GroupSummary,
     Header,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
     ReportCoordinatorRequest,
     ReportCoordinatorResponse,
     StreamAssignment,
@@ -92,3 +97,28 @@ async def test_a_member_over_the_wire(
 async def test_bad_ids_are_invalid_arguments(conn: Connection, request_: Header) -> None:
     with pytest.raises(InvalidArgumentError):
         await conn.request(request_, timeout=BOUND)
+
+
+async def test_describe_and_list_groups(
+    broker: Broker, stub: api_pb2_grpc.APIStub, conn: Connection, stream_name: str
+) -> None:
+    await create_stream(stub, stream_name, partitions=2)
+    group = f"d-{stream_name}"
+    with pytest.raises(UnknownGroupError):
+        await conn.request(DescribeGroupRequest(group), timeout=BOUND)
+    await conn.request(JoinGroupRequest(group, "m1", (stream_name,)), timeout=BOUND)
+    joined = (await conn.request(JoinGroupRequest(group, "m2", (stream_name,)), timeout=BOUND)).header
+    assert isinstance(joined, JoinGroupResponse)
+
+    described = (await conn.request(DescribeGroupRequest(group), timeout=BOUND)).header
+    assert isinstance(described, DescribeGroupResponse)
+    assert (described.coordinator, described.epoch) == (broker.id, joined.epoch)
+    assert [m.consumer_id for m in described.members] == ["m1", "m2"]
+    owned = sorted(p for m in described.members for a in m.assignments for p in a.partitions)
+    assert owned == [0, 1]
+
+    listed = (await conn.request(ListGroupsRequest(), timeout=BOUND)).header
+    assert isinstance(listed, ListGroupsResponse)
+    assert GroupSummary(group, broker.id, joined.epoch, 2) in listed.groups
+    await conn.request(LeaveGroupRequest(group, "m1"), timeout=BOUND)
+    await conn.request(LeaveGroupRequest(group, "m2"), timeout=BOUND)

@@ -1,23 +1,32 @@
-"""The consumer-group family of the wire protocol: JOIN_GROUP, LEAVE_GROUP, GROUP_ASSIGNMENTS, REPORT_COORDINATOR.
+"""The consumer-group family of the wire protocol: JOIN_GROUP, LEAVE_GROUP, GROUP_ASSIGNMENTS, REPORT_COORDINATOR,
+DESCRIBE_GROUP and LIST_GROUPS.
 
-The same operations as Liftbridge's group RPCs (:mod:`tidelog.api.rpc.groups`), for the native client and for
-brokers forwarding group changes to the controller (``forwarded`` set). Handlers are thin: every rule lives in
-:class:`~tidelog.broker.groups.service.GroupService`.
+The first four are Liftbridge's group RPCs (:mod:`tidelog.api.rpc.groups`), for the native client and for brokers
+forwarding group changes to the controller (``forwarded`` set); the last two answer from this broker's mirror of the
+group records (where a group's coordinator is, for a member told NOT_COORDINATOR; what tooling shows). Handlers are
+thin: every rule lives in :class:`~tidelog.broker.groups.service.GroupService`.
 """
 
 from __future__ import annotations
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.groups.service import GroupService
-from tidelog.protocol.errors import UnsupportedError
+from tidelog.metadata.group_records import check_id
+from tidelog.protocol.errors import UnknownGroupError, UnsupportedError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.messages import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
     GroupAssignmentsRequest,
     GroupAssignmentsResponse,
+    GroupMemberInfo,
+    GroupSummary,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
     ReportCoordinatorRequest,
     ReportCoordinatorResponse,
     StreamAssignment,
@@ -66,9 +75,31 @@ async def report_coordinator(
     return Reply(encode_message(correlation_id, ReportCoordinatorResponse()))
 
 
+async def describe_group(env: HandlerEnv, correlation_id: int, request: DescribeGroupRequest, _: memoryview) -> Reply:
+    service = _groups(env)
+    check_id("groupId", request.group_id)
+    record = service.record(request.group_id)
+    if record is None:
+        raise UnknownGroupError(f"no such consumer group {request.group_id}")
+    members = tuple(
+        GroupMemberInfo(m.id, m.streams, tuple(StreamAssignment(s, ids) for s, ids in m.assignments))
+        for m in record.members
+    )
+    response = DescribeGroupResponse(record.id, record.coordinator, record.epoch, members)
+    return Reply(encode_message(correlation_id, response))
+
+
+async def list_groups(env: HandlerEnv, correlation_id: int, request: ListGroupsRequest, _: memoryview) -> Reply:
+    groups = _groups(env).groups.groups
+    summaries = tuple(GroupSummary(g.id, g.coordinator, g.epoch, len(g.members)) for _, g in sorted(groups.items()))
+    return Reply(encode_message(correlation_id, ListGroupsResponse(summaries)))
+
+
 ROUTES: dict[int, Route] = {
     Op.JOIN_GROUP: route(JoinGroupRequest, join_group),
     Op.LEAVE_GROUP: route(LeaveGroupRequest, leave_group),
     Op.GROUP_ASSIGNMENTS: route(GroupAssignmentsRequest, group_assignments),
     Op.REPORT_COORDINATOR: route(ReportCoordinatorRequest, report_coordinator),
+    Op.DESCRIBE_GROUP: route(DescribeGroupRequest, describe_group),
+    Op.LIST_GROUPS: route(ListGroupsRequest, list_groups),
 }
