@@ -96,3 +96,24 @@ def test_partitions_of_a_deleted_stream_are_dropped() -> None:
     before = assign({"x": ["a", "b"]}, {"a": 2, "b": 2})
     after = assign({"x": ["a", "b"]}, {"a": 2}, before)
     assert after == {"x": {"a": [0, 1]}}
+
+
+@given(
+    st.dictionaries(
+        st.text("mnopqrstuvwxyz", min_size=1, max_size=3),
+        st.sets(st.sampled_from(STREAMS), min_size=1),
+        min_size=1,
+        max_size=8,
+    ),
+    counts_st,
+)
+def test_no_single_move_would_even_out_members_of_different_streams(
+    subscriptions: Mapping[str, set[str]], counts: Mapping[str, int]
+) -> None:
+    result = assign(subscriptions, counts)
+    load = dict(zip(result, loads(result), strict=True))
+    for (stream, _), member in owners(result).items():
+        for other, streams in subscriptions.items():
+            assert not (stream in streams and load[other] <= load[member] - 2), (
+                f"{member} holds {load[member]}, {other} only {load[other]} and could take a {stream} partition"
+            )
