@@ -118,7 +118,7 @@ class GroupMembership:
 
     async def leave(self, group_id: str, consumer_id: str, *, expired: bool = False) -> GroupRecord | None:
         """Remove ``consumer_id`` from the group; the record as written (None: the group is gone)."""
-        counts = _counts(self._mirror.snapshot)
+        counts = await self._partition_counts(self._consumed())
 
         def decide(record: GroupRecord | None, epoch: int) -> GroupRecord | None:
             return decide_leave(record, group_id, consumer_id, counts, epoch)
@@ -195,7 +195,7 @@ class GroupMembership:
 
     async def _reconcile_all(self) -> None:
         snap = self._mirror.snapshot
-        counts = _counts(snap)
+        counts = await self._partition_counts(self._consumed())
         live = snap.brokers.keys()
         for group_id, record in list(self._groups.groups.items()):
             if decide_reconcile(record, counts, live, self._groups.groups, record.epoch) is None:
@@ -255,9 +255,14 @@ class GroupMembership:
         with contextlib.suppress(TimeoutError):
             await self._groups.wait_for(lambda g: g.revision >= revision, timeout=_SEEN_WAIT)
 
+    def _consumed(self) -> tuple[str, ...]:
+        """Every stream some group consumes."""
+        return tuple(sorted({s for g in self._groups.groups.values() for m in g.members for s in m.streams}))
+
     async def _partition_counts(self, streams: tuple[str, ...]) -> dict[str, int]:
         """Partition counts of every known stream; a stream named in ``streams`` that this broker's mirror has
-        not seen yet (created a moment ago) is looked up in etcd itself before it counts as missing."""
+        not seen yet (created a moment ago) is looked up in etcd itself before it counts as missing, so that a
+        mirror lagging a creation never makes a join refuse the stream or a rebalance drop it."""
         counts = _counts(self._mirror.snapshot)
         for name in streams:
             if name not in counts:
