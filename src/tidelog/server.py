@@ -28,6 +28,7 @@ from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.cursor_stream import CursorStreamKeeper
 from tidelog.broker.cursors import CursorStore
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.cleaner import LogCleaner
@@ -97,6 +98,7 @@ class Broker:
         self.link: ControllerLink | None = None
         self.cursor_stream: CursorStreamKeeper | None = None
         self.cursors: CursorStore | None = None
+        self.groups: GroupRuntime | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -167,6 +169,8 @@ class Broker:
             await self.manager.remove_orphans(mirror.snapshot)
             self.cleaner = LogCleaner(self.manager.replicas, cfg.cleaner_interval_ms / 1000)
             self.cleaner.start()
+            self.groups = GroupRuntime(self.id, self.etcd, keys, self.election, mirror, self.link, cfg)
+            await self.groups.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
             self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
             mirror.add_listener(self.cursors.on_metadata)
@@ -182,6 +186,7 @@ class Broker:
                 peers=self.peers,
                 producer_ids=ProducerIdAllocator(self.etcd, keys),
                 cursors=self.cursors,
+                groups=self.groups.service,
             )
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
@@ -269,6 +274,8 @@ class Broker:
         if self.controller is not None:
             with contextlib.suppress(Exception):
                 await self.controller.stop()
+        if self.groups is not None:
+            await self.groups.stop()
         if self.cleaner is not None:
             await self.cleaner.stop()
         if self.manager is not None:

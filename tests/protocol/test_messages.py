@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidelog.protocol import messages as m
 from tidelog.protocol.frames import FrameDecoder, Kind, Op, ProtocolError
 from tidelog.protocol.messages import (
     HEADER_TYPES,
@@ -229,6 +230,36 @@ STRATEGIES.update(
         SetCursorResponse: st.builds(SetCursorResponse),
         FetchCursorRequest: st.builds(FetchCursorRequest, names, cursor_partition, text, millis),
         FetchCursorResponse: st.builds(FetchCursorResponse, offset_or_none),
+    }
+)
+
+# consumer groups (one block, as in tidelog.protocol.messages)
+group_epoch = st.integers(0, INT64_MAX)
+stream_assignment = st.builds(m.StreamAssignment, text, st.lists(partition, max_size=3).map(tuple))
+assigned = st.lists(stream_assignment, max_size=3).map(tuple)
+STRATEGIES.update(
+    {
+        m.JoinGroupRequest: st.builds(m.JoinGroupRequest, text, text, ids, st.booleans()),
+        m.JoinGroupResponse: st.builds(m.JoinGroupResponse, text, group_epoch, millis, millis),
+        m.LeaveGroupRequest: st.builds(m.LeaveGroupRequest, text, text, st.booleans(), st.booleans()),
+        m.LeaveGroupResponse: st.just(m.LeaveGroupResponse()),
+        m.GroupAssignmentsRequest: st.builds(m.GroupAssignmentsRequest, text, text, group_epoch),
+        m.GroupAssignmentsResponse: st.builds(m.GroupAssignmentsResponse, group_epoch, assigned),
+        m.ReportCoordinatorRequest: st.builds(m.ReportCoordinatorRequest, text, text, text, group_epoch, st.booleans()),
+        m.ReportCoordinatorResponse: st.just(m.ReportCoordinatorResponse()),
+        m.DescribeGroupRequest: st.builds(m.DescribeGroupRequest, text),
+        m.DescribeGroupResponse: st.builds(
+            m.DescribeGroupResponse,
+            text,
+            text,
+            group_epoch,
+            st.lists(st.builds(m.GroupMemberInfo, text, ids, assigned), max_size=3).map(tuple),
+        ),
+        m.ListGroupsRequest: st.just(m.ListGroupsRequest()),
+        m.ListGroupsResponse: st.builds(
+            m.ListGroupsResponse,
+            st.lists(st.builds(m.GroupSummary, text, text, group_epoch, millis), max_size=3).map(tuple),
+        ),
     }
 )
 ROUTES = sorted(HEADER_TYPES, key=lambda route: (route[1], route[0]))

@@ -284,21 +284,35 @@ class BrokerConfig:
     )
 
     # -- cursors (consumer positions in the internal stream __cursors) --
-    cursors_stream_partitions: int = _setting(
+    cursors_stream_partitions: int = setting(
         1,
-        _int_kind(0, 1000),
+        int_kind(0, 1000),
         "Partitions of the internal compacted stream __cursors that stores cursors (SetCursor, FetchCursor, "
         "committed offsets); the controller creates it. A cursor lives in partition crc32(key) % partitions, "
         "where key is 'cursorId,stream,partition' (Liftbridge's rule). 0: cursors are disabled (cursor requests "
         "answer UNSUPPORTED). Read when __cursors is created: changing it later has no effect.",
     )
-    cursors_stream_replication_factor: int = _setting(
+    cursors_stream_replication_factor: int = setting(
         -1,
-        _int_kind(-1, 100),
+        int_kind(-1, 100),
         "Replicas of each __cursors partition. -1: every broker alive when the controller creates the stream "
         "(Liftbridge's default); 0: 1; n > 0: the controller waits until n brokers are alive, then creates it (set n "
         "in a cluster, so that the stream never starts with fewer replicas because brokers were still starting). "
         "Read when __cursors is created.",
+    )
+    # -- consumer groups --
+    group_consumer_timeout_ms: int = setting(
+        15_000,
+        POSITIVE,
+        "A consumer group member that has not fetched its assignments (its heartbeat) for this long is removed "
+        "from the group by the coordinator and its partitions reassigned (Liftbridge's groups.consumer.timeout).",
+    )
+    group_coordinator_timeout_ms: int = setting(
+        15_000,
+        POSITIVE,
+        "Members that get no answer from their group's coordinator for this long report it; reports from more "
+        "than half of the members within this time of each other move the group to another coordinator "
+        "(Liftbridge's groups.coordinator.timeout).",
     )
 
     def __post_init__(self) -> None:

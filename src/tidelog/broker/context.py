@@ -18,6 +18,7 @@ from tidelog.metadata.mirror import MetadataMirror
 if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
     from tidelog.broker.cursors import CursorStore
+    from tidelog.broker.groups.service import GroupService
     from tidelog.broker.peers import Peers
     from tidelog.metadata.producer_ids import ProducerIdAllocator
 
@@ -34,6 +35,7 @@ class BrokerContext:
     peers: Peers | None = None  # connections to the other brokers, for forwarding
     producer_ids: ProducerIdAllocator | None = None  # INIT_PRODUCER (None: a broker assembled without etcd)
     cursors: CursorStore | None = None  # SetCursor / FetchCursor (None: a broker assembled without them)
+    groups: GroupService | None = None  # consumer groups (None: a broker assembled without etcd)
 
     @property
     def ack_timeout(self) -> float:

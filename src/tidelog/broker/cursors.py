@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from tidelog.broker.manager import PartitionManager
-from tidelog.broker.partition import Partition
-from tidelog.broker.write_path import WriteRefused
+from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.cursors import CURSORS_STREAM, MAX_CURSOR_ID_BYTES, cursor_key, cursors_partition

@@ -39,7 +39,10 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── PartitionSuspendedError   PARTITION_SUSPENDED   FAILED_PRECONDITION   an operator runs reset-head
      ├── DiskFullError             DISK_FULL             RESOURCE_EXHAUSTED    retriable: once space is freed
      ├── OpenAppendsLimitError     OPEN_APPENDS_LIMIT    RESOURCE_EXHAUSTED    commit or abort open appends first
-     └── OffsetDamagedError        OFFSET_DAMAGED        DATA_LOSS             read on from the next offset
+     ├── OffsetDamagedError        OFFSET_DAMAGED        DATA_LOSS             read on from the next offset
+     ├── NotCoordinatorError       NOT_COORDINATOR       FAILED_PRECONDITION   retriable: ask the group's coordinator
+     ├── UnknownMemberError        UNKNOWN_MEMBER        FAILED_PRECONDITION   join the group again
+     └── GroupRefusedError         GROUP_REFUSED         FAILED_PRECONDITION   the group's state does not allow it
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -129,6 +132,9 @@ class ErrorCode(enum.IntEnum):
     DISK_FULL = 28
     OPEN_APPENDS_LIMIT = 29
     OFFSET_DAMAGED = 30
+    NOT_COORDINATOR = 31
+    UNKNOWN_MEMBER = 32
+    GROUP_REFUSED = 33
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -218,6 +224,12 @@ _TABLE: tuple[ErrorSpec, ...] = (
     ErrorSpec(_C.OPEN_APPENDS_LIMIT, "the connection has too many transactional appends open", False,
               _S.RESOURCE_EXHAUSTED, _A.BAD_REQUEST, _K.UNKNOWN),
     ErrorSpec(_C.OFFSET_DAMAGED, "the offset is damaged on disk", False, _S.DATA_LOSS, _A.INTERNAL, _K.UNKNOWN),
+    ErrorSpec(_C.NOT_COORDINATOR, "this broker is not the consumer group's coordinator", True,
+              _S.FAILED_PRECONDITION, _A.UNKNOWN, _K.UNKNOWN),
+    ErrorSpec(_C.UNKNOWN_MEMBER, "the consumer is not a member of the consumer group", False,
+              _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.GROUP_REFUSED, "the consumer group's state does not allow this request", False,
+              _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
 )
 # fmt: on
 
@@ -407,6 +419,21 @@ class OffsetDamagedError(TidelogError, code=ErrorCode.OFFSET_DAMAGED):
     @property
     def next_offset(self) -> int:
         return self.last + 1 if self.last >= 0 else -1
+
+
+class NotCoordinatorError(TidelogError, code=ErrorCode.NOT_COORDINATOR):
+    """A group request reached a broker that does not coordinate the group (it moved, or the client's view is
+    old): ask the coordinator that metadata names, or report the coordinator when it does not answer."""
+
+
+class UnknownMemberError(TidelogError, code=ErrorCode.UNKNOWN_MEMBER):
+    """The consumer is not (or no longer) a member of the group: it left, or was removed after missing its
+    heartbeats. It must join again."""
+
+
+class GroupRefusedError(TidelogError, code=ErrorCode.GROUP_REFUSED):
+    """The group's state does not allow the request: joining as a consumer that is already a member, with a
+    stream that does not exist, or reporting a coordinator or epoch that is not the group's current one."""
 
 
 if set(_CLASSES) != set(ErrorCode):

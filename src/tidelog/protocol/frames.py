@@ -90,6 +90,12 @@ class Op(enum.IntEnum):
     REPORT_UNREACHABLE = 49  # a follower tells the controller it cannot reach its leader
     CONTROLLED_SHUTDOWN = 50  # a stopping broker asks the controller to move its leaderships away
     SUSPEND_PARTITION = 51  # a partition leader found evidence of lost consistency: record its suspension
+    JOIN_GROUP = 64  # a consumer joins a consumer group (any broker; forwarded to the controller)
+    LEAVE_GROUP = 65  # a consumer leaves (or its coordinator removes it; forwarded to the controller)
+    GROUP_ASSIGNMENTS = 66  # a member's partitions and the group epoch; its heartbeat (the coordinator answers)
+    REPORT_COORDINATOR = 67  # a member reports that the group's coordinator does not answer (to the controller)
+    DESCRIBE_GROUP = 68  # a group's coordinator, epoch, members and assignments (any broker, from its mirror)
+    LIST_GROUPS = 69  # every group, in short (any broker, from its mirror)
 
 
 class ProtocolError(Exception):

@@ -34,6 +34,7 @@ Which header goes with which frame::
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
     SEGMENT_FETCH   SegmentFetchRequest   SegmentFetchResponse   response: raw bytes of a segment file
+    JOIN_GROUP …    the consumer-group headers, in their own block at the end of this module
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
 
 A response that has something useful to say besides the failure carries an ``error`` field instead: a produce
@@ -745,3 +746,129 @@ _CURSOR_TYPES: dict[tuple[Kind, int], type[Header]] = {
 HEADER_TYPES.update(_CURSOR_TYPES)
 _ROUTES.update({cls: route for route, cls in _CURSOR_TYPES.items()})
 _DECODERS.update({cls: msgspec.msgpack.Decoder(cls) for cls in _CURSOR_TYPES.values()})
+# -- consumer groups ----------------------------------------------------------------------------------------------
+#
+#   JOIN_GROUP         JoinGroupRequest          JoinGroupResponse
+#   LEAVE_GROUP        LeaveGroupRequest         LeaveGroupResponse
+#   GROUP_ASSIGNMENTS  GroupAssignmentsRequest   GroupAssignmentsResponse   (the coordinator answers; a heartbeat)
+#   REPORT_COORDINATOR ReportCoordinatorRequest  ReportCoordinatorResponse
+#   DESCRIBE_GROUP     DescribeGroupRequest      DescribeGroupResponse      (any broker; where the coordinator is)
+#   LIST_GROUPS        ListGroupsRequest         ListGroupsResponse
+#
+# The same operations as Liftbridge's group RPCs, so a native client can be a member without gRPC. Ids are checked
+# by the broker (not here), so a bad id gets INVALID_ARGUMENT naming the rule rather than a malformed header.
+# ``forwarded`` marks a request a broker sent on to the controller (see tidelog.broker.controller_link).
+
+GroupEpoch = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # an etcd revision (Liftbridge: uint64)
+
+
+class JoinGroupRequest(Header, frozen=True):
+    """Join ``group_id`` (created if needed) as ``consumer_id``, consuming ``streams``."""
+
+    group_id: str
+    consumer_id: str
+    streams: tuple[str, ...]
+    forwarded: bool = False
+
+
+class JoinGroupResponse(Header, frozen=True):
+    """Where to heartbeat, at which epoch, and the broker's timeouts (milliseconds)."""
+
+    coordinator: str
+    epoch: GroupEpoch
+    consumer_timeout_ms: int
+    coordinator_timeout_ms: int
+
+
+class LeaveGroupRequest(Header, frozen=True):
+    group_id: str
+    consumer_id: str
+    expired: bool = False  # sent by the coordinator for a member that stopped heartbeating
+    forwarded: bool = False
+
+
+class LeaveGroupResponse(Header, frozen=True):
+    pass
+
+
+class GroupAssignmentsRequest(Header, frozen=True):
+    group_id: str
+    consumer_id: str
+    epoch: GroupEpoch
+
+
+class StreamAssignment(Header, frozen=True):
+    stream: str
+    partitions: tuple[int, ...]
+
+
+class GroupAssignmentsResponse(Header, frozen=True):
+    epoch: GroupEpoch
+    assignments: tuple[StreamAssignment, ...]
+
+
+class ReportCoordinatorRequest(Header, frozen=True):
+    """``consumer_id`` says ``coordinator`` (of group ``epoch``) does not answer."""
+
+    group_id: str
+    consumer_id: str
+    coordinator: str
+    epoch: GroupEpoch
+    forwarded: bool = False
+
+
+class ReportCoordinatorResponse(Header, frozen=True):
+    pass
+
+
+class DescribeGroupRequest(Header, frozen=True):
+    group_id: str
+
+
+class GroupMemberInfo(Header, frozen=True):
+    consumer_id: str
+    streams: tuple[str, ...]
+    assignments: tuple[StreamAssignment, ...]
+
+
+class DescribeGroupResponse(Header, frozen=True):
+    """The group as the answering broker's mirror holds it (UNKNOWN_GROUP when there is none)."""
+
+    group_id: str
+    coordinator: str
+    epoch: GroupEpoch
+    members: tuple[GroupMemberInfo, ...]
+
+
+class ListGroupsRequest(Header, frozen=True):
+    pass
+
+
+class GroupSummary(Header, frozen=True):
+    group_id: str
+    coordinator: str
+    epoch: GroupEpoch
+    members: int
+
+
+class ListGroupsResponse(Header, frozen=True):
+    groups: tuple[GroupSummary, ...]  # sorted by group id
+
+
+_GROUP_HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
+    (Kind.REQUEST, Op.JOIN_GROUP): JoinGroupRequest,
+    (Kind.RESPONSE, Op.JOIN_GROUP): JoinGroupResponse,
+    (Kind.REQUEST, Op.LEAVE_GROUP): LeaveGroupRequest,
+    (Kind.RESPONSE, Op.LEAVE_GROUP): LeaveGroupResponse,
+    (Kind.REQUEST, Op.GROUP_ASSIGNMENTS): GroupAssignmentsRequest,
+    (Kind.RESPONSE, Op.GROUP_ASSIGNMENTS): GroupAssignmentsResponse,
+    (Kind.REQUEST, Op.REPORT_COORDINATOR): ReportCoordinatorRequest,
+    (Kind.RESPONSE, Op.REPORT_COORDINATOR): ReportCoordinatorResponse,
+    (Kind.REQUEST, Op.DESCRIBE_GROUP): DescribeGroupRequest,
+    (Kind.RESPONSE, Op.DESCRIBE_GROUP): DescribeGroupResponse,
+    (Kind.REQUEST, Op.LIST_GROUPS): ListGroupsRequest,
+    (Kind.RESPONSE, Op.LIST_GROUPS): ListGroupsResponse,
+}
+HEADER_TYPES.update(_GROUP_HEADER_TYPES)
+_ROUTES.update({cls: route for route, cls in _GROUP_HEADER_TYPES.items()})
+_DECODERS.update({cls: msgspec.msgpack.Decoder(cls) for cls in _GROUP_HEADER_TYPES.values()})

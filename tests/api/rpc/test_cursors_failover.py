@@ -24,7 +24,7 @@ from tidelog.protocol.connection import Connection
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import NotLeaderError
 from tidelog.protocol.messages import SetCursorRequest
-from tidelog.replication.follower import split_address
+from tidelog.replication.follower.fetcher import split_address
 from tidelog.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

@@ -814,22 +814,6 @@ async def test_publish_to_subject_refuses_reserved_headers(stub: Stub, stream_na
     assert (await partition_metadata(stub, stream_name)).newestOffset == -1
 
 
-# ---------------------------------------------------------------------------------------------- not implemented yet
-
-
-@pytest.mark.parametrize(
-    ("rpc", "request_type"),
-    [
-        ("JoinConsumerGroup", api_pb2.JoinConsumerGroupRequest),
-        ("LeaveConsumerGroup", api_pb2.LeaveConsumerGroupRequest),
-        ("FetchConsumerGroupAssignments", api_pb2.FetchConsumerGroupAssignmentsRequest),
-        ("ReportConsumerGroupCoordinator", api_pb2.ReportConsumerGroupCoordinatorRequest),
-    ],
-)
-async def test_cursor_and_group_rpcs_are_unimplemented(stub: Stub, rpc: str, request_type: Any) -> None:
-    await expect_code(Code.UNIMPLEMENTED, getattr(stub, rpc)(request_type()))
-
-
 # ---------------------------------------------------------------------------------------------- health
 
 

@@ -6,6 +6,7 @@ record (-1 when there are none), not as "next offset" the way tidelog tracks the
 
 from __future__ import annotations
 
+from tidelog.api.rpc.groups import group_metadata
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
@@ -133,9 +134,7 @@ async def fetch_metadata(ctx: BrokerContext, request: api_pb2.FetchMetadataReque
         else:
             response.streamMetadata.append(stream_metadata(ctx, stream))
     for group in request.groups:
-        response.groupMetadata.append(
-            api_pb2.ConsumerGroupMetadata(groupId=group, error=api_pb2.ConsumerGroupMetadata.UNKNOWN_GROUP)
-        )
+        response.groupMetadata.append(group_metadata(ctx, group))
     return response
 
 

@@ -3,7 +3,8 @@ modules and map errors to statuses.
 
 Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
 gRPC status — looked up in :mod:`tidelog.protocol.errors`, so gRPC and the wire protocol answer the same condition
-with the same meaning. Consumer-group RPCs answer ``UNIMPLEMENTED`` until their own issue.
+with the same meaning. Cursor RPCs are in :mod:`tidelog.api.rpc.cursors`, consumer-group RPCs in
+:mod:`tidelog.api.rpc.groups`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tidelog.api.rpc import cursors, metadata, publish, subscribe
+from tidelog.api.rpc import cursors, groups, metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
@@ -104,16 +105,16 @@ class LiftbridgeService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         return await _guard(context, cursors.fetch_cursor(self._ctx, request, context))
 
     async def JoinConsumerGroup(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "JoinConsumerGroup")
+        return await _guard(context, groups.join(self._ctx, request))
 
     async def LeaveConsumerGroup(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "LeaveConsumerGroup")
+        return await _guard(context, groups.leave(self._ctx, request))
 
     async def FetchConsumerGroupAssignments(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "FetchConsumerGroupAssignments")
+        return await _guard(context, groups.fetch_assignments(self._ctx, request))
 
     async def ReportConsumerGroupCoordinator(self, request: Any, context: Any) -> Any:
-        return await self._unimplemented(context, "ReportConsumerGroupCoordinator")
+        return await _guard(context, groups.report_coordinator(self._ctx, request))
 
 
 class AppenderService(append_pb2_grpc.AppenderServicer):  # type: ignore[misc]

@@ -17,6 +17,7 @@ subscription ends with UNAVAILABLE instead, so that Liftbridge clients resubscri
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -24,7 +25,13 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol._gen import api_pb2
-from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError, StopReachedError, UnavailableError
+from tidelog.protocol.errors import (
+    InvalidArgumentError,
+    OffsetDamagedError,
+    StopReachedError,
+    UnavailableError,
+    UnsupportedError,
+)
 from tidelog.protocol.liftbridge import message_from_record
 from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage import errors as storage_errors
@@ -70,6 +77,37 @@ def start_offset(partition: Partition | FollowedPartition, request: api_pb2.Subs
     raise InvalidArgumentError(f"unknown startPosition {position}")
 
 
+async def _wait_for_data(partition: Partition | FollowedPartition, offset: int, ended: asyncio.Event | None) -> None:
+    """Wait at the tail for a record at ``offset``, or until ``ended`` is set."""
+    if ended is None:
+        await partition.wait_for_data(offset, _IDLE_WAIT)
+        return
+    waits = {asyncio.ensure_future(partition.wait_for_data(offset, _IDLE_WAIT)), asyncio.ensure_future(ended.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def check_group_consumer(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> None:
+    """A subscription as a consumer group member reads only a partition assigned to it at the group's current
+    epoch (:meth:`~tidelog.broker.groups.service.GroupService.check_subscribe`)."""
+    consumer = request.consumer
+    if not consumer.groupId:
+        raise InvalidArgumentError("a consumer id was given without a group id")
+    if ctx.groups is None:
+        raise UnsupportedError(f"broker {ctx.broker_id} runs without consumer groups")
+    await ctx.groups.check_subscribe(
+        consumer.groupId,
+        consumer.consumerId,
+        consumer.groupEpoch,
+        request.stream,
+        request.partition,
+        request.readISRReplica,
+    )
+
+
 def stop_of(partition: Partition | FollowedPartition, request: api_pb2.SubscribeRequest) -> Stop:
     position = request.stopPosition
     if position == _Stop.STOP_ON_CANCEL:
@@ -85,6 +123,23 @@ def stop_of(partition: Partition | FollowedPartition, request: api_pb2.Subscribe
 
 async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
     partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
+    consumer = request.consumer
+    if not request.HasField("consumer") or not (consumer.groupId or consumer.consumerId):
+        async for message in _read(partition, request, None):
+            yield message
+        return
+    await check_group_consumer(ctx, request)
+    assert ctx.groups is not None
+    with ctx.groups.readers.reading(consumer.groupId, consumer.consumerId, request.stream, request.partition) as ended:
+        async for message in _read(partition, request, ended):
+            yield message
+
+
+async def _read(
+    partition: Partition | FollowedPartition, request: api_pb2.SubscribeRequest, ended: asyncio.Event | None
+) -> AsyncIterator[api_pb2.Message]:
+    """The subscription proper; it finishes early (cleanly) once ``ended`` is set: a group consumer that lost the
+    partition (:mod:`tidelog.broker.groups.readers`)."""
     if isinstance(partition, Partition):
         await partition.tail_visible()
     offset = start_offset(partition, request)
@@ -93,7 +148,7 @@ async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> As
     yield api_pb2.Message()  # handshake
     if stop.offset is not None and offset > stop.offset:
         raise StopReachedError(f"stop offset {stop.offset} is before the start offset {offset}")
-    while True:
+    while ended is None or not ended.is_set():
         try:
             data = partition.read_committed(offset, READ_BYTES)
         except storage_errors.OffsetDamagedError as exc:
@@ -108,7 +163,7 @@ async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> As
                 last=exc.last,
             ) from None
         if not data:
-            await partition.wait_for_data(offset, _IDLE_WAIT)
+            await _wait_for_data(partition, offset, ended)
             continue
         for pos, header in iter_batches(data):
             if header.last_offset < offset:

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidelog.api.wire import admin, append, control, cursors, fetch, handlers, producers, replica
+from tidelog.api.wire import groups as group_ops
 from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
@@ -45,6 +46,7 @@ ROUTES: dict[int, Route] = {
     **producers.ROUTES,
     **append.ROUTES,
     **cursors.ROUTES,
+    **group_ops.ROUTES,
 }
 """Every op this server answers, by family; anything else gets an UNSUPPORTED error frame."""
 

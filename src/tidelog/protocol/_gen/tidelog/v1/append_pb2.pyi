@@ -46,6 +46,9 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_DISK_FULL: _ClassVar[Status]
     STATUS_OPEN_APPENDS_LIMIT: _ClassVar[Status]
     STATUS_OFFSET_DAMAGED: _ClassVar[Status]
+    STATUS_NOT_COORDINATOR: _ClassVar[Status]
+    STATUS_UNKNOWN_MEMBER: _ClassVar[Status]
+    STATUS_GROUP_REFUSED: _ClassVar[Status]
 ACKS_UNSPECIFIED: Acks
 ACKS_LEADER: Acks
 ACKS_ALL: Acks
@@ -80,6 +83,9 @@ STATUS_PARTITION_SUSPENDED: Status
 STATUS_DISK_FULL: Status
 STATUS_OPEN_APPENDS_LIMIT: Status
 STATUS_OFFSET_DAMAGED: Status
+STATUS_NOT_COORDINATOR: Status
+STATUS_UNKNOWN_MEMBER: Status
+STATUS_GROUP_REFUSED: Status
 
 class AppendRequest(_message.Message):
     __slots__ = ("header", "records", "commit")

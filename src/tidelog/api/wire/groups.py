@@ -1,0 +1,105 @@
+"""The consumer-group family of the wire protocol: JOIN_GROUP, LEAVE_GROUP, GROUP_ASSIGNMENTS, REPORT_COORDINATOR,
+DESCRIBE_GROUP and LIST_GROUPS.
+
+The first four are Liftbridge's group RPCs (:mod:`tidelog.api.rpc.groups`), for the native client and for brokers
+forwarding group changes to the controller (``forwarded`` set); the last two answer from this broker's mirror of the
+group records (where a group's coordinator is, for a member told NOT_COORDINATOR; what tooling shows). Handlers are
+thin: every rule lives in :class:`~tidelog.broker.groups.service.GroupService`.
+"""
+
+from __future__ import annotations
+
+from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
+from tidelog.broker.groups.service import GroupService
+from tidelog.metadata.group_records import check_id
+from tidelog.protocol.errors import UnknownGroupError, UnsupportedError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.messages import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    GroupAssignmentsRequest,
+    GroupAssignmentsResponse,
+    GroupMemberInfo,
+    GroupSummary,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    ReportCoordinatorRequest,
+    ReportCoordinatorResponse,
+    StreamAssignment,
+    encode_message,
+)
+
+
+def _groups(env: HandlerEnv) -> GroupService:
+    service = env.broker.groups
+    if service is None:
+        raise UnsupportedError(f"broker {env.broker.broker_id} runs without consumer groups")
+    return service
+
+
+async def join_group(env: HandlerEnv, correlation_id: int, request: JoinGroupRequest, _: memoryview) -> Reply:
+    joined = await _groups(env).join(
+        request.group_id, request.consumer_id, request.streams, forwarded=request.forwarded
+    )
+    response = JoinGroupResponse(
+        joined.coordinator, joined.epoch, joined.consumer_timeout_ms, joined.coordinator_timeout_ms
+    )
+    return Reply(encode_message(correlation_id, response))
+
+
+async def leave_group(env: HandlerEnv, correlation_id: int, request: LeaveGroupRequest, _: memoryview) -> Reply:
+    await _groups(env).leave(
+        request.group_id, request.consumer_id, expired=request.expired, forwarded=request.forwarded
+    )
+    return Reply(encode_message(correlation_id, LeaveGroupResponse()))
+
+
+async def group_assignments(
+    env: HandlerEnv, correlation_id: int, request: GroupAssignmentsRequest, _: memoryview
+) -> Reply:
+    epoch, assignments = await _groups(env).fetch_assignments(request.group_id, request.consumer_id, request.epoch)
+    streams = tuple(StreamAssignment(stream, ids) for stream, ids in assignments)
+    return Reply(encode_message(correlation_id, GroupAssignmentsResponse(epoch, streams)))
+
+
+async def report_coordinator(
+    env: HandlerEnv, correlation_id: int, request: ReportCoordinatorRequest, _: memoryview
+) -> Reply:
+    await _groups(env).report(
+        request.group_id, request.consumer_id, request.coordinator, request.epoch, forwarded=request.forwarded
+    )
+    return Reply(encode_message(correlation_id, ReportCoordinatorResponse()))
+
+
+async def describe_group(env: HandlerEnv, correlation_id: int, request: DescribeGroupRequest, _: memoryview) -> Reply:
+    service = _groups(env)
+    check_id("groupId", request.group_id)
+    record = service.record(request.group_id)
+    if record is None:
+        raise UnknownGroupError(f"no such consumer group {request.group_id}")
+    members = tuple(
+        GroupMemberInfo(m.id, m.streams, tuple(StreamAssignment(s, ids) for s, ids in m.assignments))
+        for m in record.members
+    )
+    response = DescribeGroupResponse(record.id, record.coordinator, record.epoch, members)
+    return Reply(encode_message(correlation_id, response))
+
+
+async def list_groups(env: HandlerEnv, correlation_id: int, request: ListGroupsRequest, _: memoryview) -> Reply:
+    groups = _groups(env).groups.groups
+    summaries = tuple(GroupSummary(g.id, g.coordinator, g.epoch, len(g.members)) for _, g in sorted(groups.items()))
+    return Reply(encode_message(correlation_id, ListGroupsResponse(summaries)))
+
+
+ROUTES: dict[int, Route] = {
+    Op.JOIN_GROUP: route(JoinGroupRequest, join_group),
+    Op.LEAVE_GROUP: route(LeaveGroupRequest, leave_group),
+    Op.GROUP_ASSIGNMENTS: route(GroupAssignmentsRequest, group_assignments),
+    Op.REPORT_COORDINATOR: route(ReportCoordinatorRequest, report_coordinator),
+    Op.DESCRIBE_GROUP: route(DescribeGroupRequest, describe_group),
+    Op.LIST_GROUPS: route(ListGroupsRequest, list_groups),
+}

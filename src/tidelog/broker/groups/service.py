@@ -1,0 +1,192 @@
+"""Consumer groups as the protocol servers see them: one entry point for gRPC and the wire protocol.
+
+:class:`GroupService` checks each request's input (ids by :func:`~tidelog.metadata.group_records.check_id`, a join
+without streams, a report without a coordinator: INVALID_ARGUMENT, nothing stored), then sends it where it is
+served:
+
+- join, leave and report change the group's record: served by the controller
+  (:class:`~tidelog.broker.groups.membership.GroupMembership`), in process when this broker is the controller,
+  forwarded over the wire protocol otherwise (``forwarded`` set, so it never travels further);
+- fetching assignments is served here, by this broker's
+  :class:`~tidelog.broker.groups.coordinator.GroupCoordinator` (NOT_COORDINATOR when it does not coordinate the
+  group, as Liftbridge answers).
+
+It also answers what other requests need to know about groups: a group's record for ``FetchMetadata``, whether a
+``Subscribe`` naming a group consumer may read a partition (:meth:`GroupService.check_subscribe`), and, through
+``readers`` (:mod:`tidelog.broker.groups.readers`), when such a subscription must end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidelog.broker.controller_link import ControllerLink, call_controller
+from tidelog.broker.groups.coordinator import CATCH_UP, GroupCoordinator
+from tidelog.broker.groups.membership import GroupMembership
+from tidelog.broker.groups.readers import GroupReaders
+from tidelog.metadata.group_mirror import GroupMirror
+from tidelog.metadata.group_records import GroupRecord, check_id
+from tidelog.protocol.errors import (
+    InvalidArgumentError,
+    StaleGroupEpochError,
+    UnavailableError,
+    UnknownGroupError,
+)
+from tidelog.protocol.messages import (
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    ReportCoordinatorRequest,
+)
+
+FORWARD_TIMEOUT = 10.0  # seconds a forwarded group request may take, retries to reach the controller included
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The answer to a join: where to heartbeat, at which epoch, and the broker's timeouts in milliseconds."""
+
+    coordinator: str
+    epoch: int
+    consumer_timeout_ms: int
+    coordinator_timeout_ms: int
+
+
+class GroupService:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        groups: GroupMirror,
+        membership: GroupMembership,
+        coordinator: GroupCoordinator,
+        link: ControllerLink | None,
+        *,
+        consumer_timeout_ms: int,
+        coordinator_timeout_ms: int,
+    ) -> None:
+        self.broker_id = broker_id
+        self.groups = groups
+        self.membership = membership
+        self.coordinator = coordinator
+        self.readers = GroupReaders(groups)
+        self._link = link
+        self.consumer_timeout_ms = consumer_timeout_ms
+        self.coordinator_timeout_ms = coordinator_timeout_ms
+
+    # ---- requests that change a group (the controller's) ----
+
+    async def join(self, group_id: str, consumer_id: str, streams: Sequence[str], *, forwarded: bool = False) -> Joined:
+        check_id("groupId", group_id)
+        check_id("consumerId", consumer_id)
+        if not streams:
+            raise InvalidArgumentError("no streams provided: a consumer joins a group to consume one or more streams")
+        if any(not s for s in streams):
+            raise InvalidArgumentError("stream names in a join may not be empty")
+        wanted = tuple(streams)
+        if self._serve_here(forwarded):
+            record = await call_controller(self.membership.join(group_id, consumer_id, wanted))
+            return self._joined(record)
+        response = await self._forward(JoinGroupRequest(group_id, consumer_id, wanted, forwarded=True))
+        assert isinstance(response, JoinGroupResponse)
+        return Joined(
+            response.coordinator, response.epoch, response.consumer_timeout_ms, response.coordinator_timeout_ms
+        )
+
+    async def leave(self, group_id: str, consumer_id: str, *, expired: bool = False, forwarded: bool = False) -> None:
+        check_id("groupId", group_id)
+        check_id("consumerId", consumer_id)
+        if self._serve_here(forwarded):
+            await call_controller(self.membership.leave(group_id, consumer_id, expired=expired))
+            return
+        await self._forward(LeaveGroupRequest(group_id, consumer_id, expired=expired, forwarded=True))
+
+    async def report(
+        self, group_id: str, consumer_id: str, coordinator: str, epoch: int, *, forwarded: bool = False
+    ) -> None:
+        check_id("groupId", group_id)
+        check_id("consumerId", consumer_id)
+        if not coordinator:
+            raise InvalidArgumentError("no coordinator provided: name the broker id the group's metadata gave")
+        if self._serve_here(forwarded):
+            await call_controller(self.membership.report(group_id, consumer_id, coordinator, epoch))
+            return
+        await self._forward(ReportCoordinatorRequest(group_id, consumer_id, coordinator, epoch, forwarded=True))
+
+    # ---- the coordinator's ----
+
+    async def fetch_assignments(
+        self, group_id: str, consumer_id: str, epoch: int
+    ) -> tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]:
+        check_id("groupId", group_id)
+        check_id("consumerId", consumer_id)
+        return await self.coordinator.fetch_assignments(group_id, consumer_id, epoch)
+
+    async def expire(self, group_id: str, consumer_id: str) -> None:
+        """Remove a member that stopped heartbeating (the coordinator calls this)."""
+        await self.leave(group_id, consumer_id, expired=True)
+
+    # ---- what other requests need ----
+
+    def record(self, group_id: str) -> GroupRecord | None:
+        """The group as this broker knows it (None: no such group)."""
+        return self.groups.get(group_id)
+
+    async def check_subscribe(
+        self, group_id: str, consumer_id: str, epoch: int, stream: str, partition: int, isr_replica: bool
+    ) -> None:
+        """Refuse a Subscribe by a group consumer that may not read ``stream``/``partition`` now: a stale group
+        epoch, or a partition not assigned to that consumer at the group's epoch (FailedPrecondition, as
+        Liftbridge refuses a consumer that is not currently assigned the partition)."""
+        if not consumer_id:
+            raise InvalidArgumentError("consumer id cannot be empty when group id is provided")
+        check_id("groupId", group_id)
+        check_id("consumerId", consumer_id)
+        if isr_replica:
+            raise InvalidArgumentError("consumer groups are not compatible with readISRReplica")
+        record = self.groups.get(group_id)
+        if record is None or record.epoch < epoch:
+
+            def arrived(mirror: GroupMirror) -> bool:
+                found = mirror.get(group_id)
+                return found is not None and found.epoch >= epoch
+
+            with contextlib.suppress(TimeoutError):
+                await self.groups.wait_for(arrived, CATCH_UP)
+            record = self.groups.get(group_id)
+        if record is None:
+            raise UnknownGroupError(f"no such consumer group {group_id}")
+        if epoch != record.epoch:
+            raise StaleGroupEpochError(
+                f"consumer {consumer_id} subscribed with group epoch {epoch}, but consumer group {group_id} is at "
+                f"epoch {record.epoch}: fetch the assignments again"
+            )
+        if record.owner_of(stream, partition) != consumer_id:
+            raise StaleGroupEpochError(
+                f"consumer {consumer_id} is not currently assigned partition {partition} of stream {stream} "
+                f"in consumer group {group_id} (epoch {record.epoch})"
+            )
+
+    # ---- helpers ----
+
+    def _joined(self, record: GroupRecord) -> Joined:
+        return Joined(record.coordinator, record.epoch, self.consumer_timeout_ms, self.coordinator_timeout_ms)
+
+    def _serve_here(self, forwarded: bool) -> bool:
+        """True to serve a group change with the local controller; False to forward it. A forwarded request that
+        reaches a broker no longer the controller is refused as retriable: its sender tries the controller again."""
+        if self.membership.active or self._link is None:
+            return True
+        if forwarded:
+            raise UnavailableError(
+                f"broker {self.broker_id} is not the controller (the controller is {self._link.controller_id})"
+            )
+        return False
+
+    async def _forward(self, request: Any) -> Any:
+        assert self._link is not None
+        return await self._link.forward(request, FORWARD_TIMEOUT)

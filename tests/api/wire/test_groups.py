@@ -1,0 +1,124 @@
+"""The consumer-group ops of the wire protocol against a real broker: what a native client does to be a member
+without gRPC (join, heartbeat with assignments, report, leave), and the refusals it meets, by error class."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from tests.broker.helpers import create_stream
+from tests.helpers import BOUND
+from tidelog.protocol._gen import api_pb2_grpc
+from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import (
+    GroupRefusedError,
+    InvalidArgumentError,
+    StaleGroupEpochError,
+    UnknownGroupError,
+    UnknownMemberError,
+)
+from tidelog.protocol.messages import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    GroupAssignmentsRequest,
+    GroupAssignmentsResponse,
+    GroupSummary,
+    Header,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    ReportCoordinatorRequest,
+    ReportCoordinatorResponse,
+    StreamAssignment,
+)
+from tidelog.server import Broker
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def conn(broker: Broker) -> AsyncIterator[Connection]:
+    assert broker.wire is not None
+    connection = await Connection.open("127.0.0.1", broker.wire.port)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def test_a_member_over_the_wire(
+    broker: Broker, stub: api_pb2_grpc.APIStub, conn: Connection, stream_name: str
+) -> None:
+    await create_stream(stub, stream_name, partitions=3)
+    group = f"w-{stream_name}"
+    joined = (await conn.request(JoinGroupRequest(group, "m1", (stream_name,)), timeout=BOUND)).header
+    assert isinstance(joined, JoinGroupResponse)
+    assert joined.coordinator == broker.id and joined.consumer_timeout_ms == broker.config.group_consumer_timeout_ms
+
+    fetched = (await conn.request(GroupAssignmentsRequest(group, "m1", joined.epoch), timeout=BOUND)).header
+    assert fetched == GroupAssignmentsResponse(joined.epoch, (StreamAssignment(stream_name, (0, 1, 2)),))
+
+    second = (await conn.request(JoinGroupRequest(group, "m2", (stream_name,)), timeout=BOUND)).header
+    assert isinstance(second, JoinGroupResponse) and second.epoch > joined.epoch
+    with pytest.raises(StaleGroupEpochError):
+        await conn.request(GroupAssignmentsRequest(group, "m1", joined.epoch), timeout=BOUND)
+    with pytest.raises(GroupRefusedError, match="already a member"):
+        await conn.request(JoinGroupRequest(group, "m2", (stream_name,)), timeout=BOUND)
+    with pytest.raises(GroupRefusedError, match="mismatch"):
+        await conn.request(ReportCoordinatorRequest(group, "m1", broker.id, joined.epoch), timeout=BOUND)
+    reported = await conn.request(ReportCoordinatorRequest(group, "m1", broker.id, second.epoch), timeout=BOUND)
+    assert isinstance(reported.header, ReportCoordinatorResponse)
+
+    left = await conn.request(LeaveGroupRequest(group, "m2"), timeout=BOUND)
+    assert isinstance(left.header, LeaveGroupResponse)
+    with pytest.raises(UnknownMemberError):
+        await conn.request(LeaveGroupRequest(group, "m2"), timeout=BOUND)
+    await conn.request(LeaveGroupRequest(group, "m1"), timeout=BOUND)
+    with pytest.raises(UnknownGroupError):
+        await conn.request(LeaveGroupRequest(group, "m1"), timeout=BOUND)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        JoinGroupRequest("", "c", ("s",)),
+        JoinGroupRequest("g", "x" * 256, ("s",)),
+        JoinGroupRequest("g", "c", ()),
+        LeaveGroupRequest("g", ""),
+        GroupAssignmentsRequest("g/h", "c", 0),
+        ReportCoordinatorRequest("g", "c", "", 0),
+    ],
+)
+async def test_bad_ids_are_invalid_arguments(conn: Connection, request_: Header) -> None:
+    with pytest.raises(InvalidArgumentError):
+        await conn.request(request_, timeout=BOUND)
+
+
+async def test_describe_and_list_groups(
+    broker: Broker, stub: api_pb2_grpc.APIStub, conn: Connection, stream_name: str
+) -> None:
+    await create_stream(stub, stream_name, partitions=2)
+    group = f"d-{stream_name}"
+    with pytest.raises(UnknownGroupError):
+        await conn.request(DescribeGroupRequest(group), timeout=BOUND)
+    await conn.request(JoinGroupRequest(group, "m1", (stream_name,)), timeout=BOUND)
+    joined = (await conn.request(JoinGroupRequest(group, "m2", (stream_name,)), timeout=BOUND)).header
+    assert isinstance(joined, JoinGroupResponse)
+
+    described = (await conn.request(DescribeGroupRequest(group), timeout=BOUND)).header
+    assert isinstance(described, DescribeGroupResponse)
+    assert (described.coordinator, described.epoch) == (broker.id, joined.epoch)
+    assert [m.consumer_id for m in described.members] == ["m1", "m2"]
+    owned = sorted(p for m in described.members for a in m.assignments for p in a.partitions)
+    assert owned == [0, 1]
+
+    listed = (await conn.request(ListGroupsRequest(), timeout=BOUND)).header
+    assert isinstance(listed, ListGroupsResponse)
+    assert GroupSummary(group, broker.id, joined.epoch, 2) in listed.groups
+    await conn.request(LeaveGroupRequest(group, "m1"), timeout=BOUND)
+    await conn.request(LeaveGroupRequest(group, "m2"), timeout=BOUND)
