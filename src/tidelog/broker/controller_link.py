@@ -36,11 +36,11 @@ from tidelog.protocol.errors import (
     UnavailableError,
     UnknownPartitionError,
 )
-from tidelog.protocol.messages import (
+from tidelog.protocol.messages import Header
+from tidelog.protocol.peer_messages import (
     AlterIsrRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
-    Header,
     ReportUnreachableRequest,
     SuspendPartitionRequest,
 )

@@ -48,9 +48,8 @@ from typing import TypeVar
 
 from tidelog.protocol.errors import ErrorCode, from_error_body
 from tidelog.protocol.frames import ProtocolError
-from tidelog.protocol.messages import (
-    ErrorBody,
-    Header,
+from tidelog.protocol.messages import ErrorBody, Header
+from tidelog.protocol.peer_messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     SegmentFetchRequest,

@@ -59,10 +59,10 @@ from tidelog.deadline import within
 from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
 from tidelog.protocol.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
 from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES, ProtocolError
-from tidelog.protocol.messages import (
+from tidelog.protocol.messages import Header
+from tidelog.protocol.peer_messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
-    Header,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
 )

@@ -70,7 +70,8 @@ from tidelog.broker.partition import Partition
 from tidelog.broker.safety import epoch_end_after_reset
 from tidelog.protocol.errors import FencedLeaderEpochError, NotLeaderError, OffsetOutOfRangeError, TidelogError
 from tidelog.protocol.frames import Op
-from tidelog.protocol.messages import (
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.peer_messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     ReplicaFetchRequest,
@@ -80,7 +81,6 @@ from tidelog.protocol.messages import (
     SegmentListRequest,
     SegmentListResponse,
     SegmentSummary,
-    encode_message,
 )
 from tidelog.storage.segment import Buffer
 
