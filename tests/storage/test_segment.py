@@ -9,7 +9,7 @@ import pytest
 
 from tidelog.protocol.records import iter_batches
 from tidelog.storage.errors import CorruptSegmentError
-from tidelog.storage.segment import NO_TIMESTAMP, ByteRanges, Placed, Segment, pwritev_all
+from tidelog.storage.segment import NO_TIMESTAMP, Placed, Segment
 
 from .logutil import BASE_TS, make_batch, stored
 
@@ -143,18 +143,6 @@ def test_verify_range_reads_only_unverified_parts(tmp_path: Path, segment: Segme
     reopened.close()
 
 
-def test_byte_ranges_merge_and_report_gaps() -> None:
-    ranges = ByteRanges()
-    ranges.add(10, 20)
-    ranges.add(30, 40)
-    assert ranges.missing(0, 50) == [(0, 10), (20, 30), (40, 50)]
-    ranges.add(20, 30)
-    assert ranges.missing(0, 50) == [(0, 10), (40, 50)]
-    assert ranges.missing(12, 38) == []
-    ranges.truncate(35)
-    assert ranges.missing(0, 50) == [(0, 10), (35, 50)]
-
-
 def test_close_is_deferred_while_pinned(segment: Segment) -> None:
     segment.pin()
     segment.close()
@@ -163,19 +151,3 @@ def test_close_is_deferred_while_pinned(segment: Segment) -> None:
     segment.unpin()
     with pytest.raises(ValueError):
         _ = segment.fd
-
-
-def test_pwritev_all_finishes_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = os.pwritev
-
-    def at_most_seven(fd: int, buffers: list, position: int) -> int:  # type: ignore[type-arg]
-        data = b"".join(bytes(b) for b in buffers)[:7]
-        return real(fd, [data], position)
-
-    monkeypatch.setattr(os, "pwritev", at_most_seven)
-    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
-    try:
-        pwritev_all(fd, [b"abc", memoryview(b"defghijklmnop"), b"", b"qrstuvwxyz"], 3)
-        assert os.pread(fd, 100, 0) == b"\x00\x00\x00abcdefghijklmnopqrstuvwxyz"
-    finally:
-        os.close(fd)

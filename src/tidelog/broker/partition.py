@@ -60,10 +60,10 @@ from tidelog.replication.hw_checkpoint import write_hw_checkpoint
 from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.replication.producer_state import ProducerStateTable
 from tidelog.replication.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
+from tidelog.storage.file_writes import Buffer, FileSlice
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
 from tidelog.storage.log_append import AppendResult
-from tidelog.storage.segment import Buffer, FileSlice
 
 log = logging.getLogger(__name__)
 

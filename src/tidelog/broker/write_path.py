@@ -58,7 +58,7 @@ from tidelog.replication.producer_state import (
     Verdict,
 )
 from tidelog.storage.errors import OffsetMismatchError
-from tidelog.storage.segment import FileSlice
+from tidelog.storage.file_writes import FileSlice
 
 if TYPE_CHECKING:
     from tidelog.broker.partition import Partition

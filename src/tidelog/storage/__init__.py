@@ -28,6 +28,12 @@ an append's path runs per batch. The helpers that were already modules stay besi
 :mod:`~tidelog.storage.disk_full`, :mod:`~tidelog.storage.damage`, :mod:`~tidelog.storage.damage_repair`,
 :mod:`~tidelog.storage.segment_install`, :mod:`~tidelog.storage.preallocation`, :mod:`~tidelog.storage.compaction`.
 
+A log's segments: :mod:`~tidelog.storage.segment` is one ``.log`` file of whole batches with its two indexes
+(:mod:`~tidelog.storage.index`): append, find and read, truncation, rebuilding its state. It writes through
+:mod:`~tidelog.storage.file_writes` (byte parts at a position: buffers with ``pwritev``, a transactional append's
+spool with ``copy_file_range``), walks its file by batch headers with :mod:`~tidelog.storage.batch_scan`, and
+remembers which bytes it has checked in :mod:`~tidelog.storage.byte_ranges`.
+
 Hooks the owner of a log installs: a :class:`~tidelog.storage.write_observer.WriteObserver` hears of each write
 with its bytes (the leader's replication side answers its followers from it), and the
 :class:`~tidelog.storage.flush.FlushMode` chosen at open says where fsyncs run. Storage knows nothing of

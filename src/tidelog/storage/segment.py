@@ -30,16 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from tidelog.protocol.records import FORMAT_VERSION, HEADER, HEADER_SIZE, LENGTH_FIELD_END, BatchHeader, crc_ok
+from tidelog.protocol.records import HEADER_SIZE, BatchHeader, crc_ok
 from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.batch_scan import read_header, scan_batches
+from tidelog.storage.byte_ranges import ByteRanges
 from tidelog.storage.errors import CorruptSegmentError
+from tidelog.storage.file_writes import Buffer, FileSlice, write_at
 from tidelog.storage.index import DamagedIndexError, OffsetIndex, TimeIndex
 from tidelog.storage.preallocation import Preallocation
 
-Buffer = bytes | bytearray | memoryview
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 NO_TIMESTAMP = -(2**63)
-SCAN_CHUNK = 4 * 1024 * 1024
 MAX_RELATIVE_OFFSET = 2**32 - 1
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -48,61 +48,6 @@ TIMEINDEX_SUFFIX = ".timeindex"
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
-
-
-class ByteRanges:
-    """A set of disjoint half-open byte ranges, merged as they are added (the verified parts of a file).
-
-    Appends and sequential reads extend one range, so the list stays at one or a few elements.
-    """
-
-    __slots__ = ("_ranges",)
-
-    def __init__(self) -> None:
-        self._ranges: list[tuple[int, int]] = []
-
-    def add(self, start: int, end: int) -> None:
-        if start >= end:
-            return
-        ranges = self._ranges
-        if ranges and ranges[-1][0] <= start <= ranges[-1][1]:  # the common case: extending the last range
-            if end > ranges[-1][1]:
-                ranges[-1] = (ranges[-1][0], end)
-            return
-        kept: list[tuple[int, int]] = []
-        for s, e in self._ranges:
-            if e < start or s > end:
-                kept.append((s, e))
-            else:
-                start, end = min(s, start), max(e, end)
-        kept.append((start, end))
-        kept.sort()
-        self._ranges = kept
-
-    def missing(self, start: int, end: int) -> list[tuple[int, int]]:
-        """The parts of ``[start, end)`` not covered."""
-        gaps: list[tuple[int, int]] = []
-        cursor = start
-        for s, e in self._ranges:
-            if e <= cursor:
-                continue
-            if s >= end:
-                break
-            if s > cursor:
-                gaps.append((cursor, s))
-            cursor = max(cursor, e)
-            if cursor >= end:
-                break
-        if cursor < end:
-            gaps.append((cursor, end))
-        return gaps
-
-    def truncate(self, position: int) -> None:
-        """Forget everything at or after ``position``."""
-        self._ranges = [(s, min(e, position)) for s, e in self._ranges if s < position]
-
-    def __repr__(self) -> str:
-        return f"ByteRanges({self._ranges})"
 
 
 class Placed(NamedTuple):
@@ -142,25 +87,6 @@ class ScanResult(NamedTuple):
     end: int
     batches: int
     error: CorruptBatchError | None
-
-
-def _header(buf: bytes | memoryview, off: int, position: int, limit: int) -> BatchHeader:
-    """Decode a header and check what can be checked without the batch's body.
-
-    ``position`` is where the header sits in the file (for errors), ``limit`` the committed size the batch
-    must fit inside.
-    """
-    if len(buf) - off < HEADER_SIZE:
-        raise CorruptBatchError(f"truncated batch header: {max(0, len(buf) - off)} of {HEADER_SIZE}", position=position)
-    h = BatchHeader._make(HEADER.unpack_from(buf, off))
-    size = h.batch_length + LENGTH_FIELD_END
-    if h.format_version != FORMAT_VERSION:
-        raise CorruptBatchError(f"unknown batch format version {h.format_version}", position=position)
-    if size < HEADER_SIZE or position + size > limit:
-        raise CorruptBatchError(f"batch length {h.batch_length} does not fit the segment", position=position)
-    if h.last_offset_delta < 0 or not 0 <= h.record_count <= h.last_offset_delta + 1 or h.base_offset < 0:
-        raise CorruptBatchError("impossible offsets or record count", position=position)
-    return h
 
 
 class Segment:
@@ -321,28 +247,14 @@ class Segment:
         reserve = self.preallocation
         if reserve.write_beyond(end):  # a zero fill may be writing there: take turns with it
             with reserve.lock:
-                _write(self.fd, parts, position)
+                write_at(self.fd, parts, position)
                 reserve.wrote(end)
         else:
-            _write(self.fd, parts, position)
+            write_at(self.fd, parts, position)
             reserve.wrote(end)
         if not self.size and self.first_append_ns is None:
             self.first_append_ns = now_ns
-        interval = self.index_interval_bytes
-        since = self._bytes_since_index
-        max_ts = self.max_timestamp
-        for batch in batches:
-            if since >= interval:
-                self.offset_index.append(batch.base_offset, position)
-                self.time_index.maybe_append(max_ts, self.max_ts_offset)
-                since = 0
-            if batch.max_timestamp > max_ts:
-                max_ts = batch.max_timestamp
-                self.max_ts_offset = batch.base_offset
-            since += batch.size
-            position += batch.size
-        self._bytes_since_index = since
-        self.max_timestamp = max_ts
+        position = self._index(batches, position)
         self._verified.add(self.size, position)
         self.size = position
         self.next_offset = batches[-1].next_offset
@@ -351,7 +263,7 @@ class Segment:
 
     def header_at(self, position: int) -> BatchHeader:
         raw = os.pread(self.fd, HEADER_SIZE, position)
-        return _header(raw, 0, position, self.size)
+        return read_header(raw, 0, position, self.size)
 
     def find(self, offset: int, *, _retry: bool = True) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is ≥ ``offset``; None if no such batch.
@@ -441,7 +353,7 @@ class Segment:
         total = len(data)
         while off < total:
             try:
-                header = _header(data, off, position + off, position + total)
+                header = read_header(data, off, position + off, position + total)
                 if not crc_ok(data, off, header):
                     raise CorruptBatchError("CRC mismatch", position=position + off)
             except CorruptBatchError as exc:
@@ -477,25 +389,7 @@ class Segment:
         the file position) at the first batch that is torn or fails.
         """
         fd = self.fd
-        if end is None:
-            end = os.fstat(fd).st_size
-        position = start
-        buf = b""
-        buf_start = start
-        while position < end:
-            off = position - buf_start
-            if off < 0 or len(buf) - off < HEADER_SIZE:
-                buf = os.pread(fd, min(SCAN_CHUNK, end - position), position)
-                buf_start, off = position, 0
-            header = _header(buf, off, position, end)
-            if verify:
-                if off + header.size > len(buf):
-                    buf = os.pread(fd, min(max(SCAN_CHUNK, header.size), end - position), position)
-                    buf_start, off = position, 0
-                if not crc_ok(buf, off, header):
-                    raise CorruptBatchError("CRC mismatch", position=position)
-            yield position, header
-            position += header.size
+        yield from scan_batches(fd, start, os.fstat(fd).st_size if end is None else end, verify=verify)
 
     def rebuild(self, *, verify: bool, keep_tail: bool, end: int | None = None) -> ScanResult:
         """Rebuild both indexes and the segment's state from its batches (up to ``end``, default the file's).
@@ -532,7 +426,8 @@ class Segment:
                 end = position + header.size
         except CorruptBatchError as exc:
             error = exc
-        self._account(placed, end)
+        self._index(placed, 0)  # the state was reset above: as if the batches had just been appended
+        self.size = end
         if verify:
             self._verified.add(0, end)
         self.corrupt_from = None if error is None else end
@@ -540,25 +435,25 @@ class Segment:
             self.size = limit
         return ScanResult(end, len(placed), error)
 
-    def _account(self, placed: list[Placed], end: int) -> None:
-        """Index a run of batches already in the file (``[0, end)``) as if they had just been appended."""
-        position = 0
-        since = 0
-        max_ts, max_off = NO_TIMESTAMP, self.base_offset
+    def _index(self, batches: Sequence[Placed], position: int) -> int:
+        """Add index entries and the running max timestamp for ``batches``, written from ``position`` on; the
+        position just past them is returned. Entries go only where ``index_interval_bytes`` have passed."""
         interval = self.index_interval_bytes
-        for batch in placed:
+        since = self._bytes_since_index
+        max_ts = self.max_timestamp
+        for batch in batches:
             if since >= interval:
                 self.offset_index.append(batch.base_offset, position)
-                self.time_index.maybe_append(max_ts, max_off)
+                self.time_index.maybe_append(max_ts, self.max_ts_offset)
                 since = 0
             if batch.max_timestamp > max_ts:
-                max_ts, max_off = batch.max_timestamp, batch.base_offset
+                max_ts = batch.max_timestamp
+                self.max_ts_offset = batch.base_offset
             since += batch.size
             position += batch.size
         self._bytes_since_index = since
-        self.max_timestamp, self.max_ts_offset = max_ts, max_off
-        self.next_offset = placed[-1].next_offset if placed else self.base_offset
-        self.size = end
+        self.max_timestamp = max_ts
+        return position
 
     def load_indexes(self) -> None:
         """Trust the index files after sanity checks, and derive the segment's state from them.
@@ -691,86 +586,3 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.path.name}, offsets {self.base_offset}..{self.next_offset}, {self.size} bytes)"
-
-
-class FileSlice:
-    """Bytes to write that are already in another file: a transactional append's spool (see
-    :mod:`tidelog.broker.append_spool`). Written with ``copy_file_range``, an in-kernel copy between page-cache
-    pages: writing a 64 MiB append from a memory map of its spool took ~180 ms here (a page fault per source
-    page), copying it ~25 ms."""
-
-    __slots__ = ("fd", "length", "offset")
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        self.fd = fd
-        self.offset = offset
-        self.length = length
-
-    def skip(self, count: int) -> FileSlice:
-        """The same slice without its first ``count`` bytes."""
-        return FileSlice(self.fd, self.offset + count, self.length - count)
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __repr__(self) -> str:
-        return f"FileSlice(fd={self.fd}, offset={self.offset}, length={self.length})"
-
-
-def _write(fd: int, parts: Sequence[Buffer | FileSlice], position: int) -> None:
-    if parts and isinstance(parts[-1], FileSlice):  # a transactional append, from its spool
-        write_parts(fd, parts, position)
-    else:
-        pwritev_all(fd, parts, position)  # type: ignore[arg-type]  # only buffers here
-
-
-def write_parts(fd: int, parts: Sequence[Buffer | FileSlice], position: int) -> None:
-    """Write ``parts`` at ``position``: runs of buffers with ``pwritev``, file slices with ``copy_file_range``."""
-    run: list[Buffer] = []
-    for part in parts:
-        if isinstance(part, FileSlice):
-            if run:
-                pwritev_all(fd, run, position)
-                position += sum(map(len, run))
-                run = []
-            _copy_all(part, fd, position)
-            position += part.length
-        else:
-            run.append(part)
-    if run:
-        pwritev_all(fd, run, position)
-
-
-def _copy_all(source: FileSlice, fd: int, position: int) -> None:
-    offset, left = source.offset, source.length
-    while left:
-        copied = os.copy_file_range(source.fd, fd, left, offset, position)
-        if copied <= 0:
-            raise OSError(f"copy_file_range stopped with {left} bytes left to copy")
-        offset += copied
-        position += copied
-        left -= copied
-
-
-def pwritev_all(fd: int, parts: Sequence[Buffer], position: int) -> None:
-    """Write every byte of ``parts`` at ``position`` with as few ``pwritev`` calls as the kernel allows."""
-    if len(parts) <= IOV_MAX:
-        written = os.pwritev(fd, parts, position)
-        if written == sum(map(len, parts)):  # the usual outcome: everything in one call
-            return
-        parts = _consume(list(parts), written)
-        position += written
-    pending = list(parts)
-    while pending:
-        written = os.pwritev(fd, pending[:IOV_MAX], position)
-        position += written
-        pending = _consume(pending, written)
-
-
-def _consume(parts: list[Buffer], written: int) -> list[Buffer]:
-    """What is left of ``parts`` after ``written`` bytes of them went out."""
-    while parts and written >= len(parts[0]):
-        written -= len(parts.pop(0))
-    if written:
-        parts[0] = memoryview(parts[0])[written:]
-    return parts

@@ -82,7 +82,7 @@ from tidelog.protocol.peer_messages import (
     SegmentListResponse,
     SegmentSummary,
 )
-from tidelog.storage.segment import Buffer
+from tidelog.storage.file_writes import Buffer
 
 
 async def replica_fetch(
