@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from tidelog.broker.peers import Peers
-from tidelog.metadata.controller import probe_refused
+from tidelog.metadata.broker_probe import probe_refused
 from tidelog.metadata.controller_plans import AlterIsrError
 from tidelog.metadata.fenced_writer import ControllerError
 from tidelog.metadata.lease_session import is_lease_not_found
