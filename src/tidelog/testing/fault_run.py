@@ -37,7 +37,7 @@ from tidelog.client import Admin
 from tidelog.metadata.records import PartitionRecord
 from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.history import CheckReport, History
-from tidelog.testing.workload import ProduceLoad, TailConsumer, read_all
+from tidelog.testing.workload import DirectOutcome, ProduceLoad, TailConsumer, produce_direct, read_all
 
 STREAM = "faults"
 SETTINGS: Mapping[str, str] = {
@@ -290,6 +290,26 @@ class FaultRun:
             first = self.load.stats.first_ack_sent_after(fault_at)
             assert first is not None
             self.time(timing, first - fault_at)
+
+    def write_directly(
+        self, broker_id: str, name: str, count: int, *, stop: asyncio.Event | None = None, until_refused: bool = False
+    ) -> asyncio.Task[list[DirectOutcome]]:
+        """A client writing partition 0 straight to ``broker_id``'s wire listener, bypassing metadata and any
+        proxy (as a client with a stale view, or on the broker's side of a cut, would), into the run's history:
+        up to ``count`` acks-ALL records, 5 s each at most (see :func:`~tidelog.testing.workload.produce_direct`)."""
+        address = self.cluster.broker(broker_id).direct_wire_address
+        write = produce_direct(
+            address,
+            STREAM,
+            0,
+            self.history,
+            name=name,
+            count=count,
+            timeout=5.0,
+            stop=stop,
+            until_refused=until_refused,
+        )
+        return asyncio.create_task(write)
 
     def in_isr(self, broker_id: str, partition: int = 0) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:

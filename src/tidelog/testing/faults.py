@@ -28,14 +28,13 @@ from tidelog.testing.fault_run import (
     ELECT_WITHIN,
     REJOIN_WITHIN,
     SETTINGS,
-    STREAM,
     FaultProfile,
     FaultReport,
     FaultRun,
     count_log_lines,
     format_counts,
 )
-from tidelog.testing.workload import produce_direct, tally
+from tidelog.testing.workload import tally
 
 __all__ = [
     "SCENARIOS",
@@ -123,7 +122,6 @@ async def pause_leader(root: Path, profile: FaultProfile | None = None) -> Fault
         await run.hold(profile.warmup)
         for round_ in range(profile.rounds):
             victim = await run.leader()
-            handle = run.cluster.broker(victim)
             fault_at = time.monotonic()
             await run.cluster.pause(victim)
             await run.expect(run.leader_is_not(victim), ELECT_WITHIN, "a new leader", timing="leader_elected_s")
@@ -131,18 +129,7 @@ async def pause_leader(root: Path, profile: FaultProfile | None = None) -> Fault
             await run.hold()
             # A stale client: its requests reach the deposed leader as it wakes, before it sees new metadata.
             # It stops at the first NOT_LEADER: from then on the broker knows.
-            probe = asyncio.create_task(
-                produce_direct(
-                    handle.direct_wire_address,
-                    STREAM,
-                    0,
-                    run.history,
-                    name=f"stale-{round_}",
-                    count=5,
-                    timeout=5.0,
-                    until_refused=True,
-                )
-            )
+            probe = run.write_directly(victim, f"stale-{round_}", 5, until_refused=True)
             await asyncio.sleep(0.2)  # the probe connects (the kernel accepts for a paused process) and sends
             await run.cluster.resume(victim)
             outcomes = await probe
@@ -168,22 +155,10 @@ async def isolate_leader(root: Path, profile: FaultProfile | None = None) -> Fau
         await run.hold(profile.warmup)
         for round_ in range(profile.rounds):
             victim = await run.leader()
-            handle = run.cluster.broker(victim)
             cut_at = time.monotonic()
             await run.cluster.isolate(victim)
             cut = asyncio.Event()
-            inside = asyncio.create_task(
-                produce_direct(
-                    handle.direct_wire_address,
-                    STREAM,
-                    0,
-                    run.history,
-                    name=f"inside-{round_}",
-                    count=1000,
-                    timeout=5.0,
-                    stop=cut,
-                )
-            )
+            inside = run.write_directly(victim, f"inside-{round_}", 1000, stop=cut)
 
             async def isr_changed(victim: str = victim) -> bool:
                 record = await run.partition_record()
