@@ -291,6 +291,17 @@ class FaultRun:
             assert first is not None
             self.time(timing, first - fault_at)
 
+    async def depose_leader(self, fault: Callable[[str], Awaitable[None]]) -> str:
+        """Apply ``fault`` (kill, pause) to partition 0's leader, then wait for another leader and for the first
+        write acknowledged after the fault, and hold; returns the deposed leader's id."""
+        victim = await self.leader()
+        fault_at = time.monotonic()
+        await fault(victim)
+        await self.expect(self.leader_is_not(victim), ELECT_WITHIN, "a new leader", timing="leader_elected_s")
+        await self.expect_failover(fault_at)
+        await self.hold()
+        return victim
+
     def write_directly(
         self, broker_id: str, name: str, count: int, *, stop: asyncio.Event | None = None, until_refused: bool = False
     ) -> asyncio.Task[list[DirectOutcome]]:

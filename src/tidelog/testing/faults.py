@@ -56,12 +56,7 @@ async def kill_leader(root: Path, profile: FaultProfile | None = None) -> FaultR
     async with run:
         await run.hold(profile.warmup)
         for _ in range(profile.rounds):
-            victim = await run.leader()
-            fault_at = time.monotonic()
-            await run.cluster.kill(victim)
-            await run.expect(run.leader_is_not(victim), ELECT_WITHIN, "a new leader", timing="leader_elected_s")
-            await run.expect_failover(fault_at)
-            await run.hold()
+            victim = await run.depose_leader(run.cluster.kill)
             restarted_at = time.monotonic()
             await run.cluster.restart(victim)
             await run.expect(run.in_isr(victim), REJOIN_WITHIN, f"{victim} to rejoin the ISR")
@@ -121,12 +116,7 @@ async def pause_leader(root: Path, profile: FaultProfile | None = None) -> Fault
     async with run:
         await run.hold(profile.warmup)
         for round_ in range(profile.rounds):
-            victim = await run.leader()
-            fault_at = time.monotonic()
-            await run.cluster.pause(victim)
-            await run.expect(run.leader_is_not(victim), ELECT_WITHIN, "a new leader", timing="leader_elected_s")
-            await run.expect_failover(fault_at)
-            await run.hold()
+            victim = await run.depose_leader(run.cluster.pause)
             # A stale client: its requests reach the deposed leader as it wakes, before it sees new metadata.
             # It stops at the first NOT_LEADER: from then on the broker knows.
             probe = run.write_directly(victim, f"stale-{round_}", 5, until_refused=True)
