@@ -63,8 +63,8 @@ from tidelog.replication.producer_snapshot import ProducerSnapshots
 from tidelog.replication.producer_state import ProducerStateTable
 from tidelog.replication.producer_sync import after_install, after_truncation, record_replicated
 from tidelog.storage.log import Log
-from tidelog.storage.segment import LOG_SUFFIX, segment_name
 from tidelog.storage.segment_install import StagedSegment, discard_staging, staging_directory, verify_staged
+from tidelog.storage.segment_state import LOG_SUFFIX, segment_name
 
 log = logging.getLogger(__name__)
 
