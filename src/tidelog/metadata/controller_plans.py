@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
@@ -258,18 +259,31 @@ class AlterIsrRequest:
     isr: tuple[str, ...]
 
 
+class FromLeader(Protocol):
+    """A request a partition's leader sends the controller about its partition (AlterIsr, a suspension)."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def leader_id(self) -> str: ...
+    @property
+    def leader_epoch(self) -> int: ...
+
+
 def check_leadership(
     record: PartitionRecord | None,
-    name: str,
-    leader_id: str,
-    leader_epoch: int,
+    request: FromLeader,
     sent: str,
     refuse: Callable[[str, str, PartitionRecord | None], Exception],
 ) -> PartitionRecord:
-    """``record``, when a request sent as the leader ``leader_id`` of ``leader_epoch`` comes from the partition's
-    current leader; otherwise ``refuse(kind, message, record)`` is raised, ``kind`` naming the rejection as the
-    requests' rejection enums all do: ``UNKNOWN_PARTITION``, ``STALE_EPOCH``, ``NEWER_EPOCH`` or ``NOT_LEADER``.
-    ``sent`` names the request in messages ("request", "report")."""
+    """``record``, when ``request`` comes from its partition's current leader; otherwise ``refuse(kind, message,
+    record)`` is raised, ``kind`` naming the rejection as the requests' rejection enums all do:
+    ``UNKNOWN_PARTITION``, ``STALE_EPOCH``, ``NEWER_EPOCH`` or ``NOT_LEADER``. ``sent`` names the request in
+    messages ("request", "report")."""
+    name = f"{request.stream}/{request.partition}"
+    leader_id, leader_epoch = request.leader_id, request.leader_epoch
     if record is None:
         raise refuse("UNKNOWN_PARTITION", f"no partition {name}", None)
     if leader_epoch < record.leader_epoch:
@@ -317,12 +331,7 @@ def decide_alter_isr(
     """
     name = f"{request.stream}/{request.partition}"
     record = check_leadership(
-        record,
-        name,
-        request.leader_id,
-        request.leader_epoch,
-        "request",
-        lambda kind, message, found: AlterIsrError(AlterIsrRejection[kind], message, found),
+        record, request, "request", lambda kind, message, found: AlterIsrError(AlterIsrRejection[kind], message, found)
     )
     wanted = set(request.isr)
     problems = []

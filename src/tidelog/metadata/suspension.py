@@ -94,14 +94,8 @@ class LeaderBounds:
 
 def decide_suspend(record: PartitionRecord | None, request: SuspendRequest, now_ns: int) -> PartitionRecord:
     """The record suspended for ``request.reason`` (unchanged when suspended already), or :class:`SuspensionError`."""
-    name = f"{request.stream}/{request.partition}"
     record = check_leadership(
-        record,
-        name,
-        request.leader_id,
-        request.leader_epoch,
-        "report",
-        lambda kind, message, found: SuspensionError(HeadRejection[kind], message, found),
+        record, request, "report", lambda kind, message, found: SuspensionError(HeadRejection[kind], message, found)
     )
     if record.suspended:
         return record  # the first evidence stands; the leader logs any later one
