@@ -10,7 +10,8 @@ import pytest
 from tidelog.broker.translate import as_tidelog_error, to_error_body
 from tidelog.protocol.errors import ErrorCode, NotLeaderError
 from tidelog.protocol.frames import FrameError, Kind, ProtocolError
-from tidelog.protocol.messages import ErrorBody, UnsupportedOpError
+from tidelog.protocol.message_codec import UnsupportedOpError
+from tidelog.protocol.messages import ErrorBody
 from tidelog.protocol.records import errors as records_errors
 from tidelog.storage import errors as storage_errors
 

@@ -19,7 +19,8 @@ import msgspec
 import pytest
 
 from tests.helpers import LONG_BOUND
-from tidelog.metadata.controller import Controller, ProbeOutcome
+from tidelog.metadata.broker_probe import ProbeOutcome
+from tidelog.metadata.controller import Controller
 from tidelog.metadata.controller_plans import AlterIsrError, AlterIsrRejection
 from tidelog.metadata.fenced_writer import ControllerFencedError, NotControllerError
 from tidelog.metadata.records import PartitionRecord, StreamRecord, encode

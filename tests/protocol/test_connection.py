@@ -13,13 +13,8 @@ from tests.helpers import BOUND
 from tidelog.client import Connection, ConnectionClosedError
 from tidelog.protocol.errors import MessageTooLargeError, NotLeaderError, RequestTimeoutError, UnknownStreamError
 from tidelog.protocol.frames import Frame, FrameDecoder
-from tidelog.protocol.messages import (
-    ListStreamsRequest,
-    ListStreamsResponse,
-    StreamSummary,
-    encode_error,
-    encode_message,
-)
+from tidelog.protocol.message_codec import encode_error, encode_message
+from tidelog.protocol.messages import ListStreamsRequest, ListStreamsResponse, StreamSummary
 
 Script = Callable[[list[Frame], asyncio.StreamWriter], Awaitable[None]]
 

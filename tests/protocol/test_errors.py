@@ -24,7 +24,8 @@ from tidelog.protocol.errors import (
     status_details,
 )
 from tidelog.protocol.frames import FrameDecoder, FrameError, Kind, Op, ProtocolError
-from tidelog.protocol.messages import ErrorBody, UnsupportedOpError, decode_frame_header, encode_error
+from tidelog.protocol.message_codec import UnsupportedOpError, decode_frame_header, encode_error
+from tidelog.protocol.messages import ErrorBody
 
 # The wire numbers are a contract with every deployed client: this copy fails loudly if one is renumbered.
 STABLE_NUMBERS = {

@@ -8,8 +8,11 @@ from typing import Any
 from tidelog.protocol.records import NewRecord, Record, assign_offsets, build_batch, iter_batches, records_of
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.log import Log
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_state import Placed
 
 BASE_TS = 1_700_000_000_000_000_000
+SEGMENT_BASE = 100  # the base offset of the segment fixture (conftest.py)
 
 
 def make_batch(
@@ -75,3 +78,14 @@ async def crash(log: Log) -> None:
     await log.flusher.flush()
     for segment in log._segments:
         segment.close()
+
+
+def fill_segment(segment: Segment, batches: int, *, count: int = 3, size: int = 40) -> list[bytes]:
+    """Append ``batches`` batches one by one; returns each batch as stored."""
+    out = []
+    for i in range(batches):
+        offset = segment.next_offset
+        data = stored(make_batch(count, size=size, tag=f"b{i}", timestamp=BASE_TS + i * 10), offset, 1)
+        segment.append([data], [Placed(offset, offset + count, len(data), BASE_TS + i * 10)], now_ns=BASE_TS)
+        out.append(data)
+    return out

@@ -358,7 +358,7 @@ async def test_a_write_that_fails_after_its_announcement_poisons_the_log(
     await _fills_done(log)
     kept = read_everything(log)
     heard = _listen(log)
-    monkeypatch.setattr(segment_module, "_write", _failing_write)
+    monkeypatch.setattr(segment_module, "write_at", _failing_write)
     with pytest.raises(OSError, match="Input/output error"):
         await log.append(make_batch(3, size=100, tag="lost"), 1)
     monkeypatch.undo()
@@ -379,7 +379,7 @@ async def test_a_write_that_grows_the_file_is_announced_only_once_written(
 ) -> None:
     log = _open(tmp_path, measured=False)  # a log assumed streamed into: no room is filled
     heard = _listen(log)
-    monkeypatch.setattr(segment_module, "_write", _failing_write)
+    monkeypatch.setattr(segment_module, "write_at", _failing_write)
     with pytest.raises(OSError, match="Input/output error"):
         await log.append(make_batch(2, size=100, tag="refused"), 1)
     monkeypatch.undo()

@@ -8,7 +8,7 @@ from tidelog.clock import ManualClock
 from tidelog.storage.config import LogConfig
 from tidelog.storage.log import Log
 from tidelog.storage.retention import apply_retention, deletable_prefix
-from tidelog.storage.segment import SegmentInfo
+from tidelog.storage.segment_state import SegmentInfo
 
 from .logutil import make_batch, read_everything, small_config
 

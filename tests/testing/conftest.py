@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tidelog.testing.faults import FaultProfile
+from tidelog.testing.fault_run import FaultProfile
 
 LONG_ENV = "TIDELOG_FAULT_LONG"
 

@@ -12,16 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tidelog.testing.faults import (
-    FaultProfile,
-    FaultReport,
-    isolate_leader,
-    kill_leader,
-    pause_follower,
-    pause_leader,
-    restart_all,
-)
-from tidelog.testing.history import History
+from tidelog.testing.fault_run import FaultProfile, FaultReport
+from tidelog.testing.faults import isolate_leader, kill_leader, pause_follower, pause_leader, restart_all
 from tidelog.testing.workload import DirectOutcome, ProduceStats, tally
 
 slow = pytest.mark.slow
@@ -82,26 +74,3 @@ def test_tally_and_outcome_text() -> None:
     outcomes = [DirectOutcome("acked", 7, "", 0.0), DirectOutcome("failed", -1, "NotLeaderError", 0.0)]
     assert tally(outcomes) == {"acked": 1, "failed": 1}
     assert [str(o) for o in outcomes] == ["acked at 7", "failed (NotLeaderError)"]
-
-
-def test_report_is_ok_only_with_a_clean_check_and_no_failures(tmp_path: Path) -> None:
-    report = FaultReport("demo", tmp_path)
-    assert not report.ok  # not checked yet
-    history = History()
-    history.acked("s", 0, 0, b"a")
-    history.final_read("s", 0, [(0, b"a")])
-    report.check = history.check()
-    assert report.ok
-    report.failures.append("no new leader within 20s")
-    assert not report.ok and "FAILURE: no new leader" in str(report)
-    lost = History()
-    lost.acked("s", 0, 0, b"a")
-    lost.final_read("s", 0, [])
-    report.failures.clear()
-    report.check = lost.check()
-    assert not report.ok and "VIOLATION: [lost]" in str(report)
-
-
-def test_profiles() -> None:
-    short, long = FaultProfile.short(), FaultProfile.long()
-    assert short.rounds == 1 and long.rounds > 1 and long.hold > short.hold

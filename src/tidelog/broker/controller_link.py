@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from tidelog.broker.peers import Peers
 from tidelog.clock import Clock, SystemClock
-from tidelog.metadata.controller import probe_refused
+from tidelog.metadata.broker_probe import probe_refused
 from tidelog.metadata.controller_plans import AlterIsrError
 from tidelog.metadata.fenced_writer import ControllerError
 from tidelog.metadata.lease_session import is_lease_not_found
@@ -35,11 +35,11 @@ from tidelog.protocol.errors import (
     UnavailableError,
     UnknownPartitionError,
 )
-from tidelog.protocol.messages import (
+from tidelog.protocol.messages import Header
+from tidelog.protocol.peer_messages import (
     AlterIsrRequest,
     ControlledShutdownRequest,
     ControlledShutdownResponse,
-    Header,
     ReportUnreachableRequest,
     SuspendPartitionRequest,
 )

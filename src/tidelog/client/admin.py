@@ -26,6 +26,7 @@ import msgspec
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.protocol.connection import Connection
+from tidelog.protocol.cursor_messages import FetchCursorRequest, FetchCursorResponse, SetCursorRequest
 from tidelog.protocol.cursors import CURSORS_STREAM, cursor_key, cursors_partition
 from tidelog.protocol.errors import (
     NotLeaderError,
@@ -38,8 +39,6 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.messages import (
     CreateStreamRequest,
     DeleteStreamRequest,
-    FetchCursorRequest,
-    FetchCursorResponse,
     Header,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -49,7 +48,6 @@ from tidelog.protocol.messages import (
     PartitionInfo,
     ResetHeadRequest,
     ResetHeadResponse,
-    SetCursorRequest,
     SetStreamStateRequest,
     SkipDamagedRequest,
     SkipDamagedResponse,

@@ -18,7 +18,7 @@ import contextlib
 import ssl as ssl_
 from collections.abc import Sequence
 
-from tidelog.protocol.connection import Connection, ConnectionClosedError
+from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
 from tidelog.protocol.errors import (
     TidelogError,
     UnavailableError,
@@ -27,7 +27,7 @@ from tidelog.protocol.errors import (
     from_error_body,
 )
 from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES
-from tidelog.protocol.messages import BrokerInfo, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
+from tidelog.protocol.messages import BrokerInfo, Header, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9293"
 
@@ -145,6 +145,20 @@ class Cluster:
             await asyncio.sleep(delay)
         assert failure is not None
         raise failure
+
+    async def leader_request(self, stream: str, partition: int, request: Header) -> Response:
+        """Send ``request`` to the leader of ``stream``/``partition`` and return its answer; a retriable error (a
+        failover in progress) drops the cached metadata and tries again a few times with a short backoff."""
+        for delay in (*LEADER_RETRY_DELAYS, None):
+            try:
+                connection = await self.leader_connection(stream, partition)
+                return await connection.request(request, timeout=self.request_timeout)
+            except TidelogError as exc:
+                if not exc.retriable or delay is None:
+                    raise
+                self.forget(stream)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def release(self, connection: Connection) -> None:
         """Close a dedicated connection."""

@@ -22,6 +22,8 @@ exact record the plan started from. The fence makes etcd refuse a deposed contro
 believes (a write refused that way ends the term: the election steps down and calls :meth:`on_deposed`); the
 compare makes a plan made from a stale view (the mirror lags etcd) fail instead of overwriting a newer record —
 the mirror then delivers the newer record and the plan is made again from it. Nothing here trusts timing.
+Those writes are :class:`~tidelog.metadata.partition_writes.PartitionWrites`; a broker reported unreachable is
+checked by :func:`~tidelog.metadata.broker_probe.probe_and_revoke`.
 
 **Errors.** A fenced write ends the task that made it quietly. Any other etcd error is logged and the work is
 tried again after a backoff that doubles up to ``retry_max`` (or at the next tick, for balancing): no busy loop.
@@ -41,13 +43,12 @@ election before starting it; on shutdown it stops the election (which calls ``on
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tidelog.clock import Clock, SystemClock
+from tidelog.metadata.broker_probe import ProbeOutcome, probe_and_revoke
 from tidelog.metadata.controller_election import ControllerElection, DeposedReason
 from tidelog.metadata.controller_plans import (
     AlterIsrError,
@@ -61,22 +62,17 @@ from tidelog.metadata.controller_plans import (
     plan_failover,
 )
 from tidelog.metadata.fenced_writer import (
-    ControllerError,
     ControllerFencedError,
     ControllerTerm,
     FencedWriter,
     NotControllerError,
 )
-from tidelog.metadata.lease_session import is_lease_not_found
 from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.partition_writes import PartitionWrites
 from tidelog.metadata.records import (
-    BrokerRecord,
     Keys,
     PartitionRecord,
     StreamRecord,
-    decode_broker,
-    decode_partition,
-    encode,
 )
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.stream_creation import CHUNK_PARTITIONS, CreateOutcome, StreamCreation
@@ -91,21 +87,6 @@ from tidelog.metadata.suspension import (
 )
 
 log = logging.getLogger(__name__)
-
-_ALTER_ATTEMPTS = 8  # compare-and-swap rounds before a partition change (AlterIsr, suspension) gives up: CONFLICT
-
-
-class ProbeOutcome(enum.Enum):
-    """What :meth:`Controller.report_unreachable` found when it tried the broker's wire port."""
-
-    REVOKED = "revoked"
-    """The connection was refused: nothing listens there. The broker's lease was revoked, failover starts."""
-    REACHABLE = "reachable"
-    """Something accepted the connection: the reporter's trouble is its own (or the network's)."""
-    NO_ANSWER = "no-answer"
-    """The connect timed out or failed otherwise: the broker may be paused or cut off; its lease decides."""
-    NOT_REGISTERED = "not-registered"
-    """The broker is not registered (any more), or re-registered while it was probed: nothing to revoke."""
 
 
 class Controller:
@@ -144,7 +125,7 @@ class Controller:
         self._retry_initial = retry_initial
         self._retry_max = retry_max
         self._probe_timeout = probe_timeout
-        self._write_concurrency = write_concurrency
+        self._writes = PartitionWrites(client, keys, broker_id, concurrency=write_concurrency)
         self._create_chunk = create_chunk
         self._clock = clock or SystemClock()
         self._latest = mirror.snapshot  # the newest snapshot the mirror has announced (ahead of mirror.snapshot)
@@ -238,9 +219,11 @@ class Controller:
         def conflict(record: PartitionRecord | None) -> AlterIsrError:
             return AlterIsrError(AlterIsrRejection.CONFLICT, f"{stream}/{partition} kept changing", record)
 
-        old, new = await self._write_decided(writer, stream, partition, decide, AlterIsrError, conflict)
+        old, new = await self._writes.write_decided(
+            writer, stream, partition, self._latest.partition(stream, partition), decide, AlterIsrError, conflict
+        )
         if new != old:
-            self._log_change(PartitionChange(old, new, ChangeReason.ALTER_ISR))
+            self._writes.log_change(PartitionChange(old, new, ChangeReason.ALTER_ISR))
         return new
 
     async def suspend_partition(
@@ -256,7 +239,9 @@ class Controller:
             return decide_suspend(record, request, self._clock.now_ns())
 
         conflict = _head_conflict(stream, partition)
-        old, new = await self._write_decided(writer, stream, partition, decide, SuspensionError, conflict)
+        old, new = await self._writes.write_decided(
+            writer, stream, partition, self._latest.partition(stream, partition), decide, SuspensionError, conflict
+        )
         if new != old:
             log.warning("controller %s: %s/%d suspended: %s", self.broker_id, stream, partition, new.suspended)
         return new
@@ -287,7 +272,9 @@ class Controller:
             return decide_reset_head(current, bounds, offset)
 
         conflict = _head_conflict(stream, partition)
-        old, new = await self._write_decided(writer, stream, partition, decide, SuspensionError, conflict)
+        old, new = await self._writes.write_decided(
+            writer, stream, partition, self._latest.partition(stream, partition), decide, SuspensionError, conflict
+        )
         log.warning(
             "controller %s: %s head confirmed at %d (leader %s, epoch %d→%d); it was suspended: %s",
             self.broker_id,
@@ -311,7 +298,7 @@ class Controller:
         writer = self._current_writer()
         self._shutting_down.add(broker_id)
         plan = plan_controlled_shutdown(self._latest, broker_id, self._shutting_down)
-        landed = await self._apply(writer, plan.changes)
+        landed = await self._writes.apply(writer, plan.changes)
         missed = sum(
             1
             for change, ok in zip(plan.changes, landed, strict=True)
@@ -343,7 +330,7 @@ class Controller:
 
     async def update_partition(self, old: PartitionRecord, new: PartitionRecord) -> bool:
         """Replace ``old`` with ``new`` (pause, resume, read-only) only if etcd still holds ``old``."""
-        written, _ = await self._cas(self._current_writer(), self._keys.partition(old.stream, old.id), old, new)
+        written, _ = await self._writes.cas(self._current_writer(), self._keys.partition(old.stream, old.id), old, new)
         return written
 
     async def report_unreachable(self, reporter_id: str, broker_id: str) -> ProbeOutcome:
@@ -363,7 +350,11 @@ class Controller:
         self._current_writer()
         probe = self._probes.get(broker_id)
         if probe is None:
-            probe = asyncio.create_task(self._probe(broker_id), name=f"controller-probe-{broker_id}")
+            record = self._latest.brokers.get(broker_id)
+            probe = asyncio.create_task(
+                probe_and_revoke(self._client, self._keys, broker_id, record, self._probe_timeout, self.broker_id),
+                name=f"controller-probe-{broker_id}",
+            )
             self._probes[broker_id] = probe
             probe.add_done_callback(lambda _: self._probes.pop(broker_id, None))
         outcome = await asyncio.shield(probe)
@@ -374,7 +365,7 @@ class Controller:
         """Run the leadership balance once, now; returns how many leaderships moved."""
         writer = self._current_writer()
         changes = plan_balance(self._latest, self._shutting_down)
-        return sum(await self._apply(writer, changes))
+        return sum(await self._writes.apply(writer, changes))
 
     # ---- tasks ----
 
@@ -394,7 +385,7 @@ class Controller:
             self._dirty.clear()
             changes = plan_failover(self._latest, self._shutting_down, self._unclean_default)
             try:
-                await self._apply(writer, changes)
+                await self._writes.apply(writer, changes)
             except ControllerFencedError:
                 return  # the election has seen it and will call on_deposed
             except Exception as error:
@@ -411,7 +402,7 @@ class Controller:
         await self._clock.sleep(self._balance_delay)
         while True:
             try:
-                await self._apply(writer, plan_balance(self._latest, self._shutting_down))
+                await self._writes.apply(writer, plan_balance(self._latest, self._shutting_down))
             except ControllerFencedError:
                 return
             except Exception as error:
@@ -463,169 +454,9 @@ class Controller:
             raise NotControllerError(self.broker_id, election.controller_id, election.epoch)
         return self._writer
 
-    async def _apply(self, writer: FencedWriter, changes: Sequence[PartitionChange]) -> list[bool]:
-        """Write ``changes`` (at most ``write_concurrency`` at a time); whether each landed, in order."""
-        if not changes:
-            return []
-        landed = [False] * len(changes)
-        limit = asyncio.Semaphore(self._write_concurrency)
-
-        async def write(i: int, change: PartitionChange) -> None:
-            async with limit:
-                key = self._keys.partition(change.old.stream, change.old.id)
-                landed[i], _ = await self._cas(writer, key, change.old, change.new)
-            if landed[i]:
-                self._log_change(change)
-
-        outcomes = await asyncio.gather(*(write(i, c) for i, c in enumerate(changes)), return_exceptions=True)
-        errors = [e for e in outcomes if isinstance(e, BaseException)]
-        if errors:  # one error for the caller, not a group: a fenced write (the term is over) outranks the rest
-            raise min(errors, key=lambda e: not isinstance(e, ControllerFencedError))
-        return landed
-
-    async def _cas(
-        self, writer: FencedWriter, key: bytes, old: PartitionRecord, new: PartitionRecord
-    ) -> tuple[bool, PartitionRecord | None]:
-        """Replace ``old`` by ``new`` if etcd holds ``old``: (True, new), else (False, what etcd holds).
-
-        The comparison is on bytes, so it is made with ``encode(old)`` first; should etcd hold the same record
-        in other bytes (written by a version with fewer fields), it is retried once with those bytes.
-        """
-        tx = self._client.transactions
-        expected = encode(old)
-        for _ in range(2):
-            result = await writer.transaction(
-                compare=[tx.value(key) == expected], success=[tx.put(key, encode(new))], failure=[tx.get(key)]
-            )
-            if result.committed:
-                return True, new
-            found = _value_of(result.responses[0])
-            current = decode_partition(found) if found is not None else None
-            if current != old or found is None:
-                return False, current
-            expected = found
-        return False, old
-
-    async def _write_decided(
-        self,
-        writer: FencedWriter,
-        stream: str,
-        partition: int,
-        decide: Callable[[PartitionRecord | None], Awaitable[PartitionRecord]],
-        refused: type[ControllerError],
-        conflict: Callable[[PartitionRecord | None], ControllerError],
-    ) -> tuple[PartitionRecord, PartitionRecord]:
-        """Decide on a partition's record and write the decision with a compare-and-swap: (old, new).
-
-        A failed swap decides again on what etcd holds; a refusal (``refused``, raised by ``decide``) decided on
-        the mirror's record is only final once decided again on etcd's own: the mirror may lag the requester (a
-        leader elected a moment ago). ``conflict`` makes the error raised when the record kept changing.
-        """
-        key = self._keys.partition(stream, partition)
-        record = self._latest.partition(stream, partition)
-        fresh = False
-        for _ in range(_ALTER_ATTEMPTS):
-            try:
-                new = await decide(record)
-            except refused:
-                if fresh:
-                    raise
-                record, fresh = await self._read_partition(key), True
-                continue
-            assert record is not None
-            if new == record:
-                return record, new
-            written, current = await self._cas(writer, key, record, new)
-            if written:
-                return record, new
-            record, fresh = current, True
-        raise conflict(record)
-
-    async def _read_partition(self, key: bytes) -> PartitionRecord | None:
-        found = await self._client.get(key)
-        return decode_partition(bytes(found.value)) if found is not None else None
-
-    async def _probe(self, broker_id: str) -> ProbeOutcome:
-        record = self._latest.brokers.get(broker_id)
-        if record is None:
-            return ProbeOutcome.NOT_REGISTERED
-        outcome = await probe_refused(record, self._probe_timeout)
-        if outcome is not None:
-            return outcome
-        found = await self._client.get(self._keys.broker(broker_id))
-        if found is None or decode_broker(bytes(found.value)) != record or not found.lease:
-            return ProbeOutcome.NOT_REGISTERED
-        try:
-            await self._client.revoke_lease(int(found.lease))
-        except Exception as error:
-            if not is_lease_not_found(error):
-                raise
-            return ProbeOutcome.NOT_REGISTERED
-        log.warning(
-            "controller %s: %s refused connections on %s:%d; revoked its lease",
-            self.broker_id,
-            broker_id,
-            record.host,
-            record.wire_port,
-        )
-        return ProbeOutcome.REVOKED
-
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
-
-    def _log_change(self, change: PartitionChange) -> None:
-        old, new = change.old, change.new
-        log.info(
-            "controller %s: %s/%d %s: leader %s→%s epoch %d→%d isr %s→%s",
-            self.broker_id,
-            old.stream,
-            old.id,
-            change.reason.value,
-            old.leader or "-",
-            new.leader or "-",
-            old.leader_epoch,
-            new.leader_epoch,
-            list(old.isr),
-            list(new.isr),
-        )
-
-
-PROBE_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5)
-"""A dying process's listening socket may still complete a connect for a moment after its connections were
-reset (the kernel closes a killed process's descriptors one by one), so one successful connect right after a
-report proves little: the port is probed a few times over most of a second."""
-
-
-async def probe_refused(record: BrokerRecord, timeout: float) -> ProbeOutcome | None:
-    """None as soon as one of a few connects (:data:`PROBE_DELAYS`) is refused; else the last outcome."""
-    outcome: ProbeOutcome | None = ProbeOutcome.NO_ANSWER
-    for delay in PROBE_DELAYS:
-        await asyncio.sleep(delay)
-        outcome = await try_connect(record, timeout)
-        if outcome is None:
-            return None
-    return outcome
-
-
-async def try_connect(record: BrokerRecord, timeout: float) -> ProbeOutcome | None:
-    """Connect to the broker's wire port: None when the connection was refused, what it means otherwise."""
-    try:
-        async with asyncio.timeout(timeout):
-            _, writer = await asyncio.open_connection(record.host, record.wire_port)
-    except ConnectionRefusedError:
-        return None
-    except (TimeoutError, OSError):
-        return ProbeOutcome.NO_ANSWER
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
-    return ProbeOutcome.REACHABLE
-
-
-def _value_of(range_response: Any) -> bytes | None:
-    """The value a transaction's ``get`` of one key found, or None for no key."""
-    return bytes(range_response[0][0]) if range_response else None
 
 
 def _prefix_end(prefix: bytes) -> bytes:

@@ -31,8 +31,9 @@ Plans:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
@@ -258,6 +259,55 @@ class AlterIsrRequest:
     isr: tuple[str, ...]
 
 
+class FromLeader(Protocol):
+    """A request a partition's leader sends the controller about its partition (AlterIsr, a suspension)."""
+
+    @property
+    def stream(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def leader_id(self) -> str: ...
+    @property
+    def leader_epoch(self) -> int: ...
+
+
+def check_leadership(
+    record: PartitionRecord | None,
+    request: FromLeader,
+    sent: str,
+    refuse: Callable[[str, str, PartitionRecord | None], Exception],
+) -> PartitionRecord:
+    """``record``, when ``request`` comes from its partition's current leader; otherwise ``refuse(kind, message,
+    record)`` is raised, ``kind`` naming the rejection as the requests' rejection enums all do:
+    ``UNKNOWN_PARTITION``, ``STALE_EPOCH``, ``NEWER_EPOCH`` or ``NOT_LEADER``. ``sent`` names the request in
+    messages ("request", "report")."""
+    name = f"{request.stream}/{request.partition}"
+    leader_id, leader_epoch = request.leader_id, request.leader_epoch
+    if record is None:
+        raise refuse("UNKNOWN_PARTITION", f"no partition {name}", None)
+    if leader_epoch < record.leader_epoch:
+        raise refuse(
+            "STALE_EPOCH",
+            f"{name} is at leader epoch {record.leader_epoch} (leader {record.leader or 'none'}), "
+            f"the {sent} is from epoch {leader_epoch}",
+            record,
+        )
+    if leader_epoch > record.leader_epoch:
+        raise refuse(
+            "NEWER_EPOCH",
+            f"{name}: the controller knows leader epoch {record.leader_epoch}, the {sent} is from {leader_epoch}",
+            record,
+        )
+    if record.leader != leader_id:
+        raise refuse(
+            "NOT_LEADER",
+            f"{name} is led by {record.leader or 'nobody'} at epoch {record.leader_epoch}, not {leader_id}",
+            record,
+        )
+    return record
+
+
 def decide_alter_isr(
     record: PartitionRecord | None,
     request: AlterIsrRequest,
@@ -280,28 +330,9 @@ def decide_alter_isr(
     election: every ISR member holds everything committed.
     """
     name = f"{request.stream}/{request.partition}"
-    if record is None:
-        raise AlterIsrError(AlterIsrRejection.UNKNOWN_PARTITION, f"no partition {name}", None)
-    if request.leader_epoch < record.leader_epoch:
-        raise AlterIsrError(
-            AlterIsrRejection.STALE_EPOCH,
-            f"{name} is at leader epoch {record.leader_epoch} (leader {record.leader or 'none'}), "
-            f"the request is from epoch {request.leader_epoch}",
-            record,
-        )
-    if request.leader_epoch > record.leader_epoch:
-        raise AlterIsrError(
-            AlterIsrRejection.NEWER_EPOCH,
-            f"{name}: the controller knows leader epoch {record.leader_epoch}, the request is from "
-            f"{request.leader_epoch}",
-            record,
-        )
-    if record.leader != request.leader_id:
-        raise AlterIsrError(
-            AlterIsrRejection.NOT_LEADER,
-            f"{name} is led by {record.leader or 'nobody'} at epoch {record.leader_epoch}, not {request.leader_id}",
-            record,
-        )
+    record = check_leadership(
+        record, request, "request", lambda kind, message, found: AlterIsrError(AlterIsrRejection[kind], message, found)
+    )
     wanted = set(request.isr)
     problems = []
     stepping_down = request.leader_id not in wanted and request.leader_id in record.isr

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tidelog.metadata.controller_plans import OFFLINE
+from tidelog.metadata.controller_plans import OFFLINE, check_leadership
 from tidelog.metadata.fenced_writer import ControllerError
 from tidelog.metadata.records import PartitionRecord
 
@@ -94,28 +94,9 @@ class LeaderBounds:
 
 def decide_suspend(record: PartitionRecord | None, request: SuspendRequest, now_ns: int) -> PartitionRecord:
     """The record suspended for ``request.reason`` (unchanged when suspended already), or :class:`SuspensionError`."""
-    name = f"{request.stream}/{request.partition}"
-    if record is None:
-        raise SuspensionError(HeadRejection.UNKNOWN_PARTITION, f"no partition {name}")
-    if request.leader_epoch < record.leader_epoch:
-        raise SuspensionError(
-            HeadRejection.STALE_EPOCH,
-            f"{name} is at leader epoch {record.leader_epoch}, the report is from epoch {request.leader_epoch}",
-            record,
-        )
-    if request.leader_epoch > record.leader_epoch:
-        raise SuspensionError(
-            HeadRejection.NEWER_EPOCH,
-            f"{name}: the controller knows leader epoch {record.leader_epoch}, the report is from "
-            f"{request.leader_epoch}",
-            record,
-        )
-    if record.leader != request.leader_id:
-        raise SuspensionError(
-            HeadRejection.NOT_LEADER,
-            f"{name} is led by {record.leader or 'nobody'} at epoch {record.leader_epoch}, not {request.leader_id}",
-            record,
-        )
+    record = check_leadership(
+        record, request, "report", lambda kind, message, found: SuspensionError(HeadRejection[kind], message, found)
+    )
     if record.suspended:
         return record  # the first evidence stands; the leader logs any later one
     return msgspec.structs.replace(record, suspended=request.reason, suspended_ns=now_ns)

@@ -9,8 +9,10 @@ stand on it. It holds:
   peer's ``ErrorBody`` back into one. A broker translates its storage exceptions in
   :mod:`tidelog.broker.translate`; this layer knows only its own and generic ones.
 - :mod:`~tidelog.protocol.frames` — the wire protocol's frames: the 16-byte prefix, ``encode_frame`` and the
-  incremental ``FrameDecoder``. :mod:`~tidelog.protocol.messages` — one msgspec ``Struct`` per op and direction,
-  ``Acks``, and the table from ``(kind, op)`` to header type.
+  incremental ``FrameDecoder``. :mod:`~tidelog.protocol.messages` — one msgspec ``Struct`` per op and direction
+  for what clients send (and ``Acks``); :mod:`~tidelog.protocol.peer_messages` — the headers brokers send each
+  other (control, replica fetches, segment catch-up); :mod:`~tidelog.protocol.message_codec` — the table from
+  ``(kind, op)`` to header type and the encoding and decoding of headers.
 - :mod:`~tidelog.protocol.connection` — the wire :class:`~tidelog.protocol.connection.Connection`: one TCP
   (optionally TLS) stream with pipelined requests matched by correlation id. The client uses it, and so do
   brokers for their links to each other (replica fetches, peers, the controller link).

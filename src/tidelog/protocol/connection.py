@@ -55,7 +55,8 @@ from tidelog.protocol.frames import (
     check_frame_length,
     parse_frame_body,
 )
-from tidelog.protocol.messages import ErrorBody, Header, decode_as, decode_frame_header, encode_message
+from tidelog.protocol.message_codec import decode_as, decode_frame_header, encode_message
+from tidelog.protocol.messages import ErrorBody, Header
 
 _SCRATCH_BYTES = 256 * 1024  # what one read may fill while no large frame is pending
 _DIRECT_BYTES = 32 * 1024  # a frame this long or longer is read into a buffer of its own

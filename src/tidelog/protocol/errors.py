@@ -96,7 +96,8 @@ from typing import ClassVar
 import grpc
 
 from tidelog.protocol.frames import ProtocolError
-from tidelog.protocol.messages import ErrorBody, UnsupportedOpError
+from tidelog.protocol.message_codec import UnsupportedOpError
+from tidelog.protocol.messages import ErrorBody
 
 
 class ErrorCode(enum.IntEnum):

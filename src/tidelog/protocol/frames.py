@@ -9,7 +9,7 @@ Every frame is a 16-byte prefix, a msgspec-msgpack header and a raw payload, int
          6     2  op              PRODUCE, FETCH, METADATA… (``Op``); an error frame echoes the request's op
          8     4  correlation_id  chosen by the requester, echoed by the response: requests are pipelined
         12     4  header_length   bytes of the header that follows
-        16     …  header          msgpack, one ``Struct`` per (kind, op): see :mod:`tidelog.protocol.messages`
+        16     …  header          msgpack, one ``Struct`` per (kind, op): see :mod:`tidelog.protocol.message_codec`
          …     …  payload         the rest of the frame: record batches exactly as stored, or nothing
 
 The payload is opaque here. It sits last so that a writer sends it straight from the buffers it already has

@@ -65,7 +65,6 @@ import pyarrow as pa
 
 from tidelog.client import Appender, Cluster, ConnectionClosedError, NewRecord, refusal_details
 from tidelog.client.appender import RecordLike
-from tidelog.client.cluster import LEADER_RETRY_DELAYS
 from tidelog.protocol.errors import RegisterMismatchError, TidelogError
 from tidelog.protocol.labels import EMPTY, LabelSelector, LabelSet
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
@@ -322,18 +321,6 @@ class _Committer:
             await asyncio.sleep(0.05)
 
     async def _offsets(self, stream: str, partition: int) -> ListOffsetsResponse:
-        for delay in (*LEADER_RETRY_DELAYS, None):
-            try:
-                connection = await self.cluster.leader_connection(stream, partition)
-                response = await connection.request(
-                    ListOffsetsRequest(stream, partition), timeout=self.cluster.request_timeout
-                )
-            except (ConnectionClosedError, TidelogError) as exc:
-                if delay is None or (isinstance(exc, TidelogError) and not exc.retriable):
-                    raise
-                self.cluster.forget(stream)
-                await asyncio.sleep(delay)
-                continue
-            assert isinstance(response.header, ListOffsetsResponse)
-            return response.header
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+        response = await self.cluster.leader_request(stream, partition, ListOffsetsRequest(stream, partition))
+        assert isinstance(response.header, ListOffsetsResponse)
+        return response.header

@@ -17,8 +17,6 @@ import asyncio
 from collections.abc import Collection
 
 from tidelog.client import Cluster, LoopThread
-from tidelog.client.cluster import LEADER_RETRY_DELAYS
-from tidelog.protocol.errors import TidelogError, UnknownStreamError
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse, StreamInfo
 from tidelog.spark.options import SourceOptionError, SourceOptions
 from tidelog.spark.planning import Bounds, TopicPartition
@@ -76,21 +74,9 @@ class Topology:
 
     async def _list_offsets(self, stream: str, partition: int, timestamp_ns: int) -> ListOffsetsResponse:
         request = ListOffsetsRequest(stream, partition, timestamp_ns)
-        for delay in (*LEADER_RETRY_DELAYS, None):
-            try:
-                connection = await self._cluster.leader_connection(stream, partition)
-                response = await connection.request(request, timeout=self._cluster.request_timeout)
-            except UnknownStreamError:
-                raise
-            except TidelogError as exc:
-                if not exc.retriable or delay is None:
-                    raise
-                self._cluster.forget(stream)
-                await asyncio.sleep(delay)
-                continue
-            assert isinstance(response.header, ListOffsetsResponse)
-            return response.header
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+        response = await self._cluster.leader_request(stream, partition, request)
+        assert isinstance(response.header, ListOffsetsResponse)
+        return response.header
 
     def _where(self) -> str:
         return ",".join(self.options.brokers)

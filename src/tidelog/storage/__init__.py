@@ -28,6 +28,16 @@ an append's path runs per batch. The helpers that were already modules stay besi
 :mod:`~tidelog.storage.disk_full`, :mod:`~tidelog.storage.damage`, :mod:`~tidelog.storage.damage_repair`,
 :mod:`~tidelog.storage.segment_install`, :mod:`~tidelog.storage.preallocation`, :mod:`~tidelog.storage.compaction`.
 
+A log's segments: a :class:`~tidelog.storage.segment.Segment` is one ``.log`` file of whole batches with its
+two indexes (:mod:`~tidelog.storage.index`), one object in three modules like the log:
+:mod:`~tidelog.storage.segment_state` (what it knows of its file, rebuilt from the batches or loaded from the
+index files when opened), :mod:`~tidelog.storage.segment_read` (finding and reading whole batches, each byte's
+CRC checked once) and :mod:`~tidelog.storage.segment` (the file's lifecycle, appends, truncation). It writes
+through :mod:`~tidelog.storage.file_writes` (byte parts at a position: buffers with ``pwritev``, a transactional
+append's spool with ``copy_file_range``), walks its file by batch headers with
+:mod:`~tidelog.storage.batch_scan`, and remembers which bytes it has checked in
+:mod:`~tidelog.storage.byte_ranges`.
+
 Hooks the owner of a log installs: a :class:`~tidelog.storage.write_observer.WriteObserver` hears of each write
 with its bytes (the leader's replication side answers its followers from it), and the
 :class:`~tidelog.storage.flush.FlushMode` chosen at open says where fsyncs run. Storage knows nothing of

@@ -1,7 +1,7 @@
 """Damaged ranges of a partition log: offsets whose bytes failed their CRC on disk (bit rot) while the log ran.
 
 Reads are zero-copy (``os.sendfile``) and a segment remembers the byte ranges it has verified once
-(:mod:`tidelog.storage.segment`), so the broker does not CRC-check every read. Damage is found where a check
+(:mod:`tidelog.storage.segment_read`), so the broker does not CRC-check every read. Damage is found where a check
 does run: a read of bytes not yet verified in this process (a sealed segment after a restart, every
 :meth:`~tidelog.storage.log.Log.read`), or a fetch the client marks ``verify`` after its own CRC check failed
 (the broker then reads the range into memory and checks it). The log records what it finds here:

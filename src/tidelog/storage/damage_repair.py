@@ -25,7 +25,8 @@ from tidelog.protocol.records import iter_batches
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.damage import DamagedRange
 from tidelog.storage.errors import StorageError
-from tidelog.storage.segment import Planned, Segment
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_read import Planned
 
 
 class RepairRefusedError(StorageError):

@@ -24,8 +24,10 @@ from tidelog.protocol.records import LEADER_EPOCH_POS, LENGTH_FIELD_END, REGISTE
 from tidelog.protocol.records.errors import InvalidBatchError
 from tidelog.storage import disk_full as full
 from tidelog.storage.errors import OffsetMismatchError
+from tidelog.storage.file_writes import Buffer, FileSlice
 from tidelog.storage.log_sealing import SealingLog
-from tidelog.storage.segment import MAX_RELATIVE_OFFSET, Buffer, FileSlice, Placed, Segment
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_state import MAX_RELATIVE_OFFSET, Placed
 from tidelog.storage.write_observer import WriteObserver
 
 MAX_LEADER_EPOCH = 2**31 - 1

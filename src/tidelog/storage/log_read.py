@@ -23,7 +23,8 @@ from tidelog.protocol.records import check_batch, decode_records
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.errors import CorruptSegmentError, OffsetOutOfRangeError
 from tidelog.storage.log_state import LogState
-from tidelog.storage.segment import Planned, Segment
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_read import Planned
 
 T = TypeVar("T")
 _DAMAGE_ATTEMPTS = 8  # damaged ranges one read may find and record before it gives up with the last one

@@ -31,7 +31,8 @@ from tidelog.storage.errors import LogClosedError
 from tidelog.storage.flush import Flusher, FlushMode, FlushShares
 from tidelog.storage.preallocation import AppendRate
 from tidelog.storage.recovery import RecoveryReport, batch_epochs
-from tidelog.storage.segment import Segment, SegmentInfo
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_state import SegmentInfo
 from tidelog.storage.write_observer import WriteObserver
 
 

@@ -60,7 +60,8 @@ from tidelog.storage.compaction import CLEANED_SUFFIX
 from tidelog.storage.errors import CheckpointError
 from tidelog.storage.index import TMP_SUFFIX, DamagedIndexError
 from tidelog.storage.recovery_damage import DamagedLogError, RecoveryDamage, find_damage
-from tidelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_state import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tidelog.storage.config import LogConfig
-from tidelog.storage.segment import SegmentInfo
+from tidelog.storage.segment_state import SegmentInfo
 
 if TYPE_CHECKING:
     from tidelog.storage.log import Log

@@ -43,7 +43,8 @@ from pathlib import Path
 
 from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
 from tidelog.storage.atomic import fsync_directory
-from tidelog.storage.segment import LOG_SUFFIX, MAX_RELATIVE_OFFSET, Segment, segment_name
+from tidelog.storage.segment import Segment
+from tidelog.storage.segment_state import LOG_SUFFIX, MAX_RELATIVE_OFFSET, segment_name
 
 STAGING_DIR = "catch-up.tmp"
 """Where copied segment files wait, inside the partition directory; never part of the log."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from tidelog.storage.segment import Buffer, FileSlice
+from tidelog.storage.file_writes import Buffer, FileSlice
 
 
 class WriteObserver(Protocol):

@@ -4,5 +4,8 @@ Stand-ins for a broker's parts, for tests that run one real piece against fakes 
 :mod:`~tidelog.testing.fakes` (a partition manager that leads what it is given, a NATS client that delivers on
 demand), :mod:`~tidelog.testing.fake_broker` (an in-memory broker for producer tests) and
 :mod:`~tidelog.testing.replica_leader` (a real partition leader on a real wire server, for follower tests).
+Fault tools: :mod:`~tidelog.testing.faults` (fault scenarios on a real 3-broker cluster, each run inside a
+:mod:`~tidelog.testing.fault_run` ``FaultRun`` that loads, settles and checks it) and
+:mod:`~tidelog.testing.cas_faults` (compare-and-set appends under faults, checked for linearizability).
 Only tests, benchmarks and the fault tools import this package.
 """

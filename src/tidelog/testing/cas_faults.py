@@ -33,7 +33,7 @@ from tidelog.client import Admin, Appender, Cluster, refusal_details
 from tidelog.protocol.connection import ConnectionClosedError
 from tidelog.protocol.errors import IncorrectOffsetError, TidelogError
 from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.faults import ELECT_WITHIN, READ_WITHIN, REJOIN_WITHIN, SETTINGS
+from tidelog.testing.fault_run import ELECT_WITHIN, READ_WITHIN, REJOIN_WITHIN, SETTINGS
 from tidelog.testing.linearizability import (
     Append,
     Indeterminate,

@@ -21,10 +21,10 @@ from tidelog.client import Admin
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.connection import Connection
+from tidelog.protocol.cursor_messages import SetCursorRequest
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import NotLeaderError
-from tidelog.protocol.messages import SetCursorRequest
-from tidelog.replication.follower.fetcher import split_address
+from tidelog.replication.follower.leader_link import split_address
 from tidelog.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

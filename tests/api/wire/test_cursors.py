@@ -15,6 +15,7 @@ from tidelog.client import Admin
 from tidelog.client.sync import SyncAdmin
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.connection import Connection
+from tidelog.protocol.cursor_messages import FetchCursorRequest, FetchCursorResponse, SetCursorRequest
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import (
     InvalidArgumentError,
@@ -22,7 +23,6 @@ from tidelog.protocol.errors import (
     UnknownStreamError,
     UnsupportedError,
 )
-from tidelog.protocol.messages import FetchCursorRequest, FetchCursorResponse, SetCursorRequest
 from tidelog.server import Broker
 
 __all__ = ["broker", "broker_settings", "stream_name", "stub"]

@@ -19,13 +19,12 @@ from tidelog.protocol.errors import (
     UnknownGroupError,
     UnknownMemberError,
 )
-from tidelog.protocol.messages import (
+from tidelog.protocol.group_messages import (
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupAssignmentsRequest,
     GroupAssignmentsResponse,
     GroupSummary,
-    Header,
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
@@ -36,6 +35,7 @@ from tidelog.protocol.messages import (
     ReportCoordinatorResponse,
     StreamAssignment,
 )
+from tidelog.protocol.messages import Header
 from tidelog.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -22,8 +22,8 @@ from tidelog.protocol.errors import (
     UnavailableError,
     UnknownStreamError,
 )
-from tidelog.protocol.messages import (
-    Acks,
+from tidelog.protocol.messages import Acks
+from tidelog.protocol.peer_messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     ReplicaFetchRequest,

@@ -28,6 +28,7 @@ from tidelog.broker.partitions.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import ErrorCode
 from tidelog.protocol.frames import FrameDecoder, Kind, Op, encode_frame_bytes
+from tidelog.protocol.message_codec import decode_header, encode_message
 from tidelog.protocol.messages import (
     Acks,
     ErrorBody,
@@ -36,8 +37,6 @@ from tidelog.protocol.messages import (
     Header,
     ProduceRequest,
     ProduceResponse,
-    decode_header,
-    encode_message,
 )
 from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
 from tidelog.storage.config import FlushPolicy, LogConfig

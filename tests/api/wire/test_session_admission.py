@@ -17,7 +17,8 @@ from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.api.wire.session import Session
 from tidelog.protocol.frames import FrameDecoder, Kind, Op, encode_frame
-from tidelog.protocol.messages import MetadataRequest, encode_message
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.messages import MetadataRequest
 
 
 @dataclass

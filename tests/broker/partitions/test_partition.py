@@ -18,9 +18,9 @@ from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.hw_checkpoint import checkpointed_hw
 from tidelog.replication.leader.ack_poll import LoopPoller, poller_for
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.file_writes import Buffer
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
-from tidelog.storage.segment import Buffer
 from tidelog.testing.small_disk import Ballast, mount_small_disk
 
 

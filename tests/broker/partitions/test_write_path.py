@@ -19,8 +19,8 @@ from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchBuilder, NewRecord, build_batch
 from tidelog.replication.leader.ack_poll import poller_for
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.file_writes import Buffer
 from tidelog.storage.log import Log
-from tidelog.storage.segment import Buffer
 
 
 async def _partition(

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import BOUND
 from tests.replication.helpers import spy_truncations, until_log_end, write
 from tidelog.clock import ManualClock
-from tidelog.protocol.messages import SegmentSummary
+from tidelog.protocol.peer_messages import SegmentSummary
 from tidelog.replication.follower.catch_up import CopyHooks
 from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher
 from tidelog.storage.config import FlushPolicy, LogConfig

@@ -6,7 +6,7 @@ import pytest
 
 from tidelog.protocol.connection import ConnectionClosedError
 from tidelog.protocol.frames import ProtocolError
-from tidelog.protocol.messages import EpochEndOffsetResponse, ReplicaFetchResponse
+from tidelog.protocol.peer_messages import EpochEndOffsetResponse, ReplicaFetchResponse
 from tidelog.replication.follower.leader_link import LeaderLink, expect, split_address
 
 

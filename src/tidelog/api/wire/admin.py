@@ -30,6 +30,7 @@ from tidelog.broker.head_reset import reset_head as confirm_head
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 from tidelog.protocol.errors import InvalidArgumentError, UnknownStreamError
 from tidelog.protocol.frames import Op
+from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.messages import (
     BrokerInfo,
     CreateStreamRequest,
@@ -49,7 +50,6 @@ from tidelog.protocol.messages import (
     SkipDamagedResponse,
     StreamInfo,
     StreamSummary,
-    encode_message,
 )
 
 _CONFIG_FIELDS = frozenset(StreamConfig.__struct_fields__)

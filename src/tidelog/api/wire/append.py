@@ -39,7 +39,8 @@ from tidelog.protocol.labels import (
     decode_selector,
     encode_labels,
 )
-from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse, encode_message
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.messages import AppendPhase, AppendRequest, AppendResponse
 from tidelog.protocol.records import HEADER_SIZE, REGISTERS_LENGTH
 from tidelog.storage.batch_check import ProduceLimits
 

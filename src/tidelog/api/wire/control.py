@@ -17,7 +17,8 @@ from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.controller_link import call_controller
 from tidelog.protocol.errors import UnavailableError
 from tidelog.protocol.frames import Op
-from tidelog.protocol.messages import (
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.peer_messages import (
     AlterIsrRequest,
     AlterIsrResponse,
     ControlledShutdownRequest,
@@ -26,7 +27,6 @@ from tidelog.protocol.messages import (
     ReportUnreachableResponse,
     SuspendPartitionRequest,
     SuspendPartitionResponse,
-    encode_message,
 )
 
 

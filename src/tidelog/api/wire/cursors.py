@@ -9,15 +9,15 @@ from __future__ import annotations
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.cursors import CursorStore
-from tidelog.protocol.errors import UnsupportedError
-from tidelog.protocol.frames import Op
-from tidelog.protocol.messages import (
+from tidelog.protocol.cursor_messages import (
     FetchCursorRequest,
     FetchCursorResponse,
     SetCursorRequest,
     SetCursorResponse,
-    encode_message,
 )
+from tidelog.protocol.errors import UnsupportedError
+from tidelog.protocol.frames import Op
+from tidelog.protocol.message_codec import encode_message
 
 
 def _store(ctx: BrokerContext) -> CursorStore:

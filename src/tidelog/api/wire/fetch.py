@@ -40,14 +40,8 @@ from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
-from tidelog.protocol.messages import (
-    FetchRequest,
-    FetchResponse,
-    Isolation,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    encode_message,
-)
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.messages import FetchRequest, FetchResponse, Isolation, ListOffsetsRequest, ListOffsetsResponse
 from tidelog.storage import errors as storage_errors
 
 Replica = Partition | FollowedPartition

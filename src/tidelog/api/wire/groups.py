@@ -14,7 +14,7 @@ from tidelog.broker.groups.service import GroupService
 from tidelog.metadata.group_records import check_id
 from tidelog.protocol.errors import UnknownGroupError, UnsupportedError
 from tidelog.protocol.frames import Op
-from tidelog.protocol.messages import (
+from tidelog.protocol.group_messages import (
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupAssignmentsRequest,
@@ -30,8 +30,8 @@ from tidelog.protocol.messages import (
     ReportCoordinatorRequest,
     ReportCoordinatorResponse,
     StreamAssignment,
-    encode_message,
 )
+from tidelog.protocol.message_codec import encode_message
 
 
 def _groups(env: HandlerEnv) -> GroupService:

@@ -49,7 +49,8 @@ from tidelog.broker.appends.streamed import ConnectionAppends
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
-from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse, encode_header, encode_message
+from tidelog.protocol.message_codec import encode_header, encode_message
+from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse
 from tidelog.storage.batch_check import ProduceLimits
 from tidelog.storage.log import Log
 from tidelog.storage.log_read import FileRange

@@ -13,7 +13,8 @@ import asyncio
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.protocol.errors import UnsupportedError
 from tidelog.protocol.frames import Op
-from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse, encode_message
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse
 
 
 async def init_producer(

@@ -69,7 +69,8 @@ from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.safety import epoch_end_after_reset
 from tidelog.protocol.errors import OffsetOutOfRangeError, TidelogError
 from tidelog.protocol.frames import Op
-from tidelog.protocol.messages import (
+from tidelog.protocol.message_codec import encode_message
+from tidelog.protocol.peer_messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     ReplicaFetchRequest,
@@ -79,9 +80,8 @@ from tidelog.protocol.messages import (
     SegmentListRequest,
     SegmentListResponse,
     SegmentSummary,
-    encode_message,
 )
-from tidelog.storage.segment import Buffer
+from tidelog.storage.file_writes import Buffer
 
 
 async def replica_fetch(

@@ -68,7 +68,7 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol.errors import MessageTooLargeError, TidelogError, UnavailableError, UnsupportedError
 from tidelog.protocol.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
-from tidelog.protocol.messages import decode_as, encode_error
+from tidelog.protocol.message_codec import decode_as, encode_error
 
 log = logging.getLogger(__name__)
 

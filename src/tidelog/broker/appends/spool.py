@@ -51,7 +51,7 @@ from tidelog.protocol.records import (
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.batch_check import ProduceLimits, check_timestamps
 from tidelog.storage.crc_combine import crc32c_combine
-from tidelog.storage.segment import FileSlice
+from tidelog.storage.file_writes import FileSlice
 
 MEMORY_BYTES = 1024 * 1024
 """Record bytes an append keeps in memory before it moves them to a file."""
@@ -231,7 +231,7 @@ class AppendSpool:
     def file_slice(self) -> FileSlice | None:
         """Where the sealed batch lies in the spool file, for the log to copy it in the kernel (None when the
         append stayed in memory). The memory map of :meth:`seal` is for checking it; copying from a map is
-        several times slower (see :class:`~tidelog.storage.segment.FileSlice`)."""
+        several times slower (see :class:`~tidelog.storage.file_writes.FileSlice`)."""
         if self._fd < 0 or self._sealed_at < 0:
             return None
         return FileSlice(self._fd, self._sealed_at, _ROOM + self._size - self._sealed_at)

@@ -35,7 +35,7 @@ from tidelog.protocol.errors import (
     UnavailableError,
     UnknownGroupError,
 )
-from tidelog.protocol.messages import (
+from tidelog.protocol.group_messages import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,

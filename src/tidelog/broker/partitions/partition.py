@@ -61,10 +61,10 @@ from tidelog.replication.leader.ack_poll import poller_for
 from tidelog.replication.leader.fencing import fence_follower
 from tidelog.replication.leader.follower_progress import FollowerProgress
 from tidelog.replication.leader.highwater import HighWatermark
+from tidelog.storage.file_writes import Buffer, FileSlice
 from tidelog.storage.flush import FlushMode
 from tidelog.storage.log import Log
 from tidelog.storage.log_append import AppendResult
-from tidelog.storage.segment import Buffer, FileSlice
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from tidelog.replication.idempotence.producer_state import (
     Verdict,
 )
 from tidelog.storage.errors import OffsetMismatchError
-from tidelog.storage.segment import FileSlice
+from tidelog.storage.file_writes import FileSlice
 
 if TYPE_CHECKING:
     from tidelog.broker.partitions.partition import Partition

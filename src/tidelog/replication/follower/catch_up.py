@@ -49,9 +49,8 @@ from typing import TypeVar
 
 from tidelog.protocol.errors import ErrorCode, from_error_body
 from tidelog.protocol.frames import ProtocolError
-from tidelog.protocol.messages import (
-    ErrorBody,
-    Header,
+from tidelog.protocol.messages import ErrorBody, Header
+from tidelog.protocol.peer_messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
     SegmentFetchRequest,
@@ -65,8 +64,8 @@ from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import after_install, after_truncation, record_replicated
 from tidelog.storage.log import Log
-from tidelog.storage.segment import LOG_SUFFIX, segment_name
 from tidelog.storage.segment_install import StagedSegment, discard_staging, staging_directory, verify_staged
+from tidelog.storage.segment_state import LOG_SUFFIX, segment_name
 
 log = logging.getLogger(__name__)
 

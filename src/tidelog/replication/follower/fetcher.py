@@ -55,7 +55,7 @@ from tidelog.clock import Clock, SystemClock
 from tidelog.protocol.connection import ConnectionClosedError, Response
 from tidelog.protocol.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
 from tidelog.protocol.frames import ProtocolError
-from tidelog.protocol.messages import (
+from tidelog.protocol.peer_messages import (
     EpochEndOffsetRequest,
     EpochEndOffsetResponse,
     ReplicaFetchRequest,

@@ -1,0 +1,138 @@
+"""Writing partition records for the controller: fenced compare-and-swaps, many at once, or decided and retried.
+
+Each partition is written in its own :class:`~tidelog.metadata.fenced_writer.FencedWriter` transaction that also
+compares the partition key with the exact record the decision started from: the fence makes etcd refuse a
+deposed controller's writes, the compare makes a decision made from a stale view (the mirror lags etcd) fail
+instead of overwriting a newer record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from tidelog.metadata.controller_plans import PartitionChange
+from tidelog.metadata.fenced_writer import ControllerError, ControllerFencedError, FencedWriter
+from tidelog.metadata.records import Keys, PartitionRecord, decode_partition, encode
+
+log = logging.getLogger(__name__)
+
+_ALTER_ATTEMPTS = 8  # compare-and-swap rounds before a partition change (AlterIsr, suspension) gives up: CONFLICT
+
+
+class PartitionWrites:
+    """The controller's writes of partition records, with the writer of the current term passed to each."""
+
+    def __init__(self, client: Any, keys: Keys, broker_id: str, *, concurrency: int) -> None:
+        """``concurrency`` bounds the transactions :meth:`apply` has in flight at once; ``broker_id`` (the
+        controller's) names it in logs."""
+        self._client = client
+        self._keys = keys
+        self.broker_id = broker_id
+        self._concurrency = concurrency
+
+    async def apply(self, writer: FencedWriter, changes: Sequence[PartitionChange]) -> list[bool]:
+        """Write ``changes`` (at most ``concurrency`` at a time); whether each landed, in order."""
+        if not changes:
+            return []
+        landed = [False] * len(changes)
+        limit = asyncio.Semaphore(self._concurrency)
+
+        async def write(i: int, change: PartitionChange) -> None:
+            async with limit:
+                key = self._keys.partition(change.old.stream, change.old.id)
+                landed[i], _ = await self.cas(writer, key, change.old, change.new)
+            if landed[i]:
+                self.log_change(change)
+
+        outcomes = await asyncio.gather(*(write(i, c) for i, c in enumerate(changes)), return_exceptions=True)
+        errors = [e for e in outcomes if isinstance(e, BaseException)]
+        if errors:  # one error for the caller, not a group: a fenced write (the term is over) outranks the rest
+            raise min(errors, key=lambda e: not isinstance(e, ControllerFencedError))
+        return landed
+
+    async def cas(
+        self, writer: FencedWriter, key: bytes, old: PartitionRecord, new: PartitionRecord
+    ) -> tuple[bool, PartitionRecord | None]:
+        """Replace ``old`` by ``new`` if etcd holds ``old``: (True, new), else (False, what etcd holds).
+
+        The comparison is on bytes, so it is made with ``encode(old)`` first; should etcd hold the same record
+        in other bytes (written by a version with fewer fields), it is retried once with those bytes.
+        """
+        tx = self._client.transactions
+        expected = encode(old)
+        for _ in range(2):
+            result = await writer.transaction(
+                compare=[tx.value(key) == expected], success=[tx.put(key, encode(new))], failure=[tx.get(key)]
+            )
+            if result.committed:
+                return True, new
+            found = _value_of(result.responses[0])
+            current = decode_partition(found) if found is not None else None
+            if current != old or found is None:
+                return False, current
+            expected = found
+        return False, old
+
+    async def write_decided(
+        self,
+        writer: FencedWriter,
+        stream: str,
+        partition: int,
+        record: PartitionRecord | None,
+        decide: Callable[[PartitionRecord | None], Awaitable[PartitionRecord]],
+        refused: type[ControllerError],
+        conflict: Callable[[PartitionRecord | None], ControllerError],
+    ) -> tuple[PartitionRecord, PartitionRecord]:
+        """Decide on a partition's record and write the decision with a compare-and-swap: (old, new).
+
+        ``record`` is the partition's record in the controller's view. A failed swap decides again on what etcd
+        holds; a refusal (``refused``, raised by ``decide``) decided on the mirror's record is only final once
+        decided again on etcd's own: the mirror may lag the requester (a leader elected a moment ago).
+        ``conflict`` makes the error raised when the record kept changing.
+        """
+        key = self._keys.partition(stream, partition)
+        fresh = False
+        for _ in range(_ALTER_ATTEMPTS):
+            try:
+                new = await decide(record)
+            except refused:
+                if fresh:
+                    raise
+                record, fresh = await self.read_partition(key), True
+                continue
+            assert record is not None
+            if new == record:
+                return record, new
+            written, current = await self.cas(writer, key, record, new)
+            if written:
+                return record, new
+            record, fresh = current, True
+        raise conflict(record)
+
+    async def read_partition(self, key: bytes) -> PartitionRecord | None:
+        found = await self._client.get(key)
+        return decode_partition(bytes(found.value)) if found is not None else None
+
+    def log_change(self, change: PartitionChange) -> None:
+        old, new = change.old, change.new
+        log.info(
+            "controller %s: %s/%d %s: leader %s→%s epoch %d→%d isr %s→%s",
+            self.broker_id,
+            old.stream,
+            old.id,
+            change.reason.value,
+            old.leader or "-",
+            new.leader or "-",
+            old.leader_epoch,
+            new.leader_epoch,
+            list(old.isr),
+            list(new.isr),
+        )
+
+
+def _value_of(range_response: Any) -> bytes | None:
+    """The value a transaction's ``get`` of one key found, or None for no key."""
+    return bytes(range_response[0][0]) if range_response else None

@@ -1,0 +1,47 @@
+"""Frame headers of the cursor ops: SET_CURSOR and FETCH_CURSOR, a consumer's position kept in the internal stream
+``__cursors`` (:mod:`tidelog.broker.cursors`).
+
+Partition and offset take any 32- and 64-bit value here: the broker checks them and names what is wrong (a
+partition that does not exist, an offset below -1), which a header decoding error could not. Routed by
+:mod:`tidelog.protocol.message_codec`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from tidelog.protocol.messages import INT32_MAX, INT64_MAX, Header, Millis, Name, OffsetOrNone
+
+CursorPartition = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
+CursorOffset = Annotated[int, msgspec.Meta(ge=-(2**63), le=INT64_MAX)]
+
+
+class SetCursorRequest(Header, frozen=True):
+    """Store ``offset`` (-1: nothing consumed) as cursor ``cursor_id``'s position in ``stream``/``partition``.
+    Sent to the leader of the cursor's ``__cursors`` partition (``crc32(key) % partitions``, key
+    ``cursor_id,stream,partition``); answered once committed (acks ALL)."""
+
+    stream: Name
+    partition: CursorPartition
+    cursor_id: str
+    offset: CursorOffset
+    timeout_ms: Millis = 5_000
+
+
+class SetCursorResponse(Header, frozen=True):
+    pass
+
+
+class FetchCursorRequest(Header, frozen=True):
+    """Read cursor ``cursor_id``'s position in ``stream``/``partition``; sent like :class:`SetCursorRequest`."""
+
+    stream: Name
+    partition: CursorPartition
+    cursor_id: str
+    timeout_ms: Millis = 5_000
+
+
+class FetchCursorResponse(Header, frozen=True):
+    offset: OffsetOrNone  # -1: never set
