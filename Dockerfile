@@ -35,7 +35,7 @@ VOLUME ["/var/lib/tidelog"]
 # 9292: Liftbridge gRPC API and the gRPC health service; 9293: the tidelog wire protocol.
 EXPOSE 9292 9293
 # The broker has no HTTP health endpoint (no /readyz): the check asks its standard gRPC health service whether
-# proto.API is SERVING (it reports NOT_SERVING from the start of a shutdown).
+# proto.API is SERVING (it reports NOT_SERVING once a shutdown has handed its leaderships off).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 CMD ["python", "-c", "import os, sys, grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; port = os.environ.get('TIDELOG_PORT', '9292'); channel = grpc.insecure_channel(f'127.0.0.1:{port}'); answer = g.HealthStub(channel).Check(h.HealthCheckRequest(service='proto.API'), timeout=4); sys.exit(answer.status != h.HealthCheckResponse.SERVING)"]
 # SIGTERM starts a controlled shutdown bounded by shutdown_timeout_ms (15 s by default): give `docker stop` more
 # (`--time 45`, or stop_grace_period in compose.yaml).
