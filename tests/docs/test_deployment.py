@@ -4,8 +4,9 @@ Each host of the guide (``10.0.0.N``) becomes a loopback address of its own (``1
 ports a free port (the same on every address, as the guide uses the same ports on every host), and ``/var/lib``
 and ``/etc`` a temporary directory per host. Everything else in the commands is run unchanged through ``bash``:
 three etcd members forming a real cluster, three nats-servers joined by routes, three ``tidelog serve`` brokers
-with their own data directories, then the guide's client commands. One etcd member, one NATS server and one
-broker are then killed by PID, and the stream must still take and serve messages.
+with their own data directories, then the guide's client commands. One broker is restarted as an upgrade
+restarts it (SIGTERM, the same command, back in every ISR); then one etcd member, one NATS server and one
+broker are killed by PID, and the stream must still take and serve messages.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aetcd
 import nats
 import pytest
 
@@ -28,6 +30,7 @@ from tests.helpers import BOUND, LONG_BOUND
 from tidelog.launch.ports import free_port
 from tidelog.launch.probes import ReadinessProbe, http_get, http_probe
 from tidelog.launch.process import ManagedProcess
+from tidelog.metadata.records import Keys, decode_partition
 from tidelog.testing.serve_process import clean_env, serving
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
@@ -182,6 +185,14 @@ async def wait_for(check: Callable[[], Awaitable[bool]], within: float, what: st
         delay = min(delay * 2, 1.0)
 
 
+async def stream_whole(host: str, port: int, stream: str) -> bool:
+    """Whether every partition of ``stream`` has its whole replica set in its ISR (read straight from etcd)."""
+    async with aetcd.Client(host=host, port=port, timeout=int(BOUND)) as client:
+        found = await asyncio.wait_for(client.get_prefix(Keys().partitions_of(stream)), BOUND)
+    records = [decode_partition(bytes(each.value)) for each in found]
+    return bool(records) and all(set(record.isr) == set(record.replicas) for record in records)
+
+
 async def publish_nats(url: str, subject: str, payload: bytes, *, msg_id: str) -> None:
     client = await nats.connect(url, allow_reconnect=False, connect_timeout=BOUND)
     try:
@@ -241,6 +252,16 @@ async def test_three_hosts_survive_losing_an_etcd_member_a_nats_server_and_a_bro
     await loopback.run_until_ok(blocks["publish"])
     status = await loopback.run_until_ok(blocks["status"])
     assert all(f"tidelog{host}" in status for host in HOSTS), status
+
+    # An upgrade, one broker at a time (the guide's steps): the cluster is whole; SIGTERM, the broker exits 0;
+    # the same command starts it again on its data directory; it is ready and back in every ISR.
+    async def whole() -> bool:
+        return await stream_whole(address(1), ports[2379], "orders")
+
+    await wait_for(whole, FAILOVER_WITHIN, "every partition's ISR whole")
+    assert await brokers[0].stop(grace=LONG_BOUND) == 0
+    await brokers[0].start(broker_serving(1), ready_within=LONG_BOUND)
+    await wait_for(whole, FAILOVER_WITHIN, "broker 1 back in every ISR after its restart")
 
     # One of each, on different hosts where the guide allows it: etcd and the broker of host 3 (a broker uses
     # its own host's etcd member), the NATS server of host 1 (host 1's broker must move to another).
