@@ -77,4 +77,6 @@ def render_toml() -> str:
 
 
 if __name__ == "__main__":
-    print(render_toml() if sys.argv[1:] == ["--toml"] else render(), end="")
+    if sys.argv[1:] not in ([], ["--toml"]):
+        sys.exit(f"usage: python -m tidelog.broker.config_doc [--toml]; got {' '.join(sys.argv[1:])!r}")
+    print(render_toml() if sys.argv[1:] else render(), end="")
