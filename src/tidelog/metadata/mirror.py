@@ -11,16 +11,19 @@ holds them back (``_hidden``, no snapshot is published for them) and publishes t
 one snapshot. A deleted stream takes its partitions out of the snapshot with it, in the same way. So no listener
 or reader ever sees a stream without all its partitions, or acts on the partitions of a stream half created,
 abandoned or being deleted.
+
+The prefix is followed through broken watches (:mod:`~tidelog.metadata.prefix_follower`), so the mirror never
+freezes on a change it has not seen.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tidelog.metadata.prefix_follower import PrefixFollower
 from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_partition, decode_stream
 from tidelog.metadata.snapshot import MetadataSnapshot
 
@@ -38,8 +41,9 @@ class MetadataMirror:
         self._snapshot = MetadataSnapshot()
         self._listeners: list[Listener] = []
         self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
-        self._watch: Any = None
+        self._follower = PrefixFollower(
+            client, keys.prefix.encode() + b"/", name="metadata-mirror", load=self._load, apply=self._apply
+        )
         self._hidden: dict[str, dict[int, PartitionRecord]] = {}  # partitions of streams not in the snapshot
 
     @property
@@ -53,25 +57,10 @@ class MetadataMirror:
 
     async def start(self) -> None:
         """Load the prefix and start following it."""
-        result = await self._client.get_prefix(self._keys.prefix.encode() + b"/")
-        streams: dict[str, Any] = {}
-        partitions: dict[Any, Any] = {}
-        brokers: dict[str, Any] = {}
-        for kv in sorted(result, key=lambda kv: not kv.key.startswith(self._keys.streams.encode())):
-            self._apply_kv(streams, partitions, brokers, kv.key, kv.value)  # streams first: their partitions show
-        revision = result.header.revision
-        await self._publish(MetadataSnapshot(revision, streams, partitions, brokers))
-        self._watch = await self._client.watch_prefix(self._keys.prefix.encode() + b"/", start_revision=revision + 1)
-        self._task = asyncio.create_task(self._follow(), name="metadata-mirror")
+        await self._follower.start()
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            with contextlib.suppress(Exception):
-                await self._watch.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await self._follower.stop()
 
     async def wait_for(
         self, predicate: Callable[[MetadataSnapshot], bool], timeout: float | None = None
@@ -90,17 +79,26 @@ class MetadataMirror:
         async with asyncio.timeout(timeout):  # not wait_for: see client.connection.Connection.request
             return await wait()
 
-    async def _follow(self) -> None:
-        async for event in self._watch:
-            if self._held_back(event):
-                continue  # a partition of a stream not (or no longer) in the snapshot: nothing anyone sees changed
-            snap = self._snapshot
-            streams, partitions, brokers = dict(snap.streams), dict(snap.partitions), dict(snap.brokers)
-            if event.kind == "DELETE":
-                self._delete_kv(streams, partitions, brokers, event.kv.key)
-            else:
-                self._apply_kv(streams, partitions, brokers, event.kv.key, event.kv.value)
-            await self._publish(MetadataSnapshot(event.kv.mod_revision, streams, partitions, brokers))
+    async def _load(self, result: Any, again: bool) -> None:
+        """Publish a whole read of the prefix as one snapshot (at start, and when the watch's history is gone)."""
+        streams: dict[str, Any] = {}
+        partitions: dict[Any, Any] = {}
+        brokers: dict[str, Any] = {}
+        self._hidden = {}
+        for kv in sorted(result, key=lambda kv: not kv.key.startswith(self._keys.streams.encode())):
+            self._apply_kv(streams, partitions, brokers, kv.key, kv.value)  # streams first: their partitions show
+        await self._publish(MetadataSnapshot(result.header.revision, streams, partitions, brokers))
+
+    async def _apply(self, event: Any) -> None:
+        if self._held_back(event):
+            return  # a partition of a stream not (or no longer) in the snapshot: nothing anyone sees changed
+        snap = self._snapshot
+        streams, partitions, brokers = dict(snap.streams), dict(snap.partitions), dict(snap.brokers)
+        if event.kind == "DELETE":
+            self._delete_kv(streams, partitions, brokers, event.kv.key)
+        else:
+            self._apply_kv(streams, partitions, brokers, event.kv.key, event.kv.value)
+        await self._publish(MetadataSnapshot(event.kv.mod_revision, streams, partitions, brokers))
 
     def _held_back(self, event: Any) -> bool:
         """Apply ``event`` to the held-back partitions if it is about one of a stream the snapshot does not have
