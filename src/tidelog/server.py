@@ -27,12 +27,14 @@ from tidelog.broker.cleaner import LogCleaner
 from tidelog.broker.config import BrokerConfig, ensure_broker_id, parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
-from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats, start_embedded
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.nats_client import BrokerNats
 from tidelog.broker.partition import Partition
 from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
+from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
+from tidelog.launch.reachability import wait_for_etcd
 from tidelog.metadata.controller import Controller
 from tidelog.metadata.controller_election import ControllerElection
 from tidelog.metadata.mirror import MetadataMirror
@@ -69,6 +71,16 @@ def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
         compact=bool(config.compact_enabled if o.compact_enabled is None else o.compact_enabled),
         delete_retention_ms=config.compact_delete_retention_ms,
     )
+
+
+def _refuse_taken_ports(cfg: BrokerConfig) -> None:
+    """Fail at once, in one line, when the gRPC or wire port given is taken: before starting NATS and etcd."""
+    for what, key, port in (
+        ("the Liftbridge gRPC API", "port", cfg.port),
+        ("the tidelog wire protocol", "wire_port", cfg.wire_port),
+    ):
+        if port and not port_is_free(cfg.host, port):
+            raise PortInUseError(what, cfg.host, port, moved_by(key))
 
 
 class Broker:
@@ -110,6 +122,7 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        _refuse_taken_ports(cfg)
         try:
             await self._start_backplane()
             keys = Keys()
@@ -209,12 +222,13 @@ class Broker:
             )
         if cfg.embedded_etcd:
             self.embedded_etcd = EmbeddedEtcd(cfg.data_dir, host="127.0.0.1", client_port=cfg.embedded_etcd_port)
-        await asyncio.gather(*(s.start() for s in (self.embedded_nats, self.embedded_etcd) if s is not None))
+        await start_embedded(self.embedded_nats, self.embedded_etcd)
         self.nc = BrokerNats(self.nats_urls, name=f"tidelog-broker-{self.id}")
         await self.nc.connect()
         host, port = parse_etcd_endpoint(self.etcd_endpoints[0])
         self.etcd = aetcd.Client(host=host, port=port, timeout=10)
         await self.etcd.connect()
+        await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
 
     def _controller(self) -> Controller:
         assert self.controller is not None
@@ -267,10 +281,8 @@ class Broker:
         if self.etcd is not None:
             with contextlib.suppress(Exception):
                 await self.etcd.close()
-        for server in (self.embedded_nats, self.embedded_etcd):
-            if server is not None:
-                with contextlib.suppress(Exception):
-                    await server.stop()
+        embedded = [server.stop() for server in (self.embedded_nats, self.embedded_etcd) if server is not None]
+        await asyncio.gather(*embedded, return_exceptions=True)  # together: each may take its stop grace
         log.info("broker %s stopped", self.id)
 
     async def _hand_off_leadership(self, grace: float) -> None:
