@@ -1,0 +1,214 @@
+"""``tidelog serve`` when things are not as they should be: NATS or etcd unreachable, a port taken, a signal at an
+awkward moment. Real ``tidelog serve`` processes on free loopback ports, stopped by PID.
+
+What an operator must get: a failure to reach a dependency logged once per change of state (naming the address
+and what the broker does next), no traceback flood; SIGTERM ends the process in every state, start-up included;
+a taken port is one line naming the port, the server and the setting that moves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import BOUND, LONG_BOUND
+from tidelog.broker.embedded import EmbeddedNats
+from tidelog.launch.ports import free_ports
+from tidelog.launch.process import ManagedProcess
+from tidelog.testing.serve_process import TIDELOG, clean_env, serving
+
+pytestmark = pytest.mark.slow
+
+STOP_WITHIN = 20.0  # a broker that never finished starting has little to stop
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+
+
+def serve(workdir: Path, *args: str, name: str = "serve") -> ManagedProcess:
+    return ManagedProcess(
+        [TIDELOG, "serve", "--data-dir", workdir / "data", *args],
+        log_path=workdir / f"{name}.log",
+        name="tidelog-serve",
+        env=clean_env(TIDELOG_EMBEDDED_NATS_PORT="0"),
+    )
+
+
+async def wait_for_output(process: ManagedProcess, pattern: str, *, count: int = 1, within: float = BOUND) -> str:
+    """Wait until the process's output holds ``pattern`` ``count`` times; its output then."""
+    async with asyncio.timeout(within):
+        while True:
+            output = process.log_tail(max_lines=10_000, max_bytes=1 << 20)
+            if len(re.findall(pattern, output)) >= count:
+                return output
+            assert process.running, f"exited with {process.returncode}:\n{output}"
+            await asyncio.sleep(0.05)
+
+
+async def sigterm_ends_it(process: ManagedProcess) -> str:
+    """SIGTERM: the process must exit 0 on its own within :data:`STOP_WITHIN`; its output."""
+    process.signal(signal.SIGTERM)
+    async with asyncio.timeout(STOP_WITHIN):
+        code = await process.wait()
+    output = process.log_tail(max_lines=10_000, max_bytes=1 << 20)
+    assert code == 0, f"exit status {code}\n{output}"
+    return output
+
+
+def logged(output: str, level: str = "") -> list[str]:
+    return [line for line in output.splitlines() if LOG_LINE.match(line) and level in line]
+
+
+@pytest.fixture
+def closed_ports() -> tuple[int, int]:
+    nats_port, etcd_port = free_ports(2)
+    return nats_port, etcd_port
+
+
+# ---- a dependency that does not answer ----
+
+
+async def test_unreachable_nats_and_etcd_log_once_and_sigterm_ends_start_up(
+    tmp_path: Path, closed_ports: tuple[int, int]
+) -> None:
+    nats_port, etcd_port = closed_ports
+    args = (
+        "--port=0",
+        "--wire-port=0",
+        f"--nats-servers=nats://127.0.0.1:{nats_port}",
+        f"--etcd-endpoints=http://127.0.0.1:{etcd_port}",
+    )
+    process = serve(tmp_path, *args, "--log-level=debug")
+    try:
+        await process.start()
+        # Several rounds of the back-off (each later attempt is a DEBUG line), then SIGTERM.
+        await wait_for_output(process, "NATS at .* still unreachable", count=4, within=LONG_BOUND)
+        output = await sigterm_ends_it(process)
+    finally:
+        await process.stop()
+    above_debug = [line for line in logged(output) if " DEBUG " not in line]
+    warnings = logged(output, "WARNING")
+    assert len(warnings) == 1, "\n".join(above_debug)
+    assert f"NATS at nats://127.0.0.1:{nats_port} is unreachable (connection refused)" in warnings[0]
+    assert "retrying with back-off up to 5s" in warnings[0]
+    assert "SIGTERM received" in output and "stopped" in above_debug[-1]
+    assert "Traceback" not in "\n".join(above_debug)
+
+    # SIGTERM at once, while the interpreter is still starting, and right after the first failure.
+    at_once = serve(tmp_path, *args, name="at-once")
+    try:
+        await at_once.start()
+        at_once.signal(signal.SIGTERM)
+        async with asyncio.timeout(STOP_WITHIN):
+            assert await at_once.wait() in (0, -signal.SIGTERM)
+    finally:
+        await at_once.stop()
+    first_failure = serve(tmp_path, *args, name="first-failure")
+    try:
+        await first_failure.start()
+        await wait_for_output(first_failure, "NATS at .* is unreachable", within=LONG_BOUND)
+        output = await sigterm_ends_it(first_failure)
+    finally:
+        await first_failure.stop()
+    assert len(logged(output)) <= 4, output
+    assert "Traceback" not in output
+
+
+async def test_unreachable_etcd_alone_logs_once_and_sigterm_ends_start_up(
+    tmp_path: Path, closed_ports: tuple[int, int]
+) -> None:
+    _, etcd_port = closed_ports
+    async with EmbeddedNats(tmp_path / "nats") as nats_server:
+        process = serve(
+            tmp_path, "--port=0", "--wire-port=0", f"--nats-servers={nats_server.url}",
+            f"--etcd-endpoints=http://127.0.0.1:{etcd_port}", "--log-level=debug",
+        )  # fmt: skip
+        try:
+            await process.start()
+            await wait_for_output(process, "etcd at .* still unreachable", count=3, within=LONG_BOUND)
+            output = await sigterm_ends_it(process)
+        finally:
+            await process.stop()
+    warnings = logged(output, "WARNING")
+    assert len(warnings) == 1, "\n".join(warnings)
+    assert f"etcd at http://127.0.0.1:{etcd_port} is unreachable" in warnings[0]
+    assert "Traceback" not in "\n".join(line for line in logged(output) if " DEBUG " not in line)
+
+
+# ---- ports taken ----
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port another process listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield int(holder.getsockname()[1])
+
+
+async def refused(process: ManagedProcess) -> str:
+    """Run a ``serve`` that must refuse to start; its output."""
+    try:
+        await process.start()
+        async with asyncio.timeout(LONG_BOUND):
+            code = await process.wait()
+    finally:
+        await process.stop()
+    output = process.log_tail()
+    assert code == 1, output
+    return output
+
+
+@pytest.mark.parametrize(
+    ("flag", "what", "setting"),
+    [
+        ("--embedded-nats-port", "the embedded nats-server", "TIDELOG_EMBEDDED_NATS_PORT"),
+        ("--wire-port", "the tidelog wire protocol", "TIDELOG_WIRE_PORT"),
+        ("--port", "the Liftbridge gRPC API", "TIDELOG_PORT"),
+    ],
+)
+async def test_a_taken_port_is_one_line_naming_it_and_its_setting(
+    tmp_path: Path, taken_port: int, flag: str, what: str, setting: str
+) -> None:
+    ports = {"--port": "0", "--wire-port": "0", "--embedded-nats-port": "0", flag: str(taken_port)}
+    output = await refused(serve(tmp_path, *(f"{key}={value}" for key, value in ports.items())))
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if line.startswith("Error:")]
+    assert f"{what} cannot listen on 127.0.0.1:{taken_port}" in line
+    assert f"{flag} PORT" in line and setting in line
+
+
+async def test_a_start_that_failed_on_a_taken_nats_port_leaves_a_usable_data_directory(
+    tmp_path: Path, taken_port: int
+) -> None:
+    """The first start fails (its embedded NATS port is taken) while its etcd is starting beside it; the next start
+    on the same data directory, with a free port, must come up."""
+    for attempt in range(3):  # the etcd beside it is at a different point of its start-up each time
+        workdir = tmp_path / str(attempt)
+        output = await refused(serve(workdir, "--port=0", "--wire-port=0", f"--embedded-nats-port={taken_port}"))
+        assert "embedded nats-server" in output
+        (port,) = free_ports(1)
+        again = serve(workdir, f"--port={port}", "--wire-port=0", "--embedded-nats-port=0", name="again")
+        try:
+            await again.start(serving(port), ready_within=LONG_BOUND)
+            again.signal(signal.SIGTERM)
+            async with asyncio.timeout(STOP_WITHIN):
+                assert await again.wait() == 0
+        finally:
+            await again.stop()
+
+
+def test_serve_help_shows_the_embedded_ports() -> None:
+    from click.testing import CliRunner
+
+    from tidelog.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0
+    assert "--embedded-nats-port" in result.output and "TIDELOG_EMBEDDED_NATS_PORT" in result.output
+    assert "--embedded-etcd-port" in result.output
