@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ from tidelog.broker.nats_client import BrokerNats
 from tidelog.broker.partition import Partition
 from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
+from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
 from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
 from tidelog.launch.reachability import wait_for_etcd
 from tidelog.metadata.controller import Controller
@@ -198,6 +200,7 @@ class Broker:
             await self.election.start()
             await self.election.wait_for(lambda e: e.controller_id is not None, 15)
             await self.grpc.start()
+            self._write_endpoints(wire_port)
         except BaseException:
             await self.stop()
             raise
@@ -230,6 +233,24 @@ class Broker:
         await self.etcd.connect()
         await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
 
+    def _write_endpoints(self, wire_port: int) -> None:
+        """``<data_dir>/endpoints.json``, so the CLI on this host finds the broker (and its etcd) without flags."""
+        assert self.grpc is not None
+        host = self.config.advertised_host
+        authority = f"[{host}]" if ":" in host else host
+        endpoints = Endpoints(
+            self.id,
+            os.getpid(),
+            f"{authority}:{self.grpc.port}",
+            f"{authority}:{wire_port}",
+            self.nats_urls,
+            self.etcd_endpoints,
+        )
+        try:
+            write_endpoints(self.config.data_dir, endpoints)
+        except OSError as exc:  # a convenience for the CLI: the broker serves without it
+            log.warning("broker %s: could not write %s: %s", self.id, ENDPOINTS_FILE, exc)
+
     def _controller(self) -> Controller:
         assert self.controller is not None
         return self.controller
@@ -250,6 +271,8 @@ class Broker:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        with contextlib.suppress(OSError):
+            remove_endpoints(self.config.data_dir)
         grace = self.config.shutdown_timeout_ms / 1000
         await self._hand_off_leadership(grace)
         if self.grpc is not None:

@@ -212,3 +212,54 @@ def test_serve_help_shows_the_embedded_ports() -> None:
     assert result.exit_code == 0
     assert "--embedded-nats-port" in result.output and "TIDELOG_EMBEDDED_NATS_PORT" in result.output
     assert "--embedded-etcd-port" in result.output
+
+
+# ---- the endpoints file ----
+
+
+async def cli(workdir: Path, *args: str) -> tuple[int, str]:
+    """Run a ``tidelog`` client command in ``workdir`` without any TIDELOG_* variable; exit status and output."""
+    child = await asyncio.create_subprocess_exec(
+        str(TIDELOG), *args, cwd=workdir, env=clean_env(), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    async with asyncio.timeout(LONG_BOUND):
+        output, _ = await child.communicate()
+    assert child.returncode is not None
+    return child.returncode, output.decode()
+
+
+async def test_the_cli_finds_a_local_broker_through_its_endpoints_file(tmp_path: Path) -> None:
+    """As after ``make run``: ``tidelog serve`` with its default data directory, then client commands without
+    flags in the same directory, including ``cluster status`` (whose etcd port is chosen at random)."""
+    (port,) = free_ports(1)
+    process = ManagedProcess(
+        [TIDELOG, "serve", f"--port={port}", "--wire-port=0", "--embedded-nats-port=0"],
+        log_path=tmp_path / "serve.log",
+        name="tidelog-serve",
+        env=clean_env(),
+        cwd=tmp_path,
+    )
+    endpoints = tmp_path / "tidelog-data" / "endpoints.json"
+    try:
+        await process.start(serving(port), ready_within=LONG_BOUND)
+        assert f"127.0.0.1:{port}" in endpoints.read_text()
+
+        code, output = await cli(tmp_path, "cluster", "status")
+        assert code == 0, output
+        broker_id = (tmp_path / "tidelog-data" / "broker-id").read_text().strip()
+        assert broker_id in output
+        code, output = await cli(tmp_path, "stream", "create", "found")
+        assert code == 0, output
+        code, output = await cli(tmp_path, "stream", "list")
+        assert code == 0 and "found" in output, output
+
+        code, output = await cli(tmp_path, "stream", "list", "-b", f"127.0.0.1:{free_ports(1)[0]}")
+        assert code != 0, output  # an explicit address wins over the file
+        code, output = await cli(tmp_path, "cluster", "status", "--data-dir", str(tmp_path / "elsewhere"))
+        assert code != 0 and "no etcd endpoints" in output, output
+
+        output = await sigterm_ends_it(process)
+    finally:
+        await process.stop()
+    assert not endpoints.exists(), "a clean stop removes the file"

@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tidelog.broker.config import parse_etcd_endpoint
+from tidelog.cli.common import data_dir_option, local_etcd_endpoints
+from tidelog.launch.endpoints import ENDPOINTS_FILE
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
@@ -209,11 +211,12 @@ def cluster() -> None:
 
 
 @cluster.command("status")
+@data_dir_option
 @click.option(
     "--etcd-endpoints",
     "-e",
-    default=lambda: os.environ.get(ETCD_ENV, ""),
-    show_default=f"${ETCD_ENV}",
+    default=lambda: os.environ.get(ETCD_ENV) or local_etcd_endpoints(),
+    show_default=f"${ETCD_ENV}, else those in <data-dir>/{ENDPOINTS_FILE}",
     help="Comma-separated etcd endpoints of the cluster (the first one is asked).",
 )
 @click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
@@ -221,7 +224,9 @@ def status(etcd_endpoints: str, prefix: str) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
-        raise click.UsageError(f"no etcd endpoints: pass --etcd-endpoints or set {ETCD_ENV}")
+        raise click.UsageError(
+            f"no etcd endpoints: pass --etcd-endpoints, set {ETCD_ENV}, or give the --data-dir of a running broker"
+        )
     try:
         parse_etcd_endpoint(endpoints[0])
     except ValueError as exc:
