@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import BOUND, LONG_BOUND
-from tidelog.broker.embedded import EmbeddedNats
+from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
 from tidelog.launch.process import ManagedProcess
 from tidelog.testing.serve_process import TIDELOG, clean_env, serving
@@ -59,8 +59,21 @@ async def sigterm_ends_it(process: ManagedProcess) -> str:
     return output
 
 
+def records(output: str) -> list[str]:
+    """The output's log records, each with its continuation lines (a traceback, say)."""
+    found: list[str] = []
+    for line in output.splitlines():
+        if LOG_LINE.match(line) or not found:
+            found.append(line)
+        else:
+            found[-1] += "\n" + line
+    return found
+
+
 def logged(output: str, level: str = "") -> list[str]:
-    return [line for line in output.splitlines() if LOG_LINE.match(line) and level in line]
+    """The records above DEBUG (at ``level`` if given)."""
+    above = [r for r in records(output) if (m := LOG_LINE.match(r)) is None or m.group(1) != "DEBUG"]
+    return [r for r in above if f" {level} " in r] if level else above
 
 
 @pytest.fixture
@@ -90,7 +103,7 @@ async def test_unreachable_nats_and_etcd_log_once_and_sigterm_ends_start_up(
         output = await sigterm_ends_it(process)
     finally:
         await process.stop()
-    above_debug = [line for line in logged(output) if " DEBUG " not in line]
+    above_debug = logged(output)
     warnings = logged(output, "WARNING")
     assert len(warnings) == 1, "\n".join(above_debug)
     assert f"NATS at nats://127.0.0.1:{nats_port} is unreachable (connection refused)" in warnings[0]
@@ -136,7 +149,34 @@ async def test_unreachable_etcd_alone_logs_once_and_sigterm_ends_start_up(
     warnings = logged(output, "WARNING")
     assert len(warnings) == 1, "\n".join(warnings)
     assert f"etcd at http://127.0.0.1:{etcd_port} is unreachable" in warnings[0]
-    assert "Traceback" not in "\n".join(line for line in logged(output) if " DEBUG " not in line)
+    assert "Traceback" not in "\n".join(logged(output))
+
+
+async def test_nats_and_etcd_lost_while_running_log_once_and_sigterm_still_ends_it(tmp_path: Path) -> None:
+    nats_server = EmbeddedNats(tmp_path / "nats")
+    etcd_server = EmbeddedEtcd(tmp_path / "etcd")
+    await asyncio.gather(nats_server.start(), etcd_server.start())
+    (port,) = free_ports(1)
+    process = serve(
+        tmp_path, f"--port={port}", "--wire-port=0", f"--nats-servers={nats_server.url}",
+        f"--etcd-endpoints={etcd_server.client_url}", "--log-level=debug",
+    )  # fmt: skip
+    try:
+        await process.start(serving(port), ready_within=LONG_BOUND)
+        await asyncio.gather(nats_server.stop(), etcd_server.stop())
+        await wait_for_output(process, "NATS at .* is unreachable", within=LONG_BOUND)
+        # Several failed lease refreshes and election attempts (each a DEBUG line after the first), then SIGTERM.
+        await wait_for_output(process, "etcd at .* still unreachable", count=6, within=LONG_BOUND)
+        lost_at = len(records(process.log_tail(max_lines=10_000, max_bytes=1 << 20)))
+        output = await sigterm_ends_it(process)
+    finally:
+        await process.stop()
+        await asyncio.gather(nats_server.stop(), etcd_server.stop())
+    while_lost = [r for r in records(output)[lost_at - 1 :] if r in logged(output)]
+    assert "Traceback" not in "\n".join(logged(output)), "\n".join(while_lost)
+    unreachable = [r for r in logged(output, "WARNING") if "unreachable" in r]
+    assert 2 <= len(unreachable) <= 6, "\n".join(unreachable)  # NATS once; etcd once per component, per reason
+    assert any(f"etcd at 127.0.0.1:{etcd_server.client_port} is unreachable" in r for r in unreachable)
 
 
 # ---- ports taken ----
