@@ -36,7 +36,7 @@ data_dir_option = click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=lambda: os.environ.get(DATA_DIR_ENV) or str(DEFAULT_DATA_DIR),
-    show_default=f"${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}",
+    show_default=f"${DATA_DIR_ENV} or ./{DEFAULT_DATA_DIR}",
     is_eager=True,  # read before the defaults that depend on it
     expose_value=False,
     callback=_remember_data_dir,
