@@ -106,7 +106,7 @@ class BrokerNats:
             self._last_error = exc
             text = repr(exc)
             # While connecting for the first time, connect() reports; afterwards, a repeated error is not news.
-            quiet = attempts != -1 or text == self._said
+            quiet = self.generation == 0 or text == self._said
             self._said = text
             log.log(logging.DEBUG if quiet else logging.WARNING, "NATS client %s: %s", self._name, text)
 
