@@ -47,6 +47,8 @@ from tidelog.storage.config import FlushPolicy, LogConfig
 
 log = logging.getLogger(__name__)
 
+_ETCD_GONE_BUDGET = 2.0  # seconds for each etcd step of a stop when etcd did not answer a status request
+
 
 def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
     """A stream's log settings: its own overrides over the broker's defaults (0 in a limit means none)."""
@@ -281,9 +283,13 @@ class Broker:
         if self.wire is not None:
             with contextlib.suppress(Exception):
                 await self.wire.stop(grace=min(grace, 5.0))
+        # Resigning and deregistering are etcd requests: with etcd gone each would wait out the client's timeout,
+        # so they get a short budget then, and the leases expire after their TTL instead.
+        etcd_budget = None if await self._etcd_answers() else _ETCD_GONE_BUDGET
         if self.election is not None:
             with contextlib.suppress(Exception):
-                await self.election.stop()  # resigns at once: the next controller need not wait for a TTL
+                async with asyncio.timeout(etcd_budget):
+                    await self.election.stop()  # resigns at once: the next controller need not wait for a TTL
         if self.controller is not None:
             with contextlib.suppress(Exception):
                 await self.controller.stop()
@@ -295,7 +301,8 @@ class Broker:
             await self.peers.close()
         if self.store is not None:
             with contextlib.suppress(Exception):
-                await self.store.deregister_broker()
+                async with asyncio.timeout(etcd_budget):
+                    await self.store.deregister_broker()
         if self.mirror is not None:
             await self.mirror.stop()
         if self.nc is not None:
@@ -307,6 +314,17 @@ class Broker:
         embedded = [server.stop() for server in (self.embedded_nats, self.embedded_etcd) if server is not None]
         await asyncio.gather(*embedded, return_exceptions=True)  # together: each may take its stop grace
         log.info("broker %s stopped", self.id)
+
+    async def _etcd_answers(self) -> bool:
+        if self.etcd is None:
+            return False
+        try:
+            async with asyncio.timeout(_ETCD_GONE_BUDGET):
+                await self.etcd.status()
+        except Exception:
+            log.warning("broker %s: etcd does not answer; its leases will expire after their TTL", self.id)
+            return False
+        return True
 
     async def _hand_off_leadership(self, grace: float) -> None:
         """Controlled shutdown: have the controller move this broker's leaderships elsewhere, and wait (within
