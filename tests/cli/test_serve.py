@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import BOUND, LONG_BOUND
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
+from tidelog.launch.probes import tcp_probe
 from tidelog.launch.process import ManagedProcess
 from tidelog.testing.serve_process import TIDELOG, clean_env, serving
 
@@ -303,3 +304,20 @@ async def test_the_cli_finds_a_local_broker_through_its_endpoints_file(tmp_path:
     finally:
         await process.stop()
     assert not endpoints.exists(), "a clean stop removes the file"
+
+
+async def test_any_setting_is_taken_with_dash_s_and_the_named_flags_win(tmp_path: Path) -> None:
+    shadowed, port = free_ports(2)
+    process = serve(
+        tmp_path, "-s", f"port={shadowed}", f"--port={port}", "-s", "wire_port=0", "-s", "cleaner_interval_ms=500"
+    )
+    try:
+        await process.start(serving(port), ready_within=LONG_BOUND)
+        assert not await tcp_probe("127.0.0.1", shadowed)()
+        output = await sigterm_ends_it(process)
+    finally:
+        await process.stop()
+    assert "Traceback" not in output
+
+    output = await refused(serve(tmp_path, "-s", "retention_max_age=1d"))
+    assert "'retention_max_age'" in output and "Traceback" not in output

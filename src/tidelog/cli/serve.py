@@ -125,6 +125,14 @@ async def start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
     "<data-dir>/endpoints.json). Setting embedded_etcd_port.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option(
+    "--setting",
+    "-s",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any broker setting (see docs/configuration.md), e.g. -s retention_max_age_ms=3600000; the flags above win.",
+)
 def serve(
     config_file: Path | None,
     id_: str | None,
@@ -137,9 +145,14 @@ def serve(
     embedded_nats_port: int | None,
     embedded_etcd_port: int | None,
     log_level: str | None,
+    settings: tuple[str, ...],
 ) -> None:
-    """Run a tidelog broker (with embedded NATS and etcd unless external ones are given)."""
-    flags: dict[str, object] = {
+    """Run a tidelog broker (with embedded NATS and etcd unless external ones are given).
+
+    Every setting has a TOML key (--config), a TIDELOG_<KEY> variable and -s KEY=VALUE; later ones win, flags
+    last. The full list, with defaults: docs/configuration.md.
+    """
+    named: dict[str, object] = {
         "id": id_,
         "host": host,
         "port": port,
@@ -151,8 +164,9 @@ def serve(
         "embedded_etcd_port": embedded_etcd_port,
         "log_level": log_level,
     }
+    flags: dict[str, object] = {**_parse_settings(settings), **{k: v for k, v in named.items() if v is not None}}
     try:
-        code = _run(run_broker({k: v for k, v in flags.items() if v is not None}, config_file))
+        code = _run(run_broker(flags, config_file))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
@@ -164,6 +178,16 @@ def serve(
             f"cannot start the broker: {exc.name} {exc.reason} (its log: {exc.log_path})"
         ) from None
     sys.exit(code)
+
+
+def _parse_settings(settings: tuple[str, ...]) -> dict[str, str]:
+    parsed: dict[str, str] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{setting!r} is not KEY=VALUE", param_hint="--setting")
+        parsed[key.strip()] = value.strip()
+    return parsed
 
 
 def _run(coro: object) -> int:
