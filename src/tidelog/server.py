@@ -110,6 +110,7 @@ class Broker:
         self.controller: Controller | None = None
         self.link: ControllerLink | None = None
         self._stopped = asyncio.Event()
+        self._start_failed = False
 
     @property
     def nats_urls(self) -> list[str]:
@@ -203,7 +204,8 @@ class Broker:
             await self.election.wait_for(lambda e: e.controller_id is not None, 15)
             await self.grpc.start()
             self._write_endpoints(wire_port)
-        except BaseException:
+        except BaseException as exc:
+            self._start_failed = not isinstance(exc, asyncio.CancelledError)  # the error says it all
             await self.stop()
             raise
         log.info("broker %s: Liftbridge gRPC API on %s:%d", self.id, cfg.advertised_host, self.grpc.port)
@@ -313,7 +315,7 @@ class Broker:
                 await self.etcd.close()
         embedded = [server.stop() for server in (self.embedded_nats, self.embedded_etcd) if server is not None]
         await asyncio.gather(*embedded, return_exceptions=True)  # together: each may take its stop grace
-        log.info("broker %s stopped", self.id)
+        log.log(logging.DEBUG if self._start_failed else logging.INFO, "broker %s stopped", self.id)
 
     async def _etcd_answers(self) -> bool:
         if self.etcd is None:

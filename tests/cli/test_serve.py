@@ -219,7 +219,8 @@ async def test_a_taken_port_is_one_line_naming_it_and_its_setting(
     ports = {"--port": "0", "--wire-port": "0", "--embedded-nats-port": "0", flag: str(taken_port)}
     output = await refused(serve(tmp_path, *(f"{key}={value}" for key, value in ports.items())))
     assert "Traceback" not in output
-    (line,) = [line for line in output.splitlines() if line.startswith("Error:")]
+    (line,) = output.strip().splitlines()
+    assert line.startswith("Error: cannot start the broker: ")
     assert f"{what} cannot listen on 127.0.0.1:{taken_port}" in line
     assert f"{flag} PORT" in line and setting in line
 
