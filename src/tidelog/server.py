@@ -318,8 +318,8 @@ class Broker:
         log.log(logging.DEBUG if self._start_failed else logging.INFO, "broker %s stopped", self.id)
 
     async def _etcd_answers(self) -> bool:
-        if self.etcd is None:
-            return False
+        if self.etcd is None or (self.election is None and self.store is None):
+            return True  # nothing to resign or deregister
         try:
             async with asyncio.timeout(_ETCD_GONE_BUDGET):
                 await self.etcd.status()
