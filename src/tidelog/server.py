@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.cursor_stream import CursorStreamKeeper
 from tidelog.broker.cursors import CursorStore
-from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats, start_embedded
 from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
@@ -35,6 +36,9 @@ from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
+from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
+from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
+from tidelog.launch.reachability import wait_for_etcd
 from tidelog.metadata.controller import Controller
 from tidelog.metadata.controller_election import ControllerElection
 from tidelog.metadata.etcd_client import open_etcd
@@ -45,6 +49,8 @@ from tidelog.metadata.store import MetadataStore
 from tidelog.storage.config import FlushPolicy, LogConfig
 
 log = logging.getLogger(__name__)
+
+_ETCD_GONE_BUDGET = 2.0  # seconds for each etcd step of a stop when etcd did not answer a status request
 
 
 def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
@@ -74,6 +80,16 @@ def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
     )
 
 
+def _refuse_taken_ports(cfg: BrokerConfig) -> None:
+    """Fail at once, in one line, when the gRPC or wire port given is taken: before starting NATS and etcd."""
+    for what, key, port in (
+        ("the Liftbridge gRPC API", "port", cfg.port),
+        ("the tidelog wire protocol", "wire_port", cfg.wire_port),
+    ):
+        if port and not port_is_free(cfg.host, port):
+            raise PortInUseError(what, cfg.host, port, moved_by(key))
+
+
 class Broker:
     """One tidelog broker. ``await start()``, then ``await stop()`` (or ``async with``)."""
 
@@ -100,6 +116,7 @@ class Broker:
         self.cursors: CursorStore | None = None
         self.groups: GroupRuntime | None = None
         self._stopped = asyncio.Event()
+        self._start_failed = False
 
     @property
     def nats_urls(self) -> list[str]:
@@ -116,6 +133,7 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        _refuse_taken_ports(cfg)
         try:
             await self._start_backplane()
             keys = Keys()
@@ -206,7 +224,9 @@ class Broker:
             )
             self.cursor_stream.start()
             await self.grpc.start()
-        except BaseException:
+            self._write_endpoints(wire_port)
+        except BaseException as exc:
+            self._start_failed = not isinstance(exc, asyncio.CancelledError)  # the error says it all
             await self.stop()
             raise
         log.info("broker %s: Liftbridge gRPC API on %s:%d", self.id, cfg.advertised_host, self.grpc.port)
@@ -230,11 +250,30 @@ class Broker:
             )
         if cfg.embedded_etcd:
             self.embedded_etcd = EmbeddedEtcd(cfg.data_dir, host="127.0.0.1", client_port=cfg.embedded_etcd_port)
-        await asyncio.gather(*(s.start() for s in (self.embedded_nats, self.embedded_etcd) if s is not None))
+        await start_embedded(self.embedded_nats, self.embedded_etcd)
         self.nc = BrokerNats(self.nats_urls, name=f"tidelog-broker-{self.id}")
         await self.nc.connect()
         self.etcd = open_etcd([parse_etcd_endpoint(e) for e in self.etcd_endpoints], timeout=10)
         await self.etcd.connect()
+        await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
+
+    def _write_endpoints(self, wire_port: int) -> None:
+        """``<data_dir>/endpoints.json``, so the CLI on this host finds the broker (and its etcd) without flags."""
+        assert self.grpc is not None
+        host = self.config.advertised_host
+        authority = f"[{host}]" if ":" in host else host
+        endpoints = Endpoints(
+            self.id,
+            os.getpid(),
+            f"{authority}:{self.grpc.port}",
+            f"{authority}:{wire_port}",
+            self.nats_urls,
+            self.etcd_endpoints,
+        )
+        try:
+            write_endpoints(self.config.data_dir, endpoints)
+        except OSError as exc:  # a convenience for the CLI: the broker serves without it
+            log.warning("broker %s: could not write %s: %s", self.id, ENDPOINTS_FILE, exc)
 
     def _controller(self) -> Controller:
         assert self.controller is not None
@@ -256,6 +295,8 @@ class Broker:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        with contextlib.suppress(OSError):
+            remove_endpoints(self.config.data_dir)
         grace = self.config.shutdown_timeout_ms / 1000
         await self._hand_off_leadership(grace)
         if self.grpc is not None:
@@ -268,9 +309,13 @@ class Broker:
             await self.cursor_stream.stop()
         if self.cursors is not None:
             await self.cursors.close()
+        # Resigning and deregistering are etcd requests: with etcd gone each would wait out the client's timeout,
+        # so they get a short budget then, and the leases expire after their TTL instead.
+        etcd_budget = None if await self._etcd_answers() else _ETCD_GONE_BUDGET
         if self.election is not None:
             with contextlib.suppress(Exception):
-                await self.election.stop()  # resigns at once: the next controller need not wait for a TTL
+                async with asyncio.timeout(etcd_budget):
+                    await self.election.stop()  # resigns at once: the next controller need not wait for a TTL
         if self.controller is not None:
             with contextlib.suppress(Exception):
                 await self.controller.stop()
@@ -284,7 +329,8 @@ class Broker:
             await self.peers.close()
         if self.store is not None:
             with contextlib.suppress(Exception):
-                await self.store.deregister_broker()
+                async with asyncio.timeout(etcd_budget):
+                    await self.store.deregister_broker()
         if self.mirror is not None:
             await self.mirror.stop()
         if self.nc is not None:
@@ -293,11 +339,20 @@ class Broker:
         if self.etcd is not None:
             with contextlib.suppress(Exception):
                 await self.etcd.close()
-        for server in (self.embedded_nats, self.embedded_etcd):
-            if server is not None:
-                with contextlib.suppress(Exception):
-                    await server.stop()
-        log.info("broker %s stopped", self.id)
+        embedded = [server.stop() for server in (self.embedded_nats, self.embedded_etcd) if server is not None]
+        await asyncio.gather(*embedded, return_exceptions=True)  # together: each may take its stop grace
+        log.log(logging.DEBUG if self._start_failed else logging.INFO, "broker %s stopped", self.id)
+
+    async def _etcd_answers(self) -> bool:
+        if self.etcd is None or (self.election is None and self.store is None):
+            return True  # nothing to resign or deregister
+        try:
+            async with asyncio.timeout(_ETCD_GONE_BUDGET):
+                await self.etcd.status()
+        except Exception:
+            log.warning("broker %s: etcd does not answer; its leases will expire after their TTL", self.id)
+            return False
+        return True
 
     async def _hand_off_leadership(self, grace: float) -> None:
         """Controlled shutdown: have the controller move this broker's leaderships elsewhere, and wait (within

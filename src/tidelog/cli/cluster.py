@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from tidelog.broker.config_values import parse_etcd_endpoint
+from tidelog.cli.common import data_dir_option, local_etcd_endpoints
+from tidelog.launch.endpoints import ENDPOINTS_FILE
+from tidelog.metadata.etcd_client import etcd_target, open_etcd
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
@@ -76,13 +80,11 @@ class ClusterView:
         return partition.suspended or (bounds.suspended if bounds is not None else "")
 
 
-async def read_cluster(endpoint: str, prefix: str = "/tidelog") -> ClusterView:
-    """Read brokers, controller and partitions from etcd at ``endpoint``, then ask leaders for bounds."""
-    import aetcd
-
+async def read_cluster(endpoints: Sequence[str], prefix: str = "/tidelog") -> ClusterView:
+    """Read brokers, controller and partitions from etcd (the first of ``endpoints`` that answers), then ask
+    leaders for bounds."""
     keys = Keys(prefix)
-    host, port = parse_etcd_endpoint(endpoint)
-    client: Any = aetcd.Client(host=host, port=port, timeout=int(ETCD_TIMEOUT))
+    client: Any = open_etcd([parse_etcd_endpoint(e) for e in endpoints], timeout=int(ETCD_TIMEOUT))
     try:
         async with asyncio.timeout(ETCD_TIMEOUT):
             await client.connect()
@@ -209,11 +211,12 @@ def cluster() -> None:
 
 
 @cluster.command("status")
+@data_dir_option
 @click.option(
     "--etcd-endpoints",
     "-e",
-    default=lambda: os.environ.get(ETCD_ENV, ""),
-    show_default=f"${ETCD_ENV}",
+    default=lambda: os.environ.get(ETCD_ENV) or local_etcd_endpoints(),
+    show_default=f"${ETCD_ENV}, else those in <data-dir>/{ENDPOINTS_FILE}",
     help="Comma-separated etcd endpoints of the cluster (the first one is asked).",
 )
 @click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
@@ -221,17 +224,21 @@ def status(etcd_endpoints: str, prefix: str) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
-        raise click.UsageError(f"no etcd endpoints: pass --etcd-endpoints or set {ETCD_ENV}")
+        raise click.UsageError(
+            f"no etcd endpoints: pass --etcd-endpoints, set {ETCD_ENV}, or give the --data-dir of a running broker"
+        )
     try:
-        parse_etcd_endpoint(endpoints[0])
+        for endpoint in endpoints:
+            parse_etcd_endpoint(endpoint)
+        etcd_target([parse_etcd_endpoint(e) for e in endpoints])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        view = asyncio.run(read_cluster(endpoints[0], prefix))
+        view = asyncio.run(read_cluster(endpoints, prefix))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming
-        raise click.ClickException(f"cannot read the cluster from etcd at {endpoints[0]}: {exc!r}") from None
+        raise click.ClickException(f"cannot read the cluster from etcd at {','.join(endpoints)}: {exc!r}") from None
     render(view)
 
 

@@ -1,22 +1,39 @@
 """``tidelog serve``: run one broker in the foreground until SIGTERM or SIGINT.
 
 The first signal starts a graceful shutdown (stop accepting, finish in-flight appends, flush, stop the embedded
-NATS and etcd) and the process exits 0; a second signal during shutdown exits at once with 130.
+NATS and etcd) and the process exits 0; a second signal during shutdown exits at once with 130. That holds in
+every state: a signal during start-up (waiting for an unreachable NATS or etcd, say) cancels the start, which
+stops whatever had started, and a shutdown that overruns ``shutdown_timeout_ms`` plus :data:`STOP_MARGIN` ends
+the process anyway (status 1).
+
+A failure to start (a port in use, a server binary missing, a child server that exits) is one line on stderr,
+naming what failed and, for a port, the setting that moves it; the traceback only with ``--log-level debug``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from tidelog.broker.config import load_config
+from tidelog.broker.config import BrokerConfig, load_config
 from tidelog.broker.config_values import ConfigError
 from tidelog.cli.signals import stop_on_signals
+from tidelog.launch.process import ProcessStartError
+
+if TYPE_CHECKING:
+    from tidelog.server import Broker
 
 log = logging.getLogger("tidelog")
+
+STOP_MARGIN = 30.0
+"""Seconds a stop may take beyond ``shutdown_timeout_ms`` (closing servers and logs, stopping the embedded NATS and
+etcd) before the process exits without finishing it."""
 
 
 def configure_logging(level: str) -> None:
@@ -39,12 +56,39 @@ async def run_broker(flags: dict[str, object], config_file: Path | None) -> int:
     stop = stop_on_signals(
         lambda name: log.info("%s received: shutting down", name),
         exiting=lambda name: log.warning("second %s: exiting now", name),
+        exit_within=stop_bound(config),
+        overdue=lambda bound: log.error("shutdown did not finish within %gs: exiting now", bound),
     )
-    await broker.start()
+    if not await start_unless_stopped(broker, stop):
+        return 0
     log.info("broker %s is ready", broker.id)
     await stop.wait()
     await broker.stop()
     return 0
+
+
+def stop_bound(config: BrokerConfig) -> float:
+    """Seconds from the first signal to the end of the process, at most."""
+    return config.shutdown_timeout_ms / 1000 + STOP_MARGIN
+
+
+async def start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
+    """Start ``broker``, unless ``stop`` is set first: then cancel the start (which stops what it had started)
+    and return False. Start-up can wait for ever on a NATS or etcd that does not answer."""
+    starting = asyncio.ensure_future(broker.start())
+    signalled = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signalled.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    await broker.stop()
+    return False
 
 
 @click.command("serve")
@@ -67,7 +111,29 @@ async def run_broker(flags: dict[str, object], config_file: Path | None) -> int:
 )
 @click.option("--nats-servers", default=None, help="Comma-separated NATS URLs (default: run an embedded nats-server).")
 @click.option("--etcd-endpoints", default=None, help="Comma-separated etcd endpoints (default: run an embedded etcd).")
+@click.option(
+    "--embedded-nats-port",
+    type=int,
+    default=None,
+    help="Client port of the embedded nats-server (default 4222; 0: any free port). "
+    "Setting embedded_nats_port, env TIDELOG_EMBEDDED_NATS_PORT.",
+)
+@click.option(
+    "--embedded-etcd-port",
+    type=int,
+    default=None,
+    help="Client port of the embedded etcd (default 0: any free port; the broker writes it to "
+    "<data-dir>/endpoints.json). Setting embedded_etcd_port.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option(
+    "--setting",
+    "-s",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any broker setting (see docs/configuration.md), e.g. -s retention_max_age_ms=3600000; the flags above win.",
+)
 def serve(
     config_file: Path | None,
     id_: str | None,
@@ -77,10 +143,17 @@ def serve(
     data_dir: Path | None,
     nats_servers: str | None,
     etcd_endpoints: str | None,
+    embedded_nats_port: int | None,
+    embedded_etcd_port: int | None,
     log_level: str | None,
+    settings: tuple[str, ...],
 ) -> None:
-    """Run a tidelog broker (with embedded NATS and etcd unless external ones are given)."""
-    flags: dict[str, object] = {
+    """Run a tidelog broker (with embedded NATS and etcd unless external ones are given).
+
+    Every setting has a TOML key (--config), a TIDELOG_<KEY> variable and -s KEY=VALUE; later ones win, flags
+    last. The full list, with defaults: docs/configuration.md.
+    """
+    named: dict[str, object] = {
         "id": id_,
         "host": host,
         "port": port,
@@ -88,15 +161,34 @@ def serve(
         "data_dir": data_dir,
         "nats_servers": nats_servers.split(",") if nats_servers else None,
         "etcd_endpoints": etcd_endpoints.split(",") if etcd_endpoints else None,
+        "embedded_nats_port": embedded_nats_port,
+        "embedded_etcd_port": embedded_etcd_port,
         "log_level": log_level,
     }
+    flags: dict[str, object] = {**_parse_settings(settings), **{k: v for k, v in named.items() if v is not None}}
     try:
-        code = _run(run_broker({k: v for k, v in flags.items() if v is not None}, config_file))
+        code = _run(run_broker(flags, config_file))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
+        log.debug("start-up failed", exc_info=True)
         raise click.ClickException(f"cannot start the broker: {exc}") from None
+    except ProcessStartError as exc:
+        log.debug("start-up failed", exc_info=True)
+        raise click.ClickException(
+            f"cannot start the broker: {exc.name} {exc.reason} (its log: {exc.log_path})"
+        ) from None
     sys.exit(code)
+
+
+def _parse_settings(settings: tuple[str, ...]) -> dict[str, str]:
+    parsed: dict[str, str] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{setting!r} is not KEY=VALUE", param_hint="--setting")
+        parsed[key.strip()] = value.strip()
+    return parsed
 
 
 def _run(coro: object) -> int:

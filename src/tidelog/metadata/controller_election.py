@@ -62,6 +62,7 @@ from typing import Any
 import msgspec
 
 from tidelog.clock import Clock, SystemClock
+from tidelog.launch.reachability import ReachabilityLog, describe_failure, etcd_address
 from tidelog.metadata.fenced_writer import ControllerFencedError, ControllerTerm, FencedWriter, NotControllerError
 from tidelog.metadata.lease_session import LeaseSession, is_lease_not_found
 from tidelog.metadata.records import ControllerRecord, Keys, decode_controller, decode_controller_epoch
@@ -222,8 +223,11 @@ class ControllerElection:
             await self._finish_term()
             try:
                 await self._resign(term)
-            except Exception:  # etcd unreachable: revoking (or the lease's expiry) removes the key instead
-                log.warning("controller %s: could not resign term %d", self.broker_id, term.epoch, exc_info=True)
+            except Exception as exc:  # etcd unreachable: revoking (or the lease's expiry) removes the key instead
+                log.debug("controller %s: could not resign term %d", self.broker_id, term.epoch, exc_info=True)
+                log.warning(
+                    "controller %s: could not resign term %d (%s)", self.broker_id, term.epoch, describe_failure(exc)
+                )
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -245,15 +249,17 @@ class ControllerElection:
     # ---- the campaign loop ----
 
     async def _run(self) -> None:
+        reach = ReachabilityLog(log, "etcd", etcd_address(self._client))
         while not self._stopping:
             try:
                 seen = await self._campaign()
+                reach.reachable(f"controller election of {self.broker_id}")
                 if seen is not None:
                     await self._watch(seen)
             except Exception as error:  # etcd unreachable, a timeout, a broken watch: look again shortly
                 if is_lease_not_found(error) and self._session is not None:
                     self._session.mark_lost()
-                log.warning("controller election of %s: %s; retrying", self.broker_id, error)
+                reach.unreachable(describe_failure(error), f"controller election of {self.broker_id}: retrying")
                 await self._clock.sleep(self._retry)
             await self._settle()
 

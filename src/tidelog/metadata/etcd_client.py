@@ -15,8 +15,6 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-import aetcd
-
 
 class EtcdEndpointError(ValueError):
     """An endpoint list that cannot become one client (a name that does not resolve, IPv4 mixed with IPv6)."""
@@ -46,6 +44,8 @@ def etcd_target(endpoints: Sequence[tuple[str, int]]) -> tuple[str, int]:
 
 def open_etcd(endpoints: Sequence[tuple[str, int]], *, timeout: int) -> Any:
     """An (unconnected) etcd client over ``endpoints``: call ``connect()`` on it."""
+    import aetcd  # here, not at the top: the CLI imports this module and starts faster without the client
+
     host, port = etcd_target(endpoints)
     return aetcd.Client(host=host, port=port, timeout=timeout)
 

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from tidelog.clock import Clock, SystemClock
+from tidelog.launch.reachability import ReachabilityLog, describe_failure, etcd_address
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +136,19 @@ class LeaseSession:
         if revoke and self._lease is not None and not self.lost:
             try:
                 await self._lease.revoke()
-            except Exception:  # unreachable etcd: the lease will expire by itself
-                log.warning("%s: could not revoke lease %x", self._name, self._lease.id, exc_info=True)
+            except Exception as exc:  # unreachable etcd: the lease will expire by itself
+                log.debug("%s: could not revoke lease %x", self._name, self._lease.id, exc_info=True)
+                log.warning(
+                    "%s: could not revoke lease %x (%s); it expires after its TTL",
+                    self._name,
+                    self._lease.id,
+                    describe_failure(exc),
+                )
         self._lost.set()
 
     async def _keep_alive(self) -> None:
         schedule = RenewalSchedule(self._ttl, self._now())
+        reach = ReachabilityLog(log, "etcd", etcd_address(self._client))
         while not self._closing:
             await self._clock.sleep(schedule.delay(self._now()))
             sent = self._now()
@@ -154,10 +162,12 @@ class LeaseSession:
             try:
                 async with asyncio.timeout(schedule.timeout):
                     reply = await self._lease.refresh()
-            except Exception:  # etcd briefly unreachable: the lease may well still be alive, keep trying
-                log.warning("%s: could not refresh lease %x", self._name, self._lease.id, exc_info=True)
+            except Exception as exc:  # etcd briefly unreachable: the lease may well still be alive, keep trying
+                log.debug("%s: could not refresh lease %x", self._name, self._lease.id, exc_info=True)
+                reach.unreachable(describe_failure(exc), f"{self._name}: refreshing its lease again soon")
                 schedule.failed()
                 continue
+            reach.reachable(f"{self._name}: lease {self._lease.id:x} refreshed")
             if reply is None or int(reply.TTL) <= 0:
                 self.mark_lost()
                 return

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.launch.reachability import ReachabilityLog, describe_failure, etcd_address
 from tidelog.metadata.lease_session import RenewalSchedule
 from tidelog.metadata.records import (
     BrokerRecord,
@@ -93,6 +94,7 @@ class MetadataStore:
         """Refresh the lease on the :class:`RenewalSchedule` (early, retried soon after a failure)."""
         loop = asyncio.get_running_loop()
         schedule = RenewalSchedule(ttl_seconds, loop.time())
+        reach = ReachabilityLog(log, "etcd", etcd_address(self._client))
         while True:
             await asyncio.sleep(schedule.delay(loop.time()))
             sent = loop.time()
@@ -108,6 +110,9 @@ class MetadataStore:
                     log.warning("broker lease expired; registering %s again", record.id)
                     self._lease = await self._client.lease(ttl_seconds)
                     await self._client.put(self._keys.broker(record.id), encode(record), lease=self._lease)
-            except Exception:  # etcd briefly unreachable: keep trying until the lease is really gone
-                log.warning("could not refresh the broker lease", exc_info=True)
+            except Exception as exc:  # etcd briefly unreachable: keep trying until the lease is really gone
+                log.debug("could not refresh the broker lease", exc_info=True)
+                reach.unreachable(describe_failure(exc), "refreshing the broker lease again soon")
                 schedule.failed()
+            else:
+                reach.reachable("broker lease refreshed")

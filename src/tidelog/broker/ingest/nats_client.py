@@ -12,6 +12,11 @@ delivers at most once), as after any reconnect.
 
 It offers the part of nats-py's client the broker uses: :meth:`publish`, :meth:`subscribe` (whose subscription
 has ``unsubscribe()``), :meth:`flush` and :meth:`close`.
+
+Failures to reach the servers are logged once per change of state, with the servers' addresses and what happens
+next (:mod:`tidelog.launch.reachability`): the first connection is retried with a capped back-off until it
+succeeds (or :meth:`connect` is cancelled), and a lost connection is reported once when it drops and once when
+it is back, while nats-py reconnects; a repeated error goes to DEBUG.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
+
+from tidelog.launch.reachability import ReachabilityLog, retry_until_reachable
 
 log = logging.getLogger(__name__)
 
@@ -69,28 +76,59 @@ class BrokerNats:
         self._subscriptions: set[Subscription] = set()
         self._changed = asyncio.Event()  # set on every new client (waiters clear nothing: they compare generation)
         self.generation = 0  # clients connected so far
+        self._reach = ReachabilityLog(log, "NATS", ",".join(self._servers))
+        self._said = ""  # the last error reported at WARNING, so a repeat goes to DEBUG
 
     async def connect(self) -> None:
-        self._client = await self._new_client(1)
+        """Connect the first client, retrying with a capped back-off while no server can be reached (logged once
+        per change of state, naming the servers). Cancel it to give up."""
+        self._client = await retry_until_reachable(
+            self._first_client, self._reach, retry_on=(OSError, nats.errors.Error)
+        )
         self._connected()
 
-    async def _new_client(self, generation: int) -> Any:
+    async def _first_client(self) -> Any:
+        """One attempt: each server is tried twice (nats-py then gives up instead of retrying for ever); once
+        connected, the client reconnects for ever like every later one. Raises the underlying failure."""
+        self._last_error = None
+        try:
+            client = await self._new_client(1, attempts=1)
+        except nats.errors.NoServersError:
+            raise self._last_error or ConnectionRefusedError(111, "no server answered") from None
+        client.options["max_reconnect_attempts"] = -1  # nats-py reads it at each reconnect
+        return client
+
+    async def _new_client(self, generation: int, *, attempts: int = -1) -> Any:
         async def closed() -> None:
             await self._on_closed(generation)
 
         async def error(exc: Exception) -> None:
             self._last_error = exc
-            log.warning("NATS client %s: %r", self._name, exc)
+            text = repr(exc)
+            # While connecting for the first time, connect() reports; afterwards, a repeated error is not news.
+            quiet = self.generation == 0 or text == self._said
+            self._said = text
+            log.log(logging.DEBUG if quiet else logging.WARNING, "NATS client %s: %s", self._name, text)
+
+        async def disconnected() -> None:
+            if not self._closing and generation == self.generation:
+                self._reach.unreachable("connection lost", f"reconnecting every {self._reconnect_wait:g}s")
+
+        async def reconnected() -> None:
+            self._said = ""
+            self._reach.reachable()
 
         return await nats.connect(
             self._servers,
             name=self._name,
             connect_timeout=self._connect_timeout,
-            max_reconnect_attempts=-1,
+            max_reconnect_attempts=attempts,
             reconnect_time_wait=self._reconnect_wait,
             pending_size=self._pending_size,
             closed_cb=closed,
             error_cb=error,
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
         )
 
     def _connected(self) -> None:
