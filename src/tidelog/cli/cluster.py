@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tidelog.broker.config import parse_etcd_endpoint
+from tidelog.cli.common import output_option, wide_option
+from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
@@ -146,29 +148,73 @@ async def _leader_bounds(
     return bounds
 
 
-def render(view: ClusterView) -> None:
+def as_json(view: ClusterView) -> dict[str, Any]:
+    """``cluster status --output json``: every field in full, for scripts."""
     controller = view.controller.broker_id if view.controller is not None else None
     known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
-    brokers = Table("broker", "gRPC", "wire", "alive", "role", title="brokers", title_justify="left")
+    brokers = []
+    for broker_id in sorted(known):
+        record = view.brokers.get(broker_id)
+        brokers.append(
+            {
+                "id": broker_id,
+                "alive": record is not None,
+                "controller": broker_id == controller,
+                "host": record.host if record else None,
+                "grpc_port": record.port if record else None,
+                "wire_port": record.wire_port if record else None,
+            }
+        )
+    partitions = []
+    for p in view.partitions:
+        bounds = view.bounds.get((p.stream, p.id))
+        partitions.append(
+            {
+                "stream": p.stream,
+                "partition": p.id,
+                "leader": p.leader,
+                "leader_alive": p.leader in view.brokers,
+                "replicas": list(p.replicas),
+                "isr": list(p.isr),
+                "leader_epoch": p.leader_epoch,
+                "high_watermark": bounds.high_watermark if bounds else None,
+                "log_end": bounds.log_end if bounds else None,
+                "lag": bounds.log_end - bounds.high_watermark if bounds else None,
+                "under_replicated": view.under_replicated(p),
+                "suspended": view.suspension(p),
+            }
+        )
+    epoch = view.controller.epoch if view.controller is not None else None
+    return {"brokers": brokers, "controller": controller, "controller_epoch": epoch, "partitions": partitions}
+
+
+def render(view: ClusterView, wide: bool = False) -> None:
+    controller = view.controller.broker_id if view.controller is not None else None
+    known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
+    ids = short_ids(known | {p.leader for p in view.partitions if p.leader}, wide)
+    brokers = table("broker", "gRPC", "wire", "alive", "role", title="brokers")
     for broker_id in sorted(known):
         record = view.brokers.get(broker_id)
         role = "controller" if broker_id == controller else ""
         if record is None:  # named by a partition but without a live lease
-            brokers.add_row(broker_id, "-", "-", "[bold red]no[/]", role)
+            brokers.add_row(ids[broker_id], "-", "-", "[bold red]no[/]", role)
         else:
-            brokers.add_row(broker_id, f"{record.host}:{record.port}", f"{record.host}:{record.wire_port}", "yes", role)
+            brokers.add_row(
+                ids[broker_id], f"{record.host}:{record.port}", f"{record.host}:{record.wire_port}", "yes", role
+            )
     console.print(brokers if known else "no brokers registered")
     if view.controller is None:
         console.print("controller: [bold red]none[/]")
     else:
-        console.print(f"controller: [bold]{view.controller.broker_id}[/] (epoch {view.controller.epoch})")
+        console.print(f"controller: [bold]{ids.get(controller or '', controller)}[/] (epoch {view.controller.epoch})")
 
     if not view.partitions:
         console.print("no partitions")
         return
-    table = Table(
-        "stream", "partition", "leader", "replicas", "ISR", "leader epoch", "HW", "log end", "lag", "state",
-        title="partitions", title_justify="left",
+    extra = ("epoch", "end") if wide else ()  # the leader epoch and log end: lag says what matters in 80 columns
+    rows = table(
+        "stream", "part", "leader", "replicas", "ISR", *extra, "HW", "lag", "state",
+        numeric=("part", "epoch", "HW", "end", "lag"), title="partitions",
     )  # fmt: skip
     under = 0
     suspended: list[tuple[PartitionRecord, str]] = []
@@ -179,28 +225,28 @@ def render(view: ClusterView) -> None:
         reason = view.suspension(p)
         if reason:
             suspended.append((p, reason))
-        leader = p.leader if p.leader in view.brokers else f"[bold red]{p.leader or 'none'}[/]"
-        table.add_row(
+        leader_id = ids.get(p.leader, p.leader) if p.leader else "none"
+        leader = leader_id if p.leader in view.brokers else f"[bold red]{leader_id}[/]"
+        rows.add_row(
             p.stream,
             str(p.id),
             leader,
-            ",".join(p.replicas),
-            ",".join(p.isr),
-            str(p.leader_epoch),
+            id_list(p.replicas, ids),
+            id_list(p.isr, ids),
+            *((str(p.leader_epoch), str(bounds.log_end) if bounds else "-") if wide else ()),
             str(bounds.high_watermark) if bounds else "-",
-            str(bounds.log_end) if bounds else "-",
             str(bounds.log_end - bounds.high_watermark) if bounds else "-",
             "suspended" if reason else "",
             style="bold red" if short or reason else None,
         )
-    console.print(table)
+    console.print(rows)
     for p, reason in suspended:
         console.print(f"[bold red]{p.stream}/{p.id} suspended[/] (appends refused): {reason}", soft_wrap=True)
     if suspended:
         console.print("after checking the replicas, confirm the head: tidelog partition reset-head STREAM PARTITION")
     if under:
         console.print(f"[bold red]{under} under-replicated partition(s)[/] (ISR smaller than the replicas)")
-    console.print("lag: records the leader holds beyond the HW, not yet on every ISR replica")
+    console.print("HW: high watermark; lag: records beyond the HW, not yet on every ISR replica")
 
 
 @click.group("cluster")
@@ -217,7 +263,9 @@ def cluster() -> None:
     help="Comma-separated etcd endpoints of the cluster (the first one is asked).",
 )
 @click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
-def status(etcd_endpoints: str, prefix: str) -> None:
+@output_option
+@wide_option
+def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
@@ -232,7 +280,10 @@ def status(etcd_endpoints: str, prefix: str) -> None:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming
         raise click.ClickException(f"cannot read the cluster from etcd at {endpoints[0]}: {exc!r}") from None
-    render(view)
+    if output == "json":
+        print_json(as_json(view))
+    else:
+        render(view, wide)
 
 
 # ---- dev-cluster ----
@@ -307,10 +358,10 @@ async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], b
 
 
 def _print_cluster(local: LocalCluster) -> None:
-    table = Table("broker", "gRPC", "wire", "pid", "log", title="tidelog dev cluster", title_justify="left")
+    started = Table("broker", "gRPC", "wire", "pid", "log", title="tidelog dev cluster", title_justify="left")
     for b in local.brokers:
-        table.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid), str(b.process.log_path))
-    console.print(table)
+        started.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid), str(b.process.log_path))
+    console.print(started)
     console.print(f"NATS: {local.nats_url}")
     console.print(f"etcd: {','.join(local.etcd_endpoints)}")
     console.print(
