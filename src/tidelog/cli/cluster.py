@@ -305,16 +305,18 @@ def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     "(default: free ports).",
 )
 @click.option(
-    "--setting", "-s", "settings", multiple=True, metavar="KEY=VALUE", help="A broker setting, for every broker."
+    "--setting",
+    "-s",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A broker setting, for every broker (repeatable; see docs/configuration.md), as serve takes them.",
 )
 def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...]) -> None:
     """Run a local cluster (one NATS, one etcd, N brokers) in the foreground until Ctrl-C."""
-    parsed: dict[str, str] = {}
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--setting takes KEY=VALUE, got {setting!r}")
-        parsed[key.strip()] = value.strip()
+    from tidelog.cli.serve import parse_settings
+
+    parsed = parse_settings(settings)  # an unknown key is refused here, not by each broker as it starts
     temporary = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="tidelog-dev-cluster-")) if data_dir is None else data_dir
     try:

@@ -76,18 +76,29 @@ def stream() -> None:
     callback=_subject,
     help="NATS subject the stream listens on (default: the name); partition i > 0 listens on SUBJECT.i.",
 )
-@click.option("--partitions", "-p", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True)
+@click.option(
+    "--partitions", "-p", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True, help="Partitions."
+)
 @click.option(
     "--replication-factor", "-r", type=ReplicationFactor(), default=1, show_default=True, help="-1: every broker."
 )
 @click.option("--group", default="", help="NATS queue group the partition leaders subscribe with.")
-@click.option("--retention-max-bytes", type=click.IntRange(0), default=None)
-@click.option("--retention-max-messages", type=click.IntRange(0), default=None)
-@click.option("--retention-max-age-ms", type=click.IntRange(0), default=None)
-@click.option("--segment-max-bytes", type=click.IntRange(1024), default=None)
-@click.option("--segment-max-age-ms", type=click.IntRange(1), default=None)
-@click.option("--flush-policy", type=click.Choice(["always", "interval", "never"]), default=None)
-@click.option("--min-isr", type=click.IntRange(1), default=None)
+@click.option(
+    "--retention-max-bytes", type=click.IntRange(0), default=None, help="Per partition: drop the oldest beyond this."
+)
+@click.option(
+    "--retention-max-messages", type=click.IntRange(0), default=None, help="Per partition: keep at most this many."
+)
+@click.option("--retention-max-age-ms", type=click.IntRange(0), default=None, help="Drop records older than this.")
+@click.option("--segment-max-bytes", type=click.IntRange(1024), default=None, help="Roll segment files at this size.")
+@click.option("--segment-max-age-ms", type=click.IntRange(1), default=None, help="Roll segment files at this age.")
+@click.option(
+    "--flush-policy",
+    type=click.Choice(["always", "interval", "never"]),
+    default=None,
+    help="When appends are fsynced (docs/durability.md).",
+)
+@click.option("--min-isr", type=click.IntRange(1), default=None, help="In-sync replicas an acks=all write needs.")
 @click.option("--compact", is_flag=True, default=False, help="Keep only the newest record per key.")
 @brokers_option
 @async_command
@@ -103,8 +114,9 @@ async def create(
 ) -> None:
     """Create stream NAME.
 
-    If NAME exists with the same settings this succeeds and changes nothing; with other settings (subject,
-    partitions, replication factor, ...) it fails naming what differs.
+    Settings left out take the broker's defaults (docs/configuration.md). If NAME exists with the same settings
+    this succeeds and changes nothing; with other settings (subject, partitions, replication factor, ...) it
+    fails naming what differs.
     """
     config: dict[str, str | int | bool] = {_SETTINGS[k]: v for k, v in settings.items() if v is not None}
     if compact:
