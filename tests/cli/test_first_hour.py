@@ -79,6 +79,8 @@ async def test_bad_input_is_one_line_naming_what_is_allowed(broker: ServedBroker
     one_line_error(await tidelog(broker, "stream", "create", "x", "-p", "0"), 2, "--partitions", "1<=x<=10000")
     one_line_error(await tidelog(broker, "subscribe", "x", "--since", "yesterday"), 2, "30s, 5m, 2h, 1d")
     one_line_error(await tidelog(broker, "publish", "x", "y", "--subject", "a.b"), 2, "only applies with --nats")
+    one_line_error(await tidelog(broker, "publish", "x", "y", "--nats", "--acks", "none"), 2, "--acks", "with --nats")
+    one_line_error(await tidelog(broker, "subscribe", "x", "--earliest", "--offset", "3"), 2, "two start positions")
     one_line_error(await tidelog(broker, "serve", "-s", "no_such=1"), 2, "unknown setting 'no_such'")
     one_line_error(await tidelog(broker, "stream", "frobnicate"), 2, "No such command", "tidelog stream --help")
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -116,6 +117,15 @@ async def publish(
     if via_nats:
         if key is not None:
             raise click.BadParameter("a plain NATS message has no key; drop --nats to publish keys", param_hint="--key")
+        ctx = click.get_current_context()
+        for name in ("acks", "idempotent", "producer_name", "max_message_bytes"):
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                option = "--" + name.replace("_", "-")
+                raise click.BadParameter(
+                    "does not apply with --nats: plain NATS messages are neither acknowledged nor checked by "
+                    "tidelog before they are sent",
+                    param_hint=option,
+                )
         await _publish_nats(stream, values, hdrs, partition, subject, nats_url, brokers, quiet)
         return
     key_bytes = key.encode() if key is not None else None

@@ -15,6 +15,7 @@ import sys
 import time
 
 import click
+from click.core import ParameterSource
 
 from tidelog.cli.common import async_command, bootstrap, brokers_option, stream_name
 from tidelog.client import AtTimestamp, Consumer, ConsumerRecord, StartPosition
@@ -127,6 +128,20 @@ async def subscribe(
     brokers: list[str],
 ) -> None:
     """Print records of STREAM; stop with Ctrl-C, --stop-offset, --stop-at-end or --max-messages."""
+    ctx = click.get_current_context()
+    given = [
+        option
+        for option, name, explicit in (
+            (f"--{start}", "start", None),
+            ("--offset", "start_offset", start_offset is not None),
+            ("--since", "start_time", start_time is not None),
+        )
+        if (explicit if explicit is not None else ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE)
+    ]
+    if len(given) > 1:
+        raise click.UsageError(
+            f"{' and '.join(given)} are two start positions: give one of --earliest, --latest, --offset or --since"
+        )
     position: StartPosition = "earliest" if start == "earliest" else "latest"
     if start_offset is not None:
         position = start_offset
