@@ -107,8 +107,7 @@ async def test_dev_cluster_runs_until_sigterm(tmp_path: Path) -> None:
                 assert line, "dev-cluster exited early:\n" + "".join(lines)
                 lines.append(line.decode())
         out = "".join(lines)
-        row = _cells(_row(out, "b0"))
-        pid = int(row[3])
+        pid = int(_words(out, "b0")[3])
         assert pid_alive(pid)
         assert "NATS: nats://127.0.0.1:" in out and "etcd: http://127.0.0.1:" in out
         etcd = re.search(r"etcd: (\S+)", out)
@@ -125,6 +124,8 @@ async def test_dev_cluster_runs_until_sigterm(tmp_path: Path) -> None:
     assert "cluster stopped" in rest.decode()
     async with asyncio.timeout(TIMEOUT):
         await wait_pid_exit(pid)
+    log_path = data_dir / "b0" / "serve.log"
+    assert f"b0 log: {log_path}" in "".join(lines)
     assert (data_dir / "b0" / "serve.log").exists()  # an explicit data dir is kept
 
 
@@ -134,15 +135,3 @@ def _words(out: str, first: str) -> list[str]:
         if line.split()[:1] == [first]:
             return line.split()
     raise AssertionError(f"no row for {first!r} in:\n{out}")
-
-
-def _row(out: str, first_cell: str) -> str:
-    for line in out.splitlines():
-        cells = _cells(line)
-        if cells and cells[0] == first_cell:
-            return line
-    raise AssertionError(f"no row for {first_cell!r} in:\n{out}")
-
-
-def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in line.strip().strip("│┃").split("│")]

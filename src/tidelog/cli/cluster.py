@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from tidelog.broker.config import parse_etcd_endpoint
 from tidelog.cli.common import output_option, wide_option
@@ -360,10 +359,12 @@ async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], b
 
 
 def _print_cluster(local: LocalCluster) -> None:
-    started = Table("broker", "gRPC", "wire", "pid", "log", title="tidelog dev cluster", title_justify="left")
+    started = table("broker", "gRPC", "wire", "pid", numeric=("pid",), title="tidelog dev cluster")
     for b in local.brokers:
-        started.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid), str(b.process.log_path))
+        started.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid))
     console.print(started)
+    for b in local.brokers:  # paths are too long for a table column in 80 columns
+        console.print(f"{b.id} log: {b.process.log_path}", soft_wrap=True)
     console.print(f"NATS: {local.nats_url}")
     console.print(f"etcd: {','.join(local.etcd_endpoints)}")
     console.print(
