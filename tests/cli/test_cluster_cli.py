@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -114,6 +115,15 @@ async def test_dev_cluster_runs_until_sigterm(tmp_path: Path) -> None:
         assert etcd is not None
         status = await tidelog("cluster", "status", "--etcd-endpoints", etcd.group(1))
         assert status.returncode == 0 and "b0" in status.stdout, status.stderr
+
+        os.kill(pid, signal.SIGKILL)  # a broker that dies is reported and reaped, never left a zombie
+        async with asyncio.timeout(TIMEOUT):
+            while "was killed by SIGKILL" not in lines[-1]:
+                line = await process.stdout.readline()
+                assert line, "dev-cluster exited early:\n" + "".join(lines)
+                lines.append(line.decode())
+        assert f"broker b0 (pid {pid}) was killed by SIGKILL" in lines[-1] and "serve.log" in lines[-1]
+        assert not await asyncio.to_thread(Path(f"/proc/{pid}").exists)  # reaped
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from tidelog.protocol.connection import Connection
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
 
 if TYPE_CHECKING:
-    from tidelog.testing.cluster import LocalCluster
+    from tidelog.testing.cluster import BrokerHandle, LocalCluster
 
 __all__ = ["cluster", "dev_cluster", "register"]
 
@@ -350,12 +351,32 @@ async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], b
             console.print(f"[bold red]the cluster did not start[/]: {exc}")
             return 1
         _print_cluster(local)
-        await stopping
+        watching = asyncio.ensure_future(_report_exits(local))
+        try:
+            await stopping
+        finally:
+            watching.cancel()
         return 0
     finally:
         stopping.cancel()
         await local.stop()
         console.print("cluster stopped")
+
+
+async def _report_exits(local: LocalCluster) -> None:
+    """Say so when a broker exits by itself (a crash, or kill -9 to try a failover), and reap it: the others go on
+    serving, and its partitions fail over to in-sync replicas."""
+
+    async def watch(broker: BrokerHandle) -> None:
+        pid = broker.pid
+        status = await broker.process.wait()
+        how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+        console.print(
+            f"[bold red]broker {broker.id} (pid {pid}) {how}[/]; the others go on. Its log: {broker.process.log_path}",
+            soft_wrap=True,
+        )
+
+    await asyncio.gather(*(watch(b) for b in local.brokers))
 
 
 def _print_cluster(local: LocalCluster) -> None:
