@@ -116,10 +116,10 @@ def run(coro: Coroutine[Any, Any, T], brokers: Sequence[str] = ()) -> T:
         raise click.ClickException(_unreachable(f"unavailable: {exc.message}", brokers)) from None
     except TidelogError as exc:
         raise click.ClickException(f"{exc.code.name.lower().replace('_', ' ')}: {exc.message}") from None
-    except (ConnectionError, OSError) as exc:
-        raise click.ClickException(_unreachable(f"cannot reach the broker: {exc}", brokers)) from None
-    except TimeoutError:
+    except TimeoutError:  # before OSError, its base class
         raise click.ClickException("the broker did not answer in time") from None
+    except OSError as exc:
+        raise click.ClickException(_unreachable(f"cannot reach the broker: {exc}", brokers)) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 
