@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 import signal
 import subprocess
@@ -49,16 +51,23 @@ async def test_status_shows_brokers_controller_and_partitions(cluster: LocalClus
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for handle in cluster.brokers:
-        row = _row(out, handle.id)
+        row = " ".join(_words(out, handle.id))
         assert handle.grpc_address in row and handle.wire_address in row and "yes" in row
     assert "controller:" in out
-    partitions = [line for line in out.splitlines() if "status-orders" in line]
+    partitions = [line.split() for line in out.splitlines() if "status-orders" in line]
     assert len(partitions) == 2, out
-    for line in partitions:
-        cells = _cells(line)
+    for cells in partitions:
         assert cells[2] in {"b0", "b1"}  # leader
-        assert cells[6:9] == ["0", "0", "0"]  # HW, log end, lag: asked of the leader
+        assert cells[5:7] == ["0", "0"]  # HW and lag: asked of the leader
     assert "under-replicated" not in out
+
+    as_json = await tidelog("cluster", "status", "-o", "json", TIDELOG_ETCD_ENDPOINTS=cluster.etcd_endpoints[0])
+    view = json.loads(as_json.stdout)
+    assert {b["id"] for b in view["brokers"] if b["alive"]} == {h.id for h in cluster.brokers}
+    assert view["controller"] in {h.id for h in cluster.brokers}
+    ours = [p for p in view["partitions"] if p["stream"] == "status-orders"]
+    assert [(p["partition"], p["high_watermark"], p["log_end"], p["lag"]) for p in ours] == [(0, 0, 0, 0), (1, 0, 0, 0)]
+    assert not any(p["under_replicated"] or p["suspended"] for p in ours)
 
 
 async def test_status_flag_wins_and_unreachable_etcd_is_one_line() -> None:
@@ -99,14 +108,22 @@ async def test_dev_cluster_runs_until_sigterm(tmp_path: Path) -> None:
                 assert line, "dev-cluster exited early:\n" + "".join(lines)
                 lines.append(line.decode())
         out = "".join(lines)
-        row = _cells(_row(out, "b0"))
-        pid = int(row[3])
+        pid = int(_words(out, "b0")[3])
         assert pid_alive(pid)
         assert "NATS: nats://127.0.0.1:" in out and "etcd: http://127.0.0.1:" in out
         etcd = re.search(r"etcd: (\S+)", out)
         assert etcd is not None
         status = await tidelog("cluster", "status", "--etcd-endpoints", etcd.group(1))
         assert status.returncode == 0 and "b0" in status.stdout, status.stderr
+
+        os.kill(pid, signal.SIGKILL)  # a broker that dies is reported and reaped, never left a zombie
+        async with asyncio.timeout(TIMEOUT):
+            while "was killed by SIGKILL" not in lines[-1]:
+                line = await process.stdout.readline()
+                assert line, "dev-cluster exited early:\n" + "".join(lines)
+                lines.append(line.decode())
+        assert f"broker b0 (pid {pid}) was killed by SIGKILL" in lines[-1] and "serve.log" in lines[-1]
+        assert not await asyncio.to_thread(Path(f"/proc/{pid}").exists)  # reaped
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -117,16 +134,14 @@ async def test_dev_cluster_runs_until_sigterm(tmp_path: Path) -> None:
     assert "cluster stopped" in rest.decode()
     async with asyncio.timeout(TIMEOUT):
         await wait_pid_exit(pid)
+    log_path = data_dir / "b0" / "serve.log"
+    assert f"b0 log: {log_path}" in "".join(lines)
     assert (data_dir / "b0" / "serve.log").exists()  # an explicit data dir is kept
 
 
-def _row(out: str, first_cell: str) -> str:
+def _words(out: str, first: str) -> list[str]:
+    """The words of the table row that starts with ``first`` (tables are drawn without column rules)."""
     for line in out.splitlines():
-        cells = _cells(line)
-        if cells and cells[0] == first_cell:
-            return line
-    raise AssertionError(f"no row for {first_cell!r} in:\n{out}")
-
-
-def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in line.strip().strip("│┃").split("│")]
+        if line.split()[:1] == [first]:
+            return line.split()
+    raise AssertionError(f"no row for {first!r} in:\n{out}")

@@ -10,12 +10,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.helpers import LONG_BOUND
-from tidelog.metadata.records import StreamRecord
+from tidelog.metadata.records import StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome, MetadataStore
+from tidelog.metadata.stream_creation import differences
 
 from . import helpers as harness
 from .helpers import Cluster, part
@@ -166,3 +168,31 @@ async def test_a_failed_creation_undoes_itself_and_the_name_can_be_created_again
     assert await ctl.create_stream(stream, parts) is CreateOutcome.CREATED
     snap = await cluster.wait(lambda s: "retried" in s.streams)
     assert len(snap.partitions_of("retried")) == 200
+
+
+async def test_creating_an_existing_stream_with_other_settings_is_a_conflict(cluster: Cluster) -> None:
+    """Idempotent creation means the same stream: another partition count, replication factor or setting is a
+    conflict, and nothing is written."""
+    store = MetadataStore(cluster.admin, cluster.keys)
+    stream, parts = stream_of("same", 3)
+    assert await store.create_stream(stream, parts) is CreateOutcome.CREATED
+    assert await store.create_stream(stream, parts) is CreateOutcome.SAME_EXISTS
+    more, more_parts = stream_of("same", 5)
+    assert await store.create_stream(more, more_parts) is CreateOutcome.CONFLICT
+    tuned = msgspec.structs.replace(stream, config=StreamConfig(retention_max_bytes=1000))
+    assert await store.create_stream(tuned, parts) is CreateOutcome.CONFLICT
+    snap = await cluster.wait(lambda s: "same" in s.streams)
+    assert snap.streams["same"].partitions == 3 and len(snap.partitions_of("same")) == 3
+
+
+async def test_differences_name_each_setting_that_differs() -> None:
+    stream = StreamRecord("s", "subj", "", 3, 1, 0)
+    assert differences(stream, msgspec.structs.replace(stream, created_ns=99)) == []
+    other = msgspec.structs.replace(
+        stream, partitions=5, replication_factor=3, config=StreamConfig(retention_max_bytes=1000)
+    )
+    assert differences(stream, other) == [
+        "partitions 3 (asked for 5)",
+        "replication_factor 1 (asked for 3)",
+        "retention.max.bytes the broker default (asked for 1000)",
+    ]

@@ -405,3 +405,12 @@ msgpack_values = st.recursive(
 def test_well_formed_msgpack_of_the_wrong_shape_raises_only_protocol_error(route: tuple[Kind, Op], value: Any) -> None:
     with contextlib.suppress(ProtocolError):
         decode_header(route[0], route[1], msgspec.msgpack.encode(value))
+
+
+def test_a_malformed_header_names_the_field_not_its_position() -> None:
+    """msgspec says ``at `$[3]``` of a positional header; the error names the field instead."""
+    with pytest.raises(ProtocolError) as caught:
+        decode_as(CreateStreamRequest, msgspec.msgpack.encode(["x", "x", 1, -3]))
+    assert str(caught.value) == "malformed CreateStreamRequest header: field replication_factor: Expected `int` >= -1"
+    with pytest.raises(ProtocolError, match=r"field name: Expected `str` of length >= 1$"):
+        decode_as(CreateStreamRequest, msgspec.msgpack.encode(["", "x"]))

@@ -100,17 +100,31 @@ def test_the_crc_is_left_to_the_log() -> None:
         check_batch(batch)
 
 
-@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4])
-def test_a_decompression_bomb_stops_at_the_batch_limit(codec: Codec) -> None:
-    one_record = encode_records([NewRecord(bytes(64 << 20))], NOW)  # 64 MiB of zeros: a few KiB compressed
+def compressed(section: bytes, codec: Codec) -> bytes:
     if codec is Codec.ZSTD:
         # Streamed, so the frame does not declare its size: decompression itself must stop at the bound.
-        body = b"".join(zstandard.ZstdCompressor(level=1).read_to_iter(one_record))
-    else:
-        body = lz4.frame.compress(one_record)
+        return b"".join(zstandard.ZstdCompressor(level=1).read_to_iter(section))
+    return bytes(lz4.frame.compress(section))
+
+
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4])
+def test_a_decompression_bomb_stops_at_the_batch_limit(codec: Codec) -> None:
+    many = [NewRecord(bytes(1000)) for _ in range(64 << 10)]  # 64 MiB of zeros: a few KiB compressed
+    body = compressed(encode_records(many, NOW), codec)
     assert len(body) < 1 << 20
     with pytest.raises(RecordTooLargeError, match=r"decompress to more than 4194304 bytes.*max_message_bytes"):
+        check_produced(framed(body, len(many), codec=codec), LIMITS, NOW)
+
+
+@pytest.mark.parametrize("size", [6_000_000, 64 << 20])
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4])
+def test_one_message_larger_than_a_batch_may_hold_is_named_by_its_size(codec: Codec, size: int) -> None:
+    """A message sent alone that decompresses past the batch bound is refused as a message above
+    max_message_bytes, by its own size, not by a batch's."""
+    body = compressed(encode_records([NewRecord(bytes(size), key=b"k")], NOW), codec)
+    with pytest.raises(RecordTooLargeError) as refused:
         check_produced(framed(body, 1, codec=codec), LIMITS, NOW)
+    assert str(refused.value) == f"record 0 is {size + 1} bytes (key and value), above max_message_bytes (1048576)"
 
 
 def test_a_record_above_max_message_bytes_is_refused_even_compressed() -> None:

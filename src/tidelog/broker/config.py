@@ -393,9 +393,11 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, object] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> BrokerConfig:
     """Layer the defaults, the TOML ``config_file``, ``TIDELOG_*`` variables of ``env`` (default: the process
-    environment) and ``flags`` (only the flags the user gave; ``None`` values count as not given).
+    environment), ``settings`` (``serve -s KEY=VALUE``) and ``flags`` (only the flags the user gave; ``None``
+    values count as not given).
 
     The broker id is not resolved here (that touches the data directory): see :func:`ensure_broker_id`.
     """
@@ -406,6 +408,7 @@ def load_config(
     if config_file is not None:
         values.update(_from_toml(config_file))
     values.update(_from_env(environment))
+    values.update({key: _coerce(key, raw, f"-s {key}={raw}") for key, raw in (settings or {}).items()})
     values.update(_from_flags(flags or {}))
     return BrokerConfig(**values)  # type: ignore[arg-type]  # each value was parsed by its key's kind
 

@@ -17,7 +17,7 @@ A broker reads its settings from four layers; later layers win, key by key:
 1. the defaults below;
 2. a flat TOML file given with `--config` (or `{CONFIG_FILE_ENV}`), e.g. `port = 9400`;
 3. environment variables `{ENV_PREFIX}<KEY>` (upper case), e.g. `{ENV_PREFIX}PORT=9400`; lists are comma-separated;
-4. command-line flags of `tidelog serve` (`--port 9400`).
+4. `tidelog serve -s KEY=VALUE` (any key, repeatable), then its own flags (`--port 9400`).
 
 An unknown key in the file or an unknown `{ENV_PREFIX}*` variable is refused with its name (the client commands'
 `TIDELOG_BROKERS` is the one exception). Durations are milliseconds, sizes bytes. What the flush and ack settings

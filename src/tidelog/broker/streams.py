@@ -22,6 +22,7 @@ from tidelog.metadata.placement import place_replicas, resolve_replication_facto
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
+from tidelog.metadata.stream_creation import differences
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import (
     InvalidArgumentError,
@@ -151,8 +152,11 @@ class StreamAdmin:
         config: StreamConfig | None = None,
         forwarded: bool = False,
         internal: bool = False,
+        exists_ok: bool = True,
     ) -> StreamRecord:
-        """Create a stream; creating one that exists with the same subject succeeds and changes nothing.
+        """Create a stream. Creating the same stream again (same subject, partitions, replication factor, group
+        and settings) succeeds and changes nothing, unless ``exists_ok`` is false (Liftbridge's CreateStream:
+        ALREADY_EXISTS whenever the name is taken); one that differs raises ``StreamExistsError`` naming what.
         ``internal``: the broker itself creates one of :data:`RESERVED_STREAMS`."""
         validate_stream_name(name)
         if name in RESERVED_STREAMS and not internal:
@@ -165,6 +169,8 @@ class StreamAdmin:
         check_queue_group(group)
         config = config or StreamConfig()
         validate_config(config)
+        if not exists_ok and self._mirror.snapshot.stream(name) is not None:
+            raise StreamExistsError(f"stream {name!r} already exists")
         writer = self._writer(forwarded)
         if writer is None:
             assert self._link is not None
@@ -195,14 +201,18 @@ class StreamAdmin:
         outcome = await call_controller(writer.create_stream(record, parts))
         if outcome is CreateOutcome.IN_PROGRESS:
             raise UnavailableError(f"stream {name!r} is being created by another request; retry")
-        if outcome is CreateOutcome.CONFLICT:
-            existing = self._mirror.snapshot.stream(name)
-            other = f" on subject {existing.subject!r}" if existing else ""
-            raise StreamExistsError(f"stream {name!r} already exists{other}")
         snap = await self._wait(
             lambda s: _stream_ready(s, name), f"stream {name!r} to be created", _apply_timeout(partitions)
         )
         created = snap.streams[name]
+        if outcome is CreateOutcome.CONFLICT:
+            differing = "; ".join(differences(created, record)) or "settings changed while it was created"
+            raise StreamExistsError(
+                f"stream {name!r} already exists with other settings: {differing}. Creating an existing stream "
+                "succeeds only with the same settings; delete it first to change them"
+            )
+        if outcome is CreateOutcome.SAME_EXISTS and not exists_ok:
+            raise StreamExistsError(f"stream {name!r} already exists")
         if outcome is CreateOutcome.CREATED:
             log.info("created stream %s on %r with %d partition(s)", name, subject, partitions)
         return created

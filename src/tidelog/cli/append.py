@@ -165,7 +165,7 @@ async def append(
     source: BinaryIO | None,
     key: str | None,
     headers: tuple[str, ...],
-    brokers: str,
+    brokers: list[str],
 ) -> None:
     """Append VALUES (or a file's or standard input's lines) to STREAM as ONE transactional append.
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -22,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from tidelog.broker.config_values import parse_etcd_endpoint
-from tidelog.cli.common import data_dir_option, local_etcd_endpoints
+from tidelog.cli.common import data_dir_option, local_etcd_endpoints, output_option, wide_option
+from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.launch.endpoints import ENDPOINTS_FILE
 from tidelog.metadata.etcd_client import etcd_target, open_etcd
 from tidelog.metadata.records import (
@@ -41,7 +42,7 @@ from tidelog.protocol.connection import Connection
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
 
 if TYPE_CHECKING:
-    from tidelog.testing.cluster import LocalCluster
+    from tidelog.testing.cluster import BrokerHandle, LocalCluster
 
 __all__ = ["cluster", "dev_cluster", "register"]
 
@@ -148,29 +149,73 @@ async def _leader_bounds(
     return bounds
 
 
-def render(view: ClusterView) -> None:
+def as_json(view: ClusterView) -> dict[str, Any]:
+    """``cluster status --output json``: every field in full, for scripts."""
     controller = view.controller.broker_id if view.controller is not None else None
     known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
-    brokers = Table("broker", "gRPC", "wire", "alive", "role", title="brokers", title_justify="left")
+    brokers = []
+    for broker_id in sorted(known):
+        record = view.brokers.get(broker_id)
+        brokers.append(
+            {
+                "id": broker_id,
+                "alive": record is not None,
+                "controller": broker_id == controller,
+                "host": record.host if record else None,
+                "grpc_port": record.port if record else None,
+                "wire_port": record.wire_port if record else None,
+            }
+        )
+    partitions = []
+    for p in view.partitions:
+        bounds = view.bounds.get((p.stream, p.id))
+        partitions.append(
+            {
+                "stream": p.stream,
+                "partition": p.id,
+                "leader": p.leader,
+                "leader_alive": p.leader in view.brokers,
+                "replicas": list(p.replicas),
+                "isr": list(p.isr),
+                "leader_epoch": p.leader_epoch,
+                "high_watermark": bounds.high_watermark if bounds else None,
+                "log_end": bounds.log_end if bounds else None,
+                "lag": bounds.log_end - bounds.high_watermark if bounds else None,
+                "under_replicated": view.under_replicated(p),
+                "suspended": view.suspension(p),
+            }
+        )
+    epoch = view.controller.epoch if view.controller is not None else None
+    return {"brokers": brokers, "controller": controller, "controller_epoch": epoch, "partitions": partitions}
+
+
+def render(view: ClusterView, wide: bool = False) -> None:
+    controller = view.controller.broker_id if view.controller is not None else None
+    known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
+    ids = short_ids(known | {p.leader for p in view.partitions if p.leader}, wide)
+    brokers = table("broker", "gRPC", "wire", "alive", "role", title="brokers")
     for broker_id in sorted(known):
         record = view.brokers.get(broker_id)
         role = "controller" if broker_id == controller else ""
         if record is None:  # named by a partition but without a live lease
-            brokers.add_row(broker_id, "-", "-", "[bold red]no[/]", role)
+            brokers.add_row(ids[broker_id], "-", "-", "[bold red]no[/]", role)
         else:
-            brokers.add_row(broker_id, f"{record.host}:{record.port}", f"{record.host}:{record.wire_port}", "yes", role)
+            brokers.add_row(
+                ids[broker_id], f"{record.host}:{record.port}", f"{record.host}:{record.wire_port}", "yes", role
+            )
     console.print(brokers if known else "no brokers registered")
     if view.controller is None:
         console.print("controller: [bold red]none[/]")
     else:
-        console.print(f"controller: [bold]{view.controller.broker_id}[/] (epoch {view.controller.epoch})")
+        console.print(f"controller: [bold]{ids.get(controller or '', controller)}[/] (epoch {view.controller.epoch})")
 
     if not view.partitions:
         console.print("no partitions")
         return
-    table = Table(
-        "stream", "partition", "leader", "replicas", "ISR", "leader epoch", "HW", "log end", "lag", "state",
-        title="partitions", title_justify="left",
+    extra = ("epoch", "end") if wide else ()  # the leader epoch and log end: lag says what matters in 80 columns
+    rows = table(
+        "stream", "part", "leader", "replicas", "ISR", *extra, "HW", "lag", "state",
+        numeric=("part", "epoch", "HW", "end", "lag"), title="partitions",
     )  # fmt: skip
     under = 0
     suspended: list[tuple[PartitionRecord, str]] = []
@@ -181,28 +226,28 @@ def render(view: ClusterView) -> None:
         reason = view.suspension(p)
         if reason:
             suspended.append((p, reason))
-        leader = p.leader if p.leader in view.brokers else f"[bold red]{p.leader or 'none'}[/]"
-        table.add_row(
+        leader_id = ids.get(p.leader, p.leader) if p.leader else "none"
+        leader = leader_id if p.leader in view.brokers else f"[bold red]{leader_id}[/]"
+        rows.add_row(
             p.stream,
             str(p.id),
             leader,
-            ",".join(p.replicas),
-            ",".join(p.isr),
-            str(p.leader_epoch),
+            id_list(p.replicas, ids),
+            id_list(p.isr, ids),
+            *((str(p.leader_epoch), str(bounds.log_end) if bounds else "-") if wide else ()),
             str(bounds.high_watermark) if bounds else "-",
-            str(bounds.log_end) if bounds else "-",
             str(bounds.log_end - bounds.high_watermark) if bounds else "-",
             "suspended" if reason else "",
             style="bold red" if short or reason else None,
         )
-    console.print(table)
+    console.print(rows)
     for p, reason in suspended:
         console.print(f"[bold red]{p.stream}/{p.id} suspended[/] (appends refused): {reason}", soft_wrap=True)
     if suspended:
         console.print("after checking the replicas, confirm the head: tidelog partition reset-head STREAM PARTITION")
     if under:
         console.print(f"[bold red]{under} under-replicated partition(s)[/] (ISR smaller than the replicas)")
-    console.print("lag: records the leader holds beyond the HW, not yet on every ISR replica")
+    console.print("HW: high watermark; lag: records beyond the HW, not yet on every ISR replica")
 
 
 @click.group("cluster")
@@ -220,7 +265,9 @@ def cluster() -> None:
     help="Comma-separated etcd endpoints of the cluster (the first one is asked).",
 )
 @click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
-def status(etcd_endpoints: str, prefix: str) -> None:
+@output_option
+@wide_option
+def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
@@ -239,7 +286,10 @@ def status(etcd_endpoints: str, prefix: str) -> None:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming
         raise click.ClickException(f"cannot read the cluster from etcd at {','.join(endpoints)}: {exc!r}") from None
-    render(view)
+    if output == "json":
+        print_json(as_json(view))
+    else:
+        render(view, wide)
 
 
 # ---- dev-cluster ----
@@ -261,16 +311,18 @@ def status(etcd_endpoints: str, prefix: str) -> None:
     "(default: free ports).",
 )
 @click.option(
-    "--setting", "-s", "settings", multiple=True, metavar="KEY=VALUE", help="A broker setting, for every broker."
+    "--setting",
+    "-s",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A broker setting, for every broker (repeatable; see docs/configuration.md), as serve takes them.",
 )
 def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...]) -> None:
     """Run a local cluster (one NATS, one etcd, N brokers) in the foreground until Ctrl-C."""
-    parsed: dict[str, str] = {}
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--setting takes KEY=VALUE, got {setting!r}")
-        parsed[key.strip()] = value.strip()
+    from tidelog.cli.serve import parse_settings
+
+    parsed = parse_settings(settings)  # an unknown key is refused here, not by each broker as it starts
     temporary = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="tidelog-dev-cluster-")) if data_dir is None else data_dir
     try:
@@ -305,7 +357,11 @@ async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], b
             console.print(f"[bold red]the cluster did not start[/]: {exc}")
             return 1
         _print_cluster(local)
-        await stopping
+        watching = asyncio.ensure_future(_report_exits(local))
+        try:
+            await stopping
+        finally:
+            watching.cancel()
         return 0
     finally:
         stopping.cancel()
@@ -313,11 +369,29 @@ async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], b
         console.print("cluster stopped")
 
 
+async def _report_exits(local: LocalCluster) -> None:
+    """Say so when a broker exits by itself (a crash, or kill -9 to try a failover), and reap it: the others go on
+    serving, and its partitions fail over to in-sync replicas."""
+
+    async def watch(broker: BrokerHandle) -> None:
+        pid = broker.pid
+        status = await broker.process.wait()
+        how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+        console.print(
+            f"[bold red]broker {broker.id} (pid {pid}) {how}[/]; the others go on. Its log: {broker.process.log_path}",
+            soft_wrap=True,
+        )
+
+    await asyncio.gather(*(watch(b) for b in local.brokers))
+
+
 def _print_cluster(local: LocalCluster) -> None:
-    table = Table("broker", "gRPC", "wire", "pid", "log", title="tidelog dev cluster", title_justify="left")
+    started = table("broker", "gRPC", "wire", "pid", numeric=("pid",), title="tidelog dev cluster")
     for b in local.brokers:
-        table.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid), str(b.process.log_path))
-    console.print(table)
+        started.add_row(b.id, b.grpc_address, b.wire_address, str(b.pid))
+    console.print(started)
+    for b in local.brokers:  # paths are too long for a table column in 80 columns
+        console.print(f"{b.id} log: {b.process.log_path}", soft_wrap=True)
     console.print(f"NATS: {local.nats_url}")
     console.print(f"etcd: {','.join(local.etcd_endpoints)}")
     console.print(

@@ -1,29 +1,60 @@
 """What every client command shares: where the brokers are, running a coroutine, and one-line errors.
 
 A command fails with one clear line on stderr and a non-zero exit (1 for a refused request, 2 for bad usage,
-as click does), never with a traceback: the traceback is for ``--debug``.
+as click does), never with a traceback: the traceback is for ``tidelog --debug`` (or ``TIDELOG_DEBUG=1``).
+Bad input is refused at the edge, by click types (:class:`BrokerAddresses`, :func:`stream_name`), before any
+connection is opened; what only the broker can judge comes back as its error, named by its code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
-from collections.abc import Callable, Coroutine
+import socket
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import click
 
 from tidelog.launch.endpoints import DEFAULT_DATA_DIR, ENDPOINTS_FILE, Endpoints, read_endpoints
-from tidelog.protocol.connection import ConnectionClosedError
-from tidelog.protocol.errors import TidelogError
+from tidelog.protocol.errors import TidelogError, UnavailableError
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 BROKERS_ENV = "TIDELOG_BROKERS"
-DEFAULT_BROKERS = "127.0.0.1:9293"
+DEBUG_ENV = "TIDELOG_DEBUG"
+DEFAULT_WIRE_PORT = 9293
+DEFAULT_BROKERS = f"127.0.0.1:{DEFAULT_WIRE_PORT}"
+OUTPUT_CHOICES = ("table", "json")
+PROBE_TIMEOUT = 0.5  # seconds to wait for a gRPC server's greeting when a wire connection failed
+
+
+class BrokerAddresses(click.ParamType[list[str]]):
+    """Comma-separated ``HOST:PORT`` of brokers' wire protocol (``[::1]:9293`` for IPv6), as a list."""
+
+    name = "HOST:PORT[,HOST:PORT...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[str]:
+        if isinstance(value, list):
+            return value
+        addresses = [part.strip() for part in str(value).split(",") if part.strip()]
+        if not addresses:
+            self.fail("no broker given: expected HOST:PORT, e.g. 127.0.0.1:9293", param, ctx)
+        for address in addresses:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+                self.fail(
+                    f"{address!r} is not HOST:PORT: expected a host and a port 1-65535, e.g. "
+                    f"127.0.0.1:{DEFAULT_WIRE_PORT} (the broker's wire protocol port); several are comma-separated",
+                    param,
+                    ctx,
+                )
+        return addresses
+
 
 DATA_DIR_ENV = "TIDELOG_DATA_DIR"
 
@@ -41,6 +72,15 @@ data_dir_option = click.option(
     expose_value=False,
     callback=_remember_data_dir,
     help=f"Data directory of a broker on this host: its {ENDPOINTS_FILE} gives the addresses not given otherwise.",
+)
+
+output_option = click.option(
+    "--output",
+    "-o",
+    type=click.Choice(OUTPUT_CHOICES),
+    default="table",
+    show_default=True,
+    help="A table for people, or JSON (one document) for scripts.",
 )
 
 
@@ -69,29 +109,87 @@ def brokers_option(command: Callable[P, T]) -> Callable[P, T]:
     with_brokers = click.option(
         "--brokers",
         "-b",
+        type=BrokerAddresses(),
         default=_default_brokers,
         show_default=f"${BROKERS_ENV}, else the wire address in <data-dir>/{ENDPOINTS_FILE}, else {DEFAULT_BROKERS}",
-        help="Comma-separated host:port of brokers' wire protocol.",
+        help=f"Comma-separated HOST:PORT of brokers' wire protocol (port {DEFAULT_WIRE_PORT} by default, not the "
+        "gRPC port).",
     )(command)
     return data_dir_option(with_brokers)
 
 
-def bootstrap(brokers: str) -> list[str]:
-    return [b.strip() for b in brokers.split(",") if b.strip()]
+wide_option = click.option("--wide", is_flag=True, help="Show full broker ids and every column, however wide.")
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a client coroutine, turning failures into one-line errors."""
+def stream_name(ctx: click.Context | None, param: click.Parameter | None, value: str) -> str:
+    """A stream name argument: not empty, no whitespace (the broker checks the rest and names it)."""
+    if not value:
+        raise click.BadParameter("a stream name cannot be empty", ctx, param)
+    if any(c.isspace() for c in value):
+        raise click.BadParameter(f"{value!r}: a stream name cannot contain whitespace", ctx, param)
+    return value
+
+
+def bootstrap(brokers: str | Sequence[str]) -> list[str]:
+    if isinstance(brokers, str):
+        return [b.strip() for b in brokers.split(",") if b.strip()]
+    return list(brokers)
+
+
+def debugging() -> bool:
+    """Whether ``tidelog --debug`` (or ``TIDELOG_DEBUG=1``) asked for tracebacks."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.find_root().params.get("debug"):
+        return True
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def run(coro: Coroutine[Any, Any, T], brokers: Sequence[str] = ()) -> T:
+    """Run a client coroutine, turning failures into one-line errors (``brokers``: to explain a failed
+    connection, such as one to a broker's gRPC port)."""
+    if debugging():
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        try:
+            return asyncio.run(coro)
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+    # The client's own log lines (a warning per failed batch) would repeat the one-line error below.
+    logging.getLogger("tidelog").addHandler(logging.NullHandler())
     try:
         return asyncio.run(coro)
+    except UnavailableError as exc:
+        raise click.ClickException(_unreachable(f"unavailable: {exc.message}", brokers)) from None
     except TidelogError as exc:
         raise click.ClickException(f"{exc.code.name.lower().replace('_', ' ')}: {exc.message}") from None
-    except (ConnectionClosedError, ConnectionError, OSError) as exc:
-        raise click.ClickException(f"cannot reach the broker: {exc}") from None
-    except TimeoutError:
+    except TimeoutError:  # before OSError, its base class
         raise click.ClickException("the broker did not answer in time") from None
+    except OSError as exc:
+        raise click.ClickException(_unreachable(f"cannot reach the broker: {exc}", brokers)) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+
+
+def _unreachable(message: str, brokers: Sequence[str]) -> str:
+    for address in brokers:
+        if speaks_http2(address):
+            return (
+                f"{address} is a broker's gRPC port (the Liftbridge API), not its wire protocol port: tidelog "
+                f"commands use the wire port, {DEFAULT_WIRE_PORT} by default (serve --wire-port)"
+            )
+    return message
+
+
+def speaks_http2(address: str) -> bool:
+    """Whether the server at ``address`` greets a new connection with an HTTP/2 SETTINGS frame, as a gRPC server
+    does (a tidelog wire port waits for the client to speak first)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT) as sock:
+            sock.settimeout(PROBE_TIMEOUT)
+            greeting = sock.recv(9)
+    except (OSError, ValueError):
+        return False
+    return len(greeting) >= 4 and greeting[3] == 0x04  # frame type 4: SETTINGS
 
 
 def async_command(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
@@ -99,7 +197,8 @@ def async_command(func: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        return run(func(*args, **kwargs))
+        brokers = kwargs.get("brokers")
+        return run(func(*args, **kwargs), bootstrap(brokers) if isinstance(brokers, str | list) else ())
 
     return wrapper
 

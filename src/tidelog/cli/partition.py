@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option
+from tidelog.cli.common import async_command, bootstrap, brokers_option, output_option, stream_name
+from tidelog.cli.render import print_json, table
 from tidelog.client import Admin
 from tidelog.protocol.messages import PartitionInfo, SkipDamagedResponse
 
@@ -26,7 +26,7 @@ def partition() -> None:
 
 
 @partition.command("reset-head")
-@click.argument("stream")
+@click.argument("stream", callback=stream_name)
 @click.argument("partition_id", metavar="PARTITION", type=click.IntRange(0))
 @click.option(
     "--offset",
@@ -38,10 +38,10 @@ def partition() -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @brokers_option
 @async_command
-async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bool, brokers: str) -> None:
+async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bool, brokers: list[str]) -> None:
     """Confirm the head of suspended partition PARTITION of STREAM: appends resume there.
 
-    Diagnose first: the suspension names its evidence (``tidelog cluster status`` and ``stream describe``
+    Diagnose first: the suspension names its evidence ('tidelog cluster status' and 'tidelog stream describe'
     show it), and records beyond the confirmed head that only some replica holds are given up for good.
     """
     async with Admin(bootstrap(brokers)) as admin:
@@ -56,8 +56,17 @@ async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bo
                 )
         result = await admin.reset_head(stream, partition_id, offset=offset)
     console.print(f"head confirmed: [bold]{stream}/{partition_id}[/] takes appends again from offset {result.head}")
-    table = Table("stream", "partition", "leader", "leader epoch", "head", "log end before", "high watermark")
-    table.add_row(
+    rows = table(
+        "stream",
+        "part",
+        "leader",
+        "epoch",
+        "head",
+        "end before",
+        "HW",
+        numeric=("part", "epoch", "head", "end before", "HW"),
+    )
+    rows.add_row(
         stream,
         str(partition_id),
         result.leader,
@@ -66,7 +75,7 @@ async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bo
         str(result.log_end),
         str(result.high_watermark),
     )
-    console.print(table)
+    console.print(rows)
     if result.head < result.log_end:
         console.print(f"cut {result.log_end - result.head} uncommitted record(s) from the leader's log")
     if result.cleared:
@@ -74,15 +83,16 @@ async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bo
 
 
 @partition.command("skip-damaged")
-@click.argument("stream")
+@click.argument("stream", callback=stream_name)
 @click.argument("partition_id", metavar="PARTITION", type=click.IntRange(0))
 @click.option("--from", "first", type=click.IntRange(0), default=None, help="First offset of the range to skip.")
 @click.option("--to", "last", type=click.IntRange(0), default=None, help="Last offset of the range (inclusive).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@output_option
 @brokers_option
 @async_command
 async def skip_damaged(
-    stream: str, partition_id: int, first: int | None, last: int | None, yes: bool, brokers: str
+    stream: str, partition_id: int, first: int | None, last: int | None, yes: bool, output: str, brokers: list[str]
 ) -> None:
     """List the offsets of PARTITION of STREAM that its leader found damaged on disk (bit rot); with --from and
     --to (a range exactly as listed), confirm skipping it: readers then pass over those offsets silently.
@@ -94,17 +104,26 @@ async def skip_damaged(
         raise click.UsageError("give both --from and --to, or neither (to list the damaged ranges)")
     async with Admin(bootstrap(brokers)) as admin:
         listed = await admin.skip_damaged(stream, partition_id)
-        _show_damage(stream, partition_id, listed)
         if first is None or last is None:
+            _show_damage(stream, partition_id, listed, output)
             return
+        if output == "json" and not yes:
+            raise click.UsageError("--output json asks no questions: add --yes to skip the range")
         if not yes:
+            _show_damage(stream, partition_id, listed, output)
             click.confirm(f"Skip offsets {first}..{last} of {stream}/{partition_id} for good?", abort=True)
         result = await admin.skip_damaged(stream, partition_id, first, last)
-    console.print(f"offsets {first}..{last} of [bold]{stream}/{partition_id}[/] are skipped: readers pass over them")
-    _show_damage(stream, partition_id, result)
+    if output == "table":
+        console.print(
+            f"offsets {first}..{last} of [bold]{stream}/{partition_id}[/] are skipped: readers pass over them"
+        )
+    _show_damage(stream, partition_id, result, output)
 
 
-def _show_damage(stream: str, partition_id: int, listed: SkipDamagedResponse) -> None:
+def _show_damage(stream: str, partition_id: int, listed: SkipDamagedResponse, output: str) -> None:
+    if output == "json":
+        print_json(listed)
+        return
     console.print(
         f"{stream}/{partition_id}: the leader found {listed.found_total} damaged range(s) since it started and "
         f"restored {listed.repaired_total} from a replica"
@@ -112,10 +131,10 @@ def _show_damage(stream: str, partition_id: int, listed: SkipDamagedResponse) ->
     if not listed.ranges:
         console.print(f"{stream}/{partition_id}: no damaged offsets known")
         return
-    table = Table("damaged offsets", "state", "found")
+    rows = table("damaged offsets", "state", "found")
     for span in listed.ranges:
-        table.add_row(f"{span.first}..{span.last}", "skipped" if span.confirmed else "NOT confirmed", span.reason)
-    console.print(table)
+        rows.add_row(f"{span.first}..{span.last}", "skipped" if span.confirmed else "NOT confirmed", span.reason)
+    console.print(rows)
 
 
 def _show(stream: str, found: PartitionInfo) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tidelog.broker.config import BrokerConfig, load_config
+from tidelog.broker.config import BrokerConfig, config_keys, load_config
 from tidelog.broker.config_values import ConfigError
 from tidelog.cli.signals import stop_on_signals
 from tidelog.launch.process import ProcessStartError
@@ -91,7 +92,15 @@ async def start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
     return False
 
 
-@click.command("serve")
+SETTINGS_EPILOG = (
+    "Every broker setting (there are about 40: limits, retention, flush policy, replication timeouts, the "
+    "embedded NATS and etcd, ...) is described with its default in docs/configuration.md. Give any of them as "
+    "-s KEY=VALUE (repeatable, e.g. -s max_message_bytes=4194304), as TIDELOG_KEY in the environment, or as "
+    "KEY = VALUE in the --config file. Flags win over -s, -s over the environment, the environment over the file."
+)
+
+
+@click.command("serve", epilog=SETTINGS_EPILOG)
 @click.option(
     "--config",
     "config_file",
@@ -132,7 +141,8 @@ async def start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
     "settings",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Any broker setting (see docs/configuration.md), e.g. -s retention_max_age_ms=3600000; the flags above win.",
+    help="Any broker setting (repeatable; see docs/configuration.md), e.g. -s retention_max_age_ms=3600000; the "
+    "flags above win.",
 )
 def serve(
     config_file: Path | None,
@@ -165,7 +175,7 @@ def serve(
         "embedded_etcd_port": embedded_etcd_port,
         "log_level": log_level,
     }
-    flags: dict[str, object] = {**_parse_settings(settings), **{k: v for k, v in named.items() if v is not None}}
+    flags: dict[str, object] = {**parse_settings(settings), **{k: v for k, v in named.items() if v is not None}}
     try:
         code = _run(run_broker(flags, config_file))
     except ConfigError as exc:
@@ -181,14 +191,25 @@ def serve(
     sys.exit(code)
 
 
-def _parse_settings(settings: tuple[str, ...]) -> dict[str, str]:
-    parsed: dict[str, str] = {}
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{setting!r} is not KEY=VALUE", param_hint="--setting")
-        parsed[key.strip()] = value.strip()
-    return parsed
+def parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``-s KEY=VALUE`` options as ``{key: value}``; an unknown key or a pair without ``=`` is a usage error
+    naming the allowed keys (the values are checked with the rest of the configuration)."""
+    keys = config_keys()
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().lower().replace("-", "_")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE, e.g. max_message_bytes=4194304", param_hint="-s")
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise click.BadParameter(
+                f"unknown setting {key!r}{hint}; the settings are listed in docs/configuration.md: {', '.join(keys)}",
+                param_hint="-s",
+            )
+        settings[key] = value.strip()
+    return settings
 
 
 def _run(coro: object) -> int:

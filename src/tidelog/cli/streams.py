@@ -1,4 +1,9 @@
-"""``tidelog stream create|list|describe|delete|pause|resume|readonly``."""
+"""``tidelog stream create|list|describe|delete|pause|resume|readonly``.
+
+Creating a stream that exists succeeds only when it is the same stream (subject, partitions, replication factor,
+group and settings): one that differs is refused naming what differs, so a script never believes it made a
+stream of 5 partitions when 3 exist.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,42 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option
+from tidelog.cli.common import (
+    async_command,
+    bootstrap,
+    brokers_option,
+    output_option,
+    stream_name,
+    wide_option,
+)
+from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.client import Admin
+from tidelog.protocol.messages import StreamInfo
 
 console = Console()
+MAX_PARTITIONS = 10_000  # the broker's limit (tidelog.broker.streams)
+
+
+class ReplicationFactor(click.ParamType[int]):
+    """A replication factor: a positive count of replicas, or -1 for every broker."""
+
+    name = "N"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            factor = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a whole number: give 1 or more replicas, or -1 for every broker", param, ctx)
+        if factor < 1 and factor != -1:
+            self.fail(f"{factor} replicas: give 1 or more, or -1 for every broker", param, ctx)
+        return factor
+
+
+def _subject(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+        raise click.BadParameter(f"{value!r}: a NATS subject is dot-separated tokens without whitespace", ctx, param)
+    return value
+
 
 _SETTINGS = {
     "retention_max_bytes": "retention.max.bytes",
@@ -31,18 +68,37 @@ def stream() -> None:
 
 
 @stream.command("create")
-@click.argument("name")
-@click.option("--subject", "-s", default=None, help="NATS subject the stream listens on (default: the name).")
-@click.option("--partitions", "-p", type=click.IntRange(1), default=1, show_default=True)
-@click.option("--replication-factor", "-r", type=int, default=1, show_default=True, help="-1: every broker.")
+@click.argument("name", callback=stream_name)
+@click.option(
+    "--subject",
+    "-s",
+    default=None,
+    callback=_subject,
+    help="NATS subject the stream listens on (default: the name); partition i > 0 listens on SUBJECT.i.",
+)
+@click.option(
+    "--partitions", "-p", type=click.IntRange(1, MAX_PARTITIONS), default=1, show_default=True, help="Partitions."
+)
+@click.option(
+    "--replication-factor", "-r", type=ReplicationFactor(), default=1, show_default=True, help="-1: every broker."
+)
 @click.option("--group", default="", help="NATS queue group the partition leaders subscribe with.")
-@click.option("--retention-max-bytes", type=click.IntRange(0), default=None)
-@click.option("--retention-max-messages", type=click.IntRange(0), default=None)
-@click.option("--retention-max-age-ms", type=click.IntRange(0), default=None)
-@click.option("--segment-max-bytes", type=click.IntRange(1024), default=None)
-@click.option("--segment-max-age-ms", type=click.IntRange(1), default=None)
-@click.option("--flush-policy", type=click.Choice(["always", "interval", "never"]), default=None)
-@click.option("--min-isr", type=click.IntRange(1), default=None)
+@click.option(
+    "--retention-max-bytes", type=click.IntRange(0), default=None, help="Per partition: drop the oldest beyond this."
+)
+@click.option(
+    "--retention-max-messages", type=click.IntRange(0), default=None, help="Per partition: keep at most this many."
+)
+@click.option("--retention-max-age-ms", type=click.IntRange(0), default=None, help="Drop records older than this.")
+@click.option("--segment-max-bytes", type=click.IntRange(1024), default=None, help="Roll segment files at this size.")
+@click.option("--segment-max-age-ms", type=click.IntRange(1), default=None, help="Roll segment files at this age.")
+@click.option(
+    "--flush-policy",
+    type=click.Choice(["always", "interval", "never"]),
+    default=None,
+    help="When appends are fsynced (docs/durability.md).",
+)
+@click.option("--min-isr", type=click.IntRange(1), default=None, help="In-sync replicas an acks=all write needs.")
 @click.option("--compact", is_flag=True, default=False, help="Keep only the newest record per key.")
 @brokers_option
 @async_command
@@ -53,73 +109,100 @@ async def create(
     replication_factor: int,
     group: str,
     compact: bool,
-    brokers: str,
+    brokers: list[str],
     **settings: str | int | None,
 ) -> None:
-    """Create stream NAME (succeeds if it exists with the same subject)."""
+    """Create stream NAME.
+
+    Settings left out take the broker's defaults (docs/configuration.md). If NAME exists with the same settings
+    this succeeds and changes nothing; with other settings (subject, partitions, replication factor, ...) it
+    fails naming what differs.
+    """
     config: dict[str, str | int | bool] = {_SETTINGS[k]: v for k, v in settings.items() if v is not None}
     if compact:
         config["compact.enabled"] = True
     async with Admin(bootstrap(brokers)) as admin:
+        existed = any(s.name == name for s in await admin.list_streams(name))
         await admin.create_stream(
             name, subject, partitions=partitions, replication_factor=replication_factor, group=group, config=config
         )
-    console.print(
-        f"created stream [bold]{name}[/] on subject [bold]{subject or name}[/] with {partitions} partition(s)"
-    )
+    if existed:
+        console.print(f"stream [bold]{name}[/] already exists with these settings; nothing changed")
+    else:
+        console.print(
+            f"created stream [bold]{name}[/] on subject [bold]{subject or name}[/] with {partitions} partition(s)"
+        )
 
 
 @stream.command("list")
 @click.option("--prefix", default="", help="Only streams whose name starts with this.")
+@output_option
 @brokers_option
 @async_command
-async def list_(prefix: str, brokers: str) -> None:
+async def list_(prefix: str, output: str, brokers: list[str]) -> None:
     """List streams."""
     async with Admin(bootstrap(brokers)) as admin:
         streams = await admin.list_streams(prefix)
-    table = Table("stream", "subject", "partitions", "replication factor")
+    if output == "json":
+        print_json(streams)
+        return
+    rows = table("stream", "subject", "partitions", "replicas", numeric=("partitions", "replicas"))
     for s in streams:
-        table.add_row(s.name, s.subject, str(s.partitions), str(s.replication_factor))
-    console.print(table if streams else "no streams")
+        rows.add_row(s.name, s.subject, str(s.partitions), str(s.replication_factor))
+    console.print(rows if streams else "no streams")
 
 
 @stream.command("describe")
-@click.argument("name")
+@click.argument("name", callback=stream_name)
+@output_option
+@wide_option
 @brokers_option
 @async_command
-async def describe(name: str, brokers: str) -> None:
-    """Show a stream's partitions: leader, replicas, ISR and offsets."""
+async def describe(name: str, output: str, wide: bool, brokers: list[str]) -> None:
+    """Show a stream's partitions: leader, replicas, ISR, offsets (log start, high watermark, log end), state."""
     async with Admin(bootstrap(brokers)) as admin:
         info = await admin.describe_stream(name)
+    if output == "json":
+        print_json(info)
+        return
     console.print(f"stream [bold]{info.name}[/] on subject [bold]{info.subject}[/]")
-    table = Table("partition", "leader", "replicas", "isr", "log start", "high watermark", "log end", "state")
-    for p in info.partitions:
-        flags = (("suspended", bool(p.suspended)), ("paused", p.paused), ("read-only", p.readonly))
-        state = ", ".join(s for s, on in flags if on) or "active"
-        table.add_row(
-            str(p.id),
-            p.leader or "-",
-            ",".join(p.replicas),
-            ",".join(p.isr),
-            str(p.log_start),
-            str(p.high_watermark),
-            str(p.log_end),
-            state,
-            style="bold red" if p.suspended else None,
-        )
-    console.print(table)
+    console.print(partitions_table(info, wide))
+    console.print("HW: high watermark (records below it are committed); end: the next offset")
     for p in info.partitions:
         if p.suspended:
             console.print(f"[bold red]partition {p.id} suspended[/]: {p.suspended}", soft_wrap=True)
             console.print(f"after checking the replicas: tidelog partition reset-head {info.name} {p.id}")
 
 
+def partitions_table(info: StreamInfo, wide: bool = False) -> Table:
+    """A stream's partitions, one row each, in 80 columns: short broker ids and no log start column, unless
+    ``wide``."""
+    ids = short_ids((b for p in info.partitions for b in (*p.replicas, *p.isr, p.leader or "")), wide)
+    columns = ("part", "leader", "replicas", "ISR", *(("start",) if wide else ()), "HW", "end", "state")
+    rows = table(*columns, numeric=("part", "start", "HW", "end"))
+    for p in info.partitions:
+        flags = (("suspended", bool(p.suspended)), ("paused", p.paused), ("read-only", p.readonly))
+        state = ", ".join(s for s, on in flags if on) or "active"
+        rows.add_row(
+            str(p.id),
+            ids.get(p.leader, p.leader) if p.leader else "-",
+            id_list(p.replicas, ids),
+            id_list(p.isr, ids),
+            *((str(p.log_start),) if wide else ()),
+            str(p.high_watermark),
+            str(p.log_end),
+            state,
+            style="bold red" if p.suspended else None,
+        )
+    return rows
+
+
 @stream.command("delete")
-@click.argument("name")
+@click.argument("name", callback=stream_name)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @brokers_option
 @async_command
-async def delete(name: str, yes: bool, brokers: str) -> None:
+async def delete(name: str, yes: bool, brokers: list[str]) -> None:
     """Delete stream NAME and all its data."""
     if not yes:
         click.confirm(f"Delete stream {name!r} and all its data?", abort=True)
@@ -143,11 +226,11 @@ def _partitions_option() -> Callable[[F], F]:
 
 
 @stream.command("pause")
-@click.argument("name")
+@click.argument("name", callback=stream_name)
 @_partitions_option()
 @brokers_option
 @async_command
-async def pause(name: str, partitions: tuple[int, ...], brokers: str) -> None:
+async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
     """Pause partitions; a publish to a paused partition resumes it."""
     async with Admin(bootstrap(brokers)) as admin:
         await admin.set_stream_state(name, partitions, paused=True)
@@ -155,11 +238,11 @@ async def pause(name: str, partitions: tuple[int, ...], brokers: str) -> None:
 
 
 @stream.command("resume")
-@click.argument("name")
+@click.argument("name", callback=stream_name)
 @_partitions_option()
 @brokers_option
 @async_command
-async def resume(name: str, partitions: tuple[int, ...], brokers: str) -> None:
+async def resume(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
     """Resume paused partitions."""
     async with Admin(bootstrap(brokers)) as admin:
         await admin.set_stream_state(name, partitions, paused=False)
@@ -167,12 +250,12 @@ async def resume(name: str, partitions: tuple[int, ...], brokers: str) -> None:
 
 
 @stream.command("readonly")
-@click.argument("name")
+@click.argument("name", callback=stream_name)
 @_partitions_option()
 @click.option("--off", is_flag=True, help="Make the partitions writable again.")
 @brokers_option
 @async_command
-async def readonly(name: str, partitions: tuple[int, ...], off: bool, brokers: str) -> None:
+async def readonly(name: str, partitions: tuple[int, ...], off: bool, brokers: list[str]) -> None:
     """Make partitions read-only (writes are refused) or, with --off, writable."""
     async with Admin(bootstrap(brokers)) as admin:
         await admin.set_stream_state(name, partitions, readonly=not off)

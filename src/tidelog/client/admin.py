@@ -92,9 +92,10 @@ class Admin:
         """Create a stream on NATS subject ``subject`` (the stream's name when omitted).
 
         ``replication_factor`` -1 means every broker. ``config`` overrides per-stream settings by name, e.g.
-        ``{"retention.max.bytes": 1 << 30, "flush.policy": "never", "compact.enabled": True}``. Raises
-        ``StreamExistsError`` when the name is taken, ``InvalidArgumentError`` for a bad name, subject or
-        setting.
+        ``{"retention.max.bytes": 1 << 30, "flush.policy": "never", "compact.enabled": True}``. Creating the
+        same stream again (same subject, partitions, replication factor, group and settings) succeeds and changes
+        nothing; ``StreamExistsError`` when the name is taken by a stream that differs (the message names what),
+        ``InvalidArgumentError`` for a bad name, subject or setting.
         """
         request = CreateStreamRequest(
             name,

@@ -36,6 +36,7 @@ from tidelog.metadata.records import (
     CreationRecord,
     Keys,
     PartitionRecord,
+    StreamConfig,
     StreamRecord,
     decode_creation,
     decode_stream,
@@ -56,11 +57,32 @@ class CreateOutcome(enum.Enum):
     CREATED = "created"
     """The stream did not exist and now does."""
     SAME_EXISTS = "same-exists"
-    """A stream with this name and subject already exists: creation is idempotent, nothing was written."""
+    """The same stream already exists (:func:`differences` finds none): creation is idempotent, nothing was
+    written."""
     CONFLICT = "conflict"
-    """A stream with this name exists with a different subject."""
+    """A stream with this name exists with other settings (:func:`differences` names them)."""
     IN_PROGRESS = "in-progress"
     """Another creation of this name is under way: nothing was written; retry."""
+
+
+def differences(existing: StreamRecord, wanted: StreamRecord) -> list[str]:
+    """How the stream ``wanted`` differs from the ``existing`` one of its name, one phrase per setting (e.g.
+    ``"partitions 3 (asked for 5)"``); empty when creating ``wanted`` would make the same stream. A per-stream
+    setting the request leaves to the broker default differs from one the existing stream overrides."""
+    found = []
+    for field in ("subject", "partitions", "replication_factor", "group"):
+        have, want = getattr(existing, field), getattr(wanted, field)
+        if have != want:
+            found.append(f"{field} {have!r} (asked for {want!r})")
+    for field in StreamConfig.__struct_fields__:
+        have, want = getattr(existing.config, field), getattr(wanted.config, field)
+        if have != want:
+            found.append(f"{field.replace('_', '.')} {_setting(have)} (asked for {_setting(want)})")
+    return found
+
+
+def _setting(value: object) -> str:
+    return "the broker default" if value is None else repr(value)
 
 
 class Transact(Protocol):
@@ -137,7 +159,7 @@ class StreamCreation:
                 return None
             existing = value_of(result.responses[0])
             if existing is not None:
-                same = decode_stream(existing).subject == stream.subject
+                same = not differences(decode_stream(existing), stream)
                 return CreateOutcome.SAME_EXISTS if same else CreateOutcome.CONFLICT
             held = value_of(result.responses[1])
             if held is not None:

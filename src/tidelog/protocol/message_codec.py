@@ -31,6 +31,7 @@ and :mod:`tidelog.protocol.peer_messages` (what brokers send each other); this m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -200,8 +201,21 @@ def decode_as(cls: type[H], data: BytesLike) -> H:
         header: H = decoder.decode(data)
     except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
         # msgspec reports invalid UTF-8 in a length-constrained string as a bare UnicodeDecodeError.
-        raise ProtocolError(f"malformed {cls.__name__} header: {exc}") from exc
+        raise ProtocolError(f"malformed {cls.__name__} header: {_field_named(cls, str(exc))}") from exc
     return header
+
+
+_POSITION = re.compile(r" - at `\$\[(\d+)\][^`]*`")
+
+
+def _field_named(cls: type[Header], problem: str) -> str:
+    """msgspec's ``"Expected `int` >= -1 - at `$[3]`"`` as ``"field replication_factor: Expected `int` >= -1"``
+    (headers are positional arrays, so msgspec can only say where; the field's name says what)."""
+    found = _POSITION.search(problem)
+    if found is None or int(found[1]) >= len(cls.__struct_fields__):
+        return problem
+    field = cls.__struct_fields__[int(found[1])]
+    return f"field {field}: {problem[: found.start()]}{problem[found.end() :]}"
 
 
 def decode_header(kind: Kind, op: int, data: BytesLike) -> Header:

@@ -34,13 +34,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import lz4.frame
+import zstandard
+
 from tidelog.protocol.records import (
     DEFAULT_MAX_UNCOMPRESSED,
+    HEADER_SIZE,
     REGISTERS_FLAG,
     BatchHeader,
     CheckedRecords,
+    Codec,
     check_records,
+    decode_varint,
     iter_batches,
+    parse_header,
     record_section,
 )
 from tidelog.protocol.records.errors import (
@@ -87,6 +94,9 @@ def check_produced(
             )
             headers.append(header)
     except DecompressedTooLargeError as exc:
+        too_large = _first_record_too_large(data, position, limits.max_message_bytes)
+        if too_large is not None:
+            raise RecordTooLargeError(too_large) from None
         raise RecordTooLargeError(
             f"batch at byte {position}: its records decompress to more than {limits.max_uncompressed_bytes} bytes, "
             f"the most a batch may hold ({exc}); no record may exceed max_message_bytes "
@@ -95,6 +105,36 @@ def check_produced(
     except CorruptBatchError as exc:
         raise InvalidBatchError(f"batch at byte {position} is not a valid record batch: {exc}") from None
     return headers
+
+
+_PREFIX_BYTES = 64 * 1024  # of a batch's decompressed records, to measure its first record (its key fits)
+
+
+def _first_record_too_large(data: bytes | bytearray | memoryview, position: int, limit: int) -> str | None:
+    """For a compressed batch too large to decompress: whether its first record alone is above ``limit`` (one
+    message of several MB sent alone), said as the record check says it, from the first bytes of the records;
+    None when it is not, or cannot be told from those bytes."""
+    header = parse_header(data, position)
+    compressed = bytes(memoryview(data)[position + HEADER_SIZE : position + header.size])
+    try:
+        if header.codec is Codec.ZSTD:
+            prefix = zstandard.ZstdDecompressor().stream_reader(compressed).read(_PREFIX_BYTES)
+        elif header.codec is Codec.LZ4:
+            prefix = lz4.frame.LZ4FrameDecompressor().decompress(compressed, max_length=_PREFIX_BYTES)
+        else:
+            return None
+        end = len(prefix)
+        _, p = decode_varint(prefix, 0, end)  # the record's length
+        _, p = decode_varint(prefix, p + 1, end)  # after the attributes: the timestamp delta
+        delta, p = decode_varint(prefix, p, end)
+        key, p = decode_varint(prefix, p, end)
+        value, _ = decode_varint(prefix, p + max(key, 0), end)
+    except Exception:  # damaged, or a key longer than the prefix: the batch's own error says enough
+        return None
+    size = max(key, 0) + max(value, 0)
+    if size <= limit:
+        return None
+    return f"record {delta} is {size} bytes (key and value), above max_message_bytes ({limit})"
 
 
 def _check_header(header: BatchHeader, position: int) -> None:

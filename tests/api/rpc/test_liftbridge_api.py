@@ -167,12 +167,16 @@ async def test_create_stream_refuses_impossible_overrides(stub: Stub, stream_nam
     assert stream.error == api_pb2.StreamMetadata.UNKNOWN_STREAM
 
 
-async def test_create_stream_is_idempotent_on_same_name_and_subject(stub: Stub, stream_name: str) -> None:
+async def test_create_stream_of_a_taken_name_is_already_exists_and_changes_nothing(
+    stub: Stub, stream_name: str
+) -> None:
+    """Liftbridge answers ALREADY_EXISTS whenever the name is taken, even by the same stream (its clients map it
+    to ErrStreamExists and go on); the stream and its records stay as they were."""
     await create_stream(stub, stream_name, partitions=2)
     created = (await stream_metadata(stub, stream_name)).creationTimestamp
     await publish(stub, stream_name, b"kept")
 
-    await create_stream(stub, stream_name, partitions=2)
+    await expect_code(Code.ALREADY_EXISTS, create_stream(stub, stream_name, partitions=2))
 
     again = await stream_metadata(stub, stream_name)
     assert again.creationTimestamp == created

@@ -46,6 +46,7 @@ async def create_stream(ctx: BrokerContext, request: api_pb2.CreateStreamRequest
         partitions=request.partitions,
         replication_factor=request.replicationFactor,
         config=stream_config_from(request),
+        exists_ok=False,  # Liftbridge answers ALREADY_EXISTS whenever the name is taken
     )
     return api_pb2.CreateStreamResponse()
 
