@@ -21,7 +21,7 @@ from tidelog.protocol.errors import (
     UnknownProducerError,
 )
 from tidelog.protocol.records import BatchBuilder, check_batch, records_of
-from tidelog.replication.idempotence.producer_state import MAX_SEQUENCE
+from tidelog.protocol.records.producers import MAX_SEQUENCE
 from tidelog.testing.fake_broker import FakeBroker, FakeCluster, Fault
 
 S = "orders"

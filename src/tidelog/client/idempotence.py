@@ -35,7 +35,7 @@ from tidelog.protocol.connection import ConnectionClosedError
 from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import InitProducerRequest, InitProducerResponse
 from tidelog.protocol.records import CRC_FIELD, CRC_POS, CRC_START
-from tidelog.replication.idempotence.producer_state import MAX_SEQUENCE, WINDOW
+from tidelog.protocol.records.producers import MAX_SEQUENCE, WINDOW
 
 log = logging.getLogger(__name__)
 

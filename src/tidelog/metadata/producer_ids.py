@@ -11,7 +11,7 @@ answer without asking the controller, and two brokers answering at once cannot h
 - ``{prefix}/producers/{name}`` holds a named producer's :class:`~tidelog.metadata.records.ProducerRecord`.
   The first INIT_PRODUCER of a name takes a fresh id with epoch 0, creating the record and bumping the counter
   in one transaction; each later one writes epoch + 1, guarded by the record's ``mod_revision``. Past
-  :data:`~tidelog.replication.idempotence.producer_state.MAX_PRODUCER_EPOCH` the name moves to a fresh id at epoch 0
+  :data:`~tidelog.protocol.records.producers.MAX_PRODUCER_EPOCH` the name moves to a fresh id at epoch 0
   (the header's epoch is an int16), as Kafka does.
 
 An anonymous producer (empty name) gets a fresh id with epoch 0 and no record.
@@ -33,7 +33,7 @@ from tidelog.metadata.records import (
     encode_producer,
 )
 from tidelog.protocol.errors import InvalidArgumentError, UnavailableError
-from tidelog.replication.idempotence.producer_state import MAX_PRODUCER_EPOCH
+from tidelog.protocol.records.producers import MAX_PRODUCER_EPOCH
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tidelog.protocol.records import BatchBuilder, parse_header
+from tidelog.protocol.records.producers import WINDOW
 from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
-from tidelog.replication.idempotence.producer_state import NEW, WINDOW, Duplicate, OutOfOrder, ProducerStateTable
+from tidelog.replication.idempotence.producer_state import NEW, Duplicate, OutOfOrder, ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import (
     after_truncation,
     open_producer_state,

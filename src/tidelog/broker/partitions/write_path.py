@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from tidelog.protocol.errors import ErrorCode, TidelogError, make_error
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchHeader, iter_batches
+from tidelog.protocol.records.producers import NO_PRODUCER_ID
 from tidelog.replication.idempotence.producer_state import (
-    NO_PRODUCER_ID,
     Duplicate,
     Fenced,
     InFlight,

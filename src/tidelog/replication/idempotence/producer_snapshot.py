@@ -32,11 +32,9 @@ from typing import Protocol
 
 from tidelog.clock import Clock
 from tidelog.protocol.records import BatchHeader, iter_batches
+from tidelog.protocol.records.producers import MAX_PRODUCER_EPOCH, MAX_SEQUENCE, WINDOW
 from tidelog.replication.idempotence.producer_state import (
     DEFAULT_PRODUCER_EXPIRY_MS,
-    MAX_PRODUCER_EPOCH,
-    MAX_SEQUENCE,
-    WINDOW,
     BatchMetadata,
     ExpiredProducer,
     ProducerEntry,

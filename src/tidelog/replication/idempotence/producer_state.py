@@ -61,11 +61,8 @@ from typing import NamedTuple, TypeAlias
 
 from tidelog.clock import Clock, SystemClock
 from tidelog.protocol.records import BatchHeader
+from tidelog.protocol.records.producers import MAX_PRODUCER_EPOCH, MAX_SEQUENCE, NO_PRODUCER_ID, WINDOW
 
-NO_PRODUCER_ID = -1
-MAX_SEQUENCE = 2**31 - 1  # int32; the sequence after it is 0
-MAX_PRODUCER_EPOCH = 2**15 - 1  # int16, the header's field
-WINDOW = 5  # batches remembered per producer: Kafka's NUM_BATCHES_TO_RETAIN, and its producer's max in flight
 DEFAULT_PRODUCER_EXPIRY_MS = 24 * 60 * 60 * 1000
 
 
