@@ -5,7 +5,7 @@ other (never at the same time), on free loopback ports of this one machine, each
 directories under one scratch directory on the same disk, and stopped by PID afterwards. Each run starts fresh
 clusters and alternates which side goes first.
 
-- tidelog: :class:`~tidelog.testing.cluster.LocalCluster` — one nats-server, one etcd and three ``tidelog serve``
+- tidelog: :class:`~tidelog.local.cluster.LocalCluster` — one nats-server, one etcd and three ``tidelog serve``
   processes; streams with replication factor 3; every write acks ``ALL`` with the default flush policy
   ``always`` (each replica fsyncs before it counts). Broker settings: ``TIDELOG_SETTINGS`` below (the defaults,
   written out), overridable with ``--setting key=value``.
@@ -72,7 +72,7 @@ from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamCluster, publish_a
 from benchmarks.publish import deadline_for, make_payloads, percentile
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.probes import http_get
-from tidelog.testing.cluster import LocalCluster
+from tidelog.local.cluster import LocalCluster
 
 BENCH = "replication"
 SIZE = 1024

@@ -44,11 +44,11 @@ from pyspark.sql.types import StructType
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from tidelog.client import Codec, LoopThread, TidelogClient
+from tidelog.local.serve_process import ServedBroker, start_served_broker
 from tidelog.spark.options import parse_options
 from tidelog.spark.planning import OffsetRange
 from tidelog.spark.reading import read_range
 from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
-from tidelog.testing.serve_process import ServedBroker, start_served_broker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

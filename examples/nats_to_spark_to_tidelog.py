@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 import nats
 
 from tidelog.client import LoopThread, TidelogClient
+from tidelog.local.serve_process import start_served_broker
 from tidelog.protocol.errors import StreamExistsError
-from tidelog.testing.serve_process import start_served_broker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -20,9 +20,9 @@ import pytest_asyncio
 from tests.broker.helpers import EVERY, FIRST, LAST, produce_batches, rot
 from tests.helpers import BOUND
 from tidelog.client import Admin, Consumer
+from tidelog.local.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.errors import OffsetDamagedError
-from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -19,9 +19,9 @@ from tests.broker.helpers import bounded, create_stream, expect_code, publish, r
 from tests.helpers import BOUND
 from tidelog.client.admin import Admin
 from tidelog.client.producer import Producer
+from tidelog.local.cluster import LocalCluster
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
-from tidelog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -9,7 +9,7 @@ import pytest
 
 from tidelog.broker.config import BrokerConfig, config_keys, load_config
 from tidelog.broker.config_example import render
-from tidelog.testing.serve_process import start_served_broker
+from tidelog.local.serve_process import start_served_broker
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tidelog.toml"
 _COMMENTED_SETTING = re.compile(r"^# ([a-z_]+ = .*)$", re.MULTILINE)

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from tidelog.client.admin import Admin
+from tidelog.local.cluster import LocalCluster
+from tidelog.local.serve_process import ServedBroker, start_served_broker
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import CorruptDataError
 from tidelog.protocol.messages import Acks, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse
 from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
-from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.serve_process import ServedBroker, start_served_broker
+from tidelog.testing.history import read_cluster_replica
 
 pytestmark = pytest.mark.slow
 
@@ -185,5 +186,5 @@ async def test_a_leader_whose_recovery_found_damage_steps_down_and_fetches_the_r
         assert f"offsets {damaged}..{damaged} unreadable" in text and "steps down" in text
         assert f"the log now ends at offset {damaged}" in text  # the cut, as a follower, logged
         await cluster.kill(leader)
-        replica = await cluster.read_replica(leader, STREAM, partition)
+        replica = await read_cluster_replica(cluster, leader, STREAM, partition)
         assert replica is not None and [value for _, value in replica.records] == expected  # fetched again

@@ -24,6 +24,7 @@ from tests.helpers import BOUND
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.client.admin import Admin
+from tidelog.local.serve_process import TIDELOG, clean_env
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import (
     InvalidArgumentError,
@@ -37,7 +38,6 @@ from tidelog.replication.follower.fetcher import FetcherState
 from tidelog.server import Broker
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.recovery import MARKER_FILE
-from tidelog.testing.serve_process import TIDELOG, clean_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -17,6 +17,7 @@ import pytest_asyncio
 
 from tests.broker.helpers import create_stream
 from tests.helpers import BOUND
+from tidelog.local.cluster import LocalCluster
 from tidelog.protocol._gen import api_pb2_grpc
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import TidelogError
@@ -31,7 +32,6 @@ from tidelog.protocol.messages import (
 )
 from tidelog.protocol.records import BatchBuilder, decode_records, iter_batches
 from tidelog.replication.follower.leader_link import split_address
-from tidelog.testing.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

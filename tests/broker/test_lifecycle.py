@@ -22,8 +22,8 @@ from tests.helpers import BOUND
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import tcp_probe
 from tidelog.launch.process import ManagedProcess, pid_alive, wait_pid_exit
+from tidelog.local.serve_process import TIDELOG, serving
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
-from tidelog.testing.serve_process import TIDELOG, serving
 
 from .helpers import bounded, create_stream, publish, read_until_stop, values
 

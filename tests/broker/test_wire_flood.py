@@ -16,11 +16,11 @@ import grpc
 import pytest
 
 from tests.helpers import BOUND
+from tidelog.local.serve_process import start_served_broker
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.frames import FrameDecoder, Kind
 from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.messages import MetadataRequest
-from tidelog.testing.serve_process import start_served_broker
 
 from .helpers import bounded, create_stream, partition_metadata
 

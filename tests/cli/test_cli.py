@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
+from tidelog.local.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -17,8 +17,8 @@ import pytest_asyncio
 from tidelog.client import Admin
 from tidelog.launch.ports import free_port
 from tidelog.launch.process import pid_alive, wait_pid_exit
-from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.serve_process import TIDELOG, clean_env
+from tidelog.local.cluster import LocalCluster
+from tidelog.local.serve_process import TIDELOG, clean_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

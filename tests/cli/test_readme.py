@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tidelog.testing.serve_process import ServedBroker, clean_env, start_served_broker
+from tidelog.local.serve_process import ServedBroker, clean_env, start_served_broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -22,7 +22,7 @@ from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import tcp_probe
 from tidelog.launch.process import ManagedProcess
-from tidelog.testing.serve_process import TIDELOG, clean_env, serving
+from tidelog.local.serve_process import TIDELOG, clean_env, serving
 
 pytestmark = pytest.mark.slow
 

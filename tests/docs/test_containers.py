@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import LONG_BOUND
 from tidelog.broker.config import load_config
-from tidelog.testing.serve_process import clean_env, start_served_broker
+from tidelog.local.serve_process import clean_env, start_served_broker
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -30,8 +30,8 @@ from tests.helpers import BOUND, LONG_BOUND
 from tidelog.launch.ports import free_port
 from tidelog.launch.probes import ReadinessProbe, http_get, http_probe
 from tidelog.launch.process import ManagedProcess
+from tidelog.local.serve_process import clean_env, serving
 from tidelog.metadata.records import Keys, decode_partition
-from tidelog.testing.serve_process import clean_env, serving
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
 _BLOCK = re.compile(r"<!-- deployment: (?P<name>\S+)(?: (?P<path>\S+))? -->\n```[a-z]*\n(?P<body>.*?)```", re.DOTALL)

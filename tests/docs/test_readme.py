@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import LONG_BOUND
 from tidelog.launch.ports import free_ports
 from tidelog.launch.process import ManagedProcess
-from tidelog.testing.serve_process import START_WITHIN, TIDELOG, clean_env, serving
+from tidelog.local.serve_process import START_WITHIN, TIDELOG, clean_env, serving
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 _QUICK_START = re.compile(r"<!-- quick-start: [^>]*-->\n```sh\n(?P<body>.*?)```", re.DOTALL)

@@ -9,9 +9,9 @@ import pytest
 from tests.helpers import BOUND
 from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.embedded import EmbeddedEtcd
+from tidelog.local.tcp_proxy import TcpProxy
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import BrokerRecord, Keys, encode
-from tidelog.testing.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 Spark's Python workers (the tasks, and the driver-side planner processes of the data source) are separate
 processes that connect to the broker over loopback, so the broker runs as ``tidelog serve`` in a child process
-(:mod:`tidelog.testing.serve_process`), started from a loop thread that lives as long as the session (the child
+(:mod:`tidelog.local.serve_process`), started from a loop thread that lives as long as the session (the child
 is tied to that thread: it dies with it, see :mod:`tidelog.launch.process`) and stopped by its PID.
 
 The SparkSession is kept small (1 GiB driver, two shuffle partitions, no UI). Its workers run this
@@ -24,7 +24,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
 from tidelog.client import LoopThread, TidelogClient
-from tidelog.testing.serve_process import ServedBroker, start_served_broker
+from tidelog.local.serve_process import ServedBroker, start_served_broker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

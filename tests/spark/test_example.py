@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from tidelog.client import TidelogClient
-from tidelog.testing.serve_process import ServedBroker
+from tidelog.local.serve_process import ServedBroker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

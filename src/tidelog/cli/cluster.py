@@ -42,7 +42,7 @@ from tidelog.protocol.connection import Connection
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
 
 if TYPE_CHECKING:
-    from tidelog.testing.cluster import BrokerHandle, LocalCluster
+    from tidelog.local.cluster import BrokerHandle, LocalCluster
 
 __all__ = ["cluster", "dev_cluster", "register"]
 
@@ -336,7 +336,7 @@ def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, sett
 async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None) -> int:
     from tidelog.cli.signals import stop_on_signals
     from tidelog.launch.process import ProcessStartError
-    from tidelog.testing.cluster import LocalCluster
+    from tidelog.local.cluster import LocalCluster
 
     local = LocalCluster(root, brokers, settings=settings, base_port=base_port)
     # a second signal exits at once: the children die with us (PR_SET_PDEATHSIG)

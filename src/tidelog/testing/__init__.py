@@ -1,4 +1,4 @@
-"""Harnesses importable by tests: free ports, real server processes, fault injection, history checking.
+"""Harnesses importable by tests: fakes, fault scenarios on a local cluster (:mod:`tidelog.local`), history checking.
 
 Stand-ins for a broker's parts, for tests that run one real piece against fakes of the rest:
 :mod:`~tidelog.testing.fakes` (a partition manager that leads what it is given, a NATS client that delivers on

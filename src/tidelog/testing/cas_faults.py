@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidelog.client import Admin, Appender, Cluster, refusal_details
+from tidelog.local.cluster import LocalCluster
 from tidelog.protocol.connection import ConnectionClosedError
 from tidelog.protocol.errors import IncorrectOffsetError, TidelogError
-from tidelog.testing.cluster import LocalCluster
 from tidelog.testing.fault_run import ELECT_WITHIN, READ_WITHIN, REJOIN_WITHIN, SETTINGS
 from tidelog.testing.linearizability import (
     Append,

@@ -3,7 +3,7 @@ acks-ALL load, faults injected in rounds, then a history check; the outcome is a
 
 Every scenario runs the same way, inside a :class:`FaultRun`:
 
-1. start a :class:`~tidelog.testing.cluster.LocalCluster` with short timings (``SETTINGS``), create a stream
+1. start a :class:`~tidelog.local.cluster.LocalCluster` with short timings (``SETTINGS``), create a stream
    with replication factor 3 (so ``min_isr`` is 2) and wait for its full ISR;
 2. run a :class:`~tidelog.testing.workload.ProduceLoad` (acks ALL, flush ``always``, the broker default) and a
    :class:`~tidelog.testing.workload.TailConsumer`, both recording into one
@@ -34,9 +34,9 @@ from pathlib import Path
 from types import TracebackType
 
 from tidelog.client import Admin
+from tidelog.local.cluster import LocalCluster
 from tidelog.metadata.records import PartitionRecord
-from tidelog.testing.cluster import LocalCluster
-from tidelog.testing.history import CheckReport, History
+from tidelog.testing.history import CheckReport, History, read_cluster_replica
 from tidelog.testing.workload import DirectOutcome, ProduceLoad, TailConsumer, produce_direct, read_all
 
 STREAM = "faults"
@@ -235,7 +235,7 @@ class FaultRun:
         for partition, record in records.items():
             isr = set(record.isr) if record is not None else set()
             for handle in cluster.brokers:
-                snapshot = await cluster.read_replica(handle.id, STREAM, partition)
+                snapshot = await read_cluster_replica(cluster, handle.id, STREAM, partition)
                 if snapshot is not None:
                     self.history.replica_log(
                         handle.id,

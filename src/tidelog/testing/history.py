@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidelog.local.cluster import LocalCluster
 from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage.checkpoint import HW_CHECKPOINT_FILE, HighWatermarkCheckpoint
 from tidelog.storage.log import Log
@@ -409,3 +410,13 @@ async def read_replica(
         await log.close()
     hw = await asyncio.to_thread(HighWatermarkCheckpoint(path / HW_CHECKPOINT_FILE).read, 0)
     return ReplicaSnapshot(records, hw, end)
+
+
+async def read_cluster_replica(
+    cluster: LocalCluster, broker_id: str, stream: str, partition: int
+) -> ReplicaSnapshot | None:
+    """A local cluster broker's replica of a partition as stored on disk; only while the broker is not running."""
+    handle = cluster.broker(broker_id)
+    if handle.running:
+        raise RuntimeError(f"stop or kill broker {broker_id} before reading its files")
+    return await read_replica(handle.data_dir, stream, partition)

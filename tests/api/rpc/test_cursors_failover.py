@@ -18,6 +18,7 @@ import pytest_asyncio
 from tests.broker.helpers import create_stream, expect_code
 from tests.helpers import BOUND
 from tidelog.client import Admin
+from tidelog.local.cluster import LocalCluster
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.connection import Connection
@@ -25,7 +26,6 @@ from tidelog.protocol.cursor_messages import SetCursorRequest
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import NotLeaderError
 from tidelog.replication.follower.leader_link import split_address
-from tidelog.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

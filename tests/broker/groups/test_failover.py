@@ -20,8 +20,8 @@ import pytest_asyncio
 from tests.broker.groups.helpers import assignments, group_metadata, join, partitions, report
 from tests.broker.helpers import create_stream, expect_code
 from tests.helpers import BOUND
+from tidelog.local.cluster import LocalCluster
 from tidelog.protocol._gen import api_pb2_grpc
-from tidelog.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

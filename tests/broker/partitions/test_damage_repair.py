@@ -18,11 +18,11 @@ import pytest_asyncio
 
 from tests.broker.helpers import EVERY, FIRST, produce_batches, rot
 from tidelog.client import Admin, Consumer
+from tidelog.local.cluster import LocalCluster
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.records import iter_batches
 from tidelog.protocol.records.errors import CorruptBatchError
-from tidelog.testing.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from tests.helpers import LONG_BOUND
 from tidelog.launch.process import pid_alive, wait_pid_exit
-from tidelog.testing.cluster import LocalCluster
+from tidelog.local.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

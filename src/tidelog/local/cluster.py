@@ -24,7 +24,7 @@ Children never outlive the test: :class:`~tidelog.launch.process.ManagedProcess`
 and asks the kernel to SIGKILL them if the test process dies (``PR_SET_PDEATHSIG``). Brokers are therefore
 started from the event loop's thread, never from a worker thread.
 
-``proxied=True`` puts a :class:`~tidelog.testing.tcp_proxy.TcpProxy` in front of each broker's wire port and has
+``proxied=True`` puts a :class:`~tidelog.local.tcp_proxy.TcpProxy` in front of each broker's wire port and has
 the broker advertise the proxy, so :meth:`LocalCluster.isolate` cuts it off from clients and from the followers
 fetching from it. That needs a broker setting to advertise a wire port other than the one it listens on; until
 ``BrokerConfig`` has one, ``proxied=True`` raises :class:`NotImplementedError`.
@@ -51,6 +51,8 @@ from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import ReadinessProbe, all_of
 from tidelog.launch.process import ManagedProcess
+from tidelog.local.serve_process import TIDELOG, clean_env, serving
+from tidelog.local.tcp_proxy import TcpProxy
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
@@ -60,9 +62,6 @@ from tidelog.metadata.records import (
     decode_controller,
     decode_partition,
 )
-from tidelog.testing.history import ReplicaSnapshot, read_replica
-from tidelog.testing.serve_process import TIDELOG, clean_env, serving
-from tidelog.testing.tcp_proxy import TcpProxy
 
 __all__ = ["ADVERTISE_WIRE_PORT_KEYS", "BrokerHandle", "LocalCluster"]
 
@@ -401,13 +400,6 @@ class LocalCluster:
     async def partition_record(self, stream: str, partition: int) -> PartitionRecord | None:
         value = await self._get(self.keys.partition(stream, partition))
         return None if value is None else decode_partition(value)
-
-    async def read_replica(self, broker_id: str, stream: str, partition: int) -> ReplicaSnapshot | None:
-        """The broker's replica of a partition as stored on disk; only while the broker is not running."""
-        handle = self.broker(broker_id)
-        if handle.running:
-            raise RuntimeError(f"stop or kill broker {broker_id} before reading its files")
-        return await read_replica(handle.data_dir, stream, partition)
 
     # ---- waiting ----
 

@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.testing.tcp_proxy import TcpProxy
+from tidelog.local.tcp_proxy import TcpProxy
 
 SILENCE = 0.3  # how long a black-holed connection must stay silent: only bounds a negative check
 
