@@ -181,7 +181,7 @@ async def describe(group_name: str, output: str, wide: bool, brokers: list[str])
             _shown(r.lag),
         )
     console.print(rows)
-    console.print("committed: the next offset the group reads; end: the high watermark; lag: end - committed")
+    console.print("committed: the next offset the group reads; end: the high watermark")
 
 
 def _as_json(view: GroupView) -> dict[str, Any]:
