@@ -11,15 +11,17 @@ import asyncio
 import datetime as dt
 import json
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from tests.helpers import BOUND
+from tests.helpers import BOUND, LONG_BOUND
 from tidelog.client import Admin, Producer
 from tidelog.protocol.connection import Connection
+from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.group_messages import JoinGroupRequest, LeaveGroupRequest
 from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 
@@ -79,6 +81,19 @@ async def filled_stream(broker: ServedBroker, name: str, counts: list[int], late
 async def committed(broker: ServedBroker, stream: str, group: str, partitions: int) -> list[int]:
     async with Admin(broker.wire_address) as admin:
         return [await admin.fetch_cursor(stream, p, group) for p in range(partitions)]
+
+
+async def cursors_served(broker: ServedBroker) -> None:
+    """Wait (bounded) until a restarted broker leads ``__cursors`` again and answers cursor requests."""
+    deadline = time.monotonic() + LONG_BOUND
+    while True:
+        try:
+            await committed(broker, "gd-orders", "gd-other", 1)
+            return
+        except TidelogError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
 
 
 async def reset(broker: ServedBroker, group: str, *args: str) -> list[dict[str, object]]:
@@ -217,6 +232,7 @@ async def test_delete_removes_every_committed_offset_also_after_a_restart(tmp_pa
         await served.stop()
     served = await start_served_broker(tmp_path, **SETTINGS)
     try:
+        await cursors_served(served)
         assert await committed(served, "gd-orders", "gd-group", 2) == [-1, -1]
         assert await committed(served, "gd-orders", "gd-other", 1) == [1]
         one_line_error(await tidelog(served, "group", "delete", "gd-group", "--yes"), 1, "no such consumer group")
