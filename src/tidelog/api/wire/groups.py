@@ -2,9 +2,9 @@
 DESCRIBE_GROUP, LIST_GROUPS and DELETE_GROUP.
 
 The first four are Liftbridge's group RPCs (:mod:`tidelog.api.rpc.groups`), for the native client and for brokers
-forwarding group changes to the controller (``forwarded`` set); the last two answer from this broker's mirror of the
-group records (where a group's coordinator is, for a member told NOT_COORDINATOR; what tooling shows). Handlers are
-thin: every rule lives in :class:`~tidelog.broker.groups.service.GroupService`.
+forwarding group changes to the controller (``forwarded`` set); DESCRIBE_GROUP and LIST_GROUPS answer from this
+broker's mirror of the group records (where a group's coordinator is, for a member told NOT_COORDINATOR; what
+tooling shows). Handlers are thin: every rule lives in :class:`~tidelog.broker.groups.service.GroupService`.
 
 DELETE_GROUP (``tidelog group delete``) deletes a group's committed offsets, which are cursors: it is answered by
 the leader of one ``__cursors`` partition, for the cursors that partition holds (a client sends it to each). There
