@@ -21,6 +21,9 @@ LISTINGS = (
     "tidelog stream describe",
     "tidelog cluster status",
     "tidelog partition skip-damaged",
+    "tidelog group list",
+    "tidelog group describe",
+    "tidelog group reset-offsets",
 )
 NOW = 1_800_000_000_000_000_000
 

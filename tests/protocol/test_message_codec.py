@@ -12,8 +12,11 @@ from hypothesis import strategies as st
 
 from tidelog.protocol import group_messages as gm
 from tidelog.protocol.cursor_messages import (
+    CursorPosition,
     FetchCursorRequest,
     FetchCursorResponse,
+    ListCursorsRequest,
+    ListCursorsResponse,
     SetCursorRequest,
     SetCursorResponse,
 )
@@ -237,6 +240,11 @@ STRATEGIES.update(
         SetCursorResponse: st.builds(SetCursorResponse),
         FetchCursorRequest: st.builds(FetchCursorRequest, names, cursor_partition, text, millis),
         FetchCursorResponse: st.builds(FetchCursorResponse, offset_or_none),
+        ListCursorsRequest: st.builds(ListCursorsRequest, text, partition, millis),
+        ListCursorsResponse: st.builds(
+            ListCursorsResponse,
+            st.lists(st.builds(CursorPosition, text, partition, offset_or_none), max_size=3).map(tuple),
+        ),
     }
 )
 
@@ -265,6 +273,8 @@ STRATEGIES.update(
             st.lists(st.builds(gm.GroupMemberInfo, text, ids, assigned), max_size=3).map(tuple),
         ),
         gm.ListGroupsRequest: st.just(gm.ListGroupsRequest()),
+        gm.DeleteGroupRequest: st.builds(gm.DeleteGroupRequest, text, partition, millis),
+        gm.DeleteGroupResponse: st.builds(gm.DeleteGroupResponse, millis),
         gm.ListGroupsResponse: st.builds(
             gm.ListGroupsResponse,
             st.lists(st.builds(gm.GroupSummary, text, text, group_epoch, millis), max_size=3).map(tuple),

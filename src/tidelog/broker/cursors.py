@@ -23,6 +23,13 @@ requests wait for it. A write updates the cache only when its record is newer th
 key need no lock to stay ordered); a write that fails after reaching the log (a timeout) drops the cache, so the
 next read rebuilds it from what the log holds.
 
+**Deleting** (a consumer group's committed offsets, ``tidelog group delete``):
+:meth:`CursorStore.delete_cursors_of` writes a tombstone (the key with no value) for every cursor of one id that
+one ``__cursors`` partition holds, acks ALL; the cache and a rebuild take a tombstone as "never set" (-1), and
+compaction drops it once it is older than the stream's ``delete_retention``. :meth:`CursorStore.cursors_of` lists
+what a partition holds of one id. Both work per ``__cursors`` partition, on its leader: a cursor's partition
+follows from its whole key, so a client asks each.
+
 **Input** is checked before anything else, on any broker: a cursor id of 1 to :data:`MAX_CURSOR_ID_BYTES`
 UTF-8 bytes, an existing stream and partition, an offset of -1 (nothing consumed) or more. Each failure is its
 precise error (INVALID_ARGUMENT, UNKNOWN_STREAM, UNKNOWN_PARTITION) and nothing is stored.
@@ -79,10 +86,11 @@ class _Positions:
     """The cursors of one ``__cursors`` partition, for one leadership of it."""
 
     partition: Partition
-    by_key: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # key -> (record offset, cursor offset)
+    # key -> (record offset, cursor offset; None: deleted, a tombstone)
+    by_key: dict[bytes, tuple[int, int | None]] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def put(self, key: bytes, record_offset: int, offset: int) -> None:
+    def put(self, key: bytes, record_offset: int, offset: int | None) -> None:
         known = self.by_key.get(key)
         if known is None or known[0] < record_offset:
             self.by_key[key] = (record_offset, offset)
@@ -126,7 +134,39 @@ class CursorStore:
         pid, leader = self._leader_for(key)
         cache = await self._positions(pid, leader, timeout)
         known = cache.by_key.get(key)
-        return -1 if known is None else known[1]
+        return -1 if known is None or known[1] is None else known[1]
+
+    # ---- every cursor of one id in one __cursors partition: listed, deleted ----
+
+    async def cursors_of(self, cursor_id: str, pid: int, timeout: float) -> list[tuple[str, int, int]]:
+        """``(stream, partition, offset)`` of every cursor of ``cursor_id`` in ``__cursors`` partition ``pid``."""
+        leader = self._leader_of(pid)
+        cache = await self._positions(pid, leader, timeout)
+        return sorted((*where, offset) for key, (_, offset) in cache.by_key.items()
+                      if offset is not None and (where := _parse_key(key, cursor_id)) is not None)  # fmt: skip
+
+    async def delete_cursors_of(self, cursor_id: str, pid: int, timeout: float) -> int:
+        """Write a tombstone for every cursor of ``cursor_id`` in ``__cursors`` partition ``pid`` (acks ALL);
+        how many there were."""
+        leader = self._leader_of(pid)
+        cache = await self._positions(pid, leader, timeout)
+        keys = sorted(key for key, (_, offset) in cache.by_key.items()
+                      if offset is not None and _parse_key(key, cursor_id) is not None)  # fmt: skip
+        if not keys:
+            return 0
+        now = time.time_ns()
+        batch = build_batch([NewRecord(None, key, timestamp=now) for key in keys], timestamp=now)
+        try:
+            written = await leader.write(batch, Acks.ALL, timeout)
+        except TidelogError:
+            self._drop(pid, leader)
+            raise
+        if isinstance(written, WriteRefused):
+            raise written.error()
+        if self._caches.get(pid) is cache:
+            for i, key in enumerate(keys):
+                cache.put(key, written.base_offset + i, None)
+        return len(keys)
 
     async def on_metadata(self, _old: MetadataSnapshot, new: MetadataSnapshot) -> None:
         """A mirror listener, run after the partition manager acted on a change: start reading the cursors of each
@@ -170,6 +210,20 @@ class CursorStore:
         return cursor_key(cursor_id, stream, partition)
 
     # ---- where a cursor lives ----
+
+    def _leader_of(self, pid: int) -> Partition:
+        """This broker's leader of ``__cursors`` partition ``pid``; the precise error otherwise."""
+        if not self._enabled:
+            raise UnsupportedError("cursors are disabled on this broker (cursors_stream_partitions is 0)")
+        stream = self._mirror.snapshot.stream(CURSORS_STREAM)
+        if stream is None:
+            raise UnavailableError(f"the {CURSORS_STREAM} stream is not created yet; retry shortly")
+        if not 0 <= pid < stream.partitions:
+            raise UnknownPartitionError(f"{CURSORS_STREAM} has partitions 0..{stream.partitions - 1}, not {pid}")
+        leader = self._manager.local(CURSORS_STREAM, pid)
+        if leader is None:
+            raise NotLeaderError(f"broker {self._broker_id!r} is not the leader of {CURSORS_STREAM} partition {pid}")
+        return leader
 
     def _leader_for(self, key: bytes) -> tuple[int, Partition]:
         """The ``__cursors`` partition of ``key`` and this broker's leader of it; the precise error otherwise."""
@@ -245,7 +299,10 @@ class CursorStore:
                 break
             for pos, header in iter_batches(data):
                 for record in decode_records(data, pos, header=header):
-                    if record.offset < offset or record.key is None or record.value is None:
+                    if record.offset < offset or record.key is None:
+                        continue
+                    if record.value is None:  # a tombstone: the cursor was deleted
+                        cache.put(record.key, record.offset, None)
                         continue
                     try:
                         value = _DECODE(record.value)
@@ -255,3 +312,15 @@ class CursorStore:
                     cache.put(record.key, record.offset, value.offset)
                 offset = header.next_offset
             await asyncio.sleep(0)  # let requests run between chunks of a long partition
+
+
+def _parse_key(key: bytes, cursor_id: str) -> tuple[str, int] | None:
+    """``(stream, partition)`` of a cursor key of ``cursor_id`` (``cursorId,stream,partition``); None for a key of
+    another id. Unambiguous although ids may hold commas: stream names cannot."""
+    prefix = f"{cursor_id},".encode()
+    if not key.startswith(prefix):
+        return None
+    stream, sep, partition = key[len(prefix) :].decode(errors="replace").partition(",")
+    if not sep or "," in partition or not partition.isdigit():
+        return None
+    return stream, int(partition)

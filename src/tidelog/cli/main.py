@@ -1,4 +1,5 @@
-"""The ``tidelog`` command: ``serve`` and the client commands (streams, publish, append, subscribe, partitions).
+"""The ``tidelog`` command: ``serve`` and the client commands (streams, publish, append, subscribe, partitions,
+consumer groups).
 
 Every failure ends as one line on stderr and a non-zero exit; ``tidelog --debug COMMAND`` (or
 ``TIDELOG_DEBUG=1``) shows the traceback instead, for a bug report.
@@ -15,6 +16,8 @@ from tidelog import __version__
 from tidelog.cli.append import append
 from tidelog.cli.cluster import register as register_cluster_commands
 from tidelog.cli.common import DEBUG_ENV
+from tidelog.cli.group_reset import reset_offsets
+from tidelog.cli.groups import group
 from tidelog.cli.partition import partition
 from tidelog.cli.publish import publish
 from tidelog.cli.serve import serve
@@ -42,6 +45,8 @@ cli.add_command(publish)
 cli.add_command(append)
 cli.add_command(subscribe)
 cli.add_command(partition)
+group.add_command(reset_offsets)
+cli.add_command(group)
 register_cluster_commands(cli)
 
 

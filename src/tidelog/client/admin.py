@@ -1,5 +1,6 @@
 """The asyncio admin client: create, delete, list, describe, pause and set read-only streams; cluster metadata;
-confirm the head of a suspended partition (fail to safety); store and read cursors (consumer positions).
+confirm the head of a suspended partition (fail to safety); store and read cursors (consumer positions); list,
+describe and delete consumer groups and read their committed offsets (``tidelog group``).
 
 ::
 
@@ -19,14 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 import msgspec
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.protocol.connection import Connection
-from tidelog.protocol.cursor_messages import FetchCursorRequest, FetchCursorResponse, SetCursorRequest
+from tidelog.protocol.cursor_messages import (
+    FetchCursorRequest,
+    FetchCursorResponse,
+    ListCursorsRequest,
+    ListCursorsResponse,
+    SetCursorRequest,
+)
 from tidelog.protocol.cursors import CURSORS_STREAM, cursor_key, cursors_partition
 from tidelog.protocol.errors import (
     NotLeaderError,
@@ -34,7 +41,17 @@ from tidelog.protocol.errors import (
     RequestTimeoutError,
     TidelogError,
     UnavailableError,
+    UnknownGroupError,
     UnknownStreamError,
+)
+from tidelog.protocol.group_messages import (
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    GroupSummary,
+    ListGroupsRequest,
+    ListGroupsResponse,
 )
 from tidelog.protocol.messages import (
     CreateStreamRequest,
@@ -283,6 +300,67 @@ class Admin:
         except UnknownStreamError:
             return await self._cluster.any_connection()
         return await self._cluster.leader_connection(CURSORS_STREAM, cursors_partition(key, len(info.partitions)))
+
+    # -- consumer groups, as kafka-consumer-groups shows them (tidelog group ...) ----------------------------------
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every consumer group (a group exists while it has members), by id: coordinator, epoch, member count."""
+        connection = await self._cluster.any_connection()
+        response = await connection.request(ListGroupsRequest(), timeout=self._cluster.request_timeout)
+        assert isinstance(response.header, ListGroupsResponse)
+        return list(response.header.groups)
+
+    async def describe_group(self, group_id: str) -> DescribeGroupResponse:
+        """A group's coordinator, epoch, members and their assignments; ``UnknownGroupError`` when it has no
+        members (its committed offsets may remain: :meth:`group_offsets`)."""
+        connection = await self._cluster.any_connection()
+        response = await connection.request(DescribeGroupRequest(group_id), timeout=self._cluster.request_timeout)
+        assert isinstance(response.header, DescribeGroupResponse)
+        return response.header
+
+    async def group_offsets(self, group_id: str, *, timeout_ms: int = 5_000) -> dict[tuple[str, int], int]:
+        """The group's committed offsets (its cursors: the next offset to read) by ``(stream, partition)``, asking
+        the leader of every ``__cursors`` partition; empty when cursors are not set up yet."""
+        found: dict[tuple[str, int], int] = {}
+        for answer in await self._each_cursors_partition(lambda p: ListCursorsRequest(group_id, p, timeout_ms)):
+            assert isinstance(answer, ListCursorsResponse)
+            found.update({(c.stream, c.partition): c.offset for c in answer.cursors})
+        return dict(sorted(found.items()))
+
+    async def delete_group(self, group_id: str, *, timeout_ms: int = 10_000) -> int:
+        """Delete a group's committed offsets (tombstones for its cursors, acks ALL); how many there were.
+
+        ``GroupRefusedError`` while the group has members (nothing is deleted), ``UnknownGroupError`` when it
+        has neither members nor committed offsets."""
+        answers = await self._each_cursors_partition(lambda p: DeleteGroupRequest(group_id, p, timeout_ms))
+        deleted = 0
+        for answer in answers:
+            assert isinstance(answer, DeleteGroupResponse)
+            deleted += answer.deleted
+        if not deleted:
+            raise UnknownGroupError(f"no such consumer group {group_id}: it has no members and no committed offsets")
+        return deleted
+
+    async def offset_at(self, stream: str, partition: int, timestamp_ns: int) -> int:
+        """The first committed offset of ``stream``/``partition`` whose timestamp is at or after ``timestamp_ns``
+        (the high watermark when there is none)."""
+        response = await self._cluster.leader_request(
+            stream, partition, ListOffsetsRequest(stream, partition, timestamp_ns)
+        )
+        assert isinstance(response.header, ListOffsetsResponse)
+        return response.header.offset
+
+    async def _each_cursors_partition(self, request: Callable[[int], Header]) -> list[Header]:
+        """``request(p)`` sent to the leader of each ``__cursors`` partition ``p``, concurrently; their answers.
+        none when ``__cursors`` does not exist (cursors disabled, or not created yet)."""
+        try:
+            info = await self._cluster.stream(CURSORS_STREAM, refresh=True)
+        except UnknownStreamError:
+            return []
+        responses = await asyncio.gather(
+            *(self._cluster.leader_request(CURSORS_STREAM, p.id, request(p.id)) for p in info.partitions)
+        )
+        return [r.header for r in responses]
 
     async def close(self) -> None:
         if self._owns_cluster:

@@ -32,6 +32,7 @@ from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.consumer import Consumer
 from tidelog.client.producer import Headers, Producer
 from tidelog.client.records import FetchedBatch
+from tidelog.protocol.group_messages import DescribeGroupResponse, GroupSummary
 from tidelog.protocol.messages import MetadataResponse, ResetHeadResponse, StreamInfo, StreamSummary
 from tidelog.protocol.records.rows import ConsumerRecord
 
@@ -250,6 +251,18 @@ class SyncAdmin(_Facade):
 
     def fetch_cursor(self, stream: str, partition: int, cursor_id: str, **kw: Any) -> int:
         return self._runner.run(self._admin.fetch_cursor(stream, partition, cursor_id, **kw))
+
+    def list_groups(self) -> list[GroupSummary]:
+        return self._runner.run(self._admin.list_groups())
+
+    def describe_group(self, group_id: str) -> DescribeGroupResponse:
+        return self._runner.run(self._admin.describe_group(group_id))
+
+    def group_offsets(self, group_id: str, **kw: Any) -> dict[tuple[str, int], int]:
+        return self._runner.run(self._admin.group_offsets(group_id, **kw))
+
+    def delete_group(self, group_id: str, **kw: Any) -> int:
+        return self._runner.run(self._admin.delete_group(group_id, **kw))
 
     def close(self) -> None:
         try:

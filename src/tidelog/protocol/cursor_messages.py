@@ -1,5 +1,6 @@
 """Frame headers of the cursor ops: SET_CURSOR and FETCH_CURSOR, a consumer's position kept in the internal stream
-``__cursors`` (:mod:`tidelog.broker.cursors`).
+``__cursors`` (:mod:`tidelog.broker.cursors`), and LIST_CURSORS, every cursor of one id in one ``__cursors``
+partition (what tooling shows of a consumer group's committed offsets).
 
 Partition and offset take any 32- and 64-bit value here: the broker checks them and names what is wrong (a
 partition that does not exist, an offset below -1), which a header decoding error could not. Routed by
@@ -12,7 +13,7 @@ from typing import Annotated
 
 import msgspec
 
-from tidelog.protocol.messages import INT32_MAX, INT64_MAX, Header, Millis, Name, OffsetOrNone
+from tidelog.protocol.messages import INT32_MAX, INT64_MAX, Header, Millis, Name, OffsetOrNone, PartitionId
 
 CursorPartition = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
 CursorOffset = Annotated[int, msgspec.Meta(ge=-(2**63), le=INT64_MAX)]
@@ -45,3 +46,23 @@ class FetchCursorRequest(Header, frozen=True):
 
 class FetchCursorResponse(Header, frozen=True):
     offset: OffsetOrNone  # -1: never set
+
+
+class ListCursorsRequest(Header, frozen=True):
+    """Every cursor of id ``cursor_id`` held in ``__cursors`` partition ``cursors_partition``; sent to that
+    partition's leader (a client asks each partition to find all of them: a cursor's partition follows from its
+    whole key, not from the id alone)."""
+
+    cursor_id: str
+    cursors_partition: PartitionId
+    timeout_ms: Millis = 5_000
+
+
+class CursorPosition(Header, frozen=True):
+    stream: str
+    partition: int
+    offset: int
+
+
+class ListCursorsResponse(Header, frozen=True):
+    cursors: tuple[CursorPosition, ...]  # sorted by stream and partition

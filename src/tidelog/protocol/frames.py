@@ -75,6 +75,7 @@ class Op(enum.IntEnum):
     INIT_PRODUCER = 5  # an idempotent producer's id and epoch (any broker answers; ids come from etcd)
     SET_CURSOR = 6  # store a consumer's position (a cursor in __cursors; its partition's leader answers)
     FETCH_CURSOR = 7  # read a stored cursor (-1 when never set)
+    LIST_CURSORS = 8  # every cursor of one id in one __cursors partition (that partition's leader answers)
     METADATA = 16
     CREATE_STREAM = 17
     DELETE_STREAM = 18
@@ -96,6 +97,7 @@ class Op(enum.IntEnum):
     REPORT_COORDINATOR = 67  # a member reports that the group's coordinator does not answer (to the controller)
     DESCRIBE_GROUP = 68  # a group's coordinator, epoch, members and assignments (any broker, from its mirror)
     LIST_GROUPS = 69  # every group, in short (any broker, from its mirror)
+    DELETE_GROUP = 70  # delete a memberless group's committed offsets in one __cursors partition (its leader)
 
 
 class ProtocolError(Exception):

@@ -7,6 +7,7 @@ be a member without gRPC (:mod:`tidelog.broker.groups`)::
     REPORT_COORDINATOR ReportCoordinatorRequest  ReportCoordinatorResponse
     DESCRIBE_GROUP     DescribeGroupRequest      DescribeGroupResponse      (any broker; where the coordinator is)
     LIST_GROUPS        ListGroupsRequest         ListGroupsResponse
+    DELETE_GROUP       DeleteGroupRequest        DeleteGroupResponse        (a __cursors partition's leader)
 
 Ids are checked by the broker (not here), so a bad id gets INVALID_ARGUMENT naming the rule rather than a
 malformed header. ``forwarded`` marks a request a broker sent on to the controller
@@ -19,7 +20,7 @@ from typing import Annotated
 
 import msgspec
 
-from tidelog.protocol.messages import INT64_MAX, Header
+from tidelog.protocol.messages import INT64_MAX, Header, Millis, PartitionId
 
 GroupEpoch = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # an etcd revision (Liftbridge: uint64)
 
@@ -115,3 +116,17 @@ class GroupSummary(Header, frozen=True):
 
 class ListGroupsResponse(Header, frozen=True):
     groups: tuple[GroupSummary, ...]  # sorted by group id
+
+
+class DeleteGroupRequest(Header, frozen=True):
+    """Delete the committed offsets (cursors of id ``group_id``) that ``__cursors`` partition
+    ``cursors_partition`` holds; sent to that partition's leader, which refuses (GROUP_REFUSED) while the group has
+    members. A client deletes a group by sending this to the leader of every ``__cursors`` partition."""
+
+    group_id: str
+    cursors_partition: PartitionId
+    timeout_ms: Millis = 10_000
+
+
+class DeleteGroupResponse(Header, frozen=True):
+    deleted: int  # cursors deleted (tombstones written to the partition, committed to its ISR)

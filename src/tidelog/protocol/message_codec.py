@@ -13,6 +13,7 @@ Which header goes with which frame::
     INIT_PRODUCER   InitProducerRequest   InitProducerResponse
     SET_CURSOR      SetCursorRequest      SetCursorResponse
     FETCH_CURSOR    FetchCursorRequest    FetchCursorResponse
+    LIST_CURSORS    ListCursorsRequest    ListCursorsResponse
     APPEND          AppendRequest         AppendResponse         request: encoded records (BEGIN, CHUNK)
     SET_STREAM_STATE SetStreamStateRequest SetStreamStateResponse
     RESET_HEAD      ResetHeadRequest      ResetHeadResponse
@@ -40,11 +41,15 @@ import msgspec
 from tidelog.protocol.cursor_messages import (
     FetchCursorRequest,
     FetchCursorResponse,
+    ListCursorsRequest,
+    ListCursorsResponse,
     SetCursorRequest,
     SetCursorResponse,
 )
 from tidelog.protocol.frames import BytesLike, Frame, Kind, Op, ProtocolError, encode_frame
 from tidelog.protocol.group_messages import (
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupAssignmentsRequest,
@@ -132,6 +137,8 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.SET_CURSOR): SetCursorResponse,
     (Kind.REQUEST, Op.FETCH_CURSOR): FetchCursorRequest,
     (Kind.RESPONSE, Op.FETCH_CURSOR): FetchCursorResponse,
+    (Kind.REQUEST, Op.LIST_CURSORS): ListCursorsRequest,
+    (Kind.RESPONSE, Op.LIST_CURSORS): ListCursorsResponse,
     (Kind.REQUEST, Op.JOIN_GROUP): JoinGroupRequest,
     (Kind.RESPONSE, Op.JOIN_GROUP): JoinGroupResponse,
     (Kind.REQUEST, Op.LEAVE_GROUP): LeaveGroupRequest,
@@ -144,6 +151,8 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.DESCRIBE_GROUP): DescribeGroupResponse,
     (Kind.REQUEST, Op.LIST_GROUPS): ListGroupsRequest,
     (Kind.RESPONSE, Op.LIST_GROUPS): ListGroupsResponse,
+    (Kind.REQUEST, Op.DELETE_GROUP): DeleteGroupRequest,
+    (Kind.RESPONSE, Op.DELETE_GROUP): DeleteGroupResponse,
     (Kind.REQUEST, Op.ALTER_ISR): AlterIsrRequest,
     (Kind.RESPONSE, Op.ALTER_ISR): AlterIsrResponse,
     (Kind.REQUEST, Op.REPORT_UNREACHABLE): ReportUnreachableRequest,

@@ -10,8 +10,11 @@ import pytest_asyncio
 
 from tests.broker.helpers import create_stream
 from tests.helpers import BOUND
+from tidelog.client import Admin
 from tidelog.protocol._gen import api_pb2_grpc
 from tidelog.protocol.connection import Connection
+from tidelog.protocol.cursor_messages import CursorPosition, ListCursorsRequest, ListCursorsResponse
+from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.errors import (
     GroupRefusedError,
     InvalidArgumentError,
@@ -20,6 +23,8 @@ from tidelog.protocol.errors import (
     UnknownMemberError,
 )
 from tidelog.protocol.group_messages import (
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     GroupAssignmentsRequest,
@@ -122,3 +127,37 @@ async def test_describe_and_list_groups(
     assert GroupSummary(group, broker.id, joined.epoch, 2) in listed.groups
     await conn.request(LeaveGroupRequest(group, "m1"), timeout=BOUND)
     await conn.request(LeaveGroupRequest(group, "m2"), timeout=BOUND)
+
+
+async def test_a_group_with_members_cannot_be_deleted_and_one_without_loses_every_committed_offset(
+    broker: Broker, stub: api_pb2_grpc.APIStub, conn: Connection, stream_name: str
+) -> None:
+    """DELETE_GROUP goes to the leader of each ``__cursors`` partition (one here): refused while the group has
+    members, whatever the client checked; then tombstones for the group's cursors alone, listed by LIST_CURSORS."""
+    await create_stream(stub, stream_name, partitions=2)
+    assert broker.mirror is not None
+    await broker.mirror.wait_for(lambda s: s.stream(CURSORS_STREAM) is not None, BOUND)
+    group = f"x-{stream_name}"
+    assert broker.wire is not None
+    async with Admin(f"127.0.0.1:{broker.wire.port}") as admin:
+        await admin.set_cursor(stream_name, 0, group, 5)
+        await admin.set_cursor(stream_name, 1, group, 7)
+        await admin.set_cursor(stream_name, 1, f"{group},{stream_name}", 9)  # an id with a comma: another cursor
+        listed = (await conn.request(ListCursorsRequest(group, 0), timeout=BOUND)).header
+        assert listed == ListCursorsResponse((CursorPosition(stream_name, 0, 5), CursorPosition(stream_name, 1, 7)))
+
+        await conn.request(JoinGroupRequest(group, "m1", (stream_name,)), timeout=BOUND)
+        with pytest.raises(GroupRefusedError, match="1 live member"):
+            await conn.request(DeleteGroupRequest(group, 0), timeout=BOUND)
+        await conn.request(LeaveGroupRequest(group, "m1"), timeout=BOUND)
+        assert await admin.group_offsets(group) == {(stream_name, 0): 5, (stream_name, 1): 7}
+
+        deleted = (await conn.request(DeleteGroupRequest(group, 0), timeout=BOUND)).header
+        assert deleted == DeleteGroupResponse(2)
+        assert [await admin.fetch_cursor(stream_name, p, group) for p in (0, 1)] == [-1, -1]
+        assert await admin.group_offsets(group) == {}
+        assert await admin.fetch_cursor(stream_name, 1, f"{group},{stream_name}") == 9
+        with pytest.raises(UnknownGroupError, match="no members and no committed offsets"):
+            await admin.delete_group(group)
+        await admin.set_cursor(stream_name, 0, group, 1)  # a deleted cursor can be set again
+        assert await admin.group_offsets(group) == {(stream_name, 0): 1}

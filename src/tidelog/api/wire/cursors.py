@@ -2,6 +2,9 @@
 consumer positions without gRPC. Same store, same rules and same errors as Liftbridge's ``SetCursor`` and
 ``FetchCursor`` (:mod:`tidelog.broker.cursors`): answered by the leader of the cursor's ``__cursors``
 partition, NOT_LEADER elsewhere (the client looks the leader up again and retries).
+
+LIST_CURSORS lists every cursor of one id in one ``__cursors`` partition, answered by that partition's leader: a
+consumer group's committed offsets, for ``tidelog group describe`` (a client asks every partition).
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.cursors import CursorStore
 from tidelog.protocol.cursor_messages import (
+    CursorPosition,
     FetchCursorRequest,
     FetchCursorResponse,
+    ListCursorsRequest,
+    ListCursorsResponse,
     SetCursorRequest,
     SetCursorResponse,
 )
@@ -20,7 +26,7 @@ from tidelog.protocol.frames import Op
 from tidelog.protocol.message_codec import encode_message
 
 
-def _store(ctx: BrokerContext) -> CursorStore:
+def store_of(ctx: BrokerContext) -> CursorStore:
     if ctx.cursors is None:
         raise UnsupportedError("this broker was assembled without cursors")
     return ctx.cursors
@@ -28,17 +34,25 @@ def _store(ctx: BrokerContext) -> CursorStore:
 
 async def set_cursor(env: HandlerEnv, correlation_id: int, request: SetCursorRequest, _: memoryview) -> Reply:
     timeout = request.timeout_ms / 1000
-    await _store(env.broker).set(request.stream, request.partition, request.cursor_id, request.offset, timeout)
+    await store_of(env.broker).set(request.stream, request.partition, request.cursor_id, request.offset, timeout)
     return Reply(encode_message(correlation_id, SetCursorResponse()))
 
 
 async def fetch_cursor(env: HandlerEnv, correlation_id: int, request: FetchCursorRequest, _: memoryview) -> Reply:
     timeout = request.timeout_ms / 1000
-    offset = await _store(env.broker).fetch(request.stream, request.partition, request.cursor_id, timeout)
+    offset = await store_of(env.broker).fetch(request.stream, request.partition, request.cursor_id, timeout)
     return Reply(encode_message(correlation_id, FetchCursorResponse(offset)))
+
+
+async def list_cursors(env: HandlerEnv, correlation_id: int, request: ListCursorsRequest, _: memoryview) -> Reply:
+    store = store_of(env.broker)
+    found = await store.cursors_of(request.cursor_id, request.cursors_partition, request.timeout_ms / 1000)
+    response = ListCursorsResponse(tuple(CursorPosition(*position) for position in found))
+    return Reply(encode_message(correlation_id, response))
 
 
 ROUTES: dict[int, Route] = {
     Op.SET_CURSOR: route(SetCursorRequest, set_cursor),
     Op.FETCH_CURSOR: route(FetchCursorRequest, fetch_cursor),
+    Op.LIST_CURSORS: route(ListCursorsRequest, list_cursors),
 }
