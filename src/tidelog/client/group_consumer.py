@@ -174,7 +174,11 @@ class GroupConsumer:
             log.warning("group %s: final commit of %s failed: %s", self.group_id, self.consumer_id, exc)
 
     async def __aenter__(self) -> GroupConsumer:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()  # no __aexit__ follows a failed __aenter__
+            raise
         return self
 
     async def __aexit__(

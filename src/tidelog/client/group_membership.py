@@ -129,7 +129,7 @@ class GroupMembership:
             async with self._lock:
                 try:
                     await self._round()
-                except TidelogError as exc:
+                except Exception as exc:  # the loop must outlive any one round: log and heartbeat on
                     log.warning("group %s: heartbeat of %s failed (%s); trying again", self.group_id,
                                 self.consumer_id, exc)  # fmt: skip
 
@@ -140,34 +140,39 @@ class GroupMembership:
             try:
                 await self._heartbeat()
                 return
-            except StaleGroupEpochError as exc:
-                failure = exc
-                epoch = self.epoch
-                await self._describe()
-                if self.epoch == epoch:  # the answering broker's view lags the coordinator's: a moment
-                    await asyncio.sleep(0.05)
-            except NotCoordinatorError as exc:
-                failure = exc
-                await self._describe()
+            except (StaleGroupEpochError, NotCoordinatorError) as exc:
+                failure, follow = exc, self._follow
             except (UnknownMemberError, UnknownGroupError) as exc:
-                failure = exc
-                log.warning("group %s: consumer %s was removed (%s); joining again", self.group_id,
-                            self.consumer_id, exc)  # fmt: skip
-                self._set(-1, frozenset())
-                await self._join()
+                failure, follow = exc, self._rejoin
             except UnavailableError as exc:  # no answer (a lost connection, a timeout): is the coordinator gone?
+                failure, follow = exc, self._coordinator_silent
+            try:
+                await follow()
+            except TidelogError as exc:  # the next heartbeat says what to do (a vanished group: join it again)
                 failure = exc
-                await self._coordinator_silent()
                 await asyncio.sleep(min(self.interval, 0.2))
         assert failure is not None
         if raise_errors:
             raise failure
 
+    async def _follow(self) -> None:
+        """A new epoch or a moved coordinator: look the group up."""
+        epoch = self.epoch
+        await self._describe()
+        if self.epoch == epoch:  # the answering broker's view lags the coordinator's: a moment
+            await asyncio.sleep(0.05)
+
+    async def _rejoin(self) -> None:
+        log.warning("group %s: consumer %s is no longer a member (removed after a silence?); joining again",
+                    self.group_id, self.consumer_id)  # fmt: skip
+        self._set(-1, frozenset())
+        await self._join()
+
     async def _heartbeat(self) -> None:
         connection = await self._coordinator_connection()
         request = GroupAssignmentsRequest(self.group_id, self.consumer_id, max(self.epoch, 0))
         try:
-            response = await connection.request(request, timeout=self.interval)
+            response = await connection.request(request, timeout=self.consumer_timeout / 3)
         except RequestTimeoutError as exc:
             raise UnavailableError(f"coordinator {self.coordinator} did not answer: {exc}") from None
         answer = response.header
@@ -191,6 +196,7 @@ class GroupMembership:
             return
         silent = time.monotonic() - self._last_answer
         if silent < self.coordinator_timeout or self._reported == (self.coordinator, self.epoch):
+            await asyncio.sleep(min(self.interval, 0.2))
             return
         log.warning("group %s: coordinator %s has not answered for %.1fs; reporting it", self.group_id,
                     self.coordinator, silent)  # fmt: skip
