@@ -197,6 +197,11 @@ class GroupConsumer:
         """The group epoch this member last heard of (-1 before joining and after leaving)."""
         return self._membership.epoch
 
+    @property
+    def coordinator(self) -> str:
+        """The broker id this member heartbeats to (the group's coordinator as it last learned)."""
+        return self._membership.coordinator
+
     def position(self, tp: StreamPartition) -> int:
         """The offset of the next record handed out from ``tp`` (an assigned partition)."""
         self._check_assigned(tp)
