@@ -10,8 +10,8 @@ In the manner of Kafka's consumer (``aiokafka.AIOKafkaConsumer``). Membership is
 :class:`~tidelog.client.group_membership.GroupMembership` (join, heartbeat, coordinator failover, leave);
 committed offsets are :class:`~tidelog.client.group_commits.GroupCommits` (cursors whose id is the group id,
 holding the **next offset to read**); each assigned partition is read by a
-:class:`~tidelog.client.consumer.Consumer` of its own (the client's fetch machinery: one connection, one fetch
-in flight, failover handled).
+:class:`~tidelog.client.partition_reader.PartitionReader`: a :class:`~tidelog.client.consumer.Consumer` of that
+partition alone (the client's fetch machinery), restarted from the member's position after a retriable failure.
 
 Positions. :meth:`GroupConsumer.position` is the offset of the next record this member hands out: a record
 counts as consumed once it has been handed out. A newly assigned partition starts at its committed offset, or,
@@ -34,7 +34,6 @@ the new owner. Commit more often (or call :meth:`commit`) to bound that.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -46,9 +45,10 @@ from typing import Literal
 
 from tidelog.client.admin import Admin
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
-from tidelog.client.consumer import Consumer, StartPosition
+from tidelog.client.consumer import StartPosition
 from tidelog.client.group_commits import GroupCommits
 from tidelog.client.group_membership import GroupMembership, StreamPartition
+from tidelog.client.partition_reader import PartitionReader
 from tidelog.client.records import FetchedBatch
 from tidelog.protocol.errors import StaleGroupEpochError, TidelogError
 from tidelog.protocol.records.rows import ConsumerRecord
@@ -57,17 +57,6 @@ log = logging.getLogger(__name__)
 
 Rebalanced = Callable[[frozenset[StreamPartition]], Awaitable[None] | None]
 """A rebalance callback: called with the partitions assigned (or revoked)."""
-
-
-class _Reader:
-    """One assigned partition being read: its consumer, the poll in flight, and which reading it is."""
-
-    __slots__ = ("consumer", "generation", "poll")
-
-    def __init__(self, consumer: Consumer, generation: int) -> None:
-        self.consumer = consumer
-        self.generation = generation  # records of an older reading of the partition (before a seek) are dropped
-        self.poll: asyncio.Task[list[FetchedBatch] | None] = asyncio.create_task(consumer.poll())
 
 
 class GroupConsumer:
@@ -118,8 +107,7 @@ class GroupConsumer:
         self._on_revoked = on_revoked
         self._max_bytes = max_bytes
         self._max_wait_ms = max_wait_ms
-        self._readers: dict[StreamPartition, _Reader] = {}
-        self._positions: dict[StreamPartition, int] = {}
+        self._readers: dict[StreamPartition, PartitionReader] = {}
         self._ready: deque[tuple[StreamPartition, int, ConsumerRecord]] = deque()
         self._seeks: dict[StreamPartition, int] = {}
         self._generation = 0
@@ -163,7 +151,7 @@ class GroupConsumer:
     async def _final_commit(self) -> None:
         """Commit every position before leaving; after a rebalance this member has not applied yet, only the
         partitions it still owns (the others are another member's already)."""
-        positions = {tp: self._positions[tp] for tp in self._readers}
+        positions = self._positions()
         try:
             try:
                 await self._commits.commit(positions)
@@ -203,16 +191,17 @@ class GroupConsumer:
         return self._membership.coordinator
 
     def position(self, tp: StreamPartition) -> int:
-        """The offset of the next record handed out from ``tp`` (an assigned partition)."""
+        """The offset of the next record handed out from ``tp`` (an assigned partition); -1 while its start is
+        not resolved yet (no leader to ask, for a moment)."""
         self._check_assigned(tp)
-        return self._positions[tp]
+        return self._readers[tp].position
 
     def seek(self, tp: StreamPartition, offset: int) -> None:
         """Read ``tp`` (an assigned partition) from ``offset`` on; committed offsets change only with a commit."""
         self._check_assigned(tp)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"seek to an offset >= 0, not {offset!r}")
-        self._positions[tp] = offset
+        self._readers[tp].position = offset
         self._seeks[tp] = offset
         self._wake.set()
 
@@ -225,9 +214,7 @@ class GroupConsumer:
         """Commit ``offsets`` (next offsets to read), or every assigned partition's position. Refused with
         ``StaleGroupEpochError``, nothing stored, for a partition this member no longer owns."""
         await self.start()
-        if offsets is None:
-            offsets = {tp: self._positions[tp] for tp in self._readers}
-        await self._commits.commit(offsets)
+        await self._commits.commit(self._positions() if offsets is None else offsets)
 
     # -- reading -------------------------------------------------------------------------------------------------
 
@@ -260,9 +247,9 @@ class GroupConsumer:
         while self._ready:
             tp, generation, record = self._ready.popleft()
             reader = self._readers.get(tp)
-            if reader is None or reader.generation != generation or record.offset < self._positions[tp]:
-                continue  # revoked, sought elsewhere, or before the position
-            self._positions[tp] = record.offset + 1
+            if reader is None or reader.generation != generation or record.offset < reader.position:
+                continue  # revoked, sought elsewhere, or before the position (read again after a restart)
+            reader.position = record.offset + 1
             return record
         return None
 
@@ -271,7 +258,7 @@ class GroupConsumer:
         if self._auto_commit:
             until_commit = max(self._next_commit - time.monotonic(), 0.0)
             timeout = until_commit if timeout is None else min(timeout, until_commit)
-        polls = {reader.poll: tp for tp, reader in self._readers.items()}
+        polls = {reader.poll: tp for tp, reader in self._readers.items() if reader.poll is not None}
         self._wake.clear()
         signals = [
             asyncio.create_task(self._membership.changed.wait()),
@@ -286,19 +273,12 @@ class GroupConsumer:
             if poll.done():
                 self._collect(tp, poll)
 
-    def _collect(self, tp: StreamPartition, task: asyncio.Task[list[FetchedBatch] | None]) -> None:
+    def _collect(self, tp: StreamPartition, task: asyncio.Task[list[FetchedBatch]]) -> None:
         reader = self._readers.get(tp)
         if reader is None or reader.poll is not task:
             return
-        try:
-            batches = task.result()
-        except BaseException:  # a fetch error (a deleted stream, damaged offsets) is raised to the caller
-            reader.poll = asyncio.create_task(reader.consumer.poll())
-            raise
-        if batches is None:  # the reader has no fetch in flight after an error: read again from the position
-            self._seeks.setdefault(tp, self._positions[tp])
-            return
-        reader.poll = asyncio.create_task(reader.consumer.poll())
+        reader.next_batches()
+        batches = task.result()  # an error that is not retriable (a deleted stream, damaged offsets) is raised
         for batch in batches:
             self._ready.extend((tp, reader.generation, record) for record in batch.records())
 
@@ -331,7 +311,6 @@ class GroupConsumer:
             await self._call(self._on_revoked, revoked)
             for tp in revoked:
                 await self._stop_reader(tp)
-                self._positions.pop(tp, None)
                 self._seeks.pop(tp, None)
             self._commits.forget(revoked)
         if added:
@@ -343,9 +322,7 @@ class GroupConsumer:
 
     async def _commit_moved(self) -> None:
         """Auto-commit: the positions that moved since they were last committed; a failure is logged, not raised."""
-        moved = {
-            tp: p for tp, p in self._positions.items() if tp in self._readers and self._commits.committed.get(tp) != p
-        }
+        moved = {tp: p for tp, p in self._positions().items() if self._commits.committed.get(tp) != p}
         if not moved:
             return
         try:
@@ -357,28 +334,27 @@ class GroupConsumer:
                         self._commit_every, exc)  # fmt: skip
 
     async def _start_reader(self, tp: StreamPartition, start: StartPosition) -> None:
-        consumer = Consumer(
-            stream=tp.stream,
-            partitions=[tp.partition],
-            start=start,
-            cluster=self._cluster,
-            auto_offset_reset=self._reset,
+        self._generation += 1
+        reader = PartitionReader(
+            self._cluster,
+            tp,
+            start,
+            self._generation,
+            reset=self._reset,
             max_bytes=self._max_bytes,
             max_wait_ms=self._max_wait_ms,
         )
-        await consumer.start()
-        self._generation += 1
-        self._positions[tp] = consumer.position(tp.partition)
-        self._readers[tp] = _Reader(consumer, self._generation)
+        await reader.open()
+        self._readers[tp] = reader
 
     async def _stop_reader(self, tp: StreamPartition) -> None:
         reader = self._readers.pop(tp, None)
-        if reader is None:
-            return
-        reader.poll.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await reader.poll
-        await reader.consumer.close()
+        if reader is not None:
+            await reader.close()
+
+    def _positions(self) -> dict[StreamPartition, int]:
+        """Every assigned partition's position, where it is resolved."""
+        return {tp: reader.position for tp, reader in self._readers.items() if reader.position >= 0}
 
     async def _call(self, callback: Rebalanced | None, partitions: frozenset[StreamPartition]) -> None:
         if callback is None:
