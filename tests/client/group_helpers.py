@@ -74,7 +74,7 @@ class CursorWatch:
                 if offset < self.last[p]:
                     self.regressions.append((p, self.last[p], offset))
                 self.last[p] = max(offset, self.last[p])
-            await asyncio.sleep(0.02)  # a sampling pace, not a wait for anything
+            await asyncio.sleep(0.05)  # a sampling pace, not a wait for anything
 
     async def stop(self) -> None:
         self._running = False
