@@ -21,7 +21,12 @@ from tidelog.client import (
 )
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import StaleGroupEpochError
-from tidelog.protocol.group_messages import LeaveGroupRequest
+from tidelog.protocol.group_messages import (
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    JoinGroupRequest,
+    LeaveGroupRequest,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -247,3 +252,22 @@ async def test_a_heartbeat_interval_not_below_the_consumer_timeout_is_refused(ad
             await consumer.start()
     finally:
         await consumer.close()
+
+
+async def test_a_restart_with_the_id_of_a_member_not_yet_timed_out_takes_its_place(
+    address: str, stream_name: str
+) -> None:
+    async with Admin(address) as admin:
+        await admin.create_stream(stream_name, partitions=2)
+    group = f"i-{stream_name}"
+    host, _, port = address.rpartition(":")
+    connection = await Connection.open(host, int(port))
+    try:  # an earlier run of consumer "x" joined, then crashed: it is a member until its timeout
+        await connection.request(JoinGroupRequest(group, "x", (stream_name,)), timeout=BOUND)
+        async with member(address, stream_name, group, "x") as restarted:
+            assert {tp.partition for tp in restarted.assignment()} == {0, 1}
+            described = (await connection.request(DescribeGroupRequest(group), timeout=BOUND)).header
+            assert isinstance(described, DescribeGroupResponse)
+            assert [m.consumer_id for m in described.members] == ["x"]
+    finally:
+        await connection.close()

@@ -15,6 +15,9 @@ group (:mod:`tidelog.broker.groups`), over the wire protocol only:
 - **removal**: a member the coordinator removed for silence gets UNKNOWN_MEMBER; it joins again (it is a new
   member with, probably, other partitions) and logs a warning.
 - **leave** (LEAVE_GROUP) when closing, so the partitions move at once rather than after the timeout.
+- **the same id again**: a join refused because the consumer id is still a member (a crashed earlier run of this
+  consumer, not yet timed out) takes that member's place: it leaves for it and joins again, as Kafka's static
+  members replace their earlier instance. Consumer ids are one per running consumer.
 
 The assignments are kept as a frozenset of :class:`StreamPartition`; :attr:`GroupMembership.changed` is set
 whenever they (or the epoch) change, for the consumer to apply the rebalance from its own task.
@@ -31,6 +34,7 @@ from typing import NamedTuple
 from tidelog.client.cluster import Cluster
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import (
+    GroupRefusedError,
     NotCoordinatorError,
     RequestTimeoutError,
     StaleGroupEpochError,
@@ -208,7 +212,17 @@ class GroupMembership:
     # -- requests ----------------------------------------------------------------------------------------------
 
     async def _join(self) -> None:
-        answer = await self._any_request(JoinGroupRequest(self.group_id, self.consumer_id, self.streams))
+        join = JoinGroupRequest(self.group_id, self.consumer_id, self.streams)
+        try:
+            answer = await self._any_request(join)
+        except GroupRefusedError:
+            if not await self._listed():
+                raise
+            log.warning("group %s: consumer %s is still a member (an earlier run that has not timed out?); "
+                        "taking its place", self.group_id, self.consumer_id)  # fmt: skip
+            with contextlib.suppress(UnknownMemberError, UnknownGroupError):
+                await self._any_request(LeaveGroupRequest(self.group_id, self.consumer_id))
+            answer = await self._any_request(join)
         assert isinstance(answer, JoinGroupResponse)
         self.consumer_timeout = answer.consumer_timeout_ms / 1000
         self.coordinator_timeout = answer.coordinator_timeout_ms / 1000
@@ -236,6 +250,15 @@ class GroupMembership:
         self.coordinator = answer.coordinator
         if answer.epoch > self.epoch:
             self.epoch = answer.epoch
+
+    async def _listed(self) -> bool:
+        """Whether this consumer id is a member of the group (as any broker's view has it)."""
+        try:
+            answer = await self._any_request(DescribeGroupRequest(self.group_id))
+        except UnknownGroupError:
+            return False
+        assert isinstance(answer, DescribeGroupResponse)
+        return any(member.consumer_id == self.consumer_id for member in answer.members)
 
     async def _any_request(
         self,
