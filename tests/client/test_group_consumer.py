@@ -20,7 +20,7 @@ from tidelog.client import (
     TidelogClient,
 )
 from tidelog.protocol.connection import Connection
-from tidelog.protocol.errors import StaleGroupEpochError
+from tidelog.protocol.errors import StaleGroupEpochError, UnknownGroupError
 from tidelog.protocol.group_messages import (
     DescribeGroupRequest,
     DescribeGroupResponse,
@@ -264,6 +264,15 @@ async def test_a_restart_with_the_id_of_a_member_not_yet_timed_out_takes_its_pla
     connection = await Connection.open(host, int(port))
     try:  # an earlier run of consumer "x" joined, then crashed: it is a member until its timeout
         await connection.request(JoinGroupRequest(group, "x", (stream_name,)), timeout=BOUND)
+
+        async def listed() -> bool:  # the broker's mirror shows the controller's write a moment later
+            try:
+                await connection.request(DescribeGroupRequest(group), timeout=BOUND)
+            except UnknownGroupError:
+                return False
+            return True
+
+        await until(listed, "the earlier member in the group's record")
         async with member(address, stream_name, group, "x") as restarted:
             assert {tp.partition for tp in restarted.assignment()} == {0, 1}
             described = (await connection.request(DescribeGroupRequest(group), timeout=BOUND)).header
