@@ -33,7 +33,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
 
 async def test_members_carry_on_when_the_coordinators_broker_is_killed(cluster: LocalCluster) -> None:
     stream, group = "gfail", "gfail-group"
-    bootstrap = cluster.bootstrap
+    bootstrap = cluster.bootstrap()
     async with Admin(bootstrap) as admin:
         await admin.create_stream(stream, partitions=3, replication_factor=3)
         await produce(bootstrap[0], stream, range(3), 10)
