@@ -22,6 +22,7 @@ SETTINGS = {
     "broker_lease_ttl_ms": "2000",
     "group_consumer_timeout_ms": "4000",
     "group_coordinator_timeout_ms": "3000",
+    "cursors_stream_replication_factor": "3",  # not "every broker alive when it is created": maybe fewer
 }
 
 
