@@ -3,6 +3,12 @@
 ``--offset N`` starts exactly there or fails: an offset outside a partition's records (below its log start, or
 past its log end) is an error naming the partition's bounds, never silently another offset. ``--offset`` at the
 log end waits for the next record, as ``--latest`` does.
+
+``--group G`` consumes as a member of consumer group ``G`` (:class:`~tidelog.client.GroupConsumer`): the group's
+coordinator assigns the partitions, each is read from the group's committed offset (``--earliest`` or
+``--latest`` only where it has none), and positions are committed every ``--commit-interval`` and when the
+command ends (``--max-messages``, SIGINT or SIGTERM), before it leaves the group. Start and stop positions
+other than those are refused with it: the committed offsets are the start.
 """
 
 from __future__ import annotations
@@ -13,17 +19,21 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
+from typing import Literal
 
 import click
 from click.core import ParameterSource
 
 from tidelog.cli.common import async_command, bootstrap, brokers_option, stream_name
-from tidelog.client import AtTimestamp, Consumer, ConsumerRecord, StartPosition
+from tidelog.cli.signals import stop_on_signals
+from tidelog.client import AtTimestamp, Consumer, ConsumerRecord, GroupConsumer, StartPosition, StreamPartition
 from tidelog.protocol.errors import OffsetOutOfRangeError
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)")
 _NS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9, "w": 7 * 86400 * 10**9}
 _LATEST_NS = 2**63 - 1
+GROUP_POLL_S = 0.5  # longest a group member waits for a record before looking at the signals again
 TIME_FORMS = "a duration ago (30s, 5m, 2h, 1d, 1h30m), an ISO-8601 time (UTC unless it says), or ns since the epoch"
 
 
@@ -113,6 +123,23 @@ def _format(record: ConsumerRecord, fmt: str) -> str:
 @click.option("--stop-at-end", is_flag=True, help="Stop once the records that exist now are printed.")
 @click.option("--max-messages", "-n", type=click.IntRange(1), default=None, help="Stop after this many.")
 @click.option("--format", "fmt", type=click.Choice(["text", "value", "json"]), default="text", show_default=True)
+@click.option(
+    "--group",
+    "-g",
+    "group_id",
+    metavar="GROUP",
+    default=None,
+    help="Consume as a member of this consumer group, from its committed offsets, committing as it goes.",
+)
+@click.option("--consumer-id", default=None, help="This member's id in --group (default: a new random id).")
+@click.option(
+    "--commit-interval",
+    type=click.IntRange(1),
+    default=5000,
+    show_default=True,
+    metavar="MS",
+    help="With --group: commit the positions every MS milliseconds (and on exit).",
+)
 @brokers_option
 @async_command
 async def subscribe(
@@ -125,10 +152,35 @@ async def subscribe(
     stop_at_end: bool,
     max_messages: int | None,
     fmt: str,
+    group_id: str | None,
+    consumer_id: str | None,
+    commit_interval: int,
     brokers: list[str],
 ) -> None:
     """Print records of STREAM; stop with Ctrl-C, --stop-offset, --stop-at-end or --max-messages."""
     ctx = click.get_current_context()
+    if group_id is None:
+        for option, name in (("--consumer-id", "consumer_id"), ("--commit-interval", "commit_interval")):
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"{option} is for a group member: give --group too")
+    else:
+        for option, present in (
+            ("--partition", bool(partitions)),
+            ("--offset", start_offset is not None),
+            ("--since", start_time is not None),
+            ("--stop-offset", stop_offset is not None),
+            ("--stop-at-end", stop_at_end),
+        ):
+            if present:
+                raise click.UsageError(
+                    f"{option} cannot be used with --group: the group assigns the partitions and its committed "
+                    "offsets are the start (--earliest or --latest say where a partition without one starts)"
+                )
+        reset: Literal["earliest", "latest"] = "earliest" if start == "earliest" else "latest"
+        await _consume_as_member(
+            bootstrap(brokers), stream, group_id, consumer_id, reset, commit_interval, max_messages, fmt
+        )
+        return
     given = [
         option
         for option, name, explicit in (
@@ -177,3 +229,45 @@ async def subscribe(
         ) from None
     except KeyboardInterrupt:  # pragma: no cover - interactive
         pass
+
+
+async def _consume_as_member(
+    brokers: list[str],
+    stream: str,
+    group_id: str,
+    consumer_id: str | None,
+    reset: Literal["earliest", "latest"],
+    commit_interval_ms: int,
+    max_messages: int | None,
+    fmt: str,
+) -> None:
+    """Print the records of the partitions the group gives this member until --max-messages or a signal; then
+    commit and leave the group (closing the consumer does both)."""
+    stop = stop_on_signals(lambda name: click.echo(f"{name}: committing and leaving group {group_id}", err=True))
+
+    def announce(verb: str) -> Callable[[frozenset[StreamPartition]], None]:
+        def said(partitions: frozenset[StreamPartition]) -> None:
+            names = ", ".join(f"{tp.stream}/{tp.partition}" for tp in sorted(partitions))
+            click.echo(f"group {group_id}: {verb} {names}", err=True)
+
+        return said
+
+    printed = 0
+    out = sys.stdout
+    async with GroupConsumer(
+        brokers,
+        stream,
+        group_id=group_id,
+        consumer_id=consumer_id,
+        auto_offset_reset=reset,
+        auto_commit_interval_ms=commit_interval_ms,
+        on_assigned=announce("assigned"),
+        on_revoked=announce("revoked"),
+    ) as consumer:
+        while not stop.is_set() and (max_messages is None or printed < max_messages):
+            record = await consumer.getone(timeout=GROUP_POLL_S)
+            if record is None:
+                continue
+            out.write(_format(record, fmt) + "\n")
+            out.flush()
+            printed += 1

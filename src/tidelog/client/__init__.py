@@ -9,13 +9,18 @@ Essential types (implementation modules are private to this package; import from
 - :class:`Consumer` — ``async for record in consumer`` (:class:`ConsumerRecord`), or
   ``consumer.fetch_batches()`` (:class:`FetchedBatch`) to handle whole batches without decoding records;
   starts at ``"earliest"``, ``"latest"``, an offset or :class:`AtTimestamp`.
+- :class:`GroupConsumer` — a member of a consumer group (Kafka's consumer): the group's members share its
+  streams' partitions; ``async for record in consumer``; committed offsets (cursors named after the group,
+  holding the next offset to read) with auto-commit, ``commit()``, ``seek``, ``position``, ``committed``,
+  rebalance callbacks; partitions are :class:`StreamPartition`.
 - :class:`Appender` — transactional appends: ``await appender.append(stream, partition, records,
   expected_offset=..., check_registers=..., union_registers=...)`` writes all the records or none, returning
   an :class:`AppendOutcome`; registers are :class:`LabelSet` / :class:`LabelSelector`, and a refusal's
   :func:`refusal_details` tell the log end and registers the broker saw.
 - :class:`Admin` — create, delete, list and describe streams; cluster metadata.
 - :class:`Cluster` — bootstrap, connections and cached metadata; pass one to several objects to share them.
-- :class:`TidelogClient`, :class:`SyncProducer`, :class:`SyncConsumer`, :class:`SyncAdmin` — the same from
+- :class:`TidelogClient`, :class:`SyncProducer`, :class:`SyncConsumer`, :class:`SyncGroupConsumer`,
+  :class:`SyncAdmin` — the same from
   plain threads (an event loop runs in a background thread).
 
 Failures surface as :class:`~tidelog.protocol.errors.TidelogError` subclasses (``UnknownStreamError``,
@@ -27,11 +32,13 @@ from tidelog.client.admin import Admin
 from tidelog.client.appender import Appender, AppendOutcome, RefusalDetails, refusal_details
 from tidelog.client.cluster import Cluster
 from tidelog.client.consumer import AtTimestamp, Consumer, OffsetReset, StartPosition
+from tidelog.client.group_consumer import GroupConsumer
+from tidelog.client.group_membership import StreamPartition
 from tidelog.client.idempotence import ProducerStamp
 from tidelog.client.partitioner import DefaultPartitioner, KeyPartitioner, Partitioner, RoundRobinPartitioner
 from tidelog.client.producer import Producer
 from tidelog.client.records import FetchedBatch
-from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncProducer, TidelogClient
+from tidelog.client.sync import LoopThread, SyncAdmin, SyncConsumer, SyncGroupConsumer, SyncProducer, TidelogClient
 from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
 from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.labels import LabelSelector, LabelSet
@@ -53,6 +60,7 @@ __all__ = [
     "ConsumerRecord",
     "DefaultPartitioner",
     "FetchedBatch",
+    "GroupConsumer",
     "KeyPartitioner",
     "LabelSelector",
     "LabelSet",
@@ -67,8 +75,10 @@ __all__ = [
     "Response",
     "RoundRobinPartitioner",
     "StartPosition",
+    "StreamPartition",
     "SyncAdmin",
     "SyncConsumer",
+    "SyncGroupConsumer",
     "SyncProducer",
     "TidelogClient",
     "TidelogError",

@@ -11,10 +11,13 @@ and waits for the result. :class:`TidelogClient` owns one loop thread and one
         with client.consumer("orders", stop_at_end=True) as consumer:
             for record in consumer:
                 print(record.offset, record.value)
+        with client.group_consumer("orders", group_id="billing") as member:   # shares partitions, commits
+            for record in member:
+                ...
 
-Each :class:`SyncProducer`, :class:`SyncConsumer` and :class:`SyncAdmin` may also be built on its own (it
-then starts its own loop thread). A call into the loop thread costs tens of microseconds, so per-record
-``send()`` from a thread is for convenience; :meth:`SyncProducer.send_many` sends a whole list in one call.
+Each :class:`SyncProducer`, :class:`SyncConsumer`, :class:`SyncGroupConsumer` and :class:`SyncAdmin` may also be
+built on its own (it then starts its own loop thread). A call into the loop thread costs tens of microseconds, so
+per-record ``send()`` from a thread is for convenience; :meth:`SyncProducer.send_many` sends a whole list in one call.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -30,6 +33,8 @@ from tidelog.client.accumulator import RecordMetadata
 from tidelog.client.admin import Admin, ConfigValue
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.consumer import Consumer
+from tidelog.client.group_consumer import GroupConsumer
+from tidelog.client.group_membership import StreamPartition
 from tidelog.client.producer import Headers, Producer
 from tidelog.client.records import FetchedBatch
 from tidelog.protocol.group_messages import DescribeGroupResponse, GroupSummary
@@ -204,6 +209,68 @@ class SyncConsumer(_Facade):
             self._close_runner()
 
 
+class SyncGroupConsumer(_Facade):
+    """:class:`~tidelog.client.group_consumer.GroupConsumer` for threads: iterate it for records. Options are the
+    group consumer's keywords (``group_id`` among them); rebalance callbacks run in the loop thread."""
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        streams: str | Sequence[str] = (),
+        *,
+        runner: LoopThread | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(runner)
+
+        async def build() -> GroupConsumer:
+            consumer = GroupConsumer(bootstrap, streams, **options)
+            await consumer.start()
+            return consumer
+
+        self._consumer = self._runner.run(build())
+
+    @property
+    def consumer(self) -> GroupConsumer:
+        """The asyncio group consumer underneath (use it only from the loop thread)."""
+        return self._consumer
+
+    def poll(self, timeout: float | None = None) -> ConsumerRecord | None:
+        """The next record, or None when none came within ``timeout`` seconds."""
+        return self._runner.run(self._consumer.getone(timeout))
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        while (record := self._runner.run(self._consumer.getone())) is not None:
+            yield record
+
+    def assignment(self) -> frozenset[StreamPartition]:
+        return self._runner.run(_value(self._consumer.assignment))
+
+    def position(self, tp: StreamPartition) -> int:
+        return self._runner.run(_value(lambda: self._consumer.position(tp)))
+
+    def seek(self, tp: StreamPartition, offset: int) -> None:
+        self._runner.run(_value(lambda: self._consumer.seek(tp, offset)))
+
+    def committed(self, tp: StreamPartition) -> int | None:
+        return self._runner.run(self._consumer.committed(tp))
+
+    def commit(self, offsets: Mapping[StreamPartition, int] | None = None) -> None:
+        self._runner.run(self._consumer.commit(offsets))
+
+    def close(self) -> None:
+        try:
+            if not self._runner.loop.is_closed():
+                self._runner.run(self._consumer.close())
+        finally:
+            self._close_runner()
+
+
+async def _value(read: Callable[[], T]) -> T:
+    """Run a plain method of a loop-thread object in the loop thread (it reads state the loop changes)."""
+    return read()
+
+
 class SyncAdmin(_Facade):
     """:class:`~tidelog.client.admin.Admin` for threads."""
 
@@ -294,6 +361,14 @@ class TidelogClient(_Facade):
     def consumer(self, stream: str, **options: Any) -> SyncConsumer:
         """A consumer of ``stream`` (options as for :class:`Consumer`); it opens its own fetch connections."""
         consumer = SyncConsumer(stream=stream, runner=self._runner, cluster=self._cluster, **options)
+        self._children.append(consumer)
+        return consumer
+
+    def group_consumer(self, streams: str | Sequence[str], *, group_id: str, **options: Any) -> SyncGroupConsumer:
+        """A member of consumer group ``group_id`` consuming ``streams`` (options as for :class:`GroupConsumer`)."""
+        consumer = SyncGroupConsumer(
+            streams=streams, runner=self._runner, cluster=self._cluster, group_id=group_id, **options
+        )
         self._children.append(consumer)
         return consumer
 
