@@ -20,10 +20,10 @@ import pytest_asyncio
 
 from tests.helpers import BOUND, LONG_BOUND
 from tidelog.client import Admin, Producer
+from tidelog.local.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.group_messages import JoinGroupRequest, LeaveGroupRequest
-from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from tests.helpers import BOUND
-from tidelog.testing.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
+from tidelog.local.serve_process import TIDELOG, ServedBroker, clean_env, start_served_broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

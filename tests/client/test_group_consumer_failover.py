@@ -14,7 +14,7 @@ import pytest_asyncio
 from tests.client.group_helpers import CursorWatch, Reader, produce
 from tests.helpers import BOUND, LONG_BOUND
 from tidelog.client import Admin, GroupConsumer
-from tidelog.testing.cluster import LocalCluster
+from tidelog.local.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
