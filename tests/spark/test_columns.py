@@ -20,10 +20,10 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
+from tests.batch_damage import damaged  # noqa: E402
 from tidelog.client.records import FetchedBatch, batches_of  # noqa: E402
 from tidelog.protocol.liftbridge import REPLY, SUBJECT  # noqa: E402
 from tidelog.protocol.records import (  # noqa: E402
-    HEADER_SIZE,
     BatchBuilder,
     BatchHeader,
     Codec,
@@ -236,27 +236,7 @@ FUZZ_BATCHES = [
 ]
 
 
-@st.composite
-def damaged(draw: st.DrawFn) -> tuple[bytes, BatchHeader]:
-    """A batch of FUZZ_BATCHES with bytes of its records changed, inserted or dropped, and maybe its counts."""
-    data = draw(st.sampled_from(FUZZ_BATCHES))
-    header = parse_header(data)
-    changed = bytearray(data)
-    positions = st.integers(HEADER_SIZE, len(data) - 1)
-    for _ in range(draw(st.integers(0, 4))):
-        changed[draw(positions)] = draw(st.integers(0, 255))
-    if draw(st.booleans()):
-        at, drop = draw(positions), draw(st.integers(0, 40))
-        changed[at : at + drop] = draw(st.binary(max_size=40))
-    if draw(st.booleans()):
-        header = header._replace(
-            record_count=max(0, header.record_count + draw(st.integers(-2, 2))),
-            last_offset_delta=max(0, header.last_offset_delta + draw(st.integers(-2, 2))),
-        )
-    return bytes(changed), header
-
-
 @settings(max_examples=1000, deadline=None)
-@given(damaged())
+@given(damaged(FUZZ_BATCHES))
 def test_damaged_batches_are_refused_or_read_as_the_consumer_reads_them(case: tuple[bytes, BatchHeader]) -> None:
     outcome(*case)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.batch_damage import damaged
 from tidelog.client.records import FetchedBatch, batches_of
 from tidelog.protocol.records import (
     HEADER_SIZE,
@@ -221,28 +222,8 @@ FUZZ_BATCHES = [
 ]
 
 
-@st.composite
-def damaged(draw: st.DrawFn) -> tuple[bytes, BatchHeader]:
-    """A batch of FUZZ_BATCHES with bytes of its records changed, inserted or dropped, and maybe its counts."""
-    data = draw(st.sampled_from(FUZZ_BATCHES))
-    header = parse_header(data)
-    changed = bytearray(data)
-    positions = st.integers(HEADER_SIZE, len(data) - 1)
-    for _ in range(draw(st.integers(0, 4))):
-        changed[draw(positions)] = draw(st.integers(0, 255))
-    if draw(st.booleans()):
-        at, drop = draw(positions), draw(st.integers(0, 40))
-        changed[at : at + drop] = draw(st.binary(max_size=40))
-    if draw(st.booleans()):
-        header = header._replace(
-            record_count=max(0, header.record_count + draw(st.integers(-2, 2))),
-            last_offset_delta=max(0, header.last_offset_delta + draw(st.integers(-2, 2))),
-        )
-    return bytes(changed), header
-
-
 @settings(max_examples=1000, deadline=None)
-@given(damaged())
+@given(damaged(FUZZ_BATCHES))
 def test_damaged_batches_are_refused_or_read_as_the_storage_codec_reads_them(case: tuple[bytes, BatchHeader]) -> None:
     """Whatever bytes of the records (or the header's counts) are changed to: CorruptBatchError or the records
     the storage codec finds, never another exception or other records."""
