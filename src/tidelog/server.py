@@ -184,6 +184,7 @@ class Broker:
                 replica_ack_poll_us=cfg.replica_ack_poll_us,
                 nats_duplicate_window_ms=cfg.nats_duplicate_window_ms,
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
+                namespace=cfg.namespace,
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
                 peers=self.peers,

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import grpc
+import nats
 import pytest
 
 from tests.broker.conftest import broker_config
@@ -23,6 +24,8 @@ from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.server import Broker
 
 pytestmark = pytest.mark.slow
+
+SHARED = 20
 
 
 async def _streams(port: int) -> set[str]:
@@ -105,6 +108,29 @@ async def test_two_namespaces_share_etcd_and_nats_without_seeing_each_other(tmp_
             await asyncio.sleep(0.05)
         assert "only-b" not in await _activity(a.grpc.port)
         assert {"only-a", "only-b"} <= await _activity(b.grpc.port)
+
+        # streams of one group on one subject share its messages inside a cluster, never across clusters
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{a.grpc.port}") as channel:
+            await create_stream(api_pb2_grpc.APIStub(channel), "grouped-a", "ns.shared", group="G")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{b.grpc.port}") as channel:
+            await create_stream(api_pb2_grpc.APIStub(channel), "grouped-b", "ns.shared", group="G")
+        nc = await nats.connect(a.nats_urls, connect_timeout=BOUND, allow_reconnect=False)
+        try:
+            for n in range(SHARED):
+                await nc.publish("ns.shared", str(n).encode())
+            await nc.flush()
+        finally:
+            await nc.close()
+        for broker, name in ((a, "grouped-a"), (b, "grouped-b")):
+            assert broker.grpc is not None
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc.port}") as channel:
+                stub = api_pb2_grpc.APIStub(channel)
+                for _ in range(200):  # stored asynchronously: bounded polling
+                    stored = await read_until_stop(stub, name)
+                    if len(stored) >= SHARED:
+                        break
+                    await asyncio.sleep(0.05)
+            assert [m.value for m in stored] == [str(n).encode() for n in range(SHARED)], name
 
         etcd = a.etcd_endpoints[0]
         alpha, beta = await _status(etcd, "alpha"), await _status(etcd, "beta")

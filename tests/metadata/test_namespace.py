@@ -6,7 +6,7 @@ import pytest
 
 from tidelog.broker.config import load_config
 from tidelog.broker.config_values import BadConfigValueError
-from tidelog.metadata.namespace import DEFAULT_NAMESPACE, internal_subject, namespace_keys
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE, internal_subject, namespace_keys, queue_group
 
 
 def test_the_default_namespace_keeps_the_original_keys_and_subjects() -> None:
@@ -28,3 +28,9 @@ def test_a_namespace_that_cannot_be_a_key_segment_and_a_subject_token_is_refused
         namespace_keys(bad)
     with pytest.raises(BadConfigValueError, match="namespace"):
         load_config(env={"TIDELOG_NAMESPACE": bad} if bad else {"TIDELOG_NAMESPACE": " "})
+
+
+def test_stream_groups_get_queue_groups_of_their_namespace() -> None:
+    assert queue_group(DEFAULT_NAMESPACE, "workers") == "workers"
+    assert queue_group("team-a", "workers") == "team-a.workers"
+    assert queue_group("team-a", "") is None

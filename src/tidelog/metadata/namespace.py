@@ -7,7 +7,9 @@ clusters never read each other's metadata nor store each other's internal record
 gives the keys and subjects tidelog has always used, so an existing cluster keeps its data.
 
 Streams' own subjects are the user's: two clusters whose streams are bound to one subject both store what is
-published there, as two Liftbridge clusters would.
+published there, as two Liftbridge clusters would. Streams of one ``group`` share the subject's messages through a
+NATS queue group; :func:`queue_group` names it for the namespace too, so that a group of one cluster never takes
+messages away from a group of the same name in another.
 """
 
 from __future__ import annotations
@@ -45,3 +47,13 @@ def internal_subject(namespace: str, name: str) -> str:
     Nothing is meant to publish there (the controller appends to internal streams directly); the partition leaders
     listen as for any stream, so the subject must differ between clusters sharing a NATS."""
     return f"_{check_namespace(namespace)}.{name}"
+
+
+def queue_group(namespace: str, group: str) -> str | None:
+    """The NATS queue group of the stream group ``group`` in cluster ``namespace`` (None: the stream has no group).
+
+    The group itself in the default namespace (what tidelog always used, so brokers of a cluster being upgraded
+    one by one keep sharing their queue group), ``{namespace}.{group}`` in any other."""
+    if not group:
+        return None
+    return group if namespace == DEFAULT_NAMESPACE else f"{check_namespace(namespace)}.{group}"
