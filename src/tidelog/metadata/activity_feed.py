@@ -87,18 +87,26 @@ class ActivityFeed:
 
     async def _follow(self, writer: FencedWriter) -> None:
         start = await self._start_revision()
+        while True:
+            compacted = await self._watch(writer, start)
+            log.error(
+                "activity feed: etcd compacted its history up to revision %d; the events of revisions %d to %d are "
+                "lost, publishing from revision %d on",
+                compacted,
+                start,
+                compacted - 1,
+                compacted,
+            )
+            start = compacted
+
+    async def _watch(self, writer: FencedWriter, start: int) -> int:
+        """Publish the changes from revision ``start`` on; return the revision to go on from when etcd compacted
+        what was asked for, raise when the watch ends otherwise."""
         prefix = self._keys.prefix.encode() + b"/"
         try:
             watch = await self._client.watch_prefix(prefix, start_revision=start, prev_kv=True)
         except RevisionCompactedError as exc:
-            log.error(
-                "activity feed: etcd compacted its history before revision %d; the events of revisions %d to %d are "
-                "lost, publishing from there on",
-                exc.compacted_revision,
-                start,
-                exc.compacted_revision - 1,
-            )
-            watch = await self._client.watch_prefix(prefix, start_revision=exc.compacted_revision, prev_kv=True)
+            return int(exc.compacted_revision)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         pump = asyncio.create_task(_pump(watch, queue), name="activity-watch")
         try:
@@ -106,12 +114,13 @@ class ActivityFeed:
                 batch = [await queue.get()]
                 while not queue.empty():  # the rest of the response: the pump moved it without yielding
                     batch.append(queue.get_nowait())
-                ended = any(item is _END or isinstance(item, BaseException) for item in batch)
+                ended = [item for item in batch if item is _END or isinstance(item, BaseException)]
                 events = [item for item in batch if item is not _END and not isinstance(item, BaseException)]
                 await self._publish_batch(writer, events)
                 if ended:
-                    error = next((item for item in batch if isinstance(item, BaseException)), None)
-                    raise ConnectionError(f"the etcd watch ended ({error or 'closed'})")
+                    if isinstance(ended[0], RevisionCompactedError):
+                        return int(ended[0].compacted_revision)
+                    raise ConnectionError(f"the etcd watch ended ({'closed' if ended[0] is _END else ended[0]})")
         finally:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
