@@ -67,23 +67,23 @@ class ActivityFeed:
         self._publish = publish
         self._retry_initial = retry_initial
         self._retry_max = retry_max
+        self._backoff = retry_initial  # doubles with each failure in a row, back to retry_initial on a success
         self.published = 0
         """The newest revision published by this broker (0: none yet); for tests and logs."""
 
     async def run(self, writer: FencedWriter) -> None:
         """Publish until the term ends (cancelled, or a fenced write); errors are logged and retried from etcd."""
-        backoff = self._retry_initial
+        self._backoff = self._retry_initial
         while True:
             try:
                 await self._follow(writer)
             except ControllerFencedError:
                 return
-            except Exception as exc:
-                log.warning("activity feed: %s; resuming from etcd in %.1fs", exc or type(exc).__name__, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._retry_max)
-            else:
-                backoff = self._retry_initial
+            except Exception as exc:  # etcd or __activity unavailable: resume from the recorded revision
+                said = str(exc) or type(exc).__name__
+                log.warning("activity feed: %s; resuming from etcd in %.1fs", said, self._backoff)
+                await asyncio.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, self._retry_max)
 
     async def _follow(self, writer: FencedWriter) -> None:
         start = await self._start_revision()
@@ -147,6 +147,7 @@ class ActivityFeed:
         newest = max(by_revision)
         await writer.put(published_key(self._keys), encode_counter(newest))
         self.published = newest
+        self._backoff = self._retry_initial
 
     async def _start_revision(self) -> int:
         """The revision after the newest one published, or the one that created ``__activity``."""
