@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -145,3 +146,14 @@ async def test_a_bad_namespace_is_one_line_naming_the_rule(broker: ServedBroker)
     result = await tidelog(broker, "cluster", "status", "--namespace", "a/b", "--etcd-endpoints", "http://127.0.0.1:1")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "letters, digits" in result.stderr, result.stderr
+
+
+async def test_activity_without_the_stream_is_one_line_saying_why(tmp_path: Path) -> None:
+    quiet = await start_served_broker(tmp_path, activity_stream_enabled="false")
+    try:
+        result = await tidelog(quiet, "activity", "--stop-at-end")
+    finally:
+        await quiet.stop()
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().endswith("activity_stream_enabled = false, or the controller has not created it yet")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -22,6 +22,8 @@ from tidelog.protocol._gen import api_pb2 as pb
 from tidelog.protocol.errors import UnknownStreamError
 
 _COLUMNS = "{offset:>7}  {time:<23}  {id:>16}  {op:<20}  {subject:<24}  {detail}"
+_HEADER = _COLUMNS.format(offset="OFFSET", time="TIME (UTC)", id="ID", op="OP", subject="STREAM/GROUP", detail="DETAIL")
+_HEADER += "\n"
 
 
 def _event(record: ConsumerRecord) -> pb.ActivityStreamEvent | None:
@@ -71,15 +73,12 @@ async def activity(start: str, stop_at_end: bool, max_events: int | None, output
     and leaves, in the order the cluster committed them. Stop with Ctrl-C, --stop-at-end or --max-events."""
     position: StartPosition = "earliest" if start == "earliest" else "latest"
     out = sys.stdout
-    if output == "table":
-        out.write(
-            _COLUMNS.format(offset="OFFSET", time="TIME (UTC)", id="ID", op="OP", subject="STREAM/GROUP", detail="")
-            + "DETAIL\n"
-        )
-        out.flush()
     shown, newest = 0, -1
     try:
         async with Consumer(bootstrap(brokers), ACTIVITY_STREAM, start=position, stop_at_end=stop_at_end) as consumer:
+            if output == "table":
+                out.write(_HEADER)
+                out.flush()
             async for record in consumer:
                 event = _event(record)
                 if event is None or event.id <= newest:
