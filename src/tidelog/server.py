@@ -292,6 +292,7 @@ class Broker:
             f"{authority}:{wire_port}",
             self.nats_urls,
             self.etcd_endpoints,
+            self.config.namespace,
         )
         try:
             write_endpoints(self.config.data_dir, endpoints)

@@ -40,9 +40,9 @@ async def _activity(port: int) -> set[str]:
     return {pb.ActivityStreamEvent.FromString(m.value).createStreamOp.stream for m in messages}
 
 
-async def _status(etcd: str, namespace: str) -> dict[str, object]:
+async def _status(*args: str) -> dict[str, object]:
     def run() -> subprocess.CompletedProcess[str]:
-        argv = [str(TIDELOG), "cluster", "status", "-e", etcd, "--namespace", namespace, "-o", "json"]
+        argv = [str(TIDELOG), "cluster", "status", *args, "-o", "json"]
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=clean_env())
 
     result = await asyncio.to_thread(run)
@@ -133,11 +133,15 @@ async def test_two_namespaces_share_etcd_and_nats_without_seeing_each_other(tmp_
             assert [m.value for m in stored] == [str(n).encode() for n in range(SHARED)], name
 
         etcd = a.etcd_endpoints[0]
-        alpha, beta = await _status(etcd, "alpha"), await _status(etcd, "beta")
+        alpha = await _status("-e", etcd, "--namespace", "alpha")
+        beta = await _status("-e", etcd, "--namespace", "beta")
         assert [broker["id"] for broker in alpha["brokers"]] == ["a"]  # type: ignore[index, union-attr]
         assert [broker["id"] for broker in beta["brokers"]] == ["b"]  # type: ignore[index, union-attr]
         alpha_streams = {p["stream"] for p in alpha["partitions"]}  # type: ignore[index, union-attr]
         assert "only-a" in alpha_streams and "only-b" not in alpha_streams
+        # without flags, the broker running on --data-dir says where its etcd is and which namespace it has
+        local = await _status("--data-dir", str(b.config.data_dir))
+        assert [broker["id"] for broker in local["brokers"]] == ["b"]  # type: ignore[index, union-attr]
     finally:
         if b is not None:
             await b.stop()

@@ -108,10 +108,17 @@ def _namespace(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _default_namespace() -> str:
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    found = local_broker()
+    return found.namespace if found is not None and found.namespace else DEFAULT_NAMESPACE
+
+
 namespace_option = click.option(
     "--namespace",
-    default=lambda: os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE,
-    show_default=f"${NAMESPACE_ENV}, else {DEFAULT_NAMESPACE}",
+    default=_default_namespace,
+    show_default=f"${NAMESPACE_ENV}, else that of the broker on <data-dir>, else {DEFAULT_NAMESPACE}",
     callback=_namespace,
     help="The cluster's namespace (the brokers' namespace setting): its etcd keys are under /NAMESPACE/.",
 )
