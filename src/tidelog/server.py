@@ -22,6 +22,7 @@ from typing import Any
 
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
+from tidelog.broker.activity_stream import ACTIVITY_CONFIG, ActivityPublisher
 from tidelog.broker.config import BrokerConfig, ensure_broker_id
 from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
@@ -39,12 +40,15 @@ from tidelog.broker.streams import StreamAdmin
 from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
 from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
 from tidelog.launch.reachability import wait_for_etcd
+from tidelog.metadata.activity import ACTIVITY_STREAM
+from tidelog.metadata.activity_feed import ActivityFeed
 from tidelog.metadata.controller import Controller
 from tidelog.metadata.controller_election import ControllerElection
 from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
-from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
+from tidelog.metadata.records import BrokerRecord, StreamRecord
 from tidelog.metadata.store import MetadataStore
 from tidelog.storage.config import FlushPolicy, LogConfig
 
@@ -113,6 +117,8 @@ class Broker:
         self.controller: Controller | None = None
         self.link: ControllerLink | None = None
         self.cursor_stream: CursorStreamKeeper | None = None
+        self.activity_stream: CursorStreamKeeper | None = None
+        self.activity: ActivityFeed | None = None
         self.cursors: CursorStore | None = None
         self.groups: GroupRuntime | None = None
         self._stopped = asyncio.Event()
@@ -136,7 +142,7 @@ class Broker:
         _refuse_taken_ports(cfg)
         try:
             await self._start_backplane()
-            keys = Keys()
+            keys = namespace_keys(cfg.namespace)
             mirror = self.mirror = MetadataMirror(self.etcd, keys)
             self.store = MetadataStore(self.etcd, keys)
             self.peers = Peers(lambda: mirror.snapshot)
@@ -178,6 +184,7 @@ class Broker:
                 replica_ack_poll_us=cfg.replica_ack_poll_us,
                 nats_duplicate_window_ms=cfg.nats_duplicate_window_ms,
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
+                namespace=cfg.namespace,
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
                 peers=self.peers,
@@ -206,6 +213,10 @@ class Broker:
                 cursors=self.cursors,
                 groups=self.groups.service,
             )
+            if cfg.activity_stream_enabled:
+                publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)
+                self.activity = ActivityFeed(self.etcd, keys, mirror, publisher)
+                self.controller.add_term_task("activity", self.activity.run)
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
             await self.wire.start()
@@ -221,8 +232,20 @@ class Broker:
                 self.election,
                 partitions=cfg.cursors_stream_partitions,
                 replication_factor=cfg.cursors_stream_replication_factor,
+                subject=internal_subject(cfg.namespace, "cursors"),
             )
             self.cursor_stream.start()
+            self.activity_stream = CursorStreamKeeper(
+                admin,
+                mirror,
+                self.election,
+                partitions=1 if cfg.activity_stream_enabled else 0,
+                replication_factor=cfg.activity_stream_replication_factor,
+                stream=ACTIVITY_STREAM,
+                subject=internal_subject(cfg.namespace, "activity"),
+                config=ACTIVITY_CONFIG,
+            )
+            self.activity_stream.start()
             await self.grpc.start()
             self._write_endpoints(wire_port)
         except BaseException as exc:
@@ -269,6 +292,7 @@ class Broker:
             f"{authority}:{wire_port}",
             self.nats_urls,
             self.etcd_endpoints,
+            self.config.namespace,
         )
         try:
             write_endpoints(self.config.data_dir, endpoints)
@@ -307,6 +331,8 @@ class Broker:
                 await self.wire.stop(grace=min(grace, 5.0))
         if self.cursor_stream is not None:
             await self.cursor_stream.stop()
+        if self.activity_stream is not None:
+            await self.activity_stream.stop()
         if self.cursors is not None:
             await self.cursors.close()
         # Resigning and deregistering are etcd requests: with etcd gone each would wait out the client's timeout,

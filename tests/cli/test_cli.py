@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -113,3 +114,46 @@ async def test_pause_and_readonly(broker: ServedBroker) -> None:
     assert (await tidelog(broker, "publish", "cli-state", "wakes it")).returncode == 0
     described = await tidelog(broker, "stream", "describe", "cli-state")
     assert "paused" not in described.stdout and "active" in described.stdout
+
+
+async def test_activity_tails_metadata_changes_as_a_table_and_as_json(broker: ServedBroker) -> None:
+    created = await tidelog(broker, "stream", "create", "cli-activity", "--subject", "cli.activity")
+    assert created.returncode == 0, created.stderr
+    events: list[dict[str, object]] = []
+    for _ in range(200):  # the controller publishes after the change commits: bounded polling
+        result = await tidelog(broker, "activity", "--stop-at-end", "--output", "json")
+        assert result.returncode == 0, result.stderr
+        events = [json.loads(line) for line in result.stdout.splitlines()]
+        if any(e["subject"] == "cli-activity" for e in events):
+            break
+        await asyncio.sleep(0.1)
+    (mine,) = [e for e in events if e["subject"] == "cli-activity"]
+    assert mine["op"] == "CREATE_STREAM" and mine["detail"] == "partitions 0"
+    ids = [e["id"] for e in events]
+    assert ids == sorted(set(ids))  # type: ignore[type-var]
+
+    table = await tidelog(broker, "activity", "--stop-at-end")
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[:3] == ["OFFSET", "TIME", "(UTC)"] and "DETAIL" in header
+    assert any("CREATE_STREAM" in row and "cli-activity" in row for row in rows), table.stdout
+
+    limited = await tidelog(broker, "activity", "-n", "1", "-o", "json")
+    assert limited.returncode == 0 and len(limited.stdout.splitlines()) == 1, limited.stderr
+
+
+async def test_a_bad_namespace_is_one_line_naming_the_rule(broker: ServedBroker) -> None:
+    result = await tidelog(broker, "cluster", "status", "--namespace", "a/b", "--etcd-endpoints", "http://127.0.0.1:1")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "letters, digits" in result.stderr, result.stderr
+
+
+async def test_activity_without_the_stream_is_one_line_saying_why(tmp_path: Path) -> None:
+    quiet = await start_served_broker(tmp_path, activity_stream_enabled="false")
+    try:
+        result = await tidelog(quiet, "activity", "--stop-at-end")
+    finally:
+        await quiet.stop()
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().endswith("activity_stream_enabled = false, or the controller has not created it yet")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

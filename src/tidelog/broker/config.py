@@ -61,6 +61,7 @@ from tidelog.broker.config_values import (
     setting,
     text_kind,
 )
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
 from tidelog.storage.atomic import write_atomically
 
 __all__ = [
@@ -133,6 +134,14 @@ class BrokerConfig:
         list_kind("etcd endpoints (http://host:port)", is_etcd_endpoint),
         "etcd endpoints to use, members of one etcd cluster: the broker connects to the first that answers and fails "
         "over to the others in order. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
+    )
+    namespace: str = setting(
+        DEFAULT_NAMESPACE,
+        text_kind(NAMESPACE_RULE, is_namespace),
+        "The cluster's name in etcd and NATS (Liftbridge's clustering.namespace): every etcd key is under "
+        "/<namespace>/ and internal streams listen on _<namespace>.<name>, so clusters of different namespaces "
+        "share one etcd and one NATS without seeing each other. Every broker of a cluster sets the same one; "
+        "tools that read etcd take it as --namespace.",
     )
     embedded_nats_port: int = setting(
         4222, PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
@@ -299,6 +308,21 @@ class BrokerConfig:
         "(Liftbridge's default); 0: 1; n > 0: the controller waits until n brokers are alive, then creates it (set n "
         "in a cluster, so that the stream never starts with fewer replicas because brokers were still starting). "
         "Read when __cursors is created.",
+    )
+    # -- the activity stream (metadata changes in the internal stream __activity) --
+    activity_stream_enabled: bool = setting(
+        True,
+        bool_kind(),
+        "Publish one event per committed metadata change (stream created, deleted, paused, resumed, set read-only; "
+        "consumer joined or left a group) to the internal stream __activity, as Liftbridge's ActivityStreamEvent. "
+        "The controller creates the stream and publishes at least once: readers drop an event id seen before "
+        "(tidelog activity does).",
+    )
+    activity_stream_replication_factor: int = setting(
+        -1,
+        int_kind(-1, 100),
+        "Replicas of __activity, as cursors_stream_replication_factor is for __cursors (set n in a cluster). Read "
+        "when __activity is created.",
     )
     # -- consumer groups --
     group_consumer_timeout_ms: int = setting(

@@ -65,8 +65,13 @@ class CursorStreamKeeper:
         *,
         partitions: int,
         replication_factor: int,
+        stream: str = CURSORS_STREAM,
+        subject: str = CURSORS_SUBJECT,
+        config: StreamConfig = CURSORS_CONFIG,
     ) -> None:
-        """``partitions`` 0: cursors are disabled and nothing is created."""
+        """``partitions`` 0: cursors are disabled and nothing is created. ``stream``, ``subject`` and ``config``
+        name another internal stream kept the same way (``__activity``, :mod:`tidelog.broker.activity_stream`)."""
+        self._stream, self._subject, self._config = stream, subject, config
         self._admin = admin
         self._mirror = mirror
         self._election = election
@@ -76,7 +81,7 @@ class CursorStreamKeeper:
 
     def start(self) -> None:
         if self._partitions > 0 and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="cursor-stream-keeper")
+            self._task = asyncio.create_task(self._run(), name=f"{self._stream}-keeper")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -86,7 +91,7 @@ class CursorStreamKeeper:
             self._task = None
 
     def _exists(self, snap: MetadataSnapshot) -> bool:
-        return snap.stream(CURSORS_STREAM) is not None
+        return snap.stream(self._stream) is not None
 
     def _can_create(self, snap: MetadataSnapshot) -> bool:
         return self._replication_factor == -1 or len(snap.brokers) >= self._replication_factor
@@ -103,15 +108,15 @@ class CursorStreamKeeper:
                 continue
             try:
                 await self._admin.create_stream(
-                    name=CURSORS_STREAM,
-                    subject=CURSORS_SUBJECT,
+                    name=self._stream,
+                    subject=self._subject,
                     partitions=self._partitions,
                     replication_factor=self._replication_factor,
-                    config=CURSORS_CONFIG,
+                    config=self._config,
                     internal=True,
                 )
             except Exception as exc:  # logged and retried: cursors wait for it, nothing else does
-                log.warning("cannot create %s yet (retrying in %.1fs): %s", CURSORS_STREAM, delay, exc)
+                log.warning("cannot create %s yet (retrying in %.1fs): %s", self._stream, delay, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
-        log.debug("%s exists", CURSORS_STREAM)
+        log.debug("%s exists", self._stream)

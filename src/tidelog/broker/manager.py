@@ -45,6 +45,7 @@ from tidelog.broker.partitions.partition import AlterIsr, Partition
 from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
 from tidelog.clock import Clock, SystemClock
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE, queue_group
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
@@ -90,6 +91,7 @@ class PartitionManager:
         replica_ack_poll_us: int = 0,
         nats_duplicate_window_ms: int = 120_000,
         nats_max_msg_ids: int = 100_000,
+        namespace: str = DEFAULT_NAMESPACE,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
         recovery_truncate_damaged: bool = False,
         peers: Peers | None = None,
@@ -113,6 +115,7 @@ class PartitionManager:
         self._ack_poll_us = replica_ack_poll_us
         self._duplicate_window_ms = nats_duplicate_window_ms
         self._max_msg_ids = nats_max_msg_ids
+        self._namespace = namespace  # names the NATS queue groups of stream groups (metadata.namespace)
         self._producer_expiry_ms = producer_expiry_ms
         self.damaged = DamagedPartitions(
             broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr, clock=self._clock
@@ -342,6 +345,7 @@ class PartitionManager:
             duplicate_window_ms=self._duplicate_window_ms,
             max_msg_ids=self._max_msg_ids,
             clock=self._clock,
+            queue=queue_group(self._namespace, partition.stream.group),
         )
         try:
             await ingest.start()

@@ -17,6 +17,7 @@ import msgspec
 
 from tidelog.broker.controller_link import call_controller
 from tidelog.clock import Clock, SystemClock
+from tidelog.metadata.activity import ACTIVITY_STREAM
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.placement import place_replicas, resolve_replication_factor
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 10_000
-RESERVED_STREAMS = frozenset({CURSORS_STREAM})
-"""Internal streams (:mod:`tidelog.broker.cursor_stream`): clients can neither create nor delete them."""
+RESERVED_STREAMS = frozenset({CURSORS_STREAM, ACTIVITY_STREAM})
+"""Internal streams (:mod:`tidelog.broker.cursor_stream`, :mod:`tidelog.broker.activity_stream`): clients can
+neither create nor delete them."""
 _APPLY_TIMEOUT = 10.0
 _APPLY_SECONDS_PER_PARTITION = 0.02
 """Creating or deleting a stream opens or closes every local partition of it before the request is answered: the

@@ -25,14 +25,14 @@ import click
 from rich.console import Console
 
 from tidelog.broker.config_values import parse_etcd_endpoint
-from tidelog.cli.common import data_dir_option, local_etcd_endpoints, output_option, wide_option
+from tidelog.cli.common import data_dir_option, local_etcd_endpoints, namespace_option, output_option, wide_option
 from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.launch.endpoints import ENDPOINTS_FILE
 from tidelog.metadata.etcd_client import etcd_target, open_etcd
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE, namespace_keys
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
-    Keys,
     PartitionRecord,
     decode_broker,
     decode_controller,
@@ -81,10 +81,10 @@ class ClusterView:
         return partition.suspended or (bounds.suspended if bounds is not None else "")
 
 
-async def read_cluster(endpoints: Sequence[str], prefix: str = "/tidelog") -> ClusterView:
-    """Read brokers, controller and partitions from etcd (the first of ``endpoints`` that answers), then ask
-    leaders for bounds."""
-    keys = Keys(prefix)
+async def read_cluster(endpoints: Sequence[str], namespace: str = DEFAULT_NAMESPACE) -> ClusterView:
+    """Read brokers, controller and partitions of the cluster ``namespace`` from etcd (the first of ``endpoints``
+    that answers), then ask leaders for bounds."""
+    keys = namespace_keys(namespace)
     client: Any = open_etcd([parse_etcd_endpoint(e) for e in endpoints], timeout=int(ETCD_TIMEOUT))
     try:
         async with asyncio.timeout(ETCD_TIMEOUT):
@@ -262,12 +262,12 @@ def cluster() -> None:
     "-e",
     default=lambda: os.environ.get(ETCD_ENV) or local_etcd_endpoints(),
     show_default=f"${ETCD_ENV}, else those in <data-dir>/{ENDPOINTS_FILE}",
-    help="Comma-separated etcd endpoints of the cluster (the first one is asked).",
+    help="Comma-separated etcd endpoints of the cluster (the first that answers is asked).",
 )
-@click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
+@namespace_option
 @output_option
 @wide_option
-def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
+def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
@@ -281,7 +281,7 @@ def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        view = asyncio.run(read_cluster(endpoints, prefix))
+        view = asyncio.run(read_cluster(endpoints, namespace))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming

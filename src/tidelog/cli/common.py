@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 import click
 
 from tidelog.launch.endpoints import DEFAULT_DATA_DIR, ENDPOINTS_FILE, Endpoints, read_endpoints
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
 from tidelog.protocol.errors import TidelogError, UnavailableError
 
 P = ParamSpec("P")
@@ -96,6 +97,31 @@ def _default_brokers() -> str:
         return os.environ[BROKERS_ENV]
     found = local_broker()
     return found.wire if found is not None else DEFAULT_BROKERS
+
+
+NAMESPACE_ENV = "TIDELOG_NAMESPACE"
+
+
+def _namespace(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not is_namespace(value):
+        raise click.BadParameter(f"{value!r}: a namespace is {NAMESPACE_RULE}", ctx, param)
+    return value
+
+
+def _default_namespace() -> str:
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    found = local_broker()
+    return found.namespace if found is not None and found.namespace else DEFAULT_NAMESPACE
+
+
+namespace_option = click.option(
+    "--namespace",
+    default=_default_namespace,
+    show_default=f"${NAMESPACE_ENV}, else that of the broker on <data-dir>, else {DEFAULT_NAMESPACE}",
+    callback=_namespace,
+    help="The cluster's namespace (the brokers' namespace setting): its etcd keys are under /NAMESPACE/.",
+)
 
 
 def local_etcd_endpoints() -> str:

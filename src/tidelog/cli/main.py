@@ -13,6 +13,7 @@ import sys
 import click
 
 from tidelog import __version__
+from tidelog.cli.activity import activity
 from tidelog.cli.append import append
 from tidelog.cli.cluster import register as register_cluster_commands
 from tidelog.cli.common import DEBUG_ENV
@@ -45,6 +46,7 @@ cli.add_command(publish)
 cli.add_command(append)
 cli.add_command(subscribe)
 cli.add_command(partition)
+cli.add_command(activity)
 group.add_command(reset_offsets)
 cli.add_command(group)
 register_cluster_commands(cli)

@@ -2,9 +2,9 @@
 
 A broker started with ``tidelog serve`` (``make run``) runs its embedded etcd on a port chosen at random, which
 the CLI cannot guess. So the broker writes ``<data_dir>/endpoints.json`` once it serves — its gRPC and wire
-addresses, its NATS URLs and etcd endpoints, and its PID — and removes the file when it stops cleanly. A broker
-that dies without removing it (SIGKILL, a crash) leaves a stale file: readers check that the PID it names is
-still alive, and ignore the file otherwise.
+addresses, its NATS URLs, etcd endpoints and namespace, and its PID — and removes the file when it stops cleanly.
+A broker that dies without removing it (SIGKILL, a crash) leaves a stale file: readers check that the PID it
+names is still alive, and ignore the file otherwise.
 
 The file is written atomically (a temporary file, fsynced, then renamed over), so a reader sees the old file or
 the new one, never half of one. :func:`read_endpoints` is what the CLI calls; explicit flags and environment
@@ -38,6 +38,7 @@ class Endpoints:
     wire: str  # host:port of the tidelog wire protocol
     nats: list[str] = field(default_factory=list)  # nats://host:port
     etcd: list[str] = field(default_factory=list)  # http://host:port
+    namespace: str = ""  # the cluster's namespace in etcd ("": not recorded, the default)
 
     @property
     def alive(self) -> bool:
@@ -90,6 +91,7 @@ def _load(path: Path) -> Endpoints | None:
             wire=str(raw["wire"]),
             nats=[str(url) for url in raw.get("nats", [])],
             etcd=[str(url) for url in raw.get("etcd", [])],
+            namespace=str(raw.get("namespace", "")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -53,10 +53,10 @@ from tidelog.launch.probes import ReadinessProbe, all_of
 from tidelog.launch.process import ManagedProcess
 from tidelog.local.serve_process import TIDELOG, clean_env, serving
 from tidelog.local.tcp_proxy import TcpProxy
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE, namespace_keys
 from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
-    Keys,
     PartitionRecord,
     decode_broker,
     decode_controller,
@@ -165,7 +165,7 @@ class LocalCluster:
         self.root = Path(root)
         self.proxied = proxied
         self.start_within = start_within
-        self.keys = Keys()
+        self.keys = namespace_keys((settings or {}).get("namespace", DEFAULT_NAMESPACE))
         count = 2 * brokers + 4 + (brokers if proxied else 0)
         ports = list(range(base_port, base_port + count)) if base_port is not None else free_ports(count)
         nats_port, monitor_port, etcd_port, peer_port = ports[2 * brokers : 2 * brokers + 4]

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from tidelog.clock import Clock, SystemClock
@@ -87,6 +87,9 @@ from tidelog.metadata.suspension import (
 )
 
 log = logging.getLogger(__name__)
+
+TermTask = Callable[[FencedWriter], Coroutine[Any, Any, None]]
+"""Work done while this broker is the controller, with the term's fenced writer."""
 
 
 class Controller:
@@ -136,6 +139,7 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._probes: dict[str, asyncio.Task[ProbeOutcome]] = {}  # in flight, so reports of one death share one
         self._changed = asyncio.Event()  # replaced whenever `active` may have changed; see wait_for
+        self._term_tasks: list[tuple[str, TermTask]] = []
         mirror.add_listener(self._on_change)
 
     def attach(self, election: ControllerElection) -> None:
@@ -143,6 +147,11 @@ class Controller:
         if self._election is not None and self._election is not election:
             raise RuntimeError(f"the controller of {self.broker_id} already serves another election")
         self._election = election
+
+    def add_term_task(self, name: str, task: TermTask) -> None:
+        """Run ``task(writer)`` through every term from the next election on, beside the controller's own tasks
+        (the activity feed, :mod:`tidelog.metadata.activity_feed`); it is cancelled when the term ends."""
+        self._term_tasks.append((name, task))
 
     # ---- views ----
 
@@ -181,6 +190,10 @@ class Controller:
             asyncio.create_task(self._reconcile_loop(writer), name=f"controller-reconcile-{term.epoch}"),
             asyncio.create_task(self._balance_loop(writer), name=f"controller-balance-{term.epoch}"),
             asyncio.create_task(self._clean_creations(writer), name=f"controller-creations-{term.epoch}"),
+            *(
+                asyncio.create_task(task(writer), name=f"controller-{name}-{term.epoch}")
+                for name, task in self._term_tasks
+            ),
         ]
         self._notify()
         log.info("controller %s: active for epoch %d", self.broker_id, term.epoch)

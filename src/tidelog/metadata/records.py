@@ -2,7 +2,8 @@
 
 Every value in the keyspace is one msgspec-msgpack encoded record. Records are frozen: a change is a new record
 written by a guarded etcd transaction, and the broker's mirror swaps whole records, so readers never see a
-half-updated partition. Key layout under the cluster prefix (default ``/tidelog``)::
+half-updated partition. Key layout under the cluster prefix ``/{namespace}`` (default ``/tidelog``; see
+:mod:`~tidelog.metadata.namespace`)::
 
     {prefix}/brokers/{broker_id}                 BrokerRecord      (attached to the broker's lease)
     {prefix}/streams/{stream}                    StreamRecord
@@ -12,6 +13,7 @@ half-updated partition. Key layout under the cluster prefix (default ``/tidelog`
     {prefix}/producer-ids                        the next idempotent-producer id to hand out, a msgpack integer
     {prefix}/producers/{name}                    ProducerRecord    (a named producer's id and latest epoch)
     {prefix}/creating/{stream}                   CreationRecord    (a stream being created in several transactions)
+    {prefix}/activity-published                  the newest revision published to __activity, a msgpack integer
 
 Partitions whose stream record does not exist are invisible: the mirror holds them back until the stream record
 arrives, so a stream whose partitions are written in several transactions appears whole, at once (see

@@ -99,7 +99,11 @@ class NatsIngest:
         reader_options: dict[str, Any] | None = None,
         duplicate_window_ms: int = 120_000,
         max_msg_ids: int = 100_000,
+        queue: str | None = None,
     ) -> None:
+        """``queue``: the NATS queue group to subscribe in (the stream's group, named for the cluster's
+        namespace: :func:`tidelog.metadata.namespace.queue_group`); None: the stream's group as it is."""
+        self._queue = queue if queue is not None else (partition.stream.group or None)
         self._nc = nc
         self._partition = partition
         self._urls = list(urls)
@@ -151,7 +155,7 @@ class NatsIngest:
                 self._urls,
                 partition.subject,
                 self._on_read,
-                queue=partition.stream.group or None,
+                queue=self._queue,
                 name=f"tidelog-ingest-{partition.name}",
                 clock=self._clock,
                 **self._reader_options,
@@ -165,7 +169,7 @@ class NatsIngest:
                 return
         self._sub = await self._nc.subscribe(
             partition.subject,
-            queue=partition.stream.group,
+            queue=self._queue or "",
             cb=self._on_nats_py_message,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=512 * MiB,
