@@ -7,10 +7,11 @@ its own process (its own interpreter and GIL), as the members of a real group ar
 
 The line protocol. The parent writes commands on the member's stdin, one per line: ``go`` (consume) and ``stop``
 (close: a tidelog member commits and leaves the group; then exit). End of input stops a member too, so it never
-outlives a parent that died. A member starts in the ``forming`` state: a tidelog member iterates already (with a
-short timeout, so that rebalances are applied), a JetStream worker waits for ``go``. With ``--replay`` a tidelog
-member starts at the log end (``auto_offset_reset="latest"``: its readers have nothing to fetch ahead) and on
-``go`` seeks each of its partitions to offset 0, so the pre-filled records are all read after ``go``.
+outlives a parent that died. A member starts in the ``forming`` state: a tidelog member iterates already, with a
+2 ms timeout (rebalances are applied, and a ``go`` is acted on at once); a JetStream worker waits for ``go``.
+With ``--replay`` a tidelog member starts at the log end (``auto_offset_reset="latest"``: its readers have nothing
+to fetch ahead) and on ``go`` seeks each of its partitions to offset 0, so every pre-filled record is read after
+``go``.
 
 Events go to stdout, one JSON object per line: ``ready``; ``assigned`` / ``revoked`` (tidelog: partitions, from
 the rebalance callbacks); ``first`` (tidelog: the first record handed out from a partition since it was
@@ -41,6 +42,7 @@ from tidelog.client import GroupConsumer, StreamPartition
 
 REPORT_EVERY = 1000  # records between progress events
 IDLE_WAIT = 0.05  # seconds a member waits for a record before it reports and looks at its commands again
+FORMING_WAIT = 0.002  # the same before ``go``: the wait for ``go`` must not delay the start (tidelog only)
 STOP_WITHIN = 30.0  # seconds a member has to close after ``stop`` before it is killed
 _ROOT = Path(__file__).resolve().parents[1]  # the members run as ``-m benchmarks._group_members`` from here
 
@@ -124,7 +126,7 @@ async def tidelog_member(args: argparse.Namespace, commands: Commands) -> None:
                 replay = False
                 for tp in consumer.assignment():
                     consumer.seek(tp, 0)
-            record = await consumer.getone(timeout=IDLE_WAIT)
+            record = await consumer.getone(timeout=IDLE_WAIT if commands.state == "go" else FORMING_WAIT)
             if record is None:
                 progress.flush()
                 continue
