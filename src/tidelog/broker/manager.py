@@ -156,6 +156,10 @@ class PartitionManager:
         """Every partition this broker holds a copy of, led or followed."""
         return [*self._partitions.values(), *self._followers.values()]
 
+    def ingests(self) -> list[NatsIngest]:
+        """The NATS ingests running now, one per partition led here (their counters feed the metrics)."""
+        return list(self._ingests.values())
+
     def follower(self, stream: str, partition: int) -> FollowedPartition | None:
         """The partition if this broker follows it, else None."""
         return self._followers.get((stream, partition))

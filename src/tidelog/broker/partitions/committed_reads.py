@@ -19,6 +19,7 @@ class CommittedReads:
     stream: StreamRecord
     record: PartitionRecord
     log: Log
+    bytes_out: int = 0  # record bytes served to consumers' fetches (for the metrics, read at scrape time)
 
     @property
     def high_watermark(self) -> int:

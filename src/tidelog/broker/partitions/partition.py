@@ -41,6 +41,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast
 
+from tidelog import telemetry
 from tidelog.broker.partitions.committed_reads import CommittedReads
 from tidelog.broker.partitions.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.broker.partitions.write_path import Appended, LeaderWrite, TransactionalWrite, WriteRefused, WriteState
@@ -170,6 +171,8 @@ class Partition(CommittedReads):
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
+        self.records_in = 0  # records and bytes written in this leadership (for the metrics, read at scrape time)
+        self.bytes_in = 0
         self._tasks.append(asyncio.create_task(self._maintain(), name=f"maintain-{self.name}"))
 
     @property
@@ -185,6 +188,7 @@ class Partition(CommittedReads):
 
     def update_record(self, record: PartitionRecord) -> None:
         """Take a newer metadata record (paused/readonly flags, ISR, suspension)."""
+        telemetry.isr_changed(len(self.record.isr), len(record.isr))
         self.record = record
         self.safety.update(record)
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
@@ -202,7 +206,10 @@ class Partition(CommittedReads):
                 return False
             self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
             return True
-        if not self.followers.fetched(replica, offset, self.log.end_offset, self.clock.monotonic_ns()):
+        end = self.log.end_offset
+        if offset == end and self.latest_received_ns and (s := self.followers.state(replica)) and s.log_end < end:
+            telemetry.follower_replicated((self.clock.now_ns() - self.latest_received_ns) / 1e9)  # Rama's metric
+        if not self.followers.fetched(replica, offset, end, self.clock.monotonic_ns()):
             return False
         self._hw.replica_caught_up_to(replica, offset)
         if replica not in self.record.isr and self._isr_change is None and not self._closed:
