@@ -135,7 +135,7 @@ class BrokerConfig:
     metrics_enabled: bool = setting(
         True,
         bool_kind(),
-        "Serve Prometheus metrics on /metrics and count requests, fsyncs and NATS messages for them. Off: /metrics "
+        "Serve Prometheus metrics on /metrics and time requests, fsyncs and etcd transactions for them. Off: /metrics "
         "answers 404 and nothing is counted (/healthz and /readyz still answer).",
     )
     metrics_partition_level: bool = setting(
