@@ -516,6 +516,12 @@ class Flusher:
 
     def _fail(self, error: BaseException) -> None:
         """An fsync failed: stay failed, and fail every waiter."""
+        log.error(
+            "fsync failed (%s): this log refuses appends until it is reopened; the %d appends waiting for it fail "
+            "unacknowledged",
+            error,
+            len(self._waiters),
+        )
         self._failed = error
         failure = FlushFailedError(f"fsync failed: {error}")
         for _, future, _on_durable in self._waiters:

@@ -31,6 +31,11 @@ class CommittedReads:
         return f"{self.stream.name}/{self.record.id}"
 
     @property
+    def log_context(self) -> dict[str, object]:
+        """The ``extra=`` of a log line about this replica: its stream and partition as fields of a JSON line."""
+        return {"stream": self.stream.name, "partition": self.record.id}
+
+    @property
     def subject(self) -> str:
         return self.stream.partition_subject(self.record.id)
 
