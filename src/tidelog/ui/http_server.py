@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 
 import uvicorn
 from starlette.applications import Starlette
@@ -28,7 +29,8 @@ STOP_WITHIN = 5.0  # seconds open HTTP connections get to finish when the broker
 class HttpServer:
     """Serves ``app`` on ``host:port`` from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    def __init__(self, app: Starlette, host: str, port: int, *, tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: serve HTTPS with this server context (for when the broker's listeners use TLS)."""
         self._app = app
         self._host = host
         self._sock = _bind(host, port)
@@ -42,6 +44,7 @@ class HttpServer:
             timeout_graceful_shutdown=int(STOP_WITHIN),
         )
         config.load()
+        config.ssl = tls  # uvicorn hands it to loop.create_server with the socket
         self._server = uvicorn.Server(config)
         self._server.lifespan = config.lifespan_class(config)
         self._task: asyncio.Task[None] | None = None
