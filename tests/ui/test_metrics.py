@@ -76,6 +76,8 @@ async def test_a_consumer_read_counts_as_bytes_out(broker: Broker, produced: str
     assert len(await consumed_values(wire(broker), produced)) == RECORDS
     after = value(await scrape(base_url(broker)), "tidelog_partition_bytes_out_total", stream=produced, role="leader")
     assert (after or 0) > (before or 0)
+    records_out = {"stream": produced, "role": "leader"}
+    assert value(await scrape(base_url(broker)), "tidelog_partition_records_out_total", **records_out) == RECORDS
 
 
 async def test_nats_messages_are_counted_as_ingested(broker: Broker, stub: Stub) -> None:

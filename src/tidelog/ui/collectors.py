@@ -10,8 +10,9 @@ Families (labels in braces; ``metrics_partition_level = false`` drops the per-pa
 
 per partition, on every replica ``{stream, partition, role}`` (role: leader or follower)
     ``tidelog_partition_log_start_offset``, ``tidelog_partition_log_end_offset``,
-    ``tidelog_partition_high_watermark``, ``tidelog_partition_bytes_out_total`` (record bytes fetched by
-    consumers from this replica)
+    ``tidelog_partition_high_watermark``, ``tidelog_partition_bytes_out_total`` and
+    ``tidelog_partition_records_out_total`` (what consumers fetched from this replica over the wire protocol; records
+    are counted for replies sent from the segment file, i.e. plain TCP, not TLS)
 per partition, on its leader ``{stream, partition}``
     ``tidelog_partition_leader`` (1 here; the other replicas export 0), ``tidelog_partition_replicas``,
     ``tidelog_partition_isr_size``, ``tidelog_partition_min_isr``, ``tidelog_partition_under_replicated``,
@@ -92,6 +93,7 @@ class BrokerCollector(Collector):
         end = _gauge("tidelog_partition_log_end_offset", "Offset the replica's next record gets.", _ROLE)
         hw = _gauge("tidelog_partition_high_watermark", "Offset after the last committed record.", _ROLE)
         out = _counter("tidelog_partition_bytes_out", "Record bytes fetched by consumers from this replica.", _ROLE)
+        records_out = _counter("tidelog_partition_records_out", "Records fetched by consumers (plain TCP).", _ROLE)
         leader = _gauge("tidelog_partition_leader", "1 on the partition's leader, 0 on its followers.", _P)
         size = _gauge("tidelog_partition_replicas", "Replicas of the partition.", _P)
         isr = _gauge("tidelog_partition_isr_size", "Replicas in the ISR.", _P)
@@ -114,6 +116,7 @@ class BrokerCollector(Collector):
                 end.add_metric([*labels, role], replica.log_end)
                 hw.add_metric([*labels, role], replica.high_watermark)
                 out.add_metric([*labels, role], replica.bytes_out)
+                records_out.add_metric([*labels, role], replica.records_out)
                 if role == "follower":
                     leader.add_metric(labels, 0)
         for partition in led:
@@ -145,7 +148,7 @@ class BrokerCollector(Collector):
                 seconds = 0.0 if behind <= 0 else max(0, monotonic - state.caught_up_ns) / 1e9
                 lag_seconds.add_metric([*labels, follower], seconds)
         if per_partition:
-            yield from (start, end, hw, out, leader, size, isr, min_isr, under, at_min, below)
+            yield from (start, end, hw, out, records_out, leader, size, isr, min_isr, under, at_min, below)
             yield from (records_in, bytes_in, lag_records, lag_seconds)
         broker = _gauge("tidelog_broker_partitions_led", "Partitions this broker leads.")
         broker.add_metric([], len(led))

@@ -76,7 +76,11 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
         reply = batches_reply(
             env, Op.FETCH, correlation_id, _bounds(partition), partition.log, offset, max_bytes, limit
         )
-        partition.bytes_out += reply.file.length if reply.file is not None else len(reply.buffers[-1])
+        if (file := reply.file) is not None:  # for the metrics (read at scrape time)
+            partition.bytes_out += file.length
+            partition.records_out += file.next_offset - offset
+        else:  # in memory (TLS): the bytes, with the small response header
+            partition.bytes_out += len(reply.buffers[-1])
         return reply
     except storage_errors.OffsetDamagedError as exc:
         return _damaged(correlation_id, partition, exc)

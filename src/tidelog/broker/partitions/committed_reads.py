@@ -20,6 +20,7 @@ class CommittedReads:
     record: PartitionRecord
     log: Log
     bytes_out: int = 0  # record bytes served to consumers' fetches (for the metrics, read at scrape time)
+    records_out: int = 0  # offsets served to consumers' fetches sent from the file (plain TCP)
 
     @property
     def high_watermark(self) -> int:
