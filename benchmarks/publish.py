@@ -36,6 +36,8 @@ Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; `
   every 5 ms once the publisher is done. A warm-up message first proves each side is subscribed.
   Measured in the ``nofsync`` mode (JetStream's default durability; tidelog's ``never``).
 
+What the broker's metrics cost: ``metrics_overhead`` and ``metrics_scrape_1000`` (see ``benchmarks._metrics``).
+
 Both sides publish without deduplication, as ``js.publish`` does without a ``Nats-Msg-Id``: tidelog's producer
 runs with ``idempotent=False`` (its default is idempotent since issue 5). What idempotence costs is reported
 beside it: ``latency_p50_{mode}_idempotent`` / ``latency_p99_{mode}_idempotent`` (informational, no target;
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -67,6 +70,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
+from benchmarks._metrics import METRICS_ROWS, measure_metrics_off, measure_scrape, metrics_rows
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import all_of, tcp_probe
@@ -83,6 +87,8 @@ TARGETS = (
     Target("consume_1k", ">=", 3),
     Target("latency_p50_fsync", "<=", 1),
     Target("nats_ingest_1k", ">=", 0.8),
+    Target("metrics_overhead", ">=", 0.97),
+    Target("metrics_scrape_1000", "<=", 1),
 )
 
 APPROACHES = {
@@ -283,11 +289,12 @@ class TidelogServer:
     """``tidelog serve`` as a child process (its own interpreter and event loop, as JetStream has its own process),
     with the embedded NATS on a known port and the given default flush policy. Stopped by PID (SIGTERM)."""
 
-    def __init__(self, data_dir: Path, *, flush_policy: str, ready_within: float = 60.0) -> None:
+    def __init__(self, data_dir: Path, *, flush_policy: str, metrics: bool = True, ready_within: float = 60.0) -> None:
         self.data_dir = data_dir
         self.flush_policy = flush_policy
+        self.metrics = metrics
         self.ready_within = ready_within
-        self.grpc_port, self.wire_port, self.nats_port = free_ports(3, _LOOPBACK)
+        self.grpc_port, self.wire_port, self.nats_port, self.http_port = free_ports(4, _LOOPBACK)
         self._process: ManagedProcess | None = None
 
     @property
@@ -308,6 +315,8 @@ class TidelogServer:
             TIDELOG_DEFAULT_FLUSH_POLICY=self.flush_policy,
             TIDELOG_EMBEDDED_NATS_PORT=str(self.nats_port),
             TIDELOG_LOG_LEVEL="warning",
+            TIDELOG_HTTP_PORT=str(self.http_port),
+            TIDELOG_METRICS_ENABLED=str(self.metrics).lower(),
         )
         return env
 
@@ -347,9 +356,9 @@ class TidelogSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, mode: str, data_dir: Path, codec: Codec) -> AsyncIterator[Side]:
+    async def open(cls, mode: str, data_dir: Path, codec: Codec, *, metrics: bool = True) -> AsyncIterator[Side]:
         policy = "always" if mode == "fsync" else "never"
-        async with TidelogServer(data_dir, flush_policy=policy) as server:
+        async with TidelogServer(data_dir, flush_policy=policy, metrics=metrics) as server:
             log(f"tidelog ({mode}, flush {policy}) pid {server.pid}, wire port {server.wire_port}, {server.nats_url}")
             cluster = Cluster(server.bootstrap)
             try:
@@ -480,11 +489,20 @@ async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Sam
     for run_no in range(plan.runs):
         # Alternate which side goes first, so drift on a shared machine does not always favour the same one.
         order = list(sides) if run_no % 2 == 0 else list(reversed(sides))
+        off = functools.partial(TidelogSide.open, "fsync", root / f"run{run_no}-metrics-off", codec, metrics=False)
         for mode in MODES:
-            for name in order:
+            for name in order:  # metrics_overhead: the metrics-off broker goes with tidelog's turn, before or after
+                if name == "tidelog" and mode == "fsync" and run_no % 2:
+                    await measure_metrics_off(off, payloads["1k"][: plan.produce_count(mode)], samples)
                 log(f"run {run_no + 1}/{plan.runs}, {mode}: {name}")
                 async with SIDES[name](mode, root / f"run{run_no}-{mode}-{name}", codec) as side:
                     await measure_side(side, mode, plan, payloads, samples)
+                if name == "tidelog" and mode == "fsync" and not run_no % 2:
+                    await measure_metrics_off(off, payloads["1k"][: plan.produce_count(mode)], samples)
+    if "tidelog" in sides:
+        log("metrics: a scrape of 1,000 partitions")
+        async with TidelogServer(root / "scrape", flush_policy="never") as server:
+            await measure_scrape(server, samples)
     return samples
 
 
@@ -498,12 +516,16 @@ def metric_names() -> list[tuple[str, str]]:
         names += [(f"latency_p50_{mode}", "µs"), (f"latency_p99_{mode}", "µs")]
         names += [(f"latency_p50_{mode}_idempotent", "µs"), (f"latency_p99_{mode}_idempotent", "µs")]
     names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
+    names += [("metrics_overhead", "msg/s"), ("metrics_scrape_1000", "ms")]
     return names
 
 
 def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
     rows: list[Row] = []
     for metric, unit in metric_names():
+        if metric in METRICS_ROWS:
+            rows += metrics_rows(BENCH, metric, unit, samples)
+            continue
         ours = samples.get(("tidelog", metric))
         # JetStream has one way to consume, and publishes without deduplication
         theirs = samples.get(("jetstream", metric.removesuffix("_batches").removesuffix("_idempotent")))

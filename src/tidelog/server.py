@@ -1,8 +1,9 @@
 """The broker process: the composition root that starts every part in order and stops them in reverse.
 
 Start: embedded NATS and etcd when none are configured → connect to both → mirror the metadata keyspace →
-partition manager (opens this broker's replicas: leads some, follows others) → the wire protocol server →
-register the broker under its etcd lease → campaign for controller → gRPC (``proto.API`` + health).
+partition manager (opens this broker's replicas: leads some, follows others) → the wire protocol server → the
+HTTP port (``/metrics``, ``/healthz``, ``/readyz``: not ready until registered) → register the broker under its
+etcd lease → campaign for controller → gRPC (``proto.API`` + health).
 
 Stop (SIGTERM/SIGINT): controlled shutdown first — the controller moves this broker's leaderships to other ISR
 members and takes it out of the ISRs, so clients fail over without waiting for a lease to lapse — then stop
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import time
 from typing import Any
 
+from tidelog import telemetry
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.activity_stream import ACTIVITY_CONFIG, ActivityPublisher
@@ -51,6 +54,9 @@ from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, StreamRecord
 from tidelog.metadata.store import MetadataStore
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.ui.http_server import HttpServer
+from tidelog.ui.routes import build_app
+from tidelog.ui.view import BrokerView
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,7 @@ def _refuse_taken_ports(cfg: BrokerConfig) -> None:
     for what, key, port in (
         ("the Liftbridge gRPC API", "port", cfg.port),
         ("the tidelog wire protocol", "wire_port", cfg.wire_port),
+        ("the HTTP port (/metrics, /healthz, /readyz)", "http_port", cfg.http_port),
     ):
         if port and not port_is_free(cfg.host, port):
             raise PortInUseError(what, cfg.host, port, moved_by(key))
@@ -121,6 +128,8 @@ class Broker:
         self.activity: ActivityFeed | None = None
         self.cursors: CursorStore | None = None
         self.groups: GroupRuntime | None = None
+        self.http: HttpServer | None = None
+        self._registered = False
         self._stopped = asyncio.Event()
         self._start_failed = False
 
@@ -140,6 +149,7 @@ class Broker:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         _refuse_taken_ports(cfg)
+        telemetry.set_enabled(cfg.metrics_enabled)
         try:
             await self._start_backplane()
             keys = namespace_keys(cfg.namespace)
@@ -220,9 +230,11 @@ class Broker:
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
             await self.wire.start()
+            await self._start_http()
             wire_port = cfg.advertise_wire_port or self.wire.port
             record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns())
             await self.store.register_broker(record, ttl)
+            self._registered = True
             await mirror.wait_for(lambda s: self.id in s.brokers, 10)
             await self.election.start()
             await self.election.wait_for(lambda e: e.controller_id is not None, 15)
@@ -254,6 +266,8 @@ class Broker:
             raise
         log.info("broker %s: Liftbridge gRPC API on %s:%d", self.id, cfg.advertised_host, self.grpc.port)
         log.info("broker %s: tidelog wire protocol on %s:%d", self.id, cfg.advertised_host, self.wire.port)
+        assert self.http is not None
+        log.info("broker %s: HTTP (/metrics, /healthz, /readyz) on %s:%d", self.id, cfg.advertised_host, self.http.port)
         log.info(
             "broker %s: NATS %s, etcd %s, data in %s",
             self.id,
@@ -279,6 +293,31 @@ class Broker:
         self.etcd = open_etcd([parse_etcd_endpoint(e) for e in self.etcd_endpoints], timeout=10)
         await self.etcd.connect()
         await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
+
+    async def _start_http(self) -> None:
+        """The HTTP port, reading the parts started so far (see :mod:`tidelog.ui`)."""
+        assert self.manager is not None and self.mirror is not None and self.election is not None
+        assert self.groups is not None
+        view = BrokerView(
+            self.id,
+            self.config,
+            self.manager,
+            self.mirror,
+            self.election,
+            self.nc,
+            self.etcd,
+            cursors=self.cursors,
+            groups=self.groups.mirror,
+            registered=lambda: self._registered,
+        )
+        try:
+            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            what = "the HTTP port (/metrics, /healthz, /readyz)"
+            raise PortInUseError(what, self.config.host, self.config.http_port, moved_by("http_port")) from None
+        await self.http.start()
 
     def _write_endpoints(self, wire_port: int) -> None:
         """``<data_dir>/endpoints.json``, so the CLI on this host finds the broker (and its etcd) without flags."""
@@ -329,6 +368,8 @@ class Broker:
         if self.wire is not None:
             with contextlib.suppress(Exception):
                 await self.wire.stop(grace=min(grace, 5.0))
+        if self.http is not None:
+            await self.http.stop()
         if self.cursor_stream is not None:
             await self.cursor_stream.stop()
         if self.activity_stream is not None:

@@ -35,7 +35,7 @@ def broker_settings() -> dict[str, Any]:
 
 def broker_config(data_dir: Path, **settings: Any) -> BrokerConfig:
     """A broker on free loopback ports (gRPC, wire, embedded NATS and etcd) keeping its data in ``data_dir``."""
-    return BrokerConfig(data_dir=data_dir, port=0, wire_port=0, embedded_nats_port=0, **settings)
+    return BrokerConfig(data_dir=data_dir, port=0, wire_port=0, http_port=0, embedded_nats_port=0, **settings)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

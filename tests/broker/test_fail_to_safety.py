@@ -60,6 +60,7 @@ class Backplane:
             data_dir=self.root / broker_id,
             port=0,
             wire_port=0,
+            http_port=0,
             nats_servers=(self.nats.url,),
             etcd_endpoints=tuple(self.etcd.endpoints),
             broker_lease_ttl_ms=2000,

@@ -37,6 +37,7 @@ def clean_env(**settings: str) -> dict[str, str]:
     """Our environment without any TIDELOG_* setting, plus ``settings``. NATS on a free port, not 4222."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDELOG_")}
     env["TIDELOG_EMBEDDED_NATS_PORT"] = "0"
+    env["TIDELOG_HTTP_PORT"] = "0"
     env.update(settings)
     return env
 

@@ -35,7 +35,7 @@ def serve(workdir: Path, *args: str, name: str = "serve") -> ManagedProcess:
         [TIDELOG, "serve", "--data-dir", workdir / "data", *args],
         log_path=workdir / f"{name}.log",
         name="tidelog-serve",
-        env=clean_env(TIDELOG_EMBEDDED_NATS_PORT="0"),
+        env=clean_env(TIDELOG_EMBEDDED_NATS_PORT="0", TIDELOG_HTTP_PORT="0"),
     )
 
 
@@ -211,12 +211,13 @@ async def refused(process: ManagedProcess) -> str:
         ("--embedded-nats-port", "the embedded nats-server", "TIDELOG_EMBEDDED_NATS_PORT"),
         ("--wire-port", "the tidelog wire protocol", "TIDELOG_WIRE_PORT"),
         ("--port", "the Liftbridge gRPC API", "TIDELOG_PORT"),
+        ("--http-port", "the HTTP port (/metrics, /healthz, /readyz)", "TIDELOG_HTTP_PORT"),
     ],
 )
 async def test_a_taken_port_is_one_line_naming_it_and_its_setting(
     tmp_path: Path, taken_port: int, flag: str, what: str, setting: str
 ) -> None:
-    ports = {"--port": "0", "--wire-port": "0", "--embedded-nats-port": "0", flag: str(taken_port)}
+    ports = {"--port": "0", "--wire-port": "0", "--http-port": "0", "--embedded-nats-port": "0", flag: str(taken_port)}
     output = await refused(serve(tmp_path, *(f"{key}={value}" for key, value in ports.items())))
     assert "Traceback" not in output
     (line,) = output.strip().splitlines()

@@ -116,12 +116,35 @@ class BrokerConfig:
         PORT,
         "Wire port clients and other brokers are told to connect to (behind NAT or a proxy). 0: the wire port.",
     )
+    http_port: int = setting(
+        9294,
+        PORT,
+        "HTTP port of /metrics (Prometheus), /healthz and /readyz (0: any free port).",
+    )
     data_dir: Path = setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
         Path("./tidelog-data"),
         path_kind(),
         "Directory of this broker's partitions, its id, and the embedded servers' data and logs.",
     )
     log_level: str = setting("info", choice_kind("debug", "info", "warning", "error"), "Logging threshold.")
+    log_format: str = setting(
+        "text",
+        choice_kind("text", "json"),
+        "How log lines are written to stderr: 'text' for people, 'json' for collectors (one object per line with "
+        "time, level, logger, message and context fields such as stream, partition and broker).",
+    )
+    metrics_enabled: bool = setting(
+        True,
+        bool_kind(),
+        "Serve Prometheus metrics on /metrics and time requests, fsyncs and etcd transactions for them. Off: /metrics "
+        "answers 404 and nothing is counted (/healthz and /readyz still answer).",
+    )
+    metrics_partition_level: bool = setting(
+        True,
+        bool_kind(),
+        "Export per-partition series (offsets, high watermark, ISR, lag per follower and per consumer group). "
+        "Off: only per-broker totals, for brokers with very many partitions.",
+    )
 
     # -- NATS and etcd --
     nats_servers: tuple[str, ...] = setting(
@@ -366,6 +389,10 @@ class BrokerConfig:
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
                 "wire_port", "the combined configuration", self.wire_port, "a port other than port"
+            )
+        if self.http_port and self.http_port in (self.port, self.wire_port):
+            raise BadConfigValueError(
+                "http_port", "the combined configuration", self.http_port, "a port other than port and wire_port"
             )
 
     @property

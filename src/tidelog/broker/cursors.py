@@ -244,6 +244,21 @@ class CursorStore:
             )
         return pid, leader
 
+    def cached(self) -> list[tuple[str, str, int, int]]:
+        """Every cursor the caches of the ``__cursors`` partitions this broker leads hold, as (cursor id, stream,
+        partition, offset): what the metrics export (a consumer group's committed offsets are cursors named after
+        it). Caches still being read are left out; nothing is read from the log here."""
+        found = []
+        for cache in self._caches.values():
+            if not cache.ready.is_set():
+                continue
+            for key, (_, offset) in cache.by_key.items():
+                cursor_id, _, rest = key.decode(errors="replace").rpartition(",")
+                cursor_id, _, stream = cursor_id.rpartition(",")
+                if offset is not None and rest.isdigit():
+                    found.append((cursor_id, stream, int(rest), offset))
+        return found
+
     # ---- the cache ----
 
     def _drop(self, pid: int, leader: Partition) -> None:

@@ -159,6 +159,10 @@ class PartitionManager:
         """Every partition this broker holds a copy of, led or followed."""
         return [*self._partitions.values(), *self._followers.values()]
 
+    def ingests(self) -> list[NatsIngest]:
+        """The NATS ingests running now, one per partition led here (their counters feed the metrics)."""
+        return list(self._ingests.values())
+
     def follower(self, stream: str, partition: int) -> FollowedPartition | None:
         """The partition if this broker follows it, else None."""
         return self._followers.get((stream, partition))
@@ -239,12 +243,24 @@ class PartitionManager:
             self.damaged.refuse(record, exc)
             return None
         except Exception:
-            log.exception("cannot open partition %s/%d at %s", stream.name, partition, path)
+            log.exception(
+                "cannot open partition %s/%d at %s; this broker does not serve it until the metadata changes or the "
+                "broker restarts",
+                stream.name,
+                partition,
+                path,
+                extra={"stream": stream.name, "partition": partition, "path": str(path)},
+            )
             return None
         try:
             producers = await asyncio.to_thread(open_producer_state, log_, self._producer_expiry_ms)
         except Exception:
-            log.exception("cannot load the producer state of %s/%d", stream.name, partition)
+            log.exception(
+                "cannot load the producer state of %s/%d; the partition is closed again and not served here",
+                stream.name,
+                partition,
+                extra={"stream": stream.name, "partition": partition},
+            )
             await log_.close()
             return None
         self.damaged.forget((stream.name, partition))
@@ -456,7 +472,13 @@ class PartitionManager:
                         await write_hw_checkpoint(follower.log.directory, hw)
                         follower.checkpointed = hw
                     except Exception:
-                        log.warning("cannot checkpoint the HW of %s", follower.log.directory, exc_info=True)
+                        log.warning(
+                            "%s: cannot write the follower's high-watermark checkpoint in %s; retried at the next one",
+                            follower.name,
+                            follower.log.directory,
+                            exc_info=True,
+                            extra=follower.log_context,
+                        )
 
     async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:
         retry = self._ingest_retries.pop(key, None)

@@ -307,8 +307,8 @@ def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None
     "--base-port",
     type=click.IntRange(1024, 65000),
     default=None,
-    help="First of consecutive ports: broker I gets gRPC base+2I and wire base+2I+1, then NATS and etcd "
-    "(default: free ports).",
+    help="First of consecutive ports: broker I gets gRPC base+2I and wire base+2I+1, then NATS and etcd, then "
+    "each broker's HTTP port (default: free ports).",
 )
 @click.option(
     "--setting",

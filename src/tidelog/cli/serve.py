@@ -24,6 +24,7 @@ import click
 
 from tidelog.broker.config import BrokerConfig, config_keys, load_config
 from tidelog.broker.config_values import ConfigError
+from tidelog.cli.logs import configure_logging, set_log_context
 from tidelog.cli.signals import stop_on_signals
 from tidelog.launch.process import ProcessStartError
 
@@ -37,23 +38,13 @@ STOP_MARGIN = 30.0
 etcd) before the process exits without finishing it."""
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Third-party chatter (gRPC/etcd internals) is only interesting when debugging.
-    for noisy in ("aetcd", "nats", "grpc"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if level != "debug" else logging.DEBUG)
-
-
 async def run_broker(flags: dict[str, object], config_file: Path | None) -> int:
     from tidelog.server import Broker
 
     config = load_config(config_file, flags=flags)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     broker = Broker(config)
+    set_log_context(broker=broker.id)
     stop = stop_on_signals(
         lambda name: log.info("%s received: shutting down", name),
         exiting=lambda name: log.warning("second %s: exiting now", name),
@@ -112,6 +103,7 @@ SETTINGS_EPILOG = (
 @click.option("--host", default=None, help="Address to bind and advertise (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Liftbridge gRPC API port (default 9292).")
 @click.option("--wire-port", type=int, default=None, help="tidelog wire protocol port (default 9293).")
+@click.option("--http-port", type=int, default=None, help="HTTP port of /metrics, /healthz and /readyz (default 9294).")
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -150,6 +142,7 @@ def serve(
     host: str | None,
     port: int | None,
     wire_port: int | None,
+    http_port: int | None,
     data_dir: Path | None,
     nats_servers: str | None,
     etcd_endpoints: str | None,
@@ -168,6 +161,7 @@ def serve(
         "host": host,
         "port": port,
         "wire_port": wire_port,
+        "http_port": http_port,
         "data_dir": data_dir,
         "nats_servers": nats_servers.split(",") if nats_servers else None,
         "etcd_endpoints": etcd_endpoints.split(",") if etcd_endpoints else None,

@@ -83,6 +83,7 @@ class BrokerHandle:
     data_dir: Path
     process: ManagedProcess
     proxy: TcpProxy | None = None
+    http_port: int = 0  # /metrics, /healthz, /readyz
     paused: bool = field(default=False, init=False)
 
     @property
@@ -112,6 +113,11 @@ class BrokerHandle:
     @property
     def grpc_address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        """``http://127.0.0.1:port`` of the broker's HTTP port (``/metrics``, ``/healthz``, ``/readyz``)."""
+        return f"http://127.0.0.1:{self.http_port}"
 
 
 def _settings_env(settings: Mapping[str, str]) -> dict[str, str]:
@@ -152,8 +158,8 @@ class LocalCluster:
     ) -> None:
         """``settings`` are broker configuration keys (``replica_lag_time_max_ms``) given to every broker as
         ``TIDELOG_*`` variables. ``base_port`` makes ports predictable (``tidelog dev-cluster``): broker I gets
-        gRPC ``base+2I`` and wire ``base+2I+1``, then NATS, its monitor, etcd client and peer, then proxies.
-        Without it every port is a free one."""
+        gRPC ``base+2I`` and wire ``base+2I+1``, then NATS, its monitor, etcd client and peer, then proxies, then
+        each broker's HTTP port. Without it every port is a free one."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         advertise_key = _advertise_key()
@@ -166,7 +172,8 @@ class LocalCluster:
         self.proxied = proxied
         self.start_within = start_within
         self.keys = namespace_keys((settings or {}).get("namespace", DEFAULT_NAMESPACE))
-        count = 2 * brokers + 4 + (brokers if proxied else 0)
+        proxies = brokers if proxied else 0
+        count = 2 * brokers + 4 + proxies + brokers
         ports = list(range(base_port, base_port + count)) if base_port is not None else free_ports(count)
         nats_port, monitor_port, etcd_port, peer_port = ports[2 * brokers : 2 * brokers + 4]
         self._nats = EmbeddedNats(self.root / "nats", port=nats_port, monitor_port=monitor_port)
@@ -176,6 +183,7 @@ class LocalCluster:
         for index in range(brokers):
             broker_id = f"b{index}"
             port, wire_port = ports[2 * index], ports[2 * index + 1]
+            http_port = ports[2 * brokers + 4 + proxies + index]
             env = dict(base_env)
             proxy = None
             if proxied and advertise_key is not None:
@@ -188,11 +196,12 @@ class LocalCluster:
                 "--data-dir", str(data_dir),
                 "--port", str(port),
                 "--wire-port", str(wire_port),
+                "--http-port", str(http_port),
                 "--nats-servers", self.nats_url,
                 "--etcd-endpoints", ",".join(self.etcd_endpoints),
             ]  # fmt: skip
             process = ManagedProcess(argv, log_path=self.root / broker_id / "serve.log", name=broker_id, env=env)
-            self.brokers.append(BrokerHandle(broker_id, port, wire_port, data_dir, process, proxy))
+            self.brokers.append(BrokerHandle(broker_id, port, wire_port, data_dir, process, proxy, http_port))
         self._etcd_client: Any = None
         self._stopping = False
 

@@ -54,6 +54,7 @@ class ServedBroker:
     wire_port: int
     nats_port: int
     data_dir: Path
+    http_port: int = 0
 
     @property
     def wire_address(self) -> str:
@@ -69,8 +70,8 @@ class ServedBroker:
 
 async def start_served_broker(workdir: Path, *args: str, **settings: str) -> ServedBroker:
     """Start ``tidelog serve`` with data under ``workdir``; ``settings`` become ``TIDELOG_*`` variables."""
-    port, wire_port, nats_port = free_ports(3)
-    env = clean_env(TIDELOG_EMBEDDED_NATS_PORT=str(nats_port))
+    port, wire_port, nats_port, http_port = free_ports(4)
+    env = clean_env(TIDELOG_EMBEDDED_NATS_PORT=str(nats_port), TIDELOG_HTTP_PORT=str(http_port))
     env.update({f"TIDELOG_{k.upper()}": v for k, v in settings.items()})
     data_dir = workdir / "data"
     process = ManagedProcess(
@@ -80,4 +81,4 @@ async def start_served_broker(workdir: Path, *args: str, **settings: str) -> Ser
         env=env,
     )
     await process.start(serving(port), ready_within=START_WITHIN)
-    return ServedBroker(process, port, wire_port, nats_port, data_dir)
+    return ServedBroker(process, port, wire_port, nats_port, data_dir, http_port)

@@ -226,7 +226,10 @@ class ControllerElection:
             except Exception as exc:  # etcd unreachable: revoking (or the lease's expiry) removes the key instead
                 log.debug("controller %s: could not resign term %d", self.broker_id, term.epoch, exc_info=True)
                 log.warning(
-                    "controller %s: could not resign term %d (%s)", self.broker_id, term.epoch, describe_failure(exc)
+                    "controller %s: could not resign term %d (%s); another broker is elected once its lease lapses",
+                    self.broker_id,
+                    term.epoch,
+                    describe_failure(exc),
                 )
         if self._session is not None:
             await self._session.close()

@@ -29,12 +29,14 @@ request: re-read before retrying.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from tidelog import telemetry
 from tidelog.metadata.records import (
     ControllerRecord,
     Keys,
@@ -154,12 +156,15 @@ class FencedWriter:
         if self._owner is not None and not self._owner.term_is_current(self.term):
             raise ControllerFencedError(self.term, None, None, "fence: the term already ended here")
         tx = self._client.transactions
+        started = time.perf_counter()
         ok, responses = await self._client.transaction(
             compare=[*self.fence(), *compare],
             success=list(success),
             failure=[*failure, tx.get(self._keys.controller()), tx.get(self._keys.controller_epoch())],
         )
+        telemetry.etcd_txn(time.perf_counter() - started)
         if ok:
+            telemetry.metadata_changed()
             return TxnResult(True, list(responses))
         holder_raw = _value_of(responses[-2])
         epoch_raw = _value_of(responses[-1])

@@ -51,6 +51,11 @@ class MetadataMirror:
         """The latest snapshot whose listeners have all run."""
         return self._snapshot
 
+    @property
+    def in_sync(self) -> bool:
+        """Whether the mirror follows etcd now: loaded, and its watch up (not broken and being made again)."""
+        return self._follower.watching
+
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(old, new)`` after every applied change, in order, one at a time."""
         self._listeners.append(listener)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from tidelog import telemetry
 from tidelog.metadata.controller_plans import PartitionChange
 from tidelog.metadata.fenced_writer import ControllerError, ControllerFencedError, FencedWriter
 from tidelog.metadata.records import Keys, PartitionRecord, decode_partition, encode
@@ -118,6 +119,8 @@ class PartitionWrites:
 
     def log_change(self, change: PartitionChange) -> None:
         old, new = change.old, change.new
+        if new.leader != old.leader and new.leader:
+            telemetry.leader_elected(change.reason.value)
         log.info(
             "controller %s: %s/%d %s: leader %s→%s epoch %d→%d isr %s→%s",
             self.broker_id,

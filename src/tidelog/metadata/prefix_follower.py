@@ -40,15 +40,18 @@ class PrefixFollower:
         self._load = load
         self._apply = apply
         self.revision = 0
+        self.watching = False  # the prefix was read and its watch is up (False from a break until watched again)
         self._watch: Any = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._read(again=False)
         self._watch = await self._watch_from(self.revision + 1)
+        self.watching = True
         self._task = asyncio.create_task(self._follow(), name=self._name)
 
     async def stop(self) -> None:
+        self.watching = False
         if self._watch is not None:
             with contextlib.suppress(Exception):
                 await self._watch.cancel()
@@ -78,6 +81,7 @@ class PrefixFollower:
                 raise
             except Exception as exc:
                 failures += 1
+                self.watching = False
                 if failures == 1:
                     log.warning(
                         "%s: the watch broke at revision %d (%s); watching again", self._name, self.revision, exc
@@ -90,6 +94,7 @@ class PrefixFollower:
             await asyncio.sleep(delay)
             try:
                 self._watch = await self._watch_from(self.revision)
+                self.watching = True
                 return
             except RevisionCompactedError:
                 log.warning(

@@ -68,6 +68,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from tidelog import telemetry
 from tidelog.clock import Clock
 from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.config import FlushPolicy
@@ -314,6 +315,7 @@ class Flusher:
         """Moving average of this flusher's fsync rounds, in ns of its clock (inline and worker)."""
         self._dirty: dict[Syncable, None] = {}  # insertion-ordered set
         self._dirty_bytes = 0  # written since the last round's snapshot
+        self._round_bytes = 0  # what the running worker round syncs (for the fsynced-bytes metric)
         self._dirty_directories: set[Path] = set()
         self._waiters: list[tuple[int, asyncio.Future[None], Callable[[], None] | None]] = []
         self._state = RoundState.IDLE
@@ -429,6 +431,7 @@ class Flusher:
         """Sync the one dirty segment on the loop thread (idle flusher: nobody else is waiting)."""
         target = self.written
         (segment,) = self._dirty
+        nbytes = self._dirty_bytes
         clock = self._clock
         started = clock.monotonic_ns()
         try:
@@ -441,6 +444,7 @@ class Flusher:
         self._dirty.clear()
         self._dirty_bytes = 0
         self._note_sync_time(ended - started)
+        telemetry.fsynced(ended - started, 1, nbytes)
         self.inline_rounds += 1
         self.fsync_rounds += 1
         self.durable = target
@@ -458,7 +462,7 @@ class Flusher:
         targets = list(self._dirty)
         directories = list(self._dirty_directories)
         self._dirty.clear()
-        self._dirty_bytes = 0
+        self._round_bytes, self._dirty_bytes = self._dirty_bytes, 0
         self._dirty_directories.clear()
         for each in targets:
             each.pin()
@@ -492,6 +496,7 @@ class Flusher:
             else:
                 still.append(waiter)
         self._waiters = still
+        telemetry.fsynced(elapsed_ns, woken, self._round_bytes)
         loop = asyncio.get_running_loop()
         if woken > 1:  # a wave of appenders resumes next: their appends share one round, none goes inline
             self._share.take_turn(loop)
@@ -511,6 +516,12 @@ class Flusher:
 
     def _fail(self, error: BaseException) -> None:
         """An fsync failed: stay failed, and fail every waiter."""
+        log.error(
+            "fsync failed (%s): this log refuses appends until it is reopened; the %d appends waiting for it fail "
+            "unacknowledged",
+            error,
+            len(self._waiters),
+        )
         self._failed = error
         failure = FlushFailedError(f"fsync failed: {error}")
         for _, future, _on_durable in self._waiters:

@@ -202,7 +202,7 @@ async def test_a_full_disk_delays_the_high_watermark_checkpoint_and_never_stops_
         ballast = Ballast(disk / "ballast")
         ballast.fill()
         partition.replica_fetched("c", 2)  # the HW moves to 2: the next tick checkpoints it, on a full disk
-        await until(lambda: "cannot checkpoint the high watermark" in caplog.text, "the failed checkpoint")
+        await until(lambda: "cannot write the high-watermark checkpoint" in caplog.text, "the failed checkpoint")
         ballast.free()
         await until(lambda: checkpointed_hw(partition.log) == 2, "the checkpoint once space is freed")
         await partition.close()

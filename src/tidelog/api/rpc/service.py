@@ -10,12 +10,14 @@ with the same meaning. Cursor RPCs are in :mod:`tidelog.api.rpc.cursors`, consum
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tidelog import telemetry
 from tidelog.api.rpc import cursors, groups, metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.broker.context import BrokerContext
@@ -127,15 +129,49 @@ class AppenderService(append_pb2_grpc.AppenderServicer):  # type: ignore[misc]
         return await _guard(context, self._appends.append(request_iterator, context))
 
 
+class _RequestTiming(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Times every unary and client-streaming RPC into ``tidelog_request_duration_seconds{protocol="grpc"}``.
+    Server-streaming RPCs (Subscribe, PublishAsync) last as long as the client wants and are not timed."""
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or not telemetry.enabled():
+            return handler
+        name = details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _timed(handler.unary_unary, name), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                _timed(handler.stream_unary, name), handler.request_deserializer, handler.response_serializer
+            )
+        return handler
+
+
+def _timed(behavior: Callable[[Any, Any], Awaitable[Any]], name: str) -> Callable[[Any, Any], Awaitable[Any]]:
+    observe = telemetry.request_observer("grpc", name)
+
+    async def timed(request: Any, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await behavior(request, context)
+        finally:
+            observe(time.perf_counter() - started)
+
+    return timed
+
+
 class GrpcServer:
     """The gRPC server: ``proto.API``, ``tidelog.v1.Appender`` and the standard health service."""
 
     def __init__(self, ctx: BrokerContext, host: str, port: int) -> None:
         self._server = grpc.aio.server(
+            interceptors=[_RequestTiming()],
             options=[
                 ("grpc.max_receive_message_length", ctx.config.max_message_bytes + 64 * 1024),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         api_pb2_grpc.add_APIServicer_to_server(LiftbridgeService(ctx), self._server)
         self.appends = GrpcAppends(ctx)

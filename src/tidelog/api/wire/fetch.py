@@ -73,7 +73,15 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
         if request.verify:
             data = partition.log.read(offset, max_bytes, max_offset=limit)
             return Reply(encode_message(correlation_id, _bounds(partition), data))
-        return batches_reply(env, Op.FETCH, correlation_id, _bounds(partition), partition.log, offset, max_bytes, limit)
+        reply = batches_reply(
+            env, Op.FETCH, correlation_id, _bounds(partition), partition.log, offset, max_bytes, limit
+        )
+        if (file := reply.file) is not None:  # for the metrics (read at scrape time)
+            partition.bytes_out += file.length
+            partition.records_out += file.next_offset - offset
+        else:  # in memory (TLS): the bytes, with the small response header
+            partition.bytes_out += len(reply.buffers[-1])
+        return reply
     except storage_errors.OffsetDamagedError as exc:
         return _damaged(correlation_id, partition, exc)
 

@@ -56,23 +56,35 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
+from tidelog import telemetry
 from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
 from tidelog.api.wire.zerocopy import ShortFileError, send_range
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol.errors import MessageTooLargeError, TidelogError, UnavailableError, UnsupportedError
-from tidelog.protocol.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, ProtocolError
+from tidelog.protocol.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, Op, ProtocolError
 from tidelog.protocol.message_codec import decode_as, encode_error
 
 log = logging.getLogger(__name__)
 
 SMALL_FILE_BYTES = 16 * 1024  # a file range up to this size is copied into the reply's writev, not sendfile'd
+
+_OBSERVERS: dict[int, Callable[[float], None]] = {}  # op -> its request latency histogram's observe
+
+
+def _observer(op: int) -> Callable[[float], None]:
+    observe = _OBSERVERS.get(op)
+    if observe is None:
+        name = Op(op).name.lower() if op in Op._value2member_map_ else str(op)
+        observe = _OBSERVERS[op] = telemetry.request_observer("wire", name)
+    return observe
 
 
 @dataclass(slots=True)
@@ -304,13 +316,18 @@ class Session:
                 self._push(cid, op, nbytes, parked)
                 return
         task: asyncio.Task[Reply] = asyncio.get_running_loop().create_task(
-            self._handle(handler.handle(self._env, cid, header, frame.payload))
+            self._handle(op, handler.handle(self._env, cid, header, frame.payload))
         )
         self._push(cid, op, nbytes, task)
 
-    async def _handle(self, request: Coroutine[Any, Any, Reply]) -> Reply:
-        """Run one handler; write its reply at once if nothing comes before it (the fast path, module doc)."""
+    async def _handle(self, op: int, request: Coroutine[Any, Any, Reply]) -> Reply:
+        """Run one handler; write its reply at once if nothing comes before it (the fast path, module doc).
+
+        Its time is the request's latency metric (``tidelog_request_duration_seconds``); a parked request (a
+        long-poll served without a task) is not timed: its wait is the client's choice, not the broker's speed."""
+        started = time.perf_counter()
         reply = await request
+        _observer(op)(time.perf_counter() - started)
         task = asyncio.current_task()
         assert task is not None
         if reply.file is None:

@@ -140,6 +140,7 @@ class NatsIngest:
         self.duplicates = 0  # messages not stored because their Nats-Msg-Id was within the window
         self.refused = 0  # messages not stored because they could not be taken (e.g. a refused envelope)
         self.ack_failures = 0  # acks that could not be published
+        self.acks_published = 0  # acks sent to ack inboxes (these counters are read by the metrics at scrape time)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -393,6 +394,7 @@ class NatsIngest:
             except Exception as exc:
                 failed += 1
                 first = first or exc
+        self.acks_published += len(messages) - failed
         if failed:
             self.ack_failures += failed
             log.warning(

@@ -19,6 +19,8 @@ class CommittedReads:
     stream: StreamRecord
     record: PartitionRecord
     log: Log
+    bytes_out: int = 0  # record bytes served to consumers' fetches (for the metrics, read at scrape time)
+    records_out: int = 0  # offsets served to consumers' fetches sent from the file (plain TCP)
 
     @property
     def high_watermark(self) -> int:
@@ -28,6 +30,11 @@ class CommittedReads:
     @property
     def name(self) -> str:
         return f"{self.stream.name}/{self.record.id}"
+
+    @property
+    def log_context(self) -> dict[str, object]:
+        """The ``extra=`` of a log line about this replica: its stream and partition as fields of a JSON line."""
+        return {"stream": self.stream.name, "partition": self.record.id}
 
     @property
     def subject(self) -> str:

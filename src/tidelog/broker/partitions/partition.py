@@ -41,6 +41,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol, cast
 
+from tidelog import telemetry
 from tidelog.broker.partitions.committed_reads import CommittedReads
 from tidelog.broker.partitions.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.broker.partitions.write_path import Appended, LeaderWrite, TransactionalWrite, WriteRefused, WriteState
@@ -170,6 +171,8 @@ class Partition(CommittedReads):
         self._closed = False
         self.first_received_ns = 0
         self.latest_received_ns = 0
+        self.records_in = 0  # records and bytes written in this leadership (for the metrics, read at scrape time)
+        self.bytes_in = 0
         self._tasks.append(asyncio.create_task(self._maintain(), name=f"maintain-{self.name}"))
 
     @property
@@ -185,6 +188,7 @@ class Partition(CommittedReads):
 
     def update_record(self, record: PartitionRecord) -> None:
         """Take a newer metadata record (paused/readonly flags, ISR, suspension)."""
+        telemetry.isr_changed(len(self.record.isr), len(record.isr))
         self.record = record
         self.safety.update(record)
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
@@ -202,7 +206,10 @@ class Partition(CommittedReads):
                 return False
             self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
             return True
-        if not self.followers.fetched(replica, offset, self.log.end_offset, self.clock.monotonic_ns()):
+        end = self.log.end_offset
+        if offset == end and self.latest_received_ns and (s := self.followers.state(replica)) and s.log_end < end:
+            telemetry.follower_replicated((self.clock.now_ns() - self.latest_received_ns) / 1e9)  # Rama's metric
+        if not self.followers.fetched(replica, offset, end, self.clock.monotonic_ns()):
             return False
         self._hw.replica_caught_up_to(replica, offset)
         if replica not in self.record.isr and self._isr_change is None and not self._closed:
@@ -246,7 +253,12 @@ class Partition(CommittedReads):
             try:
                 waiter.written(batches, size, end)
             except Exception:  # never into the append: its bytes are in the file, or about to be
-                log.exception("%s: answering a replica fetch from the write failed", self.name)
+                log.exception(
+                    "%s: handing a write to a waiting replica fetch failed; the append goes on and that follower "
+                    "fetches it again",
+                    self.name,
+                    extra=self.log_context,
+                )
         if self._poller is not None:
             self._poller.stop()  # the followers it just woke need the CPUs now (ack_poll)
 
@@ -261,11 +273,19 @@ class Partition(CommittedReads):
             try:
                 await self._alter_isr(record, isr)  # type: ignore[misc]
             except Exception as exc:  # the controller refused (stale epoch) or was unreachable: retry later
-                log.warning("ISR change of %s to %s failed: %s", self.name, ",".join(isr), exc)
+                log.warning(
+                    "%s: the controller did not change the ISR to %s (%s); the leader asks again at its next check",
+                    self.name,
+                    ",".join(isr),
+                    exc,
+                    extra=self.log_context,
+                )
             finally:
                 self._isr_change = None
 
-        log.info("%s: proposing ISR %s (was %s)", self.name, ",".join(isr), ",".join(record.isr))
+        log.info(
+            "%s: proposing ISR %s (was %s)", self.name, ",".join(isr), ",".join(record.isr), extra=self.log_context
+        )
         self._isr_change = asyncio.create_task(run(), name=f"alter-isr-{self.name}")
 
     async def _maintain(self) -> None:
@@ -279,12 +299,25 @@ class Partition(CommittedReads):
                 continue
             lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
             if lagging and self._isr_change is None:
-                log.warning("%s: followers %s fell behind; removing them from the ISR", self.name, lagging)
+                log.warning(
+                    "%s: followers %s have not caught up for %.1fs (replica_lag_time_max_ms); asking the controller to "
+                    "remove them from the ISR",
+                    self.name,
+                    ",".join(lagging),
+                    self._lag_max_ns / 1e9,
+                    extra={**self.log_context, "follower": ",".join(lagging)},
+                )
                 self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
             try:
                 await self.checkpoint_hw()
             except OSError as exc:  # a full disk: the checkpoint lags (a restart serves less), the next tick retries
-                log.warning("%s: cannot checkpoint the high watermark: %s", self.name, exc)
+                log.warning(
+                    "%s: cannot write the high-watermark checkpoint (%s); retried at the next tick (a restart until "
+                    "then serves from the older checkpoint)",
+                    self.name,
+                    exc,
+                    extra=self.log_context,
+                )
 
     def _maintain_producers(self) -> None:
         self.producers.remove_expired()

@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from tidelog import telemetry
 from tidelog.protocol.errors import ErrorCode, TidelogError, make_error
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchHeader, iter_batches
@@ -292,6 +293,8 @@ class LeaderWrite:
         if not partition.first_received_ns:
             partition.first_received_ns = self.received_ns
         partition.latest_received_ns = self.received_ns
+        partition.records_in += self.last_offset - self.base_offset + 1  # read by the metrics at scrape time
+        partition.bytes_in += len(self._data)
         self.state = _COMMITTED if self._acks is _ALL else _ANSWER
 
     def _on_committed(self) -> Awaitable[None] | None:
@@ -319,9 +322,10 @@ class LeaderWrite:
 
     def _on_answer(self) -> None:
         self._must_state(_ANSWER)
-        self.status = Appended(
-            self.base_offset, self.last_offset, self.received_ns, self._partition.clock.now_ns(), self.duplicate
-        )
+        now = self._partition.clock.now_ns()
+        if self._acks is _ALL and not self.duplicate:
+            telemetry.write_committed((now - self.received_ns) / 1e9)  # Rama's apply latency
+        self.status = Appended(self.base_offset, self.last_offset, self.received_ns, now, self.duplicate)
         self.state = _DONE
 
     def _on_done(self) -> None:

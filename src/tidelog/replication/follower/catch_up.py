@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from tidelog import telemetry
 from tidelog.protocol.errors import ErrorCode, from_error_body
 from tidelog.protocol.frames import ProtocolError
 from tidelog.protocol.messages import ErrorBody, Header
@@ -220,6 +221,8 @@ class SegmentCopier:
             await self._reset(staged[0].base_offset)
         start = self._log.end_offset
         await self._log.install_segments(staged)
+        for segment in staged:
+            telemetry.catch_up_copied(segment.size)
         if self._producers is not None:
             after_install(self._producers, self._log, start)
 

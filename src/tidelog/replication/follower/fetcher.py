@@ -217,6 +217,11 @@ class ReplicaFetcher:
         return f"{self.stream}/{self.partition}"
 
     @property
+    def _ctx(self) -> dict[str, object]:
+        """The ``extra=`` of its log lines: the partition and the leader it fetches from (fields of a JSON line)."""
+        return {"stream": self.stream, "partition": self.partition, "leader": self.leader_id}
+
+    @property
     def high_watermark(self) -> int:
         """The highest offset known committed here: ``min(leader HW seen, own log end)``."""
         return self._replica.hw
@@ -315,14 +320,24 @@ class ReplicaFetcher:
                 except CatchUpIncompleteError as exc:
                     self._note_failure(str(exc), logging.WARNING)
                 except CatchUpNeededError as exc:
-                    log.error("%s: %s; parked until the broker restarts this replica", self.name, exc)
+                    log.error(
+                        "%s: %s; this replica stops fetching until the broker restarts it",
+                        self.name,
+                        exc,
+                        extra=self._ctx,
+                    )
                     self._last_error = str(exc)
                     self._set_state(FetcherState.PARKED)
                     return
                 except LogClosedError:
                     return  # the broker is closing the partition: nothing left to copy into
                 except Exception as exc:
-                    log.exception("%s: replica fetcher failed; reconnecting", self.name)
+                    log.exception(
+                        "%s: fetching from leader %s failed; reconnecting after a back-off",
+                        self.name,
+                        self.leader_id,
+                        extra=self._ctx,
+                    )
                     self._last_error = f"{type(exc).__name__}: {exc}"
                     await self._disconnect()
                 else:
@@ -538,17 +553,28 @@ class ReplicaFetcher:
         if self._in_outage:
             return
         self._in_outage = True
-        log.warning("%s: %s", self.name, self._last_error)
+        log.warning(
+            "%s: %s; reconnecting, and telling the controller (it fails the leader over if it is gone)",
+            self.name,
+            self._last_error,
+            extra=self._ctx,
+        )
         if self._on_leader_unreachable is not None:
             try:
                 await self._on_leader_unreachable()
             except Exception:
-                log.exception("%s: reporting leader %s unreachable failed", self.name, self.leader_id)
+                log.exception(
+                    "%s: telling the controller that leader %s is unreachable failed; it fails the leader over once "
+                    "the leader's lease lapses",
+                    self.name,
+                    self.leader_id,
+                    extra=self._ctx,
+                )
 
     def _note_failure(self, message: str, level: int) -> None:
         """Log a failure once, not at every retry of the same one."""
         if message != self._last_error:
-            log.log(level, "%s: %s", self.name, message)
+            log.log(level, "%s: %s; fetching again after a back-off", self.name, message, extra=self._ctx)
         self._last_error = message
 
     async def _disconnect(self) -> None:
