@@ -77,6 +77,9 @@ def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
         retention_max_messages=limit(o.retention_max_messages, config.retention_max_messages),
         compact=bool(config.compact_enabled if o.compact_enabled is None else o.compact_enabled),
         delete_retention_ms=config.compact_delete_retention_ms,
+        compact_min_lag_ms=pick(o.compact_min_lag_ms, config.compact_min_lag_ms),
+        compact_workers=pick(o.compact_max_goroutines, config.compact_max_goroutines),
+        cleaner_interval_ms=o.cleaner_interval_ms,
     )
 
 

@@ -244,6 +244,19 @@ class BrokerConfig:
     compact_delete_retention_ms: int = setting(
         _DAY_MS, NON_NEGATIVE, "How long compaction keeps a tombstone (a keyed record without a value)."
     )
+    compact_min_lag_ms: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Compaction never removes a record whose timestamp is younger than this (Kafka's min.compaction.lag.ms), "
+        "so a consumer lagging by less sees every record of a compacted stream. 0: no lag. Per stream: "
+        "compact_min_lag_ms.",
+    )
+    compact_max_goroutines: int = setting(
+        1,
+        int_kind(1, 64),
+        "Segment files one compaction of a partition rewrites at the same time, each in a worker thread of its own "
+        "(Liftbridge's compactMaxGoroutines; per stream: the CreateStream option of that name).",
+    )
 
     # -- replication and membership --
     replica_lag_time_max_ms: int = setting(

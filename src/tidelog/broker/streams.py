@@ -33,6 +33,7 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.messages import CreateStreamRequest, DeleteStreamRequest, SetStreamStateRequest
 from tidelog.protocol.subjects import check_queue_group, check_subject, quote, subject_problem
+from tidelog.storage.config import MAX_COMPACT_WORKERS
 
 if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
@@ -85,6 +86,14 @@ def validate_config(config: StreamConfig) -> None:
         raise InvalidArgumentError(f"segment_max_bytes must be at least 1024, got {config.segment_max_bytes}")
     if config.flush_policy is not None and config.flush_policy not in ("always", "interval", "never"):
         raise InvalidArgumentError(f"flush_policy must be 'always', 'interval' or 'never', got {config.flush_policy!r}")
+    if config.cleaner_interval_ms is not None and config.cleaner_interval_ms < 1:
+        raise InvalidArgumentError(f"cleanerInterval must be at least 1 ms, got {config.cleaner_interval_ms}")
+    workers = config.compact_max_goroutines
+    if workers is not None and not 1 <= workers <= MAX_COMPACT_WORKERS:
+        raise InvalidArgumentError(
+            f"compactMaxGoroutines must be between 1 and {MAX_COMPACT_WORKERS} (compaction worker threads), "
+            f"got {workers}"
+        )
 
 
 class MetadataWriter(Protocol):

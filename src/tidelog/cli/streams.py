@@ -59,6 +59,7 @@ _SETTINGS = {
     "segment_max_age_ms": "segment.max.age.ms",
     "flush_policy": "flush.policy",
     "min_isr": "min.isr",
+    "compact_min_lag_ms": "compact.min.lag.ms",
 }
 
 
@@ -100,6 +101,9 @@ def stream() -> None:
 )
 @click.option("--min-isr", type=click.IntRange(1), default=None, help="In-sync replicas an acks=all write needs.")
 @click.option("--compact", is_flag=True, default=False, help="Keep only the newest record per key.")
+@click.option(
+    "--compact-min-lag-ms", type=click.IntRange(0), default=None, help="Compaction never removes younger records."
+)
 @brokers_option
 @async_command
 async def create(

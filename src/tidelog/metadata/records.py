@@ -49,6 +49,8 @@ class StreamConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     encryption: bool | None = None
     flush_policy: str | None = None
     flush_interval_ms: int | None = None
+    compact_min_lag_ms: int | None = None
+    """Compaction never removes a record younger than this (Kafka's ``min.compaction.lag.ms``)."""
     unclean_leader_election: bool | None = None
     """Whether the controller may elect a replica outside the ISR when no ISR member is alive (loses committed
     records; Kafka's ``unclean.leader.election.enable``). ``None``: the broker default."""

@@ -10,7 +10,13 @@ Compaction works on files, not on a live log: the caller (the log, under its loc
    - a keyed record survives if it is the newest for its key (a key is any bytes, ``b""`` included);
    - a keyless record always survives (there is nothing that could supersede it);
    - a tombstone (value ``None``) that is the newest for its key survives until its timestamp is older than
-     ``now_ns - delete_retention_ns``, so consumers that are behind still see the delete before it vanishes.
+     ``now_ns - delete_retention_ns``, so consumers that are behind still see the delete before it vanishes;
+   - any record whose timestamp is at or after ``now_ns - min_lag_ns`` survives (Kafka's compaction lag): a
+     consumer lagging by less than that sees every record, superseded or not. Older records may still be
+     superseded by such a young one.
+
+With ``workers`` above 1 the second pass rewrites that many segments at the same time, each in a thread of its
+own (the offset map is only read by then): file reads and writes, decompression and CRCs release the GIL.
 
 What is never touched: a batch with any offset at or above ``upto_offset`` (uncommitted data may still be
 truncated by a new leader, so it must neither be removed nor allowed to supersede committed records: records at
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,20 +105,30 @@ def build_offset_map(paths: Sequence[Path], upto_offset: int) -> dict[bytes, int
 
 
 def compact_segment_files(
-    paths: Sequence[Path], *, upto_offset: int, now_ns: int, delete_retention_ns: int
+    paths: Sequence[Path],
+    *,
+    upto_offset: int,
+    now_ns: int,
+    delete_retention_ns: int,
+    min_lag_ns: int = 0,
+    workers: int = 1,
 ) -> CompactionResult:
     """Compact the sealed segments at ``paths`` (in offset order) in place; see the module docstring.
 
     ``upto_offset`` is the high watermark: nothing at or above it is touched. ``now_ns`` comes from the
-    caller's clock, so tests decide which tombstones have expired.
+    caller's clock, so tests decide which tombstones have expired and which records are still young.
     """
     offset_map = build_offset_map(paths, upto_offset)
-    tombstone_horizon = now_ns - delete_retention_ns
+    horizons = _Horizons(now_ns - delete_retention_ns, now_ns - min_lag_ns if min_lag_ns else None)
+    sizes = [path.stat().st_size for path in paths]
+    if workers > 1 and len(paths) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(paths)), thread_name_prefix="compact") as pool:
+            outcomes = list(pool.map(lambda p: _compact_file(p, offset_map, upto_offset, horizons), paths))
+    else:
+        outcomes = [_compact_file(path, offset_map, upto_offset, horizons) for path in paths]
     rewritten: list[Path] = []
     removed = before = after = 0
-    for path in paths:
-        size = path.stat().st_size
-        outcome = _compact_file(path, offset_map, upto_offset, tombstone_horizon)
+    for path, size, outcome in zip(paths, sizes, outcomes, strict=True):
         before += size
         if outcome is None:
             after += size
@@ -140,8 +157,17 @@ def remove_leftovers(directory: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------- one segment
 
 
+@dataclass(frozen=True, slots=True)
+class _Horizons:
+    """Timestamps that decide survival: tombstones at or after ``tombstone`` stay, and every record at or after
+    ``young`` stays (``None``: no compaction lag)."""
+
+    tombstone: int
+    young: int | None
+
+
 def _compact_file(
-    path: Path, offset_map: dict[bytes, int], upto_offset: int, tombstone_horizon: int
+    path: Path, offset_map: dict[bytes, int], upto_offset: int, horizons: _Horizons
 ) -> tuple[int, int] | None:
     """Rewrite one segment if any record goes; return ``(records removed, new size)``, or ``None`` if unchanged.
 
@@ -156,7 +182,7 @@ def _compact_file(
             replacement = data
             if _eligible(header, upto_offset):
                 records = _decode(path, header, data)
-                survivors = [r for r in records if _survives(r, offset_map, tombstone_horizon)]
+                survivors = [r for r in records if _survives(r, offset_map, horizons)]
                 if len(survivors) < len(records):
                     removed += len(records) - len(survivors)
                     replacement = rebuild_batch(header, survivors) if survivors else b""
@@ -179,12 +205,14 @@ def _eligible(header: BatchHeader, upto_offset: int) -> bool:
     return not header.is_control and not header.attributes & REGISTERS_FLAG and header.last_offset < upto_offset
 
 
-def _survives(record: Record, offset_map: dict[bytes, int], tombstone_horizon: int) -> bool:
+def _survives(record: Record, offset_map: dict[bytes, int], horizons: _Horizons) -> bool:
     if record.key is None:
         return True
+    if horizons.young is not None and record.timestamp >= horizons.young:
+        return True  # younger than the compaction lag
     if offset_map.get(record.key, record.offset) > record.offset:
         return False  # superseded by a newer record with the same key
-    return record.value is not None or record.timestamp >= tombstone_horizon
+    return record.value is not None or record.timestamp >= horizons.tombstone
 
 
 def _copy_prefix(path: Path, length: int, out: BinaryIO) -> None:
