@@ -15,6 +15,11 @@ Compaction works on files, not on a live log: the caller (the log, under its loc
      consumer lagging by less than that sees every record, superseded or not. Older records may still be
      superseded by such a young one.
 
+An encrypted partition's batches (:mod:`tidelog.storage.encryption`) are opened with the log's ``keyring`` to be
+read, and the survivors of a rewritten batch are sealed again under the key that sealed the original (a new
+nonce): record keys are never on disk in clear, not even for compaction. Without the keyring, compaction of a
+log holding encrypted batches raises :class:`~tidelog.storage.errors.KeyUnavailableError` before writing.
+
 With ``workers`` above 1 the second pass rewrites that many segments at the same time, each in a thread of its
 own (the offset map is only read by then): file reads and writes, decompression and CRCs release the GIL.
 
@@ -52,6 +57,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tidelog.protocol.records import (
+    ENCRYPTED_FLAG,
     HEADER_SIZE,
     LENGTH_FIELD_END,
     PREFIX,
@@ -65,7 +71,8 @@ from tidelog.protocol.records import (
 )
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.atomic import atomic_writer, fsync_directory
-from tidelog.storage.errors import CorruptSegmentError
+from tidelog.storage.encryption import KEY_ID, Keyring, open_batch, seal_batch
+from tidelog.storage.errors import CorruptSegmentError, KeyUnavailableError
 
 CLEANED_SUFFIX = ".cleaned"
 _READ_BUFFER = 1024 * 1024
@@ -83,7 +90,7 @@ class CompactionResult:
     rewritten: tuple[Path, ...] = ()  # segments whose bytes changed: their indexes must be rebuilt
 
 
-def build_offset_map(paths: Sequence[Path], upto_offset: int) -> dict[bytes, int]:
+def build_offset_map(paths: Sequence[Path], upto_offset: int, keyring: Keyring | None = None) -> dict[bytes, int]:
     """Map each key to the newest offset it has below ``upto_offset`` in the segments at ``paths``.
 
     Control batches carry no keyed data and are skipped. Raises ``CorruptSegmentError`` at the first batch
@@ -94,7 +101,7 @@ def build_offset_map(paths: Sequence[Path], upto_offset: int) -> dict[bytes, int
         for _position, header, data in _read_batches(path):
             if header.is_control or header.base_offset >= upto_offset:
                 continue
-            for record in _decode(path, header, data):
+            for record in _decode(path, header, data, keyring):
                 if (
                     record.key is not None
                     and record.offset < upto_offset
@@ -112,14 +119,15 @@ def compact_segment_files(
     delete_retention_ns: int,
     min_lag_ns: int = 0,
     workers: int = 1,
+    keyring: Keyring | None = None,
 ) -> CompactionResult:
     """Compact the sealed segments at ``paths`` (in offset order) in place; see the module docstring.
 
     ``upto_offset`` is the high watermark: nothing at or above it is touched. ``now_ns`` comes from the
     caller's clock, so tests decide which tombstones have expired and which records are still young.
     """
-    offset_map = build_offset_map(paths, upto_offset)
-    horizons = _Horizons(now_ns - delete_retention_ns, now_ns - min_lag_ns if min_lag_ns else None)
+    offset_map = build_offset_map(paths, upto_offset, keyring)
+    horizons = _Horizons(now_ns - delete_retention_ns, now_ns - min_lag_ns if min_lag_ns else None, keyring)
     sizes = [path.stat().st_size for path in paths]
     if workers > 1 and len(paths) > 1:
         with ThreadPoolExecutor(max_workers=min(workers, len(paths)), thread_name_prefix="compact") as pool:
@@ -164,6 +172,7 @@ class _Horizons:
 
     tombstone: int
     young: int | None
+    keyring: Keyring | None  # opens and seals again an encrypted log's batches
 
 
 def _compact_file(
@@ -181,11 +190,11 @@ def _compact_file(
         for position, header, data in _read_batches(path):
             replacement = data
             if _eligible(header, upto_offset):
-                records = _decode(path, header, data)
+                records = _decode(path, header, data, horizons.keyring)
                 survivors = [r for r in records if _survives(r, offset_map, horizons)]
                 if len(survivors) < len(records):
                     removed += len(records) - len(survivors)
-                    replacement = rebuild_batch(header, survivors) if survivors else b""
+                    replacement = _rebuild(header, data, survivors, horizons.keyring) if survivors else b""
             if out is None:
                 if replacement is data:
                     written += len(data)
@@ -258,7 +267,24 @@ def _read_batches(path: Path) -> Iterator[tuple[int, BatchHeader, bytes]]:
             expected = header.next_offset
 
 
-def _decode(path: Path, header: BatchHeader, data: bytes) -> list[Record]:
+def _rebuild(header: BatchHeader, data: bytes, survivors: list[Record], keyring: Keyring | None) -> bytes:
+    """The batch with only ``survivors``, sealed again under its own key when it was sealed."""
+    if not header.attributes & ENCRYPTED_FLAG:
+        return rebuild_batch(header, survivors)
+    assert keyring is not None  # it was opened to find the survivors
+    plain = open_batch(data, 0, header, keyring)
+    rebuilt = rebuild_batch(parse_header(plain), survivors)
+    (key_id,) = KEY_ID.unpack_from(data, HEADER_SIZE)
+    return seal_batch(rebuilt, 0, parse_header(rebuilt), keyring, key_id)
+
+
+def _decode(path: Path, header: BatchHeader, data: bytes, keyring: Keyring | None) -> list[Record]:
+    if header.attributes & ENCRYPTED_FLAG:
+        try:
+            data = open_batch(data, 0, header, keyring)
+        except KeyUnavailableError as exc:
+            raise KeyUnavailableError(f"{path}: cannot compact: {exc}") from None
+        header = parse_header(data)
     try:
         return decode_records(data, 0, header=header)
     except CorruptBatchError as exc:

@@ -155,6 +155,7 @@ class MaintainedLog(SealingLog):
                     delete_retention_ns=self._config.delete_retention_ms * 1_000_000,
                     min_lag_ns=self._config.compact_min_lag_ms * 1_000_000,
                     workers=self._config.compact_workers,
+                    keyring=self.keyring,
                 )
             )
             rewritten = set(result.rewritten)
