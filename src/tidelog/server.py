@@ -29,6 +29,7 @@ from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.cursor_stream import CursorStreamKeeper
 from tidelog.broker.cursors import CursorStore
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats, start_embedded
+from tidelog.broker.encryption import KeyVault, load_master_key
 from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
@@ -111,6 +112,7 @@ class Broker:
         self.wire: WireServer | None = None
         self.context: BrokerContext | None = None
         self.cleaner: LogCleaner | None = None
+        self.vault = KeyVault(load_master_key(self.config.encryption_key, self.config.encryption_key_file))
         self.peers: Peers | None = None
         self.election: ControllerElection | None = None
         self.controller: Controller | None = None
@@ -184,6 +186,7 @@ class Broker:
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
                 peers=self.peers,
+                vault=self.vault,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()
@@ -192,7 +195,14 @@ class Broker:
             self.cleaner.start()
             self.groups = GroupRuntime(self.id, self.etcd, keys, self.election, mirror, self.link, cfg)
             await self.groups.start()
-            admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
+            admin = StreamAdmin(
+                self.id,
+                self.store,
+                mirror,
+                link=self.link,
+                vault=self.vault,
+                default_encryption=cfg.default_encryption,
+            )
             self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
             mirror.add_listener(self.cursors.on_metadata)
             await self.cursors.on_metadata(mirror.snapshot, mirror.snapshot)

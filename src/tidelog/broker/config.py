@@ -57,10 +57,12 @@ from tidelog.broker.config_values import (
     is_host,
     is_nats_url,
     list_kind,
+    optional_path_kind,
     path_kind,
     setting,
     text_kind,
 )
+from tidelog.broker.encryption import MasterKeyError, load_master_key
 from tidelog.storage.atomic import write_atomically
 
 __all__ = [
@@ -258,6 +260,26 @@ class BrokerConfig:
         "(Liftbridge's compactMaxGoroutines; per stream: the CreateStream option of that name).",
     )
 
+    # -- encryption at rest --
+    encryption_key: str | None = setting(
+        None,
+        text_kind("32 bytes, base64-encoded", lambda _: True, optional=True),
+        "The master key that wraps every encrypted partition's data keys (AES-256-GCM): 32 random bytes, base64 "
+        "(openssl rand -base64 32). Prefer TIDELOG_ENCRYPTION_KEY or encryption_key_file to a config file. Every "
+        "broker that may lead an encrypted partition needs the same key; tidelog never stores it.",
+    )
+    encryption_key_file: Path | None = setting(  # noqa: RUF009  (None: nothing shared)
+        None,
+        optional_path_kind(),
+        "A file holding the master key (the same base64 text as encryption_key), instead of encryption_key.",
+    )
+    default_encryption: bool = setting(
+        False,
+        bool_kind(),
+        "Encrypt new streams at rest unless their CreateStream says otherwise (Liftbridge's encryption option; "
+        "internal streams such as __cursors are not encrypted by this default). Needs the master key.",
+    )
+
     # -- replication and membership --
     replica_lag_time_max_ms: int = setting(
         15_000, POSITIVE, "A follower behind the leader for longer than this leaves the ISR."
@@ -352,10 +374,21 @@ class BrokerConfig:
                 self.max_open_append_bytes_per_connection,
                 f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
             )
+        try:
+            load_master_key(self.encryption_key, self.encryption_key_file)
+        except MasterKeyError as exc:
+            raise ConfigError(str(exc)) from None
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
                 "wire_port", "the combined configuration", self.wire_port, "a port other than port"
             )
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={'<hidden>' if name == 'encryption_key' and value else repr(value)}"
+            for name, value in ((each.name, getattr(self, each.name)) for each in dataclasses.fields(self))
+        )
+        return f"BrokerConfig({shown})"  # the master key never reaches a log line or a traceback
 
     @property
     def advertised_host(self) -> str:

@@ -102,6 +102,9 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     suspended_ns: int = 0
     head_epoch: int = -1
     head_offset: int = -1
+    data_keys: tuple[bytes, ...] = ()
+    """An encrypted stream's data keys for this partition, wrapped by the brokers' master key; the key id of
+    each is its index, and the last one seals new batches (:mod:`tidelog.broker.encryption`). Empty: plain."""
 
 
 class BrokerRecord(msgspec.Struct, frozen=True):

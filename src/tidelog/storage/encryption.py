@@ -160,7 +160,7 @@ def open_batch(data: Buffer, position: int, header: BatchHeader, keyring: Keyrin
     return _finish(head, (plain,))
 
 
-def open_batches(data: Buffer, keyring: Keyring | None) -> Buffer:
+def open_batches(data: bytes, keyring: Keyring | None) -> bytes:
     """``data`` (whole batches) with every sealed batch opened; ``data`` itself when none is sealed."""
     out: list[Buffer] = []
     view = memoryview(data)
