@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import nats
 import pytest
 
 from tests.broker.conftest import broker_config
@@ -26,9 +27,11 @@ from tests.broker.helpers import (
     stored,
 )
 from tests.helpers import BOUND
-from tidelog.client import Admin, Consumer
+from tidelog.client import Admin, Consumer, Producer
+from tidelog.client.appender import Appender
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.errors import EncryptionError, InvalidArgumentError
+from tidelog.protocol.labels import LabelSet
 from tidelog.protocol.records import ENCRYPTED_FLAG, iter_batches
 from tidelog.server import Broker
 from tidelog.storage.encryption import KEY_ID
@@ -154,3 +157,57 @@ async def test_the_broker_default_and_a_stream_that_needs_a_key_this_broker_lack
     async with running(tmp_path / "b") as (_, stub):
         details = await expect_code(grpc.StatusCode.FAILED_PRECONDITION, create_stream(stub, "sealed", **ENCRYPTED))
         assert "master key" in details
+
+
+async def test_every_way_in_is_sealed(tmp_path: Path) -> None:
+    """The native producer (idempotent, zstd), transactional appends (small, and large enough to be spooled to a
+    file), a gRPC publish and plain NATS messages all land sealed, and read back in order."""
+    data_dir = tmp_path / "b"
+    async with running(data_dir, encryption_key=MASTER) as (broker, stub):
+        await create_stream(stub, "sealed", **ENCRYPTED)
+        expected: list[bytes] = []
+        async with Producer(wire(broker)) as producer:
+            for i in range(3):
+                await producer.send_and_wait("sealed", SECRET + b"produced%d" % i)
+                expected.append(SECRET + b"produced%d" % i)
+        large = [SECRET + os.urandom(1000) for _ in range(600)]
+        async with Appender(wire(broker), chunk_bytes=64 * 1024) as appender:
+            await appender.append("sealed", 0, [SECRET + b"appended"], union_registers=LabelSet.of(("owner", "a")))
+            await appender.append("sealed", 0, large)
+        expected += [SECRET + b"appended", *large]
+        await publish(stub, "sealed", SECRET + b"published", ackPolicy=api_pb2.ALL)
+        expected.append(SECRET + b"published")
+        nc = await nats.connect(broker.nats_urls, connect_timeout=BOUND)
+        try:
+            await nc.publish("sealed", SECRET + b"nats")
+            await nc.flush()
+        finally:
+            await nc.close()
+        expected.append(SECRET + b"nats")
+        partition = broker.manager.leader_of("sealed", 0)  # type: ignore[union-attr]
+        async with asyncio.timeout(BOUND):
+            while partition.high_watermark < len(expected):
+                await partition.wait_for_data(partition.high_watermark, BOUND)
+        assert await native_values(broker, "sealed") == expected
+        await partition.log.flush()
+    on_disk = stored(data_dir, "sealed")
+    assert SECRET not in on_disk
+    assert all(header.attributes & ENCRYPTED_FLAG for _, header in iter_batches(on_disk))
+
+
+async def test_the_spark_reader_reads_an_encrypted_stream(tmp_path: Path) -> None:
+    """The Spark source's task reader (what each Spark task runs; no JVM needed to call it) gets the values."""
+    pytest.importorskip("pyarrow")
+    from tidelog.spark.options import parse_options
+    from tidelog.spark.planning import OffsetRange
+    from tidelog.spark.reading import read_range
+
+    async with running(tmp_path / "b", encryption_key=MASTER) as (broker, stub):
+        await create_stream(stub, "sealed", **ENCRYPTED)
+        for i in range(3):
+            await publish(stub, "sealed", SECRET + b"%d" % i, ackPolicy=api_pb2.ALL)
+        options = parse_options({"brokers": wire(broker), "streams": "sealed"})
+        task = OffsetRange("sealed", 0, 0, 3, "sealed")
+        tables = await asyncio.wait_for(asyncio.to_thread(lambda: list(read_range(options, task))), BOUND)
+    values = [value for table in tables for value in table.column("value").to_pylist()]
+    assert values == [SECRET + b"%d" % i for i in range(3)]
