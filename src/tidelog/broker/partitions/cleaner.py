@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tidelog.clock import Clock, SystemClock
+from tidelog.storage.errors import KeyUnavailableError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,8 @@ class LogCleaner:
                             result.bytes_before,
                             result.bytes_after,
                         )
+            except KeyUnavailableError as exc:  # an encrypted partition this broker has no key for: left as it is
+                log.warning("not compacting %s: %s", partition.name, exc)
             except Exception:  # one partition's failure must not stop cleaning the others
                 log.exception("cleaning %s failed", partition.name)
         return deleted, compacted
