@@ -57,7 +57,7 @@ from tidelog.replication.idempotence.producer_state import (
     OutOfOrder,
     Verdict,
 )
-from tidelog.storage.encryption import seal_batches
+from tidelog.storage.encryption import SEAL_OVERHEAD, seal_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.file_writes import FileSlice
 
@@ -263,8 +263,10 @@ class LeaderWrite:
         data = self._data
         source = None if transactional is None else transactional.source
         keyring = partition.log.keyring
+        limit = None  # the log's own batch size limit
         if keyring is not None and partition.stream.config.encryption:
             data, source = seal_batches(data, keyring), None  # once, here: followers store these very bytes
+            limit = partition.log.config.max_batch_bytes + SEAL_OVERHEAD  # a batch the client fitted still fits
         result: AppendResult
         try:
             if transactional is not None:
@@ -272,17 +274,17 @@ class LeaderWrite:
                     data,
                     partition.record.leader_epoch,
                     expected_offset=self._expected_offset,
-                    max_batch_bytes=transactional.max_batch_bytes,
+                    max_batch_bytes=transactional.max_batch_bytes + (SEAL_OVERHEAD if limit else 0),
                     registers=True,
                     on_placed=transactional.on_placed,
                     source=source,
                 )
             elif self._headers is None:
                 result = await partition.log.append(
-                    data, partition.record.leader_epoch, expected_offset=self._expected_offset
+                    data, partition.record.leader_epoch, expected_offset=self._expected_offset, max_batch_bytes=limit
                 )
             else:
-                result = await partition._append_reserved(data, self._headers, self._expected_offset)
+                result = await partition._append_reserved(data, self._headers, self._expected_offset, limit)
         except OffsetMismatchError as exc:
             await partition.confirm_end(exc.actual, self._timeout)
             self._refuse(ErrorCode.INCORRECT_OFFSET, f"{partition.name}: {exc}", exc.actual)
