@@ -75,6 +75,8 @@ async def test_an_encrypted_stream_keeps_no_value_on_disk_and_reads_back_unchang
         expected = [SECRET + b"%d" % i for i in range(5)]
         assert [m.value for m in await read_until_stop(stub, "sealed")] == expected  # gRPC Subscribe
         assert await native_values(broker, "sealed") == expected  # the native consumer's wire fetch
+        from_time = await read_until_stop(stub, "sealed", startPosition=api_pb2.TIMESTAMP, startTimestamp=1)
+        assert [m.value for m in from_time] == expected  # a timestamp lookup opens the batch it lands in
         await broker.manager.leader_of("sealed", 0).log.flush()  # type: ignore[union-attr]
     sealed, plain = stored(data_dir, "sealed"), stored(data_dir, "plain")
     assert sealed and SECRET not in sealed and b"the-key-" not in sealed
@@ -211,3 +213,31 @@ async def test_the_spark_reader_reads_an_encrypted_stream(tmp_path: Path) -> Non
         tables = await asyncio.wait_for(asyncio.to_thread(lambda: list(read_range(options, task))), BOUND)
     values = [value for table in tables for value in table.column("value").to_pylist()]
     assert values == [SECRET + b"%d" % i for i in range(3)]
+
+
+async def test_the_nats_msg_id_window_is_rebuilt_from_sealed_batches(tmp_path: Path) -> None:
+    data_dir = tmp_path / "b"
+
+    async def send(broker: Broker, value: bytes, msg_id: str) -> None:
+        nc = await nats.connect(broker.nats_urls, connect_timeout=BOUND)
+        try:
+            await nc.publish("sealed", value, headers={"Nats-Msg-Id": msg_id})
+            await nc.flush()
+        finally:
+            await nc.close()
+
+    async def committed(broker: Broker, count: int) -> None:
+        partition = broker.manager.leader_of("sealed", 0)  # type: ignore[union-attr]
+        async with asyncio.timeout(BOUND):
+            while partition.high_watermark < count:
+                await partition.wait_for_data(partition.high_watermark, BOUND)
+
+    async with running(data_dir, encryption_key=MASTER) as (broker, stub):
+        await create_stream(stub, "sealed", **ENCRYPTED)
+        await send(broker, b"first", "id-1")
+        await committed(broker, 1)
+    async with running(data_dir, encryption_key=MASTER) as (broker, stub):  # the window comes from the log
+        await send(broker, b"first again", "id-1")
+        await send(broker, b"second", "id-2")
+        await committed(broker, 2)
+        assert [m.value for m in await read_until_stop(stub, "sealed")] == [b"first", b"second"]
