@@ -13,8 +13,11 @@ import pytest
 
 from tests.broker.helpers import SECRET, create_stream, publish, read_until_stop, stored
 from tests.helpers import BOUND
+from tidelog.client import Admin
 from tidelog.local.cluster import LocalCluster
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.records import HEADER_SIZE, iter_batches
+from tidelog.storage.encryption import KEY_ID
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +57,17 @@ async def test_followers_store_the_leaders_ciphertext_and_take_over(tmp_path: Pa
         held = copies()[leader]
         assert held and SECRET not in held  # and the followers' copies are these very bytes
 
+        controller = await cluster.controller_id()
+        elsewhere = next(b.id for b in cluster.brokers if b.id != controller)
+        async with Admin(cluster.broker(elsewhere).wire_address) as admin:  # forwarded to the controller
+            await admin.rotate_key("sealed")
+
+        async def rotated() -> bool:
+            now = await cluster.partition_record("sealed", 0)
+            return now is not None and len(now.data_keys) == 2
+
+        await cluster.wait_until(rotated, BOUND, "a second data key")
+
         await cluster.stop_broker(leader)
 
         async def new_leader() -> bool:
@@ -75,4 +89,7 @@ async def test_followers_store_the_leaders_ciphertext_and_take_over(tmp_path: Pa
         await cluster.wait_until(published, BOUND, "the new leader to take a write")
         values = [m.value for m in await read_until_stop(successor, "sealed")]
         assert values == [SECRET + b"%d" % i for i in range(6)]
-        assert SECRET not in stored(cluster.broker(after.leader).data_dir, "sealed")
+        on_disk = stored(cluster.broker(after.leader).data_dir, "sealed")
+        assert SECRET not in on_disk
+        last = list(iter_batches(on_disk))[-1][0]
+        assert KEY_ID.unpack_from(on_disk, last + HEADER_SIZE)[0] == 1  # sealed with the rotated key
