@@ -87,6 +87,12 @@ async def test_followers_store_the_leaders_ciphertext_and_take_over(tmp_path: Pa
             return True
 
         await cluster.wait_until(published, BOUND, "the new leader to take a write")
+
+        async def committed() -> bool:
+            request = api_pb2.FetchPartitionMetadataRequest(stream="sealed", partition=0)
+            return bool((await successor.FetchPartitionMetadata(request)).metadata.highWatermark >= 5)
+
+        await cluster.wait_until(committed, BOUND, "the write to be committed (the ISR shrinks first)")
         values = [m.value for m in await read_until_stop(successor, "sealed")]
         assert values == [SECRET + b"%d" % i for i in range(6)]
         on_disk = stored(cluster.broker(after.leader).data_dir, "sealed")
