@@ -36,6 +36,10 @@ Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; `
   every 5 ms once the publisher is done. A warm-up message first proves each side is subscribed.
   Measured in the ``nofsync`` mode (JetStream's default durability; tidelog's ``never``).
 
+- ``produce_1k_encrypted`` msg/s (tidelog only, ``nofsync``): ``produce_1k_nofsync`` into a stream created with
+  ``encryption`` (every batch sealed with AES-256-GCM on the broker, :mod:`tidelog.storage.encryption`); the
+  peer is tidelog's own ``produce_1k_nofsync`` of the same run, so ``ratio`` is what encryption at rest keeps.
+
 What the broker's metrics cost: ``metrics_overhead`` and ``metrics_scrape_1000`` (see ``benchmarks._metrics``).
 
 Both sides publish without deduplication, as ``js.publish`` does without a ``Nats-Msg-Id``: tidelog's producer
@@ -53,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import functools
 import math
@@ -89,7 +94,10 @@ TARGETS = (
     Target("nats_ingest_1k", ">=", 0.8),
     Target("metrics_overhead", ">=", 0.97),
     Target("metrics_scrape_1000", "<=", 1),
+    Target("produce_1k_encrypted", ">=", 0.7),
 )
+ENCRYPTED = "produce_1k_encrypted"
+"""Measured on tidelog alone; its peer is tidelog's own plaintext produce of the same size and mode."""
 
 APPROACHES = {
     "tidelog": "tidelog serve as a child process; Producer (acks ALL, idempotent=False, batching, max_in_flight 8) "
@@ -208,9 +216,10 @@ class Side(Protocol):
     name: str
     batch_reads: bool  # can count messages read without decoding them (consume(decode=False))
     idempotence: bool  # can also measure latency with an idempotent producer (latencies(idempotent=True))
+    encryption: bool  # can create encrypted streams (produce(encrypted=True))
 
-    async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
-        """msg/s: every payload sent to a new stream and acknowledged."""
+    async def produce(self, stream: str, payloads: Sequence[bytes], *, encrypted: bool = False) -> float:
+        """msg/s: every payload sent to a new stream (encrypted at rest when asked) and acknowledged."""
         ...
 
     async def consume(self, stream: str, count: int, size: int, *, decode: bool = True) -> float:
@@ -239,6 +248,7 @@ class JetStreamSide:
     name = "jetstream"
     batch_reads = False
     idempotence = False
+    encryption = False
 
     def __init__(self, server: JetStreamServer, nc: Any) -> None:
         self.server = server
@@ -264,7 +274,7 @@ class JetStreamSide:
         info = await self.js.stream_info(stream)
         return int(info.state.messages)
 
-    async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
+    async def produce(self, stream: str, payloads: Sequence[bytes], *, encrypted: bool = False) -> float:
         await self._create(stream)
         return await publish_all(self.js, stream, payloads, deadline_for(len(payloads)))
 
@@ -317,6 +327,7 @@ class TidelogServer:
             TIDELOG_LOG_LEVEL="warning",
             TIDELOG_HTTP_PORT=str(self.http_port),
             TIDELOG_METRICS_ENABLED=str(self.metrics).lower(),
+            TIDELOG_ENCRYPTION_KEY=base64.b64encode(os.urandom(32)).decode(),  # for the encrypted stream alone
         )
         return env
 
@@ -347,6 +358,7 @@ class TidelogSide:
     name = "tidelog"
     batch_reads = True
     idempotence = True
+    encryption = True
 
     def __init__(self, server: TidelogServer, cluster: Cluster, codec: Codec) -> None:
         self.server = server
@@ -366,8 +378,8 @@ class TidelogSide:
             finally:
                 await cluster.close()
 
-    async def _create(self, stream: str) -> None:
-        await self.admin.create_stream(stream, stream)
+    async def _create(self, stream: str, *, encrypted: bool = False) -> None:
+        await self.admin.create_stream(stream, stream, config={"encryption": True} if encrypted else None)
 
     async def _committed(self, stream: str) -> int:
         """Messages committed in partition 0: its high watermark (exclusive: one past the last committed)."""
@@ -378,8 +390,8 @@ class TidelogSide:
         settings.setdefault("idempotent", False)  # like js.publish without a Nats-Msg-Id (module docstring)
         return Producer(cluster=self.cluster, acks=Acks.ALL, compression=self.codec, **settings)
 
-    async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
-        await self._create(stream)
+    async def produce(self, stream: str, payloads: Sequence[bytes], *, encrypted: bool = False) -> float:
+        await self._create(stream, encrypted=encrypted)
         count = len(payloads)
         producer = self._producer()
         await producer.start()
@@ -463,6 +475,11 @@ async def measure_side(
                 rate = await side.consume(stream, count, size, decode=False)
                 samples[side.name, f"consume_{label}_batches"].append(rate)
                 log(f"  {side.name} consume_{label}_batches: {rate:,.0f} msg/s")
+    if side.encryption and mode == "nofsync":
+        count = plan.produce_count(mode)
+        rate = await side.produce(ENCRYPTED, payloads["1k"][:count], encrypted=True)
+        samples[side.name, ENCRYPTED].append(rate)
+        log(f"  {side.name} {ENCRYPTED}: {rate:,.0f} msg/s ({count} messages)")
     lat = await side.latencies(f"latency_{mode}", payloads[LATENCY_LABEL][: plan.latency_count], plan.latency_warmup)
     p50, p99 = percentile(lat, 50), percentile(lat, 99)
     samples[side.name, f"latency_p50_{mode}"].append(p50)
@@ -517,6 +534,7 @@ def metric_names() -> list[tuple[str, str]]:
         names += [(f"latency_p50_{mode}_idempotent", "µs"), (f"latency_p99_{mode}_idempotent", "µs")]
     names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
     names += [("metrics_overhead", "msg/s"), ("metrics_scrape_1000", "ms")]
+    names.append((ENCRYPTED, "msg/s"))
     return names
 
 
@@ -529,6 +547,8 @@ def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
         ours = samples.get(("tidelog", metric))
         # JetStream has one way to consume, and publishes without deduplication
         theirs = samples.get(("jetstream", metric.removesuffix("_batches").removesuffix("_idempotent")))
+        if metric == ENCRYPTED:
+            theirs = samples.get(("tidelog", "produce_1k_nofsync"))  # what encryption costs tidelog itself
         if ours:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
         elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value

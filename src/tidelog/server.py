@@ -33,6 +33,7 @@ from tidelog.broker.controller_link import ControllerLink
 from tidelog.broker.cursor_stream import CursorStreamKeeper
 from tidelog.broker.cursors import CursorStore
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats, start_embedded
+from tidelog.broker.encryption import KeyVault, load_master_key
 from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
@@ -87,6 +88,9 @@ def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
         retention_max_messages=limit(o.retention_max_messages, config.retention_max_messages),
         compact=bool(config.compact_enabled if o.compact_enabled is None else o.compact_enabled),
         delete_retention_ms=config.compact_delete_retention_ms,
+        compact_min_lag_ms=pick(o.compact_min_lag_ms, config.compact_min_lag_ms),
+        compact_workers=pick(o.compact_max_goroutines, config.compact_max_goroutines),
+        cleaner_interval_ms=o.cleaner_interval_ms,
     )
 
 
@@ -119,6 +123,7 @@ class Broker:
         self.wire: WireServer | None = None
         self.context: BrokerContext | None = None
         self.cleaner: LogCleaner | None = None
+        self.vault = KeyVault(load_master_key(self.config.encryption_key, self.config.encryption_key_file))
         self.peers: Peers | None = None
         self.election: ControllerElection | None = None
         self.controller: Controller | None = None
@@ -198,6 +203,7 @@ class Broker:
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
                 peers=self.peers,
+                vault=self.vault,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()
@@ -206,7 +212,14 @@ class Broker:
             self.cleaner.start()
             self.groups = GroupRuntime(self.id, self.etcd, keys, self.election, mirror, self.link, cfg)
             await self.groups.start()
-            admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
+            admin = StreamAdmin(
+                self.id,
+                self.store,
+                mirror,
+                link=self.link,
+                vault=self.vault,
+                default_encryption=cfg.default_encryption,
+            )
             self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
             mirror.add_listener(self.cursors.on_metadata)
             await self.cursors.on_metadata(mirror.snapshot, mirror.snapshot)

@@ -34,6 +34,8 @@ from tidelog.protocol.records import (
     CRC_POS,
     CRC_START,
     HEADER_SIZE,
+    LENGTH_FIELD_END,
+    PREFIX,
     BatchBuilder,
     decode_records,
     iter_batches,
@@ -296,3 +298,28 @@ async def until(check: Callable[[], bool | Awaitable[bool]], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+# ---- encryption at rest ----
+
+SECRET = b"secret-value-that-must-not-be-on-disk"
+"""A value tests publish to encrypted streams and then look for in the segment files."""
+
+
+def batches_in(data: bytes) -> list[bytes]:
+    """The batches of a segment file's bytes (an active segment may end in zero-filled room)."""
+    found = []
+    position = 0
+    while position + PREFIX.size <= len(data):
+        _, length = PREFIX.unpack_from(data, position)
+        if length <= 0:
+            break
+        found.append(data[position : position + LENGTH_FIELD_END + length])
+        position += LENGTH_FIELD_END + length
+    return found
+
+
+def stored(data_dir: Path, stream: str) -> bytes:
+    """Every batch in the segment files of ``stream`` on this broker, concatenated."""
+    files = sorted((data_dir / "streams").glob(f"{stream}*/**/*.log"))
+    return b"".join(b"".join(batches_in(p.read_bytes())) for p in files)

@@ -413,3 +413,43 @@ def test_paths_may_be_given_as_os_pathlike_in_any_directory(tmp_path: Path) -> N
     path = segment(sub, batch(0, (b"k", b"1"), (b"k", b"2")))
     compact([Path(os.fspath(path))])
     assert contents(path) == [(1, b"k", b"2")]
+
+
+# --------------------------------------------------------------------------------------------- compaction lag
+
+
+def test_a_record_younger_than_the_compaction_lag_is_never_removed(tmp_path: Path) -> None:
+    young, old = NOW - 10 * SECOND, NOW - 2 * HOUR
+    first = segment(tmp_path, batch(0, (b"a", b"old-a", old), (b"b", b"young-b", young)))
+    second = segment(tmp_path, batch(2, (b"a", b"new-a", young), (b"b", b"new-b", young)))
+    result = compact_segment_files(
+        [first, second], upto_offset=4, now_ns=NOW, delete_retention_ns=RETENTION, min_lag_ns=HOUR
+    )
+    # b"young-b" is superseded but younger than the lag: it stays; b"old-a" is older than the lag: it goes.
+    assert contents(first, second) == [(1, b"b", b"young-b"), (2, b"a", b"new-a"), (3, b"b", b"new-b")]
+    assert result.records_removed == 1
+
+
+def test_without_a_lag_the_same_records_are_compacted(tmp_path: Path) -> None:
+    young, old = NOW - 10 * SECOND, NOW - 2 * HOUR
+    first = segment(tmp_path, batch(0, (b"a", b"old-a", old), (b"b", b"young-b", young)))
+    second = segment(tmp_path, batch(2, (b"a", b"new-a", young), (b"b", b"new-b", young)))
+    compact([first, second], upto=4)
+    assert contents(first, second) == [(2, b"a", b"new-a"), (3, b"b", b"new-b")]
+
+
+def test_several_workers_compact_to_the_same_result_as_one(tmp_path: Path) -> None:
+    outcomes = []
+    for workers in (1, 4):
+        directory = tmp_path / str(workers)
+        directory.mkdir()
+        paths = [
+            segment(directory, batch(base, *[(b"k%d" % (i % 3), b"%d" % (base + i)) for i in range(5)]))
+            for base in range(0, 25, 5)
+        ]
+        result = compact_segment_files(
+            paths, upto_offset=25, now_ns=NOW, delete_retention_ns=RETENTION, workers=workers
+        )
+        outcomes.append((contents(*paths), result.records_removed, result.bytes_after))
+    assert outcomes[0] == outcomes[1]
+    assert [value for _, _, value in outcomes[0][0]] == [b"22", b"23", b"24"]

@@ -57,10 +57,12 @@ from tidelog.broker.config_values import (
     is_host,
     is_nats_url,
     list_kind,
+    optional_path_kind,
     path_kind,
     setting,
     text_kind,
 )
+from tidelog.broker.encryption import MasterKeyError, load_master_key
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
 from tidelog.storage.atomic import write_atomically
 
@@ -276,6 +278,39 @@ class BrokerConfig:
     compact_delete_retention_ms: int = setting(
         _DAY_MS, NON_NEGATIVE, "How long compaction keeps a tombstone (a keyed record without a value)."
     )
+    compact_min_lag_ms: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Compaction never removes a record whose timestamp is younger than this (Kafka's min.compaction.lag.ms), "
+        "so a consumer lagging by less sees every record of a compacted stream. 0: no lag. Per stream: "
+        "compact_min_lag_ms.",
+    )
+    compact_max_goroutines: int = setting(
+        1,
+        int_kind(1, 64),
+        "Segment files one compaction of a partition rewrites at the same time, each in a worker thread of its own "
+        "(Liftbridge's compactMaxGoroutines; per stream: the CreateStream option of that name).",
+    )
+
+    # -- encryption at rest --
+    encryption_key: str | None = setting(
+        None,
+        text_kind("32 bytes, base64-encoded", lambda _: True, optional=True),
+        "The master key that wraps every encrypted partition's data keys (AES-256-GCM): 32 random bytes, base64 "
+        "(openssl rand -base64 32). Prefer TIDELOG_ENCRYPTION_KEY or encryption_key_file to a config file. Every "
+        "broker that may lead an encrypted partition needs the same key; tidelog never stores it.",
+    )
+    encryption_key_file: Path | None = setting(  # noqa: RUF009  (None: nothing shared)
+        None,
+        optional_path_kind(),
+        "A file holding the master key (the same base64 text as encryption_key), instead of encryption_key.",
+    )
+    default_encryption: bool = setting(
+        False,
+        bool_kind(),
+        "Encrypt new streams at rest unless their CreateStream says otherwise (Liftbridge's encryption option; "
+        "internal streams such as __cursors are not encrypted by this default). Needs the master key.",
+    )
 
     # -- replication and membership --
     replica_lag_time_max_ms: int = setting(
@@ -386,6 +421,10 @@ class BrokerConfig:
                 self.max_open_append_bytes_per_connection,
                 f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
             )
+        try:
+            load_master_key(self.encryption_key, self.encryption_key_file)
+        except MasterKeyError as exc:
+            raise ConfigError(str(exc)) from None
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
                 "wire_port", "the combined configuration", self.wire_port, "a port other than port"
@@ -394,6 +433,13 @@ class BrokerConfig:
             raise BadConfigValueError(
                 "http_port", "the combined configuration", self.http_port, "a port other than port and wire_port"
             )
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={'<hidden>' if name == 'encryption_key' and value else repr(value)}"
+            for name, value in ((each.name, getattr(self, each.name)) for each in dataclasses.fields(self))
+        )
+        return f"BrokerConfig({shown})"  # the master key never reaches a log line or a traceback
 
     @property
     def advertised_host(self) -> str:

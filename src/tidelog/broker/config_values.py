@@ -160,6 +160,19 @@ def path_kind() -> Kind:
     return Kind(expected, parse)
 
 
+def optional_path_kind() -> Kind:
+    expected = "a file path (empty: unset)"
+
+    def parse(raw: object) -> object:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        if not isinstance(raw, str | os.PathLike):
+            raise Bad(expected)
+        return Path(os.fspath(raw)).expanduser()
+
+    return Kind(expected, parse)
+
+
 def list_kind(expected_item: str, check: Callable[[str], bool]) -> Kind:
     expected = f"a list of {expected_item} (in the environment: comma-separated)"
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tidelog.broker.encryption import KeyVault
 from tidelog.broker.ingest.nats_ingest import NatsIngest
 from tidelog.broker.partitions.damage_repair import DamageRepairs
 from tidelog.broker.partitions.damaged import DamagedPartitions
@@ -96,8 +97,10 @@ class PartitionManager:
         recovery_truncate_damaged: bool = False,
         peers: Peers | None = None,
         clock: Clock | None = None,
+        vault: KeyVault | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.vault = vault or KeyVault(None)  # each log's keyring, from its record's data keys (broker.encryption)
         self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
         self._root = data_dir / "streams"
         self._nc = nc
@@ -225,6 +228,9 @@ class PartitionManager:
                         running.update_record(record)
                 else:
                     await self._follow(stream, record, new)
+                replica = self._partitions.get(key) or self._followers.get(key)
+                if replica is not None:  # a rotated key: new writes seal with it
+                    replica.log.keyring = self.vault.keyring(record)
 
     async def _open_log(self, stream: StreamRecord, record: PartitionRecord) -> tuple[Log, ProducerStateTable] | None:
         """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop).
@@ -239,6 +245,7 @@ class PartitionManager:
             cut = self.damaged.may_cut(record)
             config = self._log_config_for(stream)
             log_ = await Log.open_async(path, config, truncate_damaged=cut, flush_shares=self._flush_shares)
+            log_.keyring = self.vault.keyring(record)  # before anything reads or writes it
         except DamagedLogError as exc:
             self.damaged.refuse(record, exc)
             return None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from tidelog.broker.controller_link import call_controller
+from tidelog.broker.encryption import KeyVault
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.activity import ACTIVITY_STREAM
 from tidelog.metadata.mirror import MetadataMirror
@@ -34,6 +35,7 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.messages import CreateStreamRequest, DeleteStreamRequest, SetStreamStateRequest
 from tidelog.protocol.subjects import check_queue_group, check_subject, quote, subject_problem
+from tidelog.storage.config import MAX_COMPACT_WORKERS
 
 if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
@@ -87,6 +89,14 @@ def validate_config(config: StreamConfig) -> None:
         raise InvalidArgumentError(f"segment_max_bytes must be at least 1024, got {config.segment_max_bytes}")
     if config.flush_policy is not None and config.flush_policy not in ("always", "interval", "never"):
         raise InvalidArgumentError(f"flush_policy must be 'always', 'interval' or 'never', got {config.flush_policy!r}")
+    if config.cleaner_interval_ms is not None and config.cleaner_interval_ms < 1:
+        raise InvalidArgumentError(f"cleanerInterval must be at least 1 ms, got {config.cleaner_interval_ms}")
+    workers = config.compact_max_goroutines
+    if workers is not None and not 1 <= workers <= MAX_COMPACT_WORKERS:
+        raise InvalidArgumentError(
+            f"compactMaxGoroutines must be between 1 and {MAX_COMPACT_WORKERS} (compaction worker threads), "
+            f"got {workers}"
+        )
 
 
 class MetadataWriter(Protocol):
@@ -121,9 +131,16 @@ class StreamAdmin:
         *,
         link: ControllerLink | None = None,
         clock: Clock | None = None,
+        vault: KeyVault | None = None,
+        default_encryption: bool = False,
     ) -> None:
-        """``clock``: the creation and change times written into stream records."""
+        """``clock``: the creation and change times written into stream records. ``vault``: makes the data keys
+        of encrypted streams (:mod:`tidelog.broker.encryption`); ``default_encryption``: whether a stream whose
+        request leaves ``encryption`` unset is encrypted (resolved by the controller, once, when it creates the
+        stream, and stored in the stream's settings)."""
         self._broker_id = broker_id
+        self._vault = vault or KeyVault(None)
+        self._default_encryption = default_encryption
         self._clock: Clock = clock or SystemClock()
         self._store = store
         self._mirror = mirror
@@ -195,9 +212,15 @@ class StreamAdmin:
             leaders[p.replicas[0]] = leaders.get(p.replicas[0], 0) + 1
             for r in p.replicas:
                 load[r] = load.get(r, 0) + 1
+        if config.encryption is None:
+            config = msgspec.structs.replace(config, encryption=self._default_encryption and not internal)
         record = StreamRecord(name, subject, group, partitions, rf, self._clock.now_ns(), config)
+        existing = snap.stream(name)
+        keys = config.encryption and (existing is None or existing.config != config)  # no keys for a repeat
         parts = [
-            PartitionRecord(name, i, replicas, replicas[0], replicas)
+            PartitionRecord(
+                name, i, replicas, replicas[0], replicas, data_keys=self._vault.first_keys(name, i) if keys else ()
+            )
             for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load, leaders))
         ]
         outcome = await call_controller(writer.create_stream(record, parts))
@@ -281,6 +304,31 @@ class StreamAdmin:
             return
         now = self._clock.now_ns()
         await self._update(name, partitions, lambda p: msgspec.structs.replace(p, readonly=readonly, readonly_ns=now))
+
+    async def rotate_key(self, name: str, *, forwarded: bool = False) -> None:
+        """Give every partition of encrypted stream ``name`` a new data key: new batches are sealed with it, the
+        older keys stay to open what they sealed (``tidelog stream rotate-key``)."""
+        stream = self._mirror.snapshot.stream(name)
+        if stream is None:
+            raise UnknownStreamError(f"no stream named {name!r}")
+        if not stream.config.encryption:
+            raise InvalidArgumentError(f"stream {name!r} is not encrypted: it has no data key to rotate")
+        before = {p.id: len(p.data_keys) for p in self._mirror.snapshot.partitions_of(name)}
+        if self._writer(forwarded) is None:
+            request = SetStreamStateRequest(name, (), forwarded=True, rotate_key=True)
+            await self._forward_update(request, name, (), lambda p: len(p.data_keys) > before.get(p.id, 0))
+            return
+        await self._update(
+            name,
+            (),
+            lambda p: (
+                msgspec.structs.replace(
+                    p, data_keys=(*p.data_keys, self._vault.new_data_key(name, p.id, len(p.data_keys)))
+                )
+                if len(p.data_keys) <= before.get(p.id, 0)
+                else p
+            ),
+        )
 
     def _partition_ids(self, name: str, partitions: Sequence[int]) -> list[int]:
         stream = self._mirror.snapshot.stream(name)

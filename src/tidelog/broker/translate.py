@@ -14,6 +14,7 @@ import errno
 from tidelog.protocol.errors import (
     CorruptDataError,
     DiskFullError,
+    EncryptionError,
     IncorrectOffsetError,
     InvalidArgumentError,
     MessageTooLargeError,
@@ -56,6 +57,8 @@ def as_tidelog_error(exc: BaseException) -> TidelogError:
         return DiskFullError(str(exc))
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return DiskFullError(f"the broker's disk is full ({exc}): writes resume once space is freed")
+    if isinstance(exc, storage_errors.KeyUnavailableError):
+        return EncryptionError(str(exc))
     if isinstance(exc, storage_errors.LogClosedError):
         return UnavailableError(str(exc) or "the partition's log is closed")
     return error_from_exception(exc)

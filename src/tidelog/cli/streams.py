@@ -1,4 +1,4 @@
-"""``tidelog stream create|list|describe|delete|pause|resume|readonly``.
+"""``tidelog stream create|list|describe|delete|pause|resume|readonly|rotate-key``.
 
 Creating a stream that exists succeeds only when it is the same stream (subject, partitions, replication factor,
 group and settings): one that differs is refused naming what differs, so a script never believes it made a
@@ -59,6 +59,7 @@ _SETTINGS = {
     "segment_max_age_ms": "segment.max.age.ms",
     "flush_policy": "flush.policy",
     "min_isr": "min.isr",
+    "compact_min_lag_ms": "compact.min.lag.ms",
 }
 
 
@@ -100,6 +101,14 @@ def stream() -> None:
 )
 @click.option("--min-isr", type=click.IntRange(1), default=None, help="In-sync replicas an acks=all write needs.")
 @click.option("--compact", is_flag=True, default=False, help="Keep only the newest record per key.")
+@click.option(
+    "--compact-min-lag-ms", type=click.IntRange(0), default=None, help="Compaction never removes younger records."
+)
+@click.option(
+    "--encryption/--no-encryption",
+    default=None,
+    help="Encrypt the stream at rest (default: the brokers' default_encryption).",
+)
 @brokers_option
 @async_command
 async def create(
@@ -109,6 +118,7 @@ async def create(
     replication_factor: int,
     group: str,
     compact: bool,
+    encryption: bool | None,
     brokers: list[str],
     **settings: str | int | None,
 ) -> None:
@@ -121,6 +131,8 @@ async def create(
     config: dict[str, str | int | bool] = {_SETTINGS[k]: v for k, v in settings.items() if v is not None}
     if compact:
         config["compact.enabled"] = True
+    if encryption is not None:
+        config["encryption"] = encryption
     async with Admin(bootstrap(brokers)) as admin:
         existed = any(s.name == name for s in await admin.list_streams(name))
         await admin.create_stream(
@@ -260,6 +272,18 @@ async def readonly(name: str, partitions: tuple[int, ...], off: bool, brokers: l
     async with Admin(bootstrap(brokers)) as admin:
         await admin.set_stream_state(name, partitions, readonly=not off)
     console.print(f"{'writable' if off else 'read-only'}: {_which(name, partitions)}")
+
+
+@stream.command("rotate-key")
+@click.argument("name", callback=stream_name)
+@brokers_option
+@async_command
+async def rotate_key(name: str, brokers: list[str]) -> None:
+    """Give encrypted stream NAME's partitions a new data key: new data is encrypted with it, older data stays
+    readable with the keys it was written with (docs/durability.md, "Encryption at rest")."""
+    async with Admin(bootstrap(brokers)) as admin:
+        await admin.rotate_key(name)
+    console.print(f"new data key for every partition of [bold]{name}[/]")
 
 
 def _which(name: str, partitions: tuple[int, ...]) -> str:

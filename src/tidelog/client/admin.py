@@ -152,6 +152,14 @@ class Admin:
         await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
         self._cluster.forget(name)
 
+    async def rotate_key(self, name: str, *, timeout_ms: int = 10_000) -> None:
+        """Give every partition of encrypted stream ``name`` a new data key: data written from now on is sealed
+        with it; the old keys stay to read older data. ``InvalidArgumentError`` for a stream that is not
+        encrypted."""
+        request = SetStreamStateRequest(name, (), timeout_ms=timeout_ms, rotate_key=True)
+        connection = await self._cluster.any_connection()
+        await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+
     async def reset_head(
         self, stream: str, partition: int, *, offset: int | None = None, timeout_ms: int = 10_000
     ) -> ResetHeadResponse:

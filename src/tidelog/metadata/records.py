@@ -51,6 +51,8 @@ class StreamConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     encryption: bool | None = None
     flush_policy: str | None = None
     flush_interval_ms: int | None = None
+    compact_min_lag_ms: int | None = None
+    """Compaction never removes a record younger than this (Kafka's ``min.compaction.lag.ms``)."""
     unclean_leader_election: bool | None = None
     """Whether the controller may elect a replica outside the ISR when no ISR member is alive (loses committed
     records; Kafka's ``unclean.leader.election.enable``). ``None``: the broker default."""
@@ -102,6 +104,9 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     suspended_ns: int = 0
     head_epoch: int = -1
     head_offset: int = -1
+    data_keys: tuple[bytes, ...] = ()
+    """An encrypted stream's data keys for this partition, wrapped by the brokers' master key; the key id of
+    each is its index, and the last one seals new batches (:mod:`tidelog.broker.encryption`). Empty: plain."""
 
 
 class BrokerRecord(msgspec.Struct, frozen=True):

@@ -42,7 +42,8 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── OffsetDamagedError        OFFSET_DAMAGED        DATA_LOSS             read on from the next offset
      ├── NotCoordinatorError       NOT_COORDINATOR       FAILED_PRECONDITION   retriable: ask the group's coordinator
      ├── UnknownMemberError        UNKNOWN_MEMBER        FAILED_PRECONDITION   join the group again
-     └── GroupRefusedError         GROUP_REFUSED         FAILED_PRECONDITION   the group's state does not allow it
+     ├── GroupRefusedError         GROUP_REFUSED         FAILED_PRECONDITION   the group's state does not allow it
+     └── EncryptionError           ENCRYPTION            FAILED_PRECONDITION   the broker needs the master key
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -136,6 +137,7 @@ class ErrorCode(enum.IntEnum):
     NOT_COORDINATOR = 31
     UNKNOWN_MEMBER = 32
     GROUP_REFUSED = 33
+    ENCRYPTION = 34
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -231,6 +233,8 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
     ErrorSpec(_C.GROUP_REFUSED, "the consumer group's state does not allow this request", False,
               _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.ENCRYPTION, "the partition is encrypted and this broker cannot encrypt or decrypt it", False,
+              _S.FAILED_PRECONDITION, _A.ENCRYPTION_FAILED, _K.ENCRYPTION),
 )
 # fmt: on
 
@@ -435,6 +439,12 @@ class UnknownMemberError(TidelogError, code=ErrorCode.UNKNOWN_MEMBER):
 class GroupRefusedError(TidelogError, code=ErrorCode.GROUP_REFUSED):
     """The group's state does not allow the request: joining as a consumer that is already a member, with a
     stream that does not exist, or reporting a coordinator or epoch that is not the group's current one."""
+
+
+class EncryptionError(TidelogError, code=ErrorCode.ENCRYPTION):
+    """An encrypted partition's data cannot be written or read here: the broker has no master key
+    (``encryption_key``), or not the one that wrapped the partition's data keys. Nothing is lost: the stored
+    data stays as it is, and a broker with the key serves it."""
 
 
 if set(_CLASSES) != set(ErrorCode):

@@ -216,6 +216,7 @@ class SetStreamStateRequest(Header, frozen=True):
     timeout_ms: Millis = 10_000
     forwarded: bool = False  # sent on by a broker to the controller: answer, never forward again
     resume_all: bool = False  # with paused: a write to any of them resumes every paused partition
+    rotate_key: bool = False  # an encrypted stream's partitions get a new data key for new data
 
 
 class SetStreamStateResponse(Header, frozen=True):

@@ -10,7 +10,18 @@ Compaction works on files, not on a live log: the caller (the log, under its loc
    - a keyed record survives if it is the newest for its key (a key is any bytes, ``b""`` included);
    - a keyless record always survives (there is nothing that could supersede it);
    - a tombstone (value ``None``) that is the newest for its key survives until its timestamp is older than
-     ``now_ns - delete_retention_ns``, so consumers that are behind still see the delete before it vanishes.
+     ``now_ns - delete_retention_ns``, so consumers that are behind still see the delete before it vanishes;
+   - any record whose timestamp is at or after ``now_ns - min_lag_ns`` survives (Kafka's compaction lag): a
+     consumer lagging by less than that sees every record, superseded or not. Older records may still be
+     superseded by such a young one.
+
+An encrypted partition's batches (:mod:`tidelog.storage.encryption`) are opened with the log's ``keyring`` to be
+read, and the survivors of a rewritten batch are sealed again under the key that sealed the original (a new
+nonce): record keys are never on disk in clear, not even for compaction. Without the keyring, compaction of a
+log holding encrypted batches raises :class:`~tidelog.storage.errors.KeyUnavailableError` before writing.
+
+With ``workers`` above 1 the second pass rewrites that many segments at the same time, each in a thread of its
+own (the offset map is only read by then): file reads and writes, decompression and CRCs release the GIL.
 
 What is never touched: a batch with any offset at or above ``upto_offset`` (uncommitted data may still be
 truncated by a new leader, so it must neither be removed nor allowed to supersede committed records: records at
@@ -39,12 +50,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from tidelog.protocol.records import (
+    ENCRYPTED_FLAG,
     HEADER_SIZE,
     LENGTH_FIELD_END,
     PREFIX,
@@ -58,7 +71,8 @@ from tidelog.protocol.records import (
 )
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.storage.atomic import atomic_writer, fsync_directory
-from tidelog.storage.errors import CorruptSegmentError
+from tidelog.storage.encryption import KEY_ID, Keyring, open_batch, seal_batch
+from tidelog.storage.errors import CorruptSegmentError, KeyUnavailableError
 
 CLEANED_SUFFIX = ".cleaned"
 _READ_BUFFER = 1024 * 1024
@@ -76,7 +90,7 @@ class CompactionResult:
     rewritten: tuple[Path, ...] = ()  # segments whose bytes changed: their indexes must be rebuilt
 
 
-def build_offset_map(paths: Sequence[Path], upto_offset: int) -> dict[bytes, int]:
+def build_offset_map(paths: Sequence[Path], upto_offset: int, keyring: Keyring | None = None) -> dict[bytes, int]:
     """Map each key to the newest offset it has below ``upto_offset`` in the segments at ``paths``.
 
     Control batches carry no keyed data and are skipped. Raises ``CorruptSegmentError`` at the first batch
@@ -87,7 +101,7 @@ def build_offset_map(paths: Sequence[Path], upto_offset: int) -> dict[bytes, int
         for _position, header, data in _read_batches(path):
             if header.is_control or header.base_offset >= upto_offset:
                 continue
-            for record in _decode(path, header, data):
+            for record in _decode(path, header, data, keyring):
                 if (
                     record.key is not None
                     and record.offset < upto_offset
@@ -98,20 +112,31 @@ def build_offset_map(paths: Sequence[Path], upto_offset: int) -> dict[bytes, int
 
 
 def compact_segment_files(
-    paths: Sequence[Path], *, upto_offset: int, now_ns: int, delete_retention_ns: int
+    paths: Sequence[Path],
+    *,
+    upto_offset: int,
+    now_ns: int,
+    delete_retention_ns: int,
+    min_lag_ns: int = 0,
+    workers: int = 1,
+    keyring: Keyring | None = None,
 ) -> CompactionResult:
     """Compact the sealed segments at ``paths`` (in offset order) in place; see the module docstring.
 
     ``upto_offset`` is the high watermark: nothing at or above it is touched. ``now_ns`` comes from the
-    caller's clock, so tests decide which tombstones have expired.
+    caller's clock, so tests decide which tombstones have expired and which records are still young.
     """
-    offset_map = build_offset_map(paths, upto_offset)
-    tombstone_horizon = now_ns - delete_retention_ns
+    offset_map = build_offset_map(paths, upto_offset, keyring)
+    horizons = _Horizons(now_ns - delete_retention_ns, now_ns - min_lag_ns if min_lag_ns else None, keyring)
+    sizes = [path.stat().st_size for path in paths]
+    if workers > 1 and len(paths) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(paths)), thread_name_prefix="compact") as pool:
+            outcomes = list(pool.map(lambda p: _compact_file(p, offset_map, upto_offset, horizons), paths))
+    else:
+        outcomes = [_compact_file(path, offset_map, upto_offset, horizons) for path in paths]
     rewritten: list[Path] = []
     removed = before = after = 0
-    for path in paths:
-        size = path.stat().st_size
-        outcome = _compact_file(path, offset_map, upto_offset, tombstone_horizon)
+    for path, size, outcome in zip(paths, sizes, outcomes, strict=True):
         before += size
         if outcome is None:
             after += size
@@ -140,8 +165,18 @@ def remove_leftovers(directory: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------- one segment
 
 
+@dataclass(frozen=True, slots=True)
+class _Horizons:
+    """Timestamps that decide survival: tombstones at or after ``tombstone`` stay, and every record at or after
+    ``young`` stays (``None``: no compaction lag)."""
+
+    tombstone: int
+    young: int | None
+    keyring: Keyring | None  # opens and seals again an encrypted log's batches
+
+
 def _compact_file(
-    path: Path, offset_map: dict[bytes, int], upto_offset: int, tombstone_horizon: int
+    path: Path, offset_map: dict[bytes, int], upto_offset: int, horizons: _Horizons
 ) -> tuple[int, int] | None:
     """Rewrite one segment if any record goes; return ``(records removed, new size)``, or ``None`` if unchanged.
 
@@ -155,11 +190,11 @@ def _compact_file(
         for position, header, data in _read_batches(path):
             replacement = data
             if _eligible(header, upto_offset):
-                records = _decode(path, header, data)
-                survivors = [r for r in records if _survives(r, offset_map, tombstone_horizon)]
+                records = _decode(path, header, data, horizons.keyring)
+                survivors = [r for r in records if _survives(r, offset_map, horizons)]
                 if len(survivors) < len(records):
                     removed += len(records) - len(survivors)
-                    replacement = rebuild_batch(header, survivors) if survivors else b""
+                    replacement = _rebuild(header, data, survivors, horizons.keyring) if survivors else b""
             if out is None:
                 if replacement is data:
                     written += len(data)
@@ -179,12 +214,14 @@ def _eligible(header: BatchHeader, upto_offset: int) -> bool:
     return not header.is_control and not header.attributes & REGISTERS_FLAG and header.last_offset < upto_offset
 
 
-def _survives(record: Record, offset_map: dict[bytes, int], tombstone_horizon: int) -> bool:
+def _survives(record: Record, offset_map: dict[bytes, int], horizons: _Horizons) -> bool:
     if record.key is None:
         return True
+    if horizons.young is not None and record.timestamp >= horizons.young:
+        return True  # younger than the compaction lag
     if offset_map.get(record.key, record.offset) > record.offset:
         return False  # superseded by a newer record with the same key
-    return record.value is not None or record.timestamp >= tombstone_horizon
+    return record.value is not None or record.timestamp >= horizons.tombstone
 
 
 def _copy_prefix(path: Path, length: int, out: BinaryIO) -> None:
@@ -230,7 +267,24 @@ def _read_batches(path: Path) -> Iterator[tuple[int, BatchHeader, bytes]]:
             expected = header.next_offset
 
 
-def _decode(path: Path, header: BatchHeader, data: bytes) -> list[Record]:
+def _rebuild(header: BatchHeader, data: bytes, survivors: list[Record], keyring: Keyring | None) -> bytes:
+    """The batch with only ``survivors``, sealed again under its own key when it was sealed."""
+    if not header.attributes & ENCRYPTED_FLAG:
+        return rebuild_batch(header, survivors)
+    assert keyring is not None  # it was opened to find the survivors
+    plain = open_batch(data, 0, header, keyring)
+    rebuilt = rebuild_batch(parse_header(plain), survivors)
+    (key_id,) = KEY_ID.unpack_from(data, HEADER_SIZE)
+    return seal_batch(rebuilt, 0, parse_header(rebuilt), keyring, key_id)
+
+
+def _decode(path: Path, header: BatchHeader, data: bytes, keyring: Keyring | None) -> list[Record]:
+    if header.attributes & ENCRYPTED_FLAG:
+        try:
+            data = open_batch(data, 0, header, keyring)
+        except KeyUnavailableError as exc:
+            raise KeyUnavailableError(f"{path}: cannot compact: {exc}") from None
+        header = parse_header(data)
     try:
         return decode_records(data, 0, header=header)
     except CorruptBatchError as exc:

@@ -30,6 +30,7 @@ DAY_MS = 24 * 60 * 60 * 1000
 #: Positions in a segment are stored as unsigned 32-bit integers in the offset index; staying below 2 GiB
 #: keeps them clear of any signed reading of the same field.
 MAX_SEGMENT_BYTES = 2**31 - 1
+MAX_COMPACT_WORKERS = 64  # worker threads one compaction may use
 
 
 class FlushPolicy(enum.Enum):
@@ -73,6 +74,14 @@ class LogConfig:
     not schedule it: whoever owns the partition calls ``Log.compact`` when this is set."""
     delete_retention_ms: int = 1 * DAY_MS
     """How long compaction keeps a tombstone, so that readers catching up still see the delete."""
+    compact_min_lag_ms: int = 0
+    """A record whose timestamp is younger than this is never removed by compaction (Kafka's
+    ``min.compaction.lag.ms``), so a consumer lagging by less than this sees every record. 0: no lag."""
+    compact_workers: int = 1
+    """Segment files one compaction of this log rewrites at the same time, each in its own worker thread
+    (Liftbridge's ``compactMaxGoroutines``)."""
+    cleaner_interval_ms: int | None = None
+    """How often retention and compaction run on this log; ``None``: the cleaner's own interval."""
 
     def __post_init__(self) -> None:
         _require_int("segment_max_bytes", self.segment_max_bytes, HEADER_SIZE, MAX_SEGMENT_BYTES)
@@ -91,6 +100,10 @@ class LogConfig:
         if not isinstance(self.compact, bool):
             raise ValueError(f"compact must be True or False, got {self.compact!r}")
         _require_int("delete_retention_ms", self.delete_retention_ms, 0, None)
+        _require_int("compact_min_lag_ms", self.compact_min_lag_ms, 0, None)
+        _require_int("compact_workers", self.compact_workers, 1, MAX_COMPACT_WORKERS)
+        if self.cleaner_interval_ms is not None:
+            _require_int("cleaner_interval_ms", self.cleaner_interval_ms, 1, None)
 
     @property
     def segment_max_age_ns(self) -> int:

@@ -10,6 +10,7 @@
      ├── OffsetMismatchError    an append expecting another log end than the log has (compare-and-append)
      ├── DiskFullError          a write refused because the disk is full; nothing of it was kept (retry later)
      ├── CheckpointError        a checkpoint file (high watermark, leader epochs) that is damaged or unparsable
+     ├── KeyUnavailableError    an encrypted batch this log has no (right) data key for; nothing is changed
      └── DamagedLogError        (in storage.recovery_damage) opening found damage with intact batches after it; not cut
 
 Errors of the batch format itself (corrupt or invalid batches) are in :mod:`tidelog.protocol.records.errors`.
@@ -104,3 +105,8 @@ class CheckpointError(StorageError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class KeyUnavailableError(StorageError):
+    """An encrypted batch (:mod:`tidelog.storage.encryption`) cannot be sealed or opened here: the broker has no
+    data key for it (no master key, or another one), or its seal does not verify. The stored bytes are kept."""

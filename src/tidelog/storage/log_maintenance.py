@@ -153,6 +153,9 @@ class MaintainedLog(SealingLog):
                     upto_offset=upto_offset,
                     now_ns=now,
                     delete_retention_ns=self._config.delete_retention_ms * 1_000_000,
+                    min_lag_ns=self._config.compact_min_lag_ms * 1_000_000,
+                    workers=self._config.compact_workers,
+                    keyring=self.keyring,
                 )
             )
             rewritten = set(result.rewritten)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tidelog.protocol.records import check_batch, decode_records
+from tidelog.protocol.records import ENCRYPTED_FLAG, check_batch, decode_records
 from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.storage.encryption import open_batch
 from tidelog.storage.errors import CorruptSegmentError, OffsetOutOfRangeError
 from tidelog.storage.log_state import LogState
 from tidelog.storage.segment import Segment
@@ -147,7 +148,11 @@ class ReadingLog(LogState):
             try:
                 plan = Planned(position, position + header.size, header.base_offset, header.next_offset)
                 data = segment.read(plan)
-                records = decode_records(data, 0, header=check_batch(data))
+                checked = check_batch(data)
+                if checked.attributes & ENCRYPTED_FLAG:
+                    data = open_batch(data, 0, checked, self.keyring)
+                    checked = check_batch(data)
+                records = decode_records(data, 0, header=checked)
             except CorruptSegmentError as exc:
                 self._damage.record(exc)
                 return header.base_offset

@@ -26,6 +26,7 @@ from pathlib import Path
 from tidelog.clock import Clock
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.damage import DamageRegistry
+from tidelog.storage.encryption import Keyring
 from tidelog.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache
 from tidelog.storage.errors import LogClosedError
 from tidelog.storage.flush import Flusher, FlushMode, FlushShares
@@ -73,6 +74,9 @@ class LogState:
         self._epochs.truncate_from_end(self.end_offset)
         self._epochs.truncate_from_start(self.start_offset)  # a crash between deleting a prefix and this
         self._observers: list[WriteObserver] = []  # told of each write (tidelog.storage.write_observer)
+        # The partition's data keys when its stream is encrypted and the broker has the master key (set by the
+        # broker as metadata says; tidelog.storage.encryption). Compaction and reads inside a batch use it.
+        self.keyring: Keyring | None = None
         self._early_observers: list[WriteObserver] = []  # those of them told before a write that cannot run short
         self._late_observers: list[WriteObserver] = []  # the others
         self._damage = DamageRegistry.load(directory)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+from tests.helpers import BOUND
 from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.partitions.partition import Partition
 from tidelog.clock import ManualClock
@@ -71,3 +73,46 @@ async def test_compaction_keeps_newest_per_key_below_the_high_watermark(tmp_path
     assert newest == {b"k0": b"117", b"k1": b"118", b"k2": b"119"}  # the newest value of every key survives
     assert len(survivors) < 120
     await partition.close()
+
+
+async def _pass(cleaner: LogCleaner, clock: ManualClock, seconds: float) -> None:
+    """Advance the clock by ``seconds`` and wait for the background pass that wakes."""
+    for _ in range(1000):
+        if clock.sleepers:
+            break
+        await asyncio.sleep(0)
+    assert clock.sleepers == 1, "the cleaner is not waiting for its next pass"
+    waiter = asyncio.ensure_future(cleaner.wait_for_passes(1))
+    await asyncio.sleep(0)
+    clock.advance(seconds)
+    await asyncio.wait_for(waiter, BOUND)
+
+
+async def test_a_stream_with_its_own_cleaner_interval_is_cleaned_that_often(tmp_path: Path) -> None:
+    own = await _partition(tmp_path / "own", retention_max_messages=20, cleaner_interval_ms=1000)
+    default = await _partition(tmp_path / "default", retention_max_messages=20)
+    clock = ManualClock()
+    cleaner = LogCleaner(lambda: [own, default], interval=60, clock=clock)
+    cleaner.start()
+    try:
+
+        async def fill(base: int) -> None:
+            for i in range(100):
+                await _append(own, None, b"v" * 100, base + i)
+                await _append(default, None, b"v" * 100, base + i)
+
+        await fill(1_000)
+        await _pass(cleaner, clock, 1.0)  # the first pass cleans every log
+        own_start, default_start = own.log.start_offset, default.log.start_offset
+        assert own_start > 0 and default_start > 0
+        await fill(2_000)
+        await _pass(cleaner, clock, 1.0)  # 1 s later: only the stream with a 1 s interval
+        assert own.log.start_offset > own_start
+        assert default.log.start_offset == default_start
+        for _ in range(59):
+            await _pass(cleaner, clock, 1.0)
+        assert default.log.start_offset > default_start  # the broker's 60 s interval has passed
+    finally:
+        await cleaner.stop()
+        await own.close()
+        await default.close()

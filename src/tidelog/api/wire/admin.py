@@ -107,6 +107,8 @@ async def set_stream_state(
             await env.broker.admin.set_readonly(
                 request.name, request.partitions, request.readonly, forwarded=request.forwarded
             )
+        if request.rotate_key:
+            await env.broker.admin.rotate_key(request.name, forwarded=request.forwarded)
     return Reply(encode_message(correlation_id, SetStreamStateResponse()))
 
 

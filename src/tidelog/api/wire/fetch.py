@@ -27,8 +27,11 @@ replica (:mod:`tidelog.broker.partitions.damage_repair`) the fetch is answered U
 Served ranges are CRC-checked once per process, so bytes that rot after that reach the client unchecked: a
 client whose own CRC check fails fetches again with ``verify``, and that fetch is read into memory and checked
 on the broker, which finds and records the damage.
+An encrypted stream's batches are opened on the broker (:mod:`tidelog.storage.encryption`), so they are read
+into memory and copied, never sent with ``os.sendfile``; a broker without the stream's keys answers ENCRYPTION.
 A fetch marked ``replica`` reads this broker's copy when it is an in-sync follower (Liftbridge's
-``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers.
+``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers, so it gets
+the stored bytes as they are, sealed or not.
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     if offset >= limit:
         return Reply(encode_message(correlation_id, _bounds(partition)))
     try:
+        if partition.stream.config.encryption and not request.replica:  # opened: copied, never sent from the file
+            data = partition.readable(partition.log.read(offset, max_bytes, max_offset=limit))
+            return Reply(encode_message(correlation_id, _bounds(partition), data))
         if request.verify:
             data = partition.log.read(offset, max_bytes, max_offset=limit)
             return Reply(encode_message(correlation_id, _bounds(partition), data))

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 from tidelog.protocol.records import HEADER_SIZE, BatchHeader, Codec, decode_records, iter_batches
 from tidelog.protocol.records.errors import CorruptBatchError
-from tidelog.storage.errors import CorruptSegmentError, OffsetDamagedError, OffsetOutOfRangeError
+from tidelog.storage.encryption import open_batches
+from tidelog.storage.errors import CorruptSegmentError, KeyUnavailableError, OffsetDamagedError, OffsetOutOfRangeError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,12 @@ async def rebuild(window: MsgIdWindow, log_: Log, now_ns: int) -> int:
             continue
         if not data:
             break
+        if log_.keyring is not None:  # an encrypted stream's batches: the ids are inside the sealed records
+            try:
+                data = open_batches(data, log_.keyring)
+            except KeyUnavailableError as exc:
+                log.warning("Nats-Msg-Id window of %s: cannot read past offset %d (%s)", log_.directory, offset, exc)
+                break
         try:
             for position, header in iter_batches(data):
                 offset = header.next_offset

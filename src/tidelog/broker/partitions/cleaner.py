@@ -7,6 +7,10 @@ Retention deletes whole sealed segments (by age, total bytes, message count); co
 per key in sealed segments. Both are bounded by the partition's high watermark, so nothing a consumer has not
 been allowed to see yet is touched, and both work under the log's own lock, so appends and reads stay correct
 while they run. One partition at a time, in the background: cleaning is never on a request's path.
+
+A stream may set its own interval (Liftbridge's ``cleanerInterval``, in the log's ``cleaner_interval_ms``): the
+cleaner then wakes at the shortest interval any log asks for and cleans each log whose own interval has passed
+since it last cleaned it; the others wait for the broker's interval as before.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tidelog.clock import Clock, SystemClock
+from tidelog.storage.errors import KeyUnavailableError
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,7 @@ class LogCleaner:
         self._task: asyncio.Task[None] | None = None
         self._passes = 0
         self._passed = asyncio.Condition()
+        self._last_ns: dict[int, int] = {}  # id(log) -> monotonic ns of its last cleaning
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="log-cleaner")
@@ -60,10 +66,31 @@ class LogCleaner:
                 await self._task
             self._task = None
 
+    def _tick(self) -> float:
+        """Seconds until the next pass: the broker's interval, or the shortest a log of its own asks for."""
+        own = [p.log.config.cleaner_interval_ms for p in self._partitions()]
+        shortest = min((ms for ms in own if ms is not None), default=None)
+        return self._interval if shortest is None else min(self._interval, shortest / 1000)
+
+    def _due(self, partition: Cleanable, now: int, slack: int) -> bool:
+        """Whether a background pass cleans ``partition`` now: its own interval (or the broker's) has passed,
+        within ``slack`` ns (a sleep may end a little early: that must not cost a whole extra tick)."""
+        own = partition.log.config.cleaner_interval_ms
+        interval_ns = int(self._interval * 1e9) if own is None else own * 1_000_000
+        last = self._last_ns.get(id(partition.log))
+        return last is None or now - last + slack >= interval_ns
+
     async def _run(self) -> None:
         while True:
-            await self._clock.sleep(self._interval)
-            await self.clean_once()
+            tick = self._tick()
+            await self._clock.sleep(tick)
+            now = self._clock.monotonic_ns()
+            due = [p for p in self._partitions() if self._due(p, now, int(tick * 1e9) // 2)]
+            alive = {id(p.log) for p in self._partitions()}
+            self._last_ns = {k: v for k, v in self._last_ns.items() if k in alive}
+            for partition in due:
+                self._last_ns[id(partition.log)] = now
+            await self.clean_once(due)
             async with self._passed:
                 self._passes += 1
                 self._passed.notify_all()
@@ -74,11 +101,12 @@ class LogCleaner:
             target = self._passes + count
             await self._passed.wait_for(lambda: self._passes >= target)
 
-    async def clean_once(self) -> tuple[int, int]:
-        """Clean every partition once; return (segments deleted by retention, segments rewritten by compaction)."""
+    async def clean_once(self, partitions: Sequence[Cleanable] | None = None) -> tuple[int, int]:
+        """Clean ``partitions`` (default: every one) once; return (segments deleted by retention, segments
+        rewritten by compaction)."""
         deleted = compacted = 0
         now_ns = self._clock.now_ns()
-        for partition in self._partitions():
+        for partition in self._partitions() if partitions is None else partitions:
             if partition.log.closed:
                 continue
             try:
@@ -99,6 +127,8 @@ class LogCleaner:
                             result.bytes_before,
                             result.bytes_after,
                         )
+            except KeyUnavailableError as exc:  # an encrypted partition this broker has no key for: left as it is
+                log.warning("not compacting %s: %s", partition.name, exc)
             except Exception:  # one partition's failure must not stop cleaning the others
                 log.exception("cleaning %s failed", partition.name)
         return deleted, compacted

@@ -10,6 +10,8 @@ the rules live here once, and each class supplies ``high_watermark``.
 from __future__ import annotations
 
 from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.protocol.errors import EncryptionError
+from tidelog.storage.encryption import open_batches
 from tidelog.storage.log import Log
 
 
@@ -49,11 +51,31 @@ class CommittedReads:
         return self.log.end_offset
 
     def read_committed(self, offset: int, max_bytes: int) -> bytes:
-        """Whole batches from the one holding ``offset``, never reaching the high watermark."""
+        """Whole batches from the one holding ``offset``, never reaching the high watermark; an encrypted
+        stream's opened (:mod:`tidelog.storage.encryption`), as a consumer reads them."""
         hw = min(self.high_watermark, self.log.end_offset)  # a follower's HW may briefly run ahead of its log
         if offset >= hw:
             return b""
-        return self.log.read(offset, max_bytes, max_offset=hw)
+        return self.readable(self.log.read(offset, max_bytes, max_offset=hw))
+
+    def readable(self, data: bytes) -> bytes:
+        """Batches read from this replica's log as a consumer gets them: opened when the stream is encrypted
+        (ENCRYPTION when this broker holds no keyring for it; the stored bytes are untouched)."""
+        if not self.stream.config.encryption or not data:
+            return data
+        if self.log.keyring is None:
+            raise EncryptionError(self.keyless_reason())
+        return open_batches(data, self.log.keyring)
+
+    def keyless_reason(self) -> str:
+        """Why this broker cannot encrypt or decrypt the partition (its stream is encrypted, it has no keyring)."""
+        if not self.record.data_keys:
+            return f"{self.name} is encrypted but its metadata holds no data keys"
+        return (
+            f"{self.name} is encrypted and this broker cannot unwrap its data keys: it has no master key "
+            "(encryption_key, encryption_key_file or TIDELOG_ENCRYPTION_KEY), or another one than wrapped them; "
+            "nothing is lost, a broker with the right key serves it"
+        )
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int:
         """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none)."""

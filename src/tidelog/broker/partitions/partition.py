@@ -433,12 +433,20 @@ class Partition(CommittedReads):
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     def _append_reserved(
-        self, data: bytes | bytearray | memoryview, headers: Sequence[BatchHeader], expected_offset: int | None
+        self,
+        data: bytes | bytearray | memoryview,
+        headers: Sequence[BatchHeader],
+        expected_offset: int | None,
+        max_batch_bytes: int | None = None,
     ) -> asyncio.Future[AppendResult]:
         """Append batches reserved in the producer table, in a task of their own whose completion records them
         (or releases them when nothing was written); the caller awaits it through a shield, so cancelling the
-        caller never separates the write from its record."""
-        task = asyncio.ensure_future(self.log.append(data, self.record.leader_epoch, expected_offset=expected_offset))
+        caller never separates the write from its record. ``max_batch_bytes``: as :meth:`Log.append`'s."""
+        task = asyncio.ensure_future(
+            self.log.append(
+                data, self.record.leader_epoch, expected_offset=expected_offset, max_batch_bytes=max_batch_bytes
+            )
+        )
         self._appending.add(task)
         task.add_done_callback(functools.partial(self._settle_reserved, headers))
         return asyncio.shield(task)

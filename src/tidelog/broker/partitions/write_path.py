@@ -12,16 +12,17 @@ The states, in order (a write may skip ahead, never go back)::
       │        │  └──── duplicate ───────────▲  (acks ALL)  ▲
       └────────┴──── refused ──────────────────────────────────────▶ DONE
 
-- ADMIT: the partition takes writes (not suspended, not closing, not read-only, enough in-sync replicas for
-  ``ALL``); a paused partition resumes here.
+- ADMIT: the partition takes writes (not suspended, not closing, not read-only, holding its data keys when its
+  stream is encrypted, enough in-sync replicas for ``ALL``); a paused partition resumes here.
 - DEDUPE: batches carrying a producer id are reserved in the producer table; a retry of written batches goes
   straight to COMMITTED (or ANSWER) with its original offsets, and writes nothing.
-- PLACE: the log checks the expectations (the expected offset, and a transactional append's registers through
-  its ``on_placed`` hook) where it assigns offsets, under its lock with no await before the write — checked any
-  earlier, another write could take the offset meanwhile — then writes and meets the flush policy. From DEDUPE to
-  the log's lock there is no await, so producers' batches reach the log in the order they were reserved. Hook:
-  the log's tail listener pushes the batches to replica fetches parked at the log end from inside the write
-  (:meth:`Partition.park_at_log_end`).
+- PLACE: an encrypted stream's batches are sealed (:mod:`tidelog.storage.encryption`: one AES-GCM pass
+  per batch, no await), then the log checks the expectations (the expected offset, and a transactional
+  append's registers through its ``on_placed`` hook) where it assigns offsets, under its lock with no await
+  before the write — checked any earlier, another write could take the offset meanwhile — then writes and
+  meets the flush policy. From DEDUPE to the log's lock there is no await, so producers' batches reach the log
+  in the order they were reserved. Hook: the log's tail listener pushes the batches to replica fetches parked
+  at the log end from inside the write (:meth:`Partition.park_at_log_end`).
 - DURABLE: the log returned (written, flushed per policy): the leader counts its own copy toward the high
   watermark, up to this write's end (a concurrent write may be written but not yet flushed).
 - COMMITTED: with acks ``ALL``, wait until the high watermark passes the write. Hooks: ack polling for a lone
@@ -57,6 +58,7 @@ from tidelog.replication.idempotence.producer_state import (
     OutOfOrder,
     Verdict,
 )
+from tidelog.storage.encryption import SEAL_OVERHEAD, seal_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.file_writes import FileSlice
 
@@ -219,6 +221,8 @@ class LeaderWrite:
             self._refuse(ErrorCode.UNAVAILABLE, f"partition {partition.name} is closing")
         elif record.readonly:
             self._refuse(ErrorCode.READONLY, f"partition {partition.name} is read-only")
+        elif partition.stream.config.encryption and partition.log.keyring is None:
+            self._refuse(ErrorCode.ENCRYPTION, partition.keyless_reason())
         elif self._acks is _ALL and len(record.isr or (partition.broker_id,)) < partition.min_isr:
             self._refuse(
                 ErrorCode.NOT_ENOUGH_REPLICAS,
@@ -257,24 +261,31 @@ class LeaderWrite:
         self._must_state(_PLACE)
         partition = self._partition
         transactional = self._transactional
+        data = self._data
+        source = None if transactional is None else transactional.source
+        keyring = partition.log.keyring
+        limit = None  # the log's own batch size limit
+        if keyring is not None and partition.stream.config.encryption:
+            data, source = seal_batches(data, keyring), None  # once, here: followers store these very bytes
+            limit = partition.log.config.max_batch_bytes + SEAL_OVERHEAD  # a batch the client fitted still fits
         result: AppendResult
         try:
             if transactional is not None:
                 result = await partition.log.append(
-                    self._data,
+                    data,
                     partition.record.leader_epoch,
                     expected_offset=self._expected_offset,
-                    max_batch_bytes=transactional.max_batch_bytes,
+                    max_batch_bytes=transactional.max_batch_bytes + (SEAL_OVERHEAD if limit else 0),
                     registers=True,
                     on_placed=transactional.on_placed,
-                    source=transactional.source,
+                    source=source,
                 )
             elif self._headers is None:
                 result = await partition.log.append(
-                    self._data, partition.record.leader_epoch, expected_offset=self._expected_offset
+                    data, partition.record.leader_epoch, expected_offset=self._expected_offset, max_batch_bytes=limit
                 )
             else:
-                result = await partition._append_reserved(self._data, self._headers, self._expected_offset)
+                result = await partition._append_reserved(data, self._headers, self._expected_offset, limit)
         except OffsetMismatchError as exc:
             await partition.confirm_end(exc.actual, self._timeout)
             self._refuse(ErrorCode.INCORRECT_OFFSET, f"{partition.name}: {exc}", exc.actual)

@@ -21,6 +21,7 @@ from tidelog.protocol.records.layout import (
     CODEC_MASK,
     CRC_START,
     DEFAULT_MAX_UNCOMPRESSED,
+    ENCRYPTED_FLAG,
     FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,
@@ -187,6 +188,8 @@ def record_section(
     """
     if header is None:
         header = parse_header(buf, pos)
+    if header.attributes & ENCRYPTED_FLAG:
+        raise CorruptBatchError("the batch is encrypted at rest: only a broker with its key reads it", position=pos)
     start = pos + HEADER_SIZE
     if header.attributes & REGISTERS_FLAG:
         start += REGISTERS_LENGTH.size + _registers_length(buf, pos, header)

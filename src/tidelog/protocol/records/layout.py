@@ -9,7 +9,7 @@ A batch is a 61-byte header followed by its records, all integers big-endian::
         16     1  format_version      1
         17     4  crc                 CRC32C of bytes [21, end): everything after this field
         21     2  attributes          bits 0-2 codec (0 none, 3 lz4, 4 zstd); bit 4 transactional; bit 5 control;
-                                      bit 6 registers
+                                      bit 6 registers; bit 7 encrypted (at rest, by the broker)
         23     4  last_offset_delta   offset of the last record minus base_offset
         27     8  first_timestamp     nanoseconds since the Unix epoch
         35     8  max_timestamp       largest record timestamp in the batch
@@ -20,6 +20,11 @@ A batch is a 61-byte header followed by its records, all integers big-endian::
         61     …  registers block     only with bit 6: a 2-byte length, then the partition's registers (the
                                       whole label set after this batch, ``replication.registers`` encoding)
          …     …  records             compressed as a whole when the codec is not none
+
+An encrypted batch (bit 7, set only by a broker storing an encrypted stream: clients never send one, and
+consumers never receive one) carries, instead of its records, ``key_id`` (4 bytes: which of the partition's
+data keys), a 12-byte nonce, and the records section (compressed as the codec says) sealed with AES-256-GCM
+under that key, its 16-byte tag last; see :mod:`tidelog.storage.encryption`.
 
 The registers block is how a transactional append's register update travels: in the very batch that holds
 the append's records, so the update is replicated, stored, recovered and truncated exactly with them (one
@@ -88,6 +93,7 @@ _CODECS = {codec.value: codec for codec in Codec}  # a dict lookup: calling the 
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
 REGISTERS_FLAG = 0x40
+ENCRYPTED_FLAG = 0x80
 REGISTERS_LENGTH = struct.Struct(">H")
 MAX_REGISTERS_BLOCK = 0xFFFF
 
