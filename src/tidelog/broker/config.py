@@ -52,6 +52,7 @@ from tidelog.broker.config_values import (
     UnknownConfigKeyError,
     bool_kind,
     choice_kind,
+    file_kind,
     int_kind,
     is_etcd_endpoint,
     is_host,
@@ -122,6 +123,33 @@ class BrokerConfig:
     )
     log_level: str = setting("info", choice_kind("debug", "info", "warning", "error"), "Logging threshold.")
 
+    # -- TLS (docs/security.md) --
+    tls_cert: Path | None = setting(  # noqa: RUF009
+        None,
+        file_kind("a PEM certificate (chain)"),
+        "Certificate of this broker's listeners. Set (with tls_key): the gRPC API and the wire protocol speak TLS "
+        "only, and brokers dial each other with TLS. Reloaded when the file changes (no restart).",
+    )
+    tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of tls_cert.")  # noqa: RUF009
+    tls_client_ca: Path | None = setting(  # noqa: RUF009
+        None,
+        file_kind("a PEM CA bundle"),
+        "CA that client certificates must be signed by (needed unless tls_client_auth is 'none').",
+    )
+    tls_client_auth: str = setting(
+        "none",
+        choice_kind("none", "optional", "required"),
+        "Client certificates: 'none' not asked for; 'optional' asked for on the wire protocol and verified when "
+        "given; 'required' a client without a valid one is refused in the handshake (on both listeners). Brokers "
+        "present tls_cert to each other, so under 'required' tls_cert must also be valid as a client certificate.",
+    )
+    tls_ca: Path | None = setting(  # noqa: RUF009
+        None,
+        file_kind("a PEM CA bundle"),
+        "CA this broker verifies other brokers' certificates against when it dials them (replication, "
+        "forwarding). Unset: tls_client_ca, else the system's CAs.",
+    )
+
     # -- NATS and etcd --
     nats_servers: tuple[str, ...] = setting(
         (),
@@ -134,6 +162,35 @@ class BrokerConfig:
         "etcd endpoints to use, members of one etcd cluster: the broker connects to the first that answers and fails "
         "over to the others in order. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
     )
+    nats_tls_ca: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM CA bundle"), "Dial nats_servers with TLS, verifying them against this CA."
+    )
+    nats_tls_cert: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM certificate"), "Client certificate for NATS (with nats_tls_key; implies TLS)."
+    )
+    nats_tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of nats_tls_cert.")  # noqa: RUF009
+    nats_user: str | None = setting(
+        None, text_kind("a NATS user name", bool, optional=True), "NATS user (with nats_password)."
+    )
+    nats_password: str | None = setting(None, text_kind("a password", bool, optional=True), "Password of nats_user.")
+    nats_token: str | None = setting(None, text_kind("a token", bool, optional=True), "NATS authentication token.")
+    nats_creds: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a NATS credentials file (JWT and NKey seed)"), "NATS credentials file (needs nkeys)."
+    )
+    nats_nkey_seed: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a file holding an NKey seed"), "NATS NKey seed file (needs nkeys)."
+    )
+    etcd_tls_ca: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM CA bundle"), "Dial etcd_endpoints with TLS, verifying them against this CA."
+    )
+    etcd_tls_cert: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM certificate"), "Client certificate for etcd (with etcd_tls_key; implies TLS)."
+    )
+    etcd_tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of etcd_tls_cert.")  # noqa: RUF009
+    etcd_user: str | None = setting(
+        None, text_kind("an etcd user name", bool, optional=True), "etcd user (with etcd_password)."
+    )
+    etcd_password: str | None = setting(None, text_kind("a password", bool, optional=True), "Password of etcd_user.")
     embedded_nats_port: int = setting(
         4222, PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
     )
@@ -339,10 +396,72 @@ class BrokerConfig:
                 self.max_open_append_bytes_per_connection,
                 f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
             )
+        self._check_security()
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
                 "wire_port", "the combined configuration", self.wire_port, "a port other than port"
             )
+
+    def _check_security(self) -> None:
+        """TLS and credentials settings that only make sense together: refused, never half applied."""
+
+        def refuse(key: str, expected: str) -> None:
+            raise BadConfigValueError(key, "the combined configuration", getattr(self, key), expected)
+
+        for cert, key in (
+            ("tls_cert", "tls_key"),
+            ("nats_tls_cert", "nats_tls_key"),
+            ("etcd_tls_cert", "etcd_tls_key"),
+        ):
+            if (getattr(self, cert) is None) != (getattr(self, key) is None):
+                refuse(
+                    key if getattr(self, key) is None else cert,
+                    f"set together with {cert if getattr(self, key) is None else key}",
+                )
+        if self.tls_client_auth != "none" and self.tls_cert is None:
+            refuse("tls_client_auth", "'none' unless tls_cert and tls_key are set")
+        if self.tls_client_auth != "none" and self.tls_client_ca is None:
+            refuse("tls_client_ca", f"a CA file when tls_client_auth is {self.tls_client_auth!r}")
+        for user, password in (("nats_user", "nats_password"), ("etcd_user", "etcd_password")):
+            if (getattr(self, user) is None) != (getattr(self, password) is None):
+                refuse(
+                    password if getattr(self, password) is None else user,
+                    f"set together with {user if getattr(self, password) is None else password}",
+                )
+        nats_auth = [
+            k for k in ("nats_user", "nats_token", "nats_creds", "nats_nkey_seed") if getattr(self, k) is not None
+        ]
+        if len(nats_auth) > 1:
+            refuse(nats_auth[1], f"unset: one NATS authentication at a time ({nats_auth[0]} is set)")
+        for key in ("nats_tls_ca", "nats_tls_cert", *nats_auth):
+            if getattr(self, key) is not None and not self.nats_servers:
+                refuse(key, "unset while nats_servers is empty (the embedded nats-server listens on loopback in clear)")
+        for key in ("etcd_tls_ca", "etcd_tls_cert", "etcd_user"):
+            if getattr(self, key) is not None and not self.etcd_endpoints:
+                refuse(key, "unset while etcd_endpoints is empty (the embedded etcd listens on loopback in clear)")
+        https = [e for e in self.etcd_endpoints if e.strip().lower().startswith("https://")]
+        if https and not self.etcd_tls:
+            refuse(
+                "etcd_endpoints",
+                "http:// endpoints, or https:// ones with etcd_tls_ca (a TLS endpoint is never dialled in clear)",
+            )
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listeners speak TLS (and brokers dial each other with it)."""
+        return self.tls_cert is not None
+
+    @property
+    def nats_tls(self) -> bool:
+        return (
+            self.nats_tls_ca is not None
+            or self.nats_tls_cert is not None
+            or any(u.strip().lower().startswith("tls://") for u in self.nats_servers)
+        )
+
+    @property
+    def etcd_tls(self) -> bool:
+        return self.etcd_tls_ca is not None or self.etcd_tls_cert is not None
 
     @property
     def advertised_host(self) -> str:

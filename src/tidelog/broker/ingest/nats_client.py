@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 _RECONNECT_MAX_WAIT = 5.0  # seconds between attempts to connect a new client, at most (doubling from reconnect_wait)
 
 
+class NatsNotTlsError(Exception):
+    """TLS was asked for NATS, and the server does not use it."""
+
+
 class Subscription:
     """A subscription made through :class:`BrokerNats`; it is made again on every new client."""
 
@@ -63,7 +67,14 @@ class BrokerNats:
         connect_timeout: float = 5.0,
         reconnect_wait: float = 0.5,
         pending_size: int = 64 * 1024 * 1024,
+        security: dict[str, Any] | None = None,
+        require_tls: bool = False,
     ) -> None:
+        """``security``: nats-py's TLS and authentication options (``tls``, ``user``/``password``, ``token``,
+        ``user_credentials``, ``nkeys_seed``), given to every client. ``require_tls``: a server that does not ask
+        for TLS is refused (nats-py starts TLS only when the server asks, so a context alone guarantees nothing)."""
+        self._security = dict(security or {})
+        self._require_tls = require_tls
         self._servers = list(servers)
         self._name = name
         self._connect_timeout = connect_timeout
@@ -96,6 +107,13 @@ class BrokerNats:
         except nats.errors.NoServersError:
             raise self._last_error or ConnectionRefusedError(111, "no server answered") from None
         client.options["max_reconnect_attempts"] = -1  # nats-py reads it at each reconnect
+        if self._require_tls and not getattr(client, "_server_info", {}).get("tls_required"):
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise NatsNotTlsError(
+                f"NATS server {client.connected_url.netloc if client.connected_url else '?'} does not use TLS, and "
+                "nats_tls_ca/nats_tls_cert ask for it: refusing to talk to it in clear"
+            )
         return client
 
     async def _new_client(self, generation: int, *, attempts: int = -1) -> Any:
@@ -129,6 +147,7 @@ class BrokerNats:
             error_cb=error,
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
+            **self._security,
         )
 
     def _connected(self) -> None:
