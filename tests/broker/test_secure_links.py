@@ -1,0 +1,161 @@
+"""A broker's own links secured: NATS over TLS with a user and password, etcd over TLS with a client certificate.
+
+Real servers on loopback: a nats-server with TLS and authorization from its flags, an etcd serving https with
+client certificates required. The broker stores what is published to NATS (so its NATS links work: the broker's
+client, and ingest through nats-py) and registers in etcd (so the etcd link works). A NATS server without TLS is
+refused when TLS was asked for, before the password would be sent to it in clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import nats
+import pytest
+import pytest_asyncio
+import trustme
+
+from tests.helpers import BOUND, LONG_BOUND
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
+from tidelog.broker.ingest.nats_client import NatsNotTlsError
+from tidelog.launch.probes import ReadinessProbe, tcp_probe
+from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.tls import TlsFiles, client_context
+from tidelog.server import Broker
+
+pytestmark = pytest.mark.slow
+
+
+class TlsEtcd(EmbeddedEtcd):
+    """An etcd whose client URL is https, with client certificates required (``extra_args`` give the files)."""
+
+    @property
+    def client_url(self) -> str:
+        return super().client_url.replace("http://", "https://")
+
+    def _ready_probe(self) -> ReadinessProbe:
+        return tcp_probe(self.host, self.client_port)  # its health endpoint needs TLS; the broker waits for it
+
+
+class Pki:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ca = trustme.CA()
+        self.ca_file = self.write("ca.pem", self.ca.cert_pem.bytes())
+        server = self.ca.issue_cert("127.0.0.1", "localhost")
+        self.server_cert = self.write("server.pem", server.cert_chain_pems[0].bytes())
+        self.server_key = self.write("server.key", server.private_key_pem.bytes())
+        client = self.ca.issue_cert("broker@example.org", common_name="root")
+        self.client_cert = self.write("client.pem", client.cert_chain_pems[0].bytes())
+        self.client_key = self.write("client.key", client.private_key_pem.bytes())
+
+    def write(self, name: str, data: bytes) -> Path:
+        path = self.directory / name
+        path.write_bytes(data)
+        return path
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path)
+
+
+@pytest_asyncio.fixture
+async def secure_nats(tmp_path: Path, pki: Pki) -> AsyncIterator[EmbeddedNats]:
+    server = EmbeddedNats(
+        tmp_path / "nats",
+        extra_args=[
+            "--tls", "--tlscert", str(pki.server_cert), "--tlskey", str(pki.server_key),
+            "--user", "tidelog", "--pass", "s3cret",
+        ],
+    )  # fmt: skip
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest_asyncio.fixture
+async def secure_etcd(tmp_path: Path, pki: Pki) -> AsyncIterator[EmbeddedEtcd]:
+    server = TlsEtcd(
+        tmp_path / "etcd",
+        extra_args=[
+            "--cert-file", str(pki.server_cert), "--key-file", str(pki.server_key),
+            "--trusted-ca-file", str(pki.ca_file), "--client-cert-auth",
+        ],
+    )  # fmt: skip
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def secure_config(tmp_path: Path, pki: Pki, nats_url: str, etcd_endpoint: str, **more: Any) -> BrokerConfig:
+    return BrokerConfig(
+        data_dir=tmp_path / "broker",
+        port=0,
+        wire_port=0,
+        nats_servers=(nats_url,),
+        nats_tls_ca=pki.ca_file,
+        nats_user="tidelog",
+        nats_password="s3cret",
+        etcd_endpoints=(etcd_endpoint,),
+        etcd_tls_ca=pki.ca_file,
+        etcd_tls_cert=pki.client_cert,
+        etcd_tls_key=pki.client_key,
+        **more,
+    )
+
+
+async def test_a_broker_works_over_secured_nats_and_etcd(
+    tmp_path: Path, pki: Pki, secure_nats: EmbeddedNats, secure_etcd: EmbeddedEtcd
+) -> None:
+    broker = Broker(secure_config(tmp_path, pki, secure_nats.url, secure_etcd.endpoints[0]))
+    async with asyncio.timeout(LONG_BOUND):
+        await broker.start()
+    try:
+        assert broker.grpc is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc.port}") as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            await stub.CreateStream(api_pb2.CreateStreamRequest(name="s", subject="s"), timeout=BOUND)
+            # Through NATS (TLS, user and password): the broker's ingest stores it.
+            client = await nats.connect(
+                secure_nats.url,
+                tls=client_context(TlsFiles(ca=pki.ca_file)),
+                user="tidelog",
+                password="s3cret",
+                connect_timeout=BOUND,
+            )
+            try:
+                await client.publish("s", b"over tls")
+                await client.flush()
+            finally:
+                await client.close()
+            manager = broker.manager
+            assert manager is not None
+            async with asyncio.timeout(BOUND):
+                while (partition := manager.local("s", 0)) is None or partition.log_end < 1:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+    finally:
+        await broker.stop()
+
+
+async def test_a_nats_server_without_tls_is_refused_when_tls_was_asked_for(
+    tmp_path: Path, pki: Pki, secure_etcd: EmbeddedEtcd
+) -> None:
+    plain = EmbeddedNats(tmp_path / "plain-nats")
+    await plain.start()
+    try:
+        broker = Broker(secure_config(tmp_path, pki, plain.url, secure_etcd.endpoints[0]))
+        with pytest.raises(NatsNotTlsError, match="does not use TLS"):
+            async with asyncio.timeout(LONG_BOUND):
+                await broker.start()
+    finally:
+        await plain.stop()
