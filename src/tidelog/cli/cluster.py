@@ -318,7 +318,15 @@ def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     metavar="KEY=VALUE",
     help="A broker setting, for every broker (repeatable; see docs/configuration.md), as serve takes them.",
 )
-def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...]) -> None:
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Make a throwaway CA and certificates (under the data directory's tls/) and run every broker with TLS on "
+    "both ports, client certificates required, and TLS between brokers; prints how clients connect.",
+)
+def dev_cluster(
+    brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...], tls: bool
+) -> None:
     """Run a local cluster (one NATS, one etcd, N brokers) in the foreground until Ctrl-C."""
     from tidelog.cli.serve import parse_settings
 
@@ -326,19 +334,21 @@ def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, sett
     temporary = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="tidelog-dev-cluster-")) if data_dir is None else data_dir
     try:
-        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port))
+        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port, tls))
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
     raise SystemExit(code)
 
 
-async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None) -> int:
+async def _run_dev_cluster(
+    root: Path, brokers: int, settings: dict[str, str], base_port: int | None, tls: bool = False
+) -> int:
     from tidelog.cli.signals import stop_on_signals
     from tidelog.launch.process import ProcessStartError
     from tidelog.local.cluster import LocalCluster
 
-    local = LocalCluster(root, brokers, settings=settings, base_port=base_port)
+    local = LocalCluster(root, brokers, settings=settings, base_port=base_port, tls=tls)
     # a second signal exits at once: the children die with us (PR_SET_PDEATHSIG)
     stop = stop_on_signals(lambda name: console.print(f"{name}: stopping the cluster"))
     console.print(f"starting {brokers} broker(s), NATS and etcd under {root} ...")
@@ -398,4 +408,24 @@ def _print_cluster(local: LocalCluster) -> None:
         f"export TIDELOG_BROKERS={','.join(local.bootstrap())} {ETCD_ENV}={','.join(local.etcd_endpoints)}",
         soft_wrap=True,
     )
+    files = local.client_tls
+    if files is not None:
+        console.print(
+            "TLS on every port, client certificates required (the CA and certificates are throwaway):",
+            soft_wrap=True,
+        )
+        console.print(
+            f"export TIDELOG_CLIENT_TLS_CA={files.ca} TIDELOG_CLIENT_TLS_CERT={files.cert} "
+            f"TIDELOG_CLIENT_TLS_KEY={files.key}",
+            soft_wrap=True,
+        )
+        console.print(
+            f"Python: Cluster(brokers, ssl=client_context(TlsFiles(ca=Path({str(files.ca)!r}), "
+            f"cert=Path({str(files.cert)!r}), key=Path({str(files.key)!r}))))  (tidelog.protocol.tls)",
+            soft_wrap=True,
+        )
+        console.print(
+            f"gRPC (Liftbridge clients): the CA {files.ca}, client certificate {files.cert}, key {files.key}",
+            soft_wrap=True,
+        )
     console.print("ready; Ctrl-C to stop")
