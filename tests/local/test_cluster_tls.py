@@ -107,3 +107,33 @@ async def test_wire_client_without_certificate_is_refused_precisely(cluster: Loc
         finally:
             await connection.close()
     assert "refused ours" in str(refused.value)
+
+
+async def test_the_spark_source_reads_over_tls(cluster: LocalCluster) -> None:
+    pytest.importorskip("pyarrow")
+    from tidelog.spark.options import parse_options
+    from tidelog.spark.planning import OffsetRange
+    from tidelog.spark.reading import read_range
+
+    files = cluster.client_tls
+    assert files is not None and files.ca and files.cert and files.key
+    tls = Cluster(cluster.bootstrap(), ssl=cluster.client_ssl())
+    async with Admin(cluster=tls) as admin:
+        await admin.create_stream("spark-secure", partitions=1, replication_factor=1)
+    async with Producer(cluster=tls) as producer:
+        for i in range(5):
+            await producer.send_and_wait("spark-secure", f"s{i}".encode())
+    await tls.close()
+    options = parse_options(
+        {
+            "brokers": ",".join(cluster.bootstrap()),
+            "streams": "spark-secure",
+            "tls.ca": str(files.ca),
+            "tls.cert": str(files.cert),
+            "tls.key": str(files.key),
+        }
+    )
+    task = OffsetRange("spark-secure", 0, 0, 5, "spark-secure")
+    batches = await asyncio.to_thread(lambda: list(read_range(options, task)))  # it runs a loop of its own
+    values = [v for batch in batches for v in batch.column("value").to_pylist()]
+    assert values == [f"s{i}".encode() for i in range(5)]
