@@ -4,6 +4,7 @@ connects with what it printed (``TIDELOG_CLIENT_TLS_*``), and without TLS it is 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import subprocess
@@ -62,6 +63,13 @@ async def test_dev_cluster_with_tls_prints_how_to_connect_and_the_cli_connects(t
         flags += ["--tls-key", tls["TIDELOG_CLIENT_TLS_KEY"]]
         listed = await tidelog("stream", "list", "--brokers", brokers.group(1), *flags)
         assert listed.returncode == 0 and "secure" in listed.stdout, listed.stderr
+
+        etcd = re.search(r"etcd: (\S+)", out)
+        assert etcd is not None
+        status = await tidelog("cluster", "status", "--etcd-endpoints", etcd.group(1), "-o", "json", *flags)
+        assert status.returncode == 0, status.stderr
+        secure = [p for p in json.loads(status.stdout)["partitions"] if p["stream"] == "secure"]
+        assert secure and secure[0]["high_watermark"] == 0  # the leader answered over TLS
 
         plaintext = await tidelog("stream", "list", TIDELOG_BROKERS=brokers.group(1))
         assert plaintext.returncode == 1

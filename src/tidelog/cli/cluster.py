@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import ssl as ssl_
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -25,7 +26,14 @@ import click
 from rich.console import Console
 
 from tidelog.broker.config_values import parse_etcd_endpoint
-from tidelog.cli.common import data_dir_option, local_etcd_endpoints, output_option, wide_option
+from tidelog.cli.common import (
+    client_tls,
+    data_dir_option,
+    local_etcd_endpoints,
+    output_option,
+    tls_options,
+    wide_option,
+)
 from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.launch.endpoints import ENDPOINTS_FILE
 from tidelog.metadata.etcd_client import etcd_target, open_etcd
@@ -81,9 +89,11 @@ class ClusterView:
         return partition.suspended or (bounds.suspended if bounds is not None else "")
 
 
-async def read_cluster(endpoints: Sequence[str], prefix: str = "/tidelog") -> ClusterView:
+async def read_cluster(
+    endpoints: Sequence[str], prefix: str = "/tidelog", *, ssl: ssl_.SSLContext | None = None
+) -> ClusterView:
     """Read brokers, controller and partitions from etcd (the first of ``endpoints`` that answers), then ask
-    leaders for bounds."""
+    leaders for bounds (over TLS with ``ssl``)."""
     keys = Keys(prefix)
     client: Any = open_etcd([parse_etcd_endpoint(e) for e in endpoints], timeout=int(ETCD_TIMEOUT))
     try:
@@ -110,30 +120,30 @@ async def read_cluster(endpoints: Sequence[str], prefix: str = "/tidelog") -> Cl
             if partition.stream in streams:  # not a stream being created (or deleted): nobody acts on those
                 view.partitions.append(partition)
     view.partitions.sort(key=lambda p: (p.stream, p.id))
-    await _fetch_bounds(view)
+    await _fetch_bounds(view, ssl)
     return view
 
 
-async def _fetch_bounds(view: ClusterView) -> None:
+async def _fetch_bounds(view: ClusterView, ssl: ssl_.SSLContext | None) -> None:
     by_leader: dict[str, list[PartitionRecord]] = defaultdict(list)
     for partition in view.partitions:
         if partition.leader in view.brokers:
             by_leader[partition.leader].append(partition)
     results = await asyncio.gather(
-        *(_leader_bounds(view.brokers[leader], partitions) for leader, partitions in by_leader.items())
+        *(_leader_bounds(view.brokers[leader], partitions, ssl) for leader, partitions in by_leader.items())
     )
     for each in results:
         view.bounds.update(each)
 
 
 async def _leader_bounds(
-    broker: BrokerRecord, partitions: list[PartitionRecord]
+    broker: BrokerRecord, partitions: list[PartitionRecord], ssl: ssl_.SSLContext | None
 ) -> dict[tuple[str, int], ListOffsetsResponse]:
     """What ``broker`` reports for the partitions it leads; nothing for those it does not answer about."""
     bounds: dict[tuple[str, int], ListOffsetsResponse] = {}
     try:
         async with asyncio.timeout(LEADER_TIMEOUT):
-            connection = await Connection.open(broker.host, broker.wire_port, connect_timeout=LEADER_TIMEOUT)
+            connection = await Connection.open(broker.host, broker.wire_port, ssl=ssl, connect_timeout=LEADER_TIMEOUT)
             try:
                 answers = await asyncio.gather(
                     *(connection.request(ListOffsetsRequest(p.stream, p.id)) for p in partitions),
@@ -267,6 +277,7 @@ def cluster() -> None:
 @click.option("--prefix", default="/tidelog", show_default=True, help="The cluster's etcd key prefix.")
 @output_option
 @wide_option
+@tls_options
 def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
@@ -281,7 +292,7 @@ def status(etcd_endpoints: str, prefix: str, output: str, wide: bool) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        view = asyncio.run(read_cluster(endpoints, prefix))
+        view = asyncio.run(read_cluster(endpoints, prefix, ssl=client_tls()))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming

@@ -148,14 +148,19 @@ def client_tls() -> ssl.SSLContext | None:
         raise click.BadParameter(str(exc), param_hint="--tls-ca/--tls-cert/--tls-key") from None
 
 
+def tls_options(command: Callable[P, T]) -> Callable[P, T]:
+    """``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (read them with :func:`client_tls`)."""
+    command = _tls_option("tls_key", "Private key of --tls-cert.")(command)
+    command = _tls_option("tls_cert", "Client certificate (PEM) for brokers that require one.")(command)
+    return _tls_option(
+        "tls_ca", "Connect with TLS, verifying the brokers against this CA (PEM). Implied by --tls-cert."
+    )(command)
+
+
 def brokers_option(command: Callable[P, T]) -> Callable[P, T]:
     """``--brokers``: the flag, else ``$TIDELOG_BROKERS``, else the local broker's wire address, else the default;
     and ``--tls-ca``/``--tls-cert``/``--tls-key`` for brokers that speak TLS (:func:`client_tls`)."""
-    command = _tls_option("tls_key", "Private key of --tls-cert.")(command)
-    command = _tls_option("tls_cert", "Client certificate (PEM) for brokers that require one.")(command)
-    command = _tls_option(
-        "tls_ca", "Connect with TLS, verifying the brokers against this CA (PEM). Implied by --tls-cert."
-    )(command)
+    command = tls_options(command)
     with_brokers = click.option(
         "--brokers",
         "-b",
