@@ -36,6 +36,11 @@ Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; `
   every 5 ms once the publisher is done. A warm-up message first proves each side is subscribed.
   Measured in the ``nofsync`` mode (JetStream's default durability; tidelog's ``never``).
 
+- ``produce_1k_tls``, ``consume_1k_tls`` msg/s: the ``nofsync`` 1 KiB produce and consume again, each side with
+  TLS on its client port (a certificate from a throwaway CA; no client certificates on either side), against
+  JetStream with TLS. ``produce_1k_tls_vs_plaintext`` and ``consume_1k_tls_vs_plaintext`` compare tidelog with TLS
+  to tidelog in clear in the same run (``value`` with TLS, ``peer_value`` in clear, ``ratio`` = what TLS keeps).
+
 Both sides publish without deduplication, as ``js.publish`` does without a ``Nats-Msg-Id``: tidelog's producer
 runs with ``idempotent=False`` (its default is idempotent since issue 5). What idempotence costs is reported
 beside it: ``latency_p50_{mode}_idempotent`` / ``latency_p99_{mode}_idempotent`` (informational, no target;
@@ -71,18 +76,23 @@ from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import all_of, tcp_probe
 from tidelog.launch.process import ManagedProcess
+from tidelog.local.certificates import DevCertificates, make_dev_certificates
+from tidelog.protocol.tls import TlsFiles, client_context
 
 BENCH = "publish"
 _LOOPBACK = "127.0.0.1"
 SIZES: dict[str, int] = {"100b": 100, "1k": 1024}
 MODES = ("fsync", "nofsync")
 LATENCY_LABEL = "1k"
+TLS_LABEL = "1k"  # the TLS rows measure 1 KiB messages only
 TARGETS = (
     Target("produce_1k_fsync", ">=", 4),
     Target("produce_1k_nofsync", ">=", 4),
     Target("consume_1k", ">=", 3),
     Target("latency_p50_fsync", "<=", 1),
     Target("nats_ingest_1k", ">=", 0.8),
+    Target("produce_1k_tls", ">=", 3),
+    Target("produce_1k_tls_vs_plaintext", ">=", 0.6),
 )
 
 APPROACHES = {
@@ -90,6 +100,8 @@ APPROACHES = {
     "awaiting every "
     "record's future; Consumer.fetch_batches() decoding records; latency: one send_and_wait at a time "
     "(linger 0, acks ALL); ingest: high watermark via Admin.describe_stream",
+    "tls": "both sides: a certificate from a throwaway CA on the client port (tidelog's wire port, NATS's client "
+    "port), verified by the client; no client certificates",
     "jetstream": "nats-server -js, file storage; js.publish_async (4000 outstanding), every ack checked; pull "
     "consumer (AckNone) with pipelined 10k-message pull requests into a callback subscription; latency: one "
     "js.publish at a time; ingest: stream_info message count",
@@ -223,7 +235,10 @@ class Side(Protocol):
         ...
 
 
-SideFactory = Callable[[str, Path, Codec], contextlib.AbstractAsyncContextManager[Side]]
+class SideFactory(Protocol):
+    def __call__(
+        self, mode: str, data_dir: Path, codec: Codec, tls: DevCertificates | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Side]: ...
 
 
 # ---- NATS JetStream ----
@@ -241,11 +256,15 @@ class JetStreamSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, mode: str, data_dir: Path, codec: Codec) -> AsyncIterator[Side]:
+    async def open(
+        cls, mode: str, data_dir: Path, codec: Codec, tls: DevCertificates | None = None
+    ) -> AsyncIterator[Side]:
         """``codec`` is tidelog's producer setting: JetStream has nothing to set (streams are uncompressed)."""
-        async with JetStreamServer(data_dir, sync_always=mode == "fsync") as server:
-            log(f"jetstream ({mode}) pid {server.pid} on {server.url}")
-            nc = await nats.connect(server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024)
+        server_tls = (tls.broker_cert, tls.broker_key) if tls is not None else None
+        async with JetStreamServer(data_dir, sync_always=mode == "fsync", tls=server_tls) as server:
+            log(f"jetstream ({mode}{', tls' if tls else ''}) pid {server.pid} on {server.url}")
+            context = client_context(TlsFiles(ca=tls.ca)) if tls is not None else None
+            nc = await nats.connect(server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024, tls=context)
             try:
                 yield cls(server, nc)
             finally:
@@ -283,8 +302,11 @@ class TidelogServer:
     """``tidelog serve`` as a child process (its own interpreter and event loop, as JetStream has its own process),
     with the embedded NATS on a known port and the given default flush policy. Stopped by PID (SIGTERM)."""
 
-    def __init__(self, data_dir: Path, *, flush_policy: str, ready_within: float = 60.0) -> None:
+    def __init__(
+        self, data_dir: Path, *, flush_policy: str, ready_within: float = 60.0, tls: DevCertificates | None = None
+    ) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.flush_policy = flush_policy
         self.ready_within = ready_within
         self.grpc_port, self.wire_port, self.nats_port = free_ports(3, _LOOPBACK)
@@ -309,6 +331,8 @@ class TidelogServer:
             TIDELOG_EMBEDDED_NATS_PORT=str(self.nats_port),
             TIDELOG_LOG_LEVEL="warning",
         )
+        if self.tls is not None:
+            env.update(TIDELOG_TLS_CERT=str(self.tls.broker_cert), TIDELOG_TLS_KEY=str(self.tls.broker_key))
         return env
 
     async def start(self) -> None:
@@ -347,11 +371,17 @@ class TidelogSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, mode: str, data_dir: Path, codec: Codec) -> AsyncIterator[Side]:
+    async def open(
+        cls, mode: str, data_dir: Path, codec: Codec, tls: DevCertificates | None = None
+    ) -> AsyncIterator[Side]:
         policy = "always" if mode == "fsync" else "never"
-        async with TidelogServer(data_dir, flush_policy=policy) as server:
-            log(f"tidelog ({mode}, flush {policy}) pid {server.pid}, wire port {server.wire_port}, {server.nats_url}")
-            cluster = Cluster(server.bootstrap)
+        async with TidelogServer(data_dir, flush_policy=policy, tls=tls) as server:
+            log(
+                f"tidelog ({mode}, flush {policy}{', tls' if tls else ''}) pid {server.pid}, "
+                f"wire port {server.wire_port}, {server.nats_url}"
+            )
+            ssl = client_context(TlsFiles(ca=tls.ca)) if tls is not None else None
+            cluster = Cluster(server.bootstrap, ssl=ssl)
             try:
                 yield cls(server, cluster, codec)
             finally:
@@ -474,9 +504,22 @@ async def measure_side(
             log(f"  {side.name} nats_ingest_{label}: {rate:,.0f} msg/s")
 
 
+async def measure_tls(side: Side, plan: Plan, payloads: Mapping[str, list[bytes]], samples: Samples) -> None:
+    """The 1 KiB produce and consume of the ``nofsync`` mode again, with TLS on the side's client port."""
+    label, size = TLS_LABEL, SIZES[TLS_LABEL]
+    stream = f"produce_{label}_tls"
+    rate = await side.produce(stream, payloads[label][: plan.messages])
+    samples[side.name, f"produce_{label}_tls"].append(rate)
+    log(f"  {side.name} produce_{label}_tls: {rate:,.0f} msg/s ({plan.messages} messages)")
+    rate = await side.consume(stream, plan.messages, size)
+    samples[side.name, f"consume_{label}_tls"].append(rate)
+    log(f"  {side.name} consume_{label}_tls: {rate:,.0f} msg/s")
+
+
 async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Samples:
     samples: Samples = defaultdict(list)
     payloads = {label: make_payloads(size, plan.max_count) for label, size in SIZES.items()}
+    certificates = make_dev_certificates(root / "tls")
     for run_no in range(plan.runs):
         # Alternate which side goes first, so drift on a shared machine does not always favour the same one.
         order = list(sides) if run_no % 2 == 0 else list(reversed(sides))
@@ -485,6 +528,10 @@ async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Sam
                 log(f"run {run_no + 1}/{plan.runs}, {mode}: {name}")
                 async with SIDES[name](mode, root / f"run{run_no}-{mode}-{name}", codec) as side:
                     await measure_side(side, mode, plan, payloads, samples)
+        for name in order:
+            log(f"run {run_no + 1}/{plan.runs}, nofsync with TLS: {name}")
+            async with SIDES[name]("nofsync", root / f"run{run_no}-tls-{name}", codec, certificates) as side:
+                await measure_tls(side, plan, payloads, samples)
     return samples
 
 
@@ -498,6 +545,7 @@ def metric_names() -> list[tuple[str, str]]:
         names += [(f"latency_p50_{mode}", "µs"), (f"latency_p99_{mode}", "µs")]
         names += [(f"latency_p50_{mode}_idempotent", "µs"), (f"latency_p99_{mode}_idempotent", "µs")]
     names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
+    names += [(f"produce_{TLS_LABEL}_tls", "msg/s"), (f"consume_{TLS_LABEL}_tls", "msg/s")]
     return names
 
 
@@ -511,6 +559,14 @@ def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
         elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value
             rows.append(Row(BENCH, metric, median(theirs), unit))
+    # What TLS keeps of tidelog's own plaintext speed, measured in the same run.
+    for tls_metric, plain_metric in (
+        (f"produce_{TLS_LABEL}_tls", f"produce_{TLS_LABEL}_nofsync"),
+        (f"consume_{TLS_LABEL}_tls", f"consume_{TLS_LABEL}"),
+    ):
+        with_tls, plain = samples.get(("tidelog", tls_metric)), samples.get(("tidelog", plain_metric))
+        if with_tls and plain:
+            rows.append(Row(BENCH, f"{tls_metric}_vs_plaintext", median(with_tls), "msg/s", median(plain)))
     return rows
 
 
