@@ -4,6 +4,6 @@
 ports (``LocalCluster``), with each broker's wire port optionally behind a :class:`~tidelog.local.tcp_proxy.TcpProxy`
 that can cut its connections; :mod:`~tidelog.local.serve_process` runs one ``tidelog serve`` child and knows when
 it serves; :mod:`~tidelog.local.certificates` makes a throwaway CA and certificates for a cluster with TLS
-(``dev-cluster --tls``). Production code: the ``dev-cluster`` command runs it, and the test harness (:mod:`tidelog.testing`)
-builds its fault scenarios on it.
+(``dev-cluster --tls``). Production code: the ``dev-cluster`` command runs it, and the test harness
+(:mod:`tidelog.testing`) builds its fault scenarios on it.
 """
