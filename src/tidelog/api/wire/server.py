@@ -104,7 +104,10 @@ class WireServer:
         loop = asyncio.get_running_loop()
         self._stopping = loop.create_future()
         self._server = await loop.create_server(
-            lambda: _WireProtocol(self._accept, loop), self._host, self._requested_port, ssl=self._listener_context()
+            lambda: _WireProtocol(self._accept, loop, tls=self._ssl is not None),
+            self._host,
+            self._requested_port,
+            ssl=self._listener_context(),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         log.debug("wire server listening on %s:%d", self._host, self._port)
@@ -191,8 +194,11 @@ class _WireProtocol(asyncio.StreamReaderProtocol):
         self,
         accept: Callable[[_WireProtocol, asyncio.StreamWriter], Awaitable[None]],
         loop: asyncio.AbstractEventLoop,
+        *,
+        tls: bool = False,
     ) -> None:
         super().__init__(asyncio.StreamReader(loop=loop), lambda _r, w: accept(self, w), loop)
+        self._tls = tls  # over TLS a half-close cannot be kept open (the TLS layer warns when asked to)
         self._session: Session | None = None
         self._early: list[bytes] = []
         self._ended: tuple[BaseException | None] | None = None  # input ended before the session was attached
@@ -213,7 +219,8 @@ class _WireProtocol(asyncio.StreamReaderProtocol):
 
     def eof_received(self) -> bool | None:
         self._end(None)
-        return super().eof_received()
+        keep_open = super().eof_received()
+        return False if self._tls else keep_open
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(exc)
