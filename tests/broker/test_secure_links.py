@@ -9,6 +9,8 @@ refused when TLS was asked for, before the password would be sent to it in clear
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,11 @@ from tests.helpers import BOUND, LONG_BOUND
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.broker.ingest.nats_client import NatsNotTlsError
+from tidelog.broker.secure_links import PeerTls, nats_security
 from tidelog.launch.probes import ReadinessProbe, tcp_probe
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
-from tidelog.protocol.tls import TlsFiles, client_context
-from tidelog.server import Broker
+from tidelog.protocol.tls import TlsConfigError, TlsFiles, client_context
+from tidelog.server import Broker, server_tls
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +162,36 @@ async def test_a_nats_server_without_tls_is_refused_when_tls_was_asked_for(
                 await broker.start()
     finally:
         await plain.stop()
+
+
+def test_nats_security_options(tmp_path: Path, pki: Pki) -> None:
+    base = {"data_dir": tmp_path, "nats_servers": ("nats://n:4222",)}
+    assert nats_security(BrokerConfig(**base)) == {}
+    with_password = nats_security(BrokerConfig(**base, nats_user="u", nats_password="p", nats_tls_ca=pki.ca_file))
+    assert with_password["user"] == "u" and with_password["password"] == "p"
+    assert isinstance(with_password["tls"], ssl.SSLContext)
+    assert nats_security(BrokerConfig(**base, nats_token="t")) == {"token": "t"}
+    creds = tmp_path / "user.creds"
+    creds.write_text("not read here")
+    config = BrokerConfig(**base, nats_creds=creds)
+    if importlib.util.find_spec("nkeys") is None:
+        with pytest.raises(TlsConfigError, match="needs the 'nkeys' package"):
+            nats_security(config)
+    else:
+        assert nats_security(config) == {"user_credentials": str(creds)}
+        with pytest.raises(TlsConfigError, match="does not exist"):
+            nats_security(BrokerConfig(**base, nats_nkey_seed=tmp_path / "nope.nk"))
+
+
+def test_links_to_other_brokers_present_the_reloaded_certificate(tmp_path: Path, pki: Pki) -> None:
+    config = BrokerConfig(data_dir=tmp_path, tls_cert=pki.server_cert, tls_key=pki.server_key, tls_ca=pki.ca_file)
+    listener = server_tls(config)
+    assert listener is not None
+    peer = PeerTls(config, listener)
+    first = peer()
+    assert peer() is first  # one context while the files stay the same
+    leaf = pki.ca.issue_cert("127.0.0.1")
+    pki.write("server.pem", leaf.cert_chain_pems[0].bytes())
+    pki.write("server.key", leaf.private_key_pem.bytes())
+    assert listener.reload_if_changed()
+    assert peer() is not first
