@@ -150,18 +150,26 @@ async def test_a_broker_works_over_secured_nats_and_etcd(
         await broker.stop()
 
 
-async def test_a_nats_server_without_tls_is_refused_when_tls_was_asked_for(
-    tmp_path: Path, pki: Pki, secure_etcd: EmbeddedEtcd
-) -> None:
-    plain = EmbeddedNats(tmp_path / "plain-nats")
-    await plain.start()
+async def test_a_nats_server_without_tls_is_refused_before_the_password_is_sent(tmp_path: Path, pki: Pki) -> None:
+    received = bytearray()
+
+    async def clear_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b'INFO {"server_id":"fake","version":"2.10.0","max_payload":1048576,"auth_required":true}\r\n')
+        await writer.drain()
+        received.extend(await reader.read(65536))  # a CONNECT would arrive here
+        writer.close()
+
+    server = await asyncio.start_server(clear_server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
     try:
-        broker = Broker(secure_config(tmp_path, pki, plain.url, secure_etcd.endpoints[0]))
+        broker = Broker(secure_config(tmp_path, pki, f"nats://127.0.0.1:{port}", "http://127.0.0.1:1"))
         with pytest.raises(NatsNotTlsError, match="does not use TLS"):
             async with asyncio.timeout(LONG_BOUND):
                 await broker.start()
     finally:
-        await plain.stop()
+        server.close()
+        await server.wait_closed()
+    assert b"s3cret" not in received and b"CONNECT" not in received
 
 
 def test_nats_security_options(tmp_path: Path, pki: Pki) -> None:

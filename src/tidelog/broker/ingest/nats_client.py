@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 
@@ -38,6 +40,36 @@ _RECONNECT_MAX_WAIT = 5.0  # seconds between attempts to connect a new client, a
 
 class NatsNotTlsError(Exception):
     """TLS was asked for NATS, and the server does not use it."""
+
+
+async def refuse_servers_in_clear(servers: Sequence[str], timeout: float) -> None:
+    """Read each reachable server's greeting (its INFO line) and raise :class:`NatsNotTlsError` for one that does
+    not require TLS, before nats-py connects and sends its CONNECT (with any credentials) to it: nats-py starts
+    TLS only when the server asks. Servers that do not answer are left to nats-py."""
+    for server in servers:
+        parts = urlsplit(server if "://" in server else f"nats://{server}")
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, port)
+                try:
+                    line = await reader.readuntil(b"\r\n")
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            continue
+        head, _, body = line.partition(b" ")
+        if head.upper() != b"INFO":
+            continue
+        try:
+            info = json.loads(body)
+        except ValueError:
+            continue
+        if not info.get("tls_required"):
+            raise NatsNotTlsError(
+                f"NATS server {host}:{port} does not use TLS, and nats_tls_ca/nats_tls_cert ask for it: "
+                "refusing to talk to it in clear"
+            )
 
 
 class Subscription:
@@ -117,6 +149,9 @@ class BrokerNats:
         return client
 
     async def _new_client(self, generation: int, *, attempts: int = -1) -> Any:
+        if self._require_tls:
+            await refuse_servers_in_clear(self._servers, self._connect_timeout)
+
         async def closed() -> None:
             await self._on_closed(generation)
 
