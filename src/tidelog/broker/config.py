@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tidelog.broker.config_security import check_security
 from tidelog.broker.config_values import (
     ENV_PREFIX,
     NON_NEGATIVE,
@@ -398,54 +399,10 @@ class BrokerConfig:
                 self.max_open_append_bytes_per_connection,
                 f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
             )
-        self._check_security()
+        check_security(self)
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
                 "wire_port", "the combined configuration", self.wire_port, "a port other than port"
-            )
-
-    def _check_security(self) -> None:
-        """TLS and credentials settings that only make sense together: refused, never half applied."""
-
-        def refuse(key: str, expected: str) -> None:
-            raise BadConfigValueError(key, "the combined configuration", getattr(self, key), expected)
-
-        for cert, key in (
-            ("tls_cert", "tls_key"),
-            ("nats_tls_cert", "nats_tls_key"),
-            ("etcd_tls_cert", "etcd_tls_key"),
-        ):
-            if (getattr(self, cert) is None) != (getattr(self, key) is None):
-                refuse(
-                    key if getattr(self, key) is None else cert,
-                    f"set together with {cert if getattr(self, key) is None else key}",
-                )
-        if self.tls_client_auth != "none" and self.tls_cert is None:
-            refuse("tls_client_auth", "'none' unless tls_cert and tls_key are set")
-        if self.tls_client_auth != "none" and self.tls_client_ca is None:
-            refuse("tls_client_ca", f"a CA file when tls_client_auth is {self.tls_client_auth!r}")
-        for user, password in (("nats_user", "nats_password"), ("etcd_user", "etcd_password")):
-            if (getattr(self, user) is None) != (getattr(self, password) is None):
-                refuse(
-                    password if getattr(self, password) is None else user,
-                    f"set together with {user if getattr(self, password) is None else password}",
-                )
-        nats_auth = [
-            k for k in ("nats_user", "nats_token", "nats_creds", "nats_nkey_seed") if getattr(self, k) is not None
-        ]
-        if len(nats_auth) > 1:
-            refuse(nats_auth[1], f"unset: one NATS authentication at a time ({nats_auth[0]} is set)")
-        for key in ("nats_tls_ca", "nats_tls_cert", *nats_auth):
-            if getattr(self, key) is not None and not self.nats_servers:
-                refuse(key, "unset while nats_servers is empty (the embedded nats-server listens on loopback in clear)")
-        for key in ("etcd_tls_ca", "etcd_tls_cert", "etcd_user"):
-            if getattr(self, key) is not None and not self.etcd_endpoints:
-                refuse(key, "unset while etcd_endpoints is empty (the embedded etcd listens on loopback in clear)")
-        https = [e for e in self.etcd_endpoints if e.strip().lower().startswith("https://")]
-        if https and not self.etcd_tls:
-            refuse(
-                "etcd_endpoints",
-                "http:// endpoints, or https:// ones with etcd_tls_ca (a TLS endpoint is never dialled in clear)",
             )
 
     @property
