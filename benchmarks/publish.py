@@ -36,10 +36,8 @@ Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; `
   every 5 ms once the publisher is done. A warm-up message first proves each side is subscribed.
   Measured in the ``nofsync`` mode (JetStream's default durability; tidelog's ``never``).
 
-- ``produce_1k_tls``, ``consume_1k_tls`` msg/s: the ``nofsync`` 1 KiB produce and consume again, each side with
-  TLS on its client port (a certificate from a throwaway CA; no client certificates on either side), against
-  JetStream with TLS. ``produce_1k_tls_vs_plaintext`` and ``consume_1k_tls_vs_plaintext`` compare tidelog with TLS
-  to tidelog in clear in the same run (``value`` with TLS, ``peer_value`` in clear, ``ratio`` = what TLS keeps).
+- ``produce_1k_tls``, ``consume_1k_tls`` msg/s: the ``nofsync`` 1 KiB produce and consume with TLS on both sides'
+  client ports; ``*_tls_vs_plaintext``: tidelog with TLS ÷ tidelog in clear, same run (:mod:`benchmarks._tls`).
 
 Both sides publish without deduplication, as ``js.publish`` does without a ``Nats-Msg-Id``: tidelog's producer
 runs with ``idempotent=False`` (its default is idempotent since issue 5). What idempotence costs is reported
@@ -72,19 +70,18 @@ from nats.js.api import StorageType, StreamConfig
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
+from benchmarks._tls import TLS_APPROACH, TLS_LABEL, TLS_METRICS, client_ssl, measure_tls, tls_rows
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import all_of, tcp_probe
 from tidelog.launch.process import ManagedProcess
 from tidelog.local.certificates import DevCertificates, make_dev_certificates
-from tidelog.protocol.tls import TlsFiles, client_context
 
 BENCH = "publish"
 _LOOPBACK = "127.0.0.1"
 SIZES: dict[str, int] = {"100b": 100, "1k": 1024}
 MODES = ("fsync", "nofsync")
 LATENCY_LABEL = "1k"
-TLS_LABEL = "1k"  # the TLS rows measure 1 KiB messages only
 TARGETS = (
     Target("produce_1k_fsync", ">=", 4),
     Target("produce_1k_nofsync", ">=", 4),
@@ -100,8 +97,7 @@ APPROACHES = {
     "awaiting every "
     "record's future; Consumer.fetch_batches() decoding records; latency: one send_and_wait at a time "
     "(linger 0, acks ALL); ingest: high watermark via Admin.describe_stream",
-    "tls": "both sides: a certificate from a throwaway CA on the client port (tidelog's wire port, NATS's client "
-    "port), verified by the client; no client certificates",
+    "tls": TLS_APPROACH,
     "jetstream": "nats-server -js, file storage; js.publish_async (4000 outstanding), every ack checked; pull "
     "consumer (AckNone) with pipelined 10k-message pull requests into a callback subscription; latency: one "
     "js.publish at a time; ingest: stream_info message count",
@@ -235,10 +231,7 @@ class Side(Protocol):
         ...
 
 
-class SideFactory(Protocol):
-    def __call__(
-        self, mode: str, data_dir: Path, codec: Codec, tls: DevCertificates | None = None
-    ) -> contextlib.AbstractAsyncContextManager[Side]: ...
+SideFactory = Callable[..., contextlib.AbstractAsyncContextManager[Side]]  # (mode, data_dir, codec, tls=None)
 
 
 # ---- NATS JetStream ----
@@ -263,8 +256,9 @@ class JetStreamSide:
         server_tls = (tls.broker_cert, tls.broker_key) if tls is not None else None
         async with JetStreamServer(data_dir, sync_always=mode == "fsync", tls=server_tls) as server:
             log(f"jetstream ({mode}{', tls' if tls else ''}) pid {server.pid} on {server.url}")
-            context = client_context(TlsFiles(ca=tls.ca)) if tls is not None else None
-            nc = await nats.connect(server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024, tls=context)
+            nc = await nats.connect(
+                server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024, tls=client_ssl(tls)
+            )
             try:
                 yield cls(server, nc)
             finally:
@@ -376,12 +370,9 @@ class TidelogSide:
     ) -> AsyncIterator[Side]:
         policy = "always" if mode == "fsync" else "never"
         async with TidelogServer(data_dir, flush_policy=policy, tls=tls) as server:
-            log(
-                f"tidelog ({mode}, flush {policy}{', tls' if tls else ''}) pid {server.pid}, "
-                f"wire port {server.wire_port}, {server.nats_url}"
-            )
-            ssl = client_context(TlsFiles(ca=tls.ca)) if tls is not None else None
-            cluster = Cluster(server.bootstrap, ssl=ssl)
+            tag = ", tls" if tls else ""
+            log(f"tidelog ({mode}, flush {policy}{tag}) pid {server.pid}, wire {server.wire_port}, {server.nats_url}")
+            cluster = Cluster(server.bootstrap, ssl=client_ssl(tls))
             try:
                 yield cls(server, cluster, codec)
             finally:
@@ -504,18 +495,6 @@ async def measure_side(
             log(f"  {side.name} nats_ingest_{label}: {rate:,.0f} msg/s")
 
 
-async def measure_tls(side: Side, plan: Plan, payloads: Mapping[str, list[bytes]], samples: Samples) -> None:
-    """The 1 KiB produce and consume of the ``nofsync`` mode again, with TLS on the side's client port."""
-    label, size = TLS_LABEL, SIZES[TLS_LABEL]
-    stream = f"produce_{label}_tls"
-    rate = await side.produce(stream, payloads[label][: plan.messages])
-    samples[side.name, f"produce_{label}_tls"].append(rate)
-    log(f"  {side.name} produce_{label}_tls: {rate:,.0f} msg/s ({plan.messages} messages)")
-    rate = await side.consume(stream, plan.messages, size)
-    samples[side.name, f"consume_{label}_tls"].append(rate)
-    log(f"  {side.name} consume_{label}_tls: {rate:,.0f} msg/s")
-
-
 async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Samples:
     samples: Samples = defaultdict(list)
     payloads = {label: make_payloads(size, plan.max_count) for label, size in SIZES.items()}
@@ -531,7 +510,7 @@ async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Sam
         for name in order:
             log(f"run {run_no + 1}/{plan.runs}, nofsync with TLS: {name}")
             async with SIDES[name]("nofsync", root / f"run{run_no}-tls-{name}", codec, certificates) as side:
-                await measure_tls(side, plan, payloads, samples)
+                await measure_tls(side, payloads[TLS_LABEL][: plan.messages], SIZES[TLS_LABEL], samples)
     return samples
 
 
@@ -545,7 +524,7 @@ def metric_names() -> list[tuple[str, str]]:
         names += [(f"latency_p50_{mode}", "µs"), (f"latency_p99_{mode}", "µs")]
         names += [(f"latency_p50_{mode}_idempotent", "µs"), (f"latency_p99_{mode}_idempotent", "µs")]
     names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
-    names += [(f"produce_{TLS_LABEL}_tls", "msg/s"), (f"consume_{TLS_LABEL}_tls", "msg/s")]
+    names += list(TLS_METRICS)
     return names
 
 
@@ -559,15 +538,7 @@ def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
         elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value
             rows.append(Row(BENCH, metric, median(theirs), unit))
-    # What TLS keeps of tidelog's own plaintext speed, measured in the same run.
-    for tls_metric, plain_metric in (
-        (f"produce_{TLS_LABEL}_tls", f"produce_{TLS_LABEL}_nofsync"),
-        (f"consume_{TLS_LABEL}_tls", f"consume_{TLS_LABEL}"),
-    ):
-        with_tls, plain = samples.get(("tidelog", tls_metric)), samples.get(("tidelog", plain_metric))
-        if with_tls and plain:
-            rows.append(Row(BENCH, f"{tls_metric}_vs_plaintext", median(with_tls), "msg/s", median(plain)))
-    return rows
+    return rows + tls_rows(BENCH, samples)
 
 
 def run_loop(kind: str, main: Coroutine[Any, Any, Samples]) -> Samples:
