@@ -303,16 +303,19 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = self._closed_reason
         if reason is None:
-            detail = f": {exc}" if exc is not None else ""
-            if exc is None and not self._answered:
-                # Closed before any answer: most often the broker refused the connection in the TLS handshake
-                # (which TLS 1.3 finishes on the client's side before the server has checked its certificate).
-                detail = (
+            cause = f": {exc}" if exc is not None else ""
+            hint = ""
+            if not self._answered and (exc is None or isinstance(exc, ConnectionResetError | ssl_.SSLError)):
+                # Closed (or reset) before any answer: most often the broker refused the connection in the TLS
+                # handshake, which TLS 1.3 finishes on the client's side before the server has checked its
+                # certificate; or a plaintext client met a TLS port.
+                hint = (
                     " before any answer (if the broker requires client certificates, it refused ours: none given, "
                     "expired, or signed by a CA it does not trust)"
                     if self._tls
                     else " before any answer (is it a TLS port? then connect with TLS and its CA)"
                 )
+            detail = hint + cause
             reason = ConnectionClosedError(f"connection to {self.address} was lost{detail}")
         self._fail_all(reason)
         if not self._lost.done():
