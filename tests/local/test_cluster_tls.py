@@ -137,3 +137,43 @@ async def test_the_spark_source_reads_over_tls(cluster: LocalCluster) -> None:
     batches = await asyncio.to_thread(lambda: list(read_range(options, task)))  # it runs a loop of its own
     values = [v for batch in batches for v in batch.column("value").to_pylist()]
     assert values == [f"s{i}".encode() for i in range(5)]
+
+
+async def test_the_spark_sink_writes_over_tls(cluster: LocalCluster) -> None:
+    pa = pytest.importorskip("pyarrow")
+    from tidelog.spark.sink_commit import commit_write
+    from tidelog.spark.sink_options import SinkColumns, parse_sink_options
+    from tidelog.spark.writing import write_task
+
+    files = cluster.client_tls
+    assert files is not None and files.ca and files.cert and files.key
+    tls = Cluster(cluster.bootstrap(), ssl=cluster.client_ssl())
+    async with Admin(cluster=tls) as admin:
+        await admin.create_stream("sink-secure", partitions=1, replication_factor=1)
+    options = parse_sink_options(
+        {
+            "brokers": ",".join(cluster.bootstrap()),
+            "stream": "sink-secure",
+            "tls.ca": str(files.ca),
+            "tls.cert": str(files.cert),
+            "tls.key": str(files.key),
+        }
+    )
+    rows = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"]})
+    columns = SinkColumns(value="value", value_type="binary")
+
+    def write_and_commit() -> None:  # what a Spark task and the driver's commit do, each with a loop of its own
+        task = write_task(options, columns, iter([rows]), task_index=0, query_id=None)
+        commit_write(options, [task])
+
+    await asyncio.to_thread(write_and_commit)
+    consumer = Consumer(stream="sink-secure", cluster=tls, start="earliest")
+    values = []
+    async with asyncio.timeout(BOUND):
+        async for record in consumer:
+            values.append(record.value)
+            if len(values) == 3:
+                break
+    await consumer.close()
+    await tls.close()
+    assert values == [b"a", b"b", b"c"]
