@@ -59,8 +59,11 @@ class JetStreamServer:
         sync_always: bool,
         max_payload: int = 8 * 1024 * 1024,
         ready_within: float = 20.0,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
+        """``tls``: a certificate and key: the client port then requires TLS (``tls {}`` in the configuration)."""
         self.data_dir = data_dir
+        self.tls = tls
         self.sync_always = sync_always
         self.max_payload = max_payload
         self.ready_within = ready_within
@@ -83,9 +86,13 @@ class JetStreamServer:
     def _config(self) -> str:
         store = json.dumps(str(self.data_dir / "jetstream"))  # a JSON string is a valid quoted NATS config string
         sync = "\n  sync_interval: always" if self.sync_always else ""
+        tls = ""
+        if self.tls is not None:
+            cert, key = (json.dumps(str(path)) for path in self.tls)
+            tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n}}\n"
         return (
             f"host: {_HOST}\nport: {self.port}\nhttp_port: {self.monitor_port}\nmax_payload: {self.max_payload}\n"
-            f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
+            f"jetstream {{\n  store_dir: {store}{sync}\n}}\n{tls}"
         )
 
     async def start(self) -> None:

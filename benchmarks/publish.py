@@ -39,6 +39,8 @@ Metrics (``size`` is ``100b`` or ``1k``, ``mode`` is ``fsync`` or ``nofsync``; `
 - ``produce_1k_encrypted`` msg/s (tidelog only, ``nofsync``): ``produce_1k_nofsync`` into a stream created with
   ``encryption`` (every batch sealed with AES-256-GCM on the broker, :mod:`tidelog.storage.encryption`); the
   peer is tidelog's own ``produce_1k_nofsync`` of the same run, so ``ratio`` is what encryption at rest keeps.
+- ``produce_1k_tls``, ``consume_1k_tls`` msg/s: the ``nofsync`` 1 KiB produce and consume with TLS on both sides'
+  client ports; ``*_tls_vs_plaintext``: tidelog with TLS ÷ tidelog in clear, same run (:mod:`benchmarks._tls`).
 
 What the broker's metrics cost: ``metrics_overhead`` and ``metrics_scrape_1000`` (see ``benchmarks._metrics``).
 
@@ -76,10 +78,12 @@ from nats.js.api import StorageType, StreamConfig
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all, publish_one_at_a_time, pull_all
 from benchmarks._metrics import METRICS_ROWS, measure_metrics_off, measure_scrape, metrics_rows
+from benchmarks._tls import TLS_APPROACH, TLS_LABEL, TLS_METRICS, client_ssl, measure_tls, tls_rows
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import all_of, tcp_probe
 from tidelog.launch.process import ManagedProcess
+from tidelog.local.certificates import DevCertificates, make_dev_certificates
 
 BENCH = "publish"
 _LOOPBACK = "127.0.0.1"
@@ -95,6 +99,8 @@ TARGETS = (
     Target("metrics_overhead", ">=", 0.97),
     Target("metrics_scrape_1000", "<=", 1),
     Target("produce_1k_encrypted", ">=", 0.7),
+    Target("produce_1k_tls", ">=", 3),
+    Target("produce_1k_tls_vs_plaintext", ">=", 0.6),
 )
 ENCRYPTED = "produce_1k_encrypted"
 """Measured on tidelog alone; its peer is tidelog's own plaintext produce of the same size and mode."""
@@ -104,6 +110,7 @@ APPROACHES = {
     "awaiting every "
     "record's future; Consumer.fetch_batches() decoding records; latency: one send_and_wait at a time "
     "(linger 0, acks ALL); ingest: high watermark via Admin.describe_stream",
+    "tls": TLS_APPROACH,
     "jetstream": "nats-server -js, file storage; js.publish_async (4000 outstanding), every ack checked; pull "
     "consumer (AckNone) with pipelined 10k-message pull requests into a callback subscription; latency: one "
     "js.publish at a time; ingest: stream_info message count",
@@ -238,7 +245,7 @@ class Side(Protocol):
         ...
 
 
-SideFactory = Callable[[str, Path, Codec], contextlib.AbstractAsyncContextManager[Side]]
+SideFactory = Callable[..., contextlib.AbstractAsyncContextManager[Side]]  # (mode, data_dir, codec, tls=None)
 
 
 # ---- NATS JetStream ----
@@ -257,11 +264,16 @@ class JetStreamSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, mode: str, data_dir: Path, codec: Codec) -> AsyncIterator[Side]:
+    async def open(
+        cls, mode: str, data_dir: Path, codec: Codec, tls: DevCertificates | None = None
+    ) -> AsyncIterator[Side]:
         """``codec`` is tidelog's producer setting: JetStream has nothing to set (streams are uncompressed)."""
-        async with JetStreamServer(data_dir, sync_always=mode == "fsync") as server:
-            log(f"jetstream ({mode}) pid {server.pid} on {server.url}")
-            nc = await nats.connect(server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024)
+        server_tls = (tls.broker_cert, tls.broker_key) if tls is not None else None
+        async with JetStreamServer(data_dir, sync_always=mode == "fsync", tls=server_tls) as server:
+            log(f"jetstream ({mode}{', tls' if tls else ''}) pid {server.pid} on {server.url}")
+            nc = await nats.connect(
+                server.url, name="bench-jetstream", pending_size=32 * 1024 * 1024, tls=client_ssl(tls)
+            )
             try:
                 yield cls(server, nc)
             finally:
@@ -299,8 +311,17 @@ class TidelogServer:
     """``tidelog serve`` as a child process (its own interpreter and event loop, as JetStream has its own process),
     with the embedded NATS on a known port and the given default flush policy. Stopped by PID (SIGTERM)."""
 
-    def __init__(self, data_dir: Path, *, flush_policy: str, metrics: bool = True, ready_within: float = 60.0) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        flush_policy: str,
+        metrics: bool = True,
+        ready_within: float = 60.0,
+        tls: DevCertificates | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.flush_policy = flush_policy
         self.metrics = metrics
         self.ready_within = ready_within
@@ -329,6 +350,8 @@ class TidelogServer:
             TIDELOG_METRICS_ENABLED=str(self.metrics).lower(),
             TIDELOG_ENCRYPTION_KEY=base64.b64encode(os.urandom(32)).decode(),  # for the encrypted stream alone
         )
+        if self.tls is not None:
+            env.update(TIDELOG_TLS_CERT=str(self.tls.broker_cert), TIDELOG_TLS_KEY=str(self.tls.broker_key))
         return env
 
     async def start(self) -> None:
@@ -368,11 +391,14 @@ class TidelogSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, mode: str, data_dir: Path, codec: Codec, *, metrics: bool = True) -> AsyncIterator[Side]:
+    async def open(
+        cls, mode: str, data_dir: Path, codec: Codec, tls: DevCertificates | None = None, *, metrics: bool = True
+    ) -> AsyncIterator[Side]:
         policy = "always" if mode == "fsync" else "never"
-        async with TidelogServer(data_dir, flush_policy=policy, metrics=metrics) as server:
-            log(f"tidelog ({mode}, flush {policy}) pid {server.pid}, wire port {server.wire_port}, {server.nats_url}")
-            cluster = Cluster(server.bootstrap)
+        async with TidelogServer(data_dir, flush_policy=policy, tls=tls, metrics=metrics) as server:
+            tag = ", tls" if tls else ""
+            log(f"tidelog ({mode}, flush {policy}{tag}) pid {server.pid}, wire {server.wire_port}, {server.nats_url}")
+            cluster = Cluster(server.bootstrap, ssl=client_ssl(tls))
             try:
                 yield cls(server, cluster, codec)
             finally:
@@ -503,6 +529,7 @@ async def measure_side(
 async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Samples:
     samples: Samples = defaultdict(list)
     payloads = {label: make_payloads(size, plan.max_count) for label, size in SIZES.items()}
+    certificates = make_dev_certificates(root / "tls")
     for run_no in range(plan.runs):
         # Alternate which side goes first, so drift on a shared machine does not always favour the same one.
         order = list(sides) if run_no % 2 == 0 else list(reversed(sides))
@@ -516,6 +543,10 @@ async def run(plan: Plan, sides: Sequence[str], root: Path, codec: Codec) -> Sam
                     await measure_side(side, mode, plan, payloads, samples)
                 if name == "tidelog" and mode == "fsync" and not run_no % 2:
                     await measure_metrics_off(off, payloads["1k"][: plan.produce_count(mode)], samples)
+        for name in order:
+            log(f"run {run_no + 1}/{plan.runs}, nofsync with TLS: {name}")
+            async with SIDES[name]("nofsync", root / f"run{run_no}-tls-{name}", codec, certificates) as side:
+                await measure_tls(side, payloads[TLS_LABEL][: plan.messages], SIZES[TLS_LABEL], samples)
     if "tidelog" in sides:
         log("metrics: a scrape of 1,000 partitions")
         async with TidelogServer(root / "scrape", flush_policy="never") as server:
@@ -535,6 +566,7 @@ def metric_names() -> list[tuple[str, str]]:
     names += [(f"nats_ingest_{label}", "msg/s") for label in SIZES]
     names += [("metrics_overhead", "msg/s"), ("metrics_scrape_1000", "ms")]
     names.append((ENCRYPTED, "msg/s"))
+    names += list(TLS_METRICS)
     return names
 
 
@@ -553,7 +585,7 @@ def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
         elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value
             rows.append(Row(BENCH, metric, median(theirs), unit))
-    return rows
+    return rows + tls_rows(BENCH, samples)
 
 
 def run_loop(kind: str, main: Coroutine[Any, Any, Samples]) -> Samples:

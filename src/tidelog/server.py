@@ -24,6 +24,7 @@ from typing import Any
 
 from tidelog import telemetry
 from tidelog.api.rpc.service import GrpcServer
+from tidelog.api.server_tls import ServerTls
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.activity_stream import ACTIVITY_CONFIG, ActivityPublisher
 from tidelog.broker.config import BrokerConfig, ensure_broker_id
@@ -40,6 +41,7 @@ from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.peers import Peers
+from tidelog.broker.secure_links import PeerTls, etcd_tls, nats_security
 from tidelog.broker.streams import StreamAdmin
 from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
 from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
@@ -54,6 +56,7 @@ from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, StreamRecord
 from tidelog.metadata.store import MetadataStore
+from tidelog.protocol.tls import ClientAuth
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.ui.http_server import HttpServer
 from tidelog.ui.routes import build_app
@@ -105,6 +108,15 @@ def _refuse_taken_ports(cfg: BrokerConfig) -> None:
             raise PortInUseError(what, cfg.host, port, moved_by(key))
 
 
+def server_tls(cfg: BrokerConfig) -> ServerTls | None:
+    """The listeners' certificates, loaded now (``TlsConfigError`` if they cannot be used), or None (no TLS)."""
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        return None
+    return ServerTls(
+        cfg.tls_cert, cfg.tls_key, client_ca=cfg.tls_client_ca, client_auth=ClientAuth(cfg.tls_client_auth)
+    )
+
+
 class Broker:
     """One tidelog broker. ``await start()``, then ``await stop()`` (or ``async with``)."""
 
@@ -135,6 +147,9 @@ class Broker:
         self.groups: GroupRuntime | None = None
         self.http: HttpServer | None = None
         self._registered = False
+        self.tls: ServerTls | None = None  # the listeners' certificates, when TLS is on
+        self._peer_tls: PeerTls | None = None  # the links to other brokers' TLS context, when TLS is on
+        self._nats_security: dict[str, Any] = {}
         self._stopped = asyncio.Event()
         self._start_failed = False
 
@@ -155,12 +170,17 @@ class Broker:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         _refuse_taken_ports(cfg)
         telemetry.set_enabled(cfg.metrics_enabled)
+        # TLS files and NATS credentials are checked before anything starts: a typo refuses at once, in one line.
+        self.tls = server_tls(cfg)
+        if self.tls is not None:
+            self._peer_tls = PeerTls(cfg, self.tls)
+        self._nats_security = nats_security(cfg)
         try:
             await self._start_backplane()
             keys = namespace_keys(cfg.namespace)
             mirror = self.mirror = MetadataMirror(self.etcd, keys)
             self.store = MetadataStore(self.etcd, keys)
-            self.peers = Peers(lambda: mirror.snapshot)
+            self.peers = Peers(lambda: mirror.snapshot, ssl=self._peer_tls)
             ttl = max(1, cfg.broker_lease_ttl_ms // 1000)
             # The election calls the controller and the controller asks the election whether its term holds:
             # the callbacks close over the broker so either can be built first.
@@ -189,7 +209,7 @@ class Broker:
                 lambda stream: log_config_for(cfg, stream),
                 ack_timeout=cfg.default_ack_timeout_ms / 1000,
                 on_resume=self._resume,
-                nats_urls=self.nats_urls,
+                nats_urls=[] if self._nats_security else self.nats_urls,  # see broker.secure_links
                 alter_isr=self.link.alter_isr,
                 report_suspension=self.link.suspend_partition,
                 on_leader_unreachable=self.link.report_unreachable,
@@ -204,6 +224,7 @@ class Broker:
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
                 peers=self.peers,
                 vault=self.vault,
+                peer_ssl=self._peer_tls,
             )
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()
@@ -240,8 +261,12 @@ class Broker:
                 publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)
                 self.activity = ActivityFeed(self.etcd, keys, mirror, publisher)
                 self.controller.add_term_task("activity", self.activity.run)
-            self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
-            self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
+            self.grpc = GrpcServer(self.context, cfg.host, cfg.port, tls=self.tls)
+            self.wire = WireServer(
+                self.context, cfg.host, cfg.wire_port, ssl=self.tls.context if self.tls is not None else None
+            )
+            if self.tls is not None:
+                self.tls.start()
             await self.wire.start()
             await self._start_http()
             wire_port = cfg.advertise_wire_port or self.wire.port
@@ -301,9 +326,20 @@ class Broker:
         if cfg.embedded_etcd:
             self.embedded_etcd = EmbeddedEtcd(cfg.data_dir, host="127.0.0.1", client_port=cfg.embedded_etcd_port)
         await start_embedded(self.embedded_nats, self.embedded_etcd)
-        self.nc = BrokerNats(self.nats_urls, name=f"tidelog-broker-{self.id}")
+        self.nc = BrokerNats(
+            self.nats_urls,
+            name=f"tidelog-broker-{self.id}",
+            security=self._nats_security,
+            require_tls=cfg.nats_tls,
+        )
         await self.nc.connect()
-        self.etcd = open_etcd([parse_etcd_endpoint(e) for e in self.etcd_endpoints], timeout=10)
+        self.etcd = open_etcd(
+            [parse_etcd_endpoint(e) for e in self.etcd_endpoints],
+            timeout=10,
+            tls=etcd_tls(cfg),
+            user=cfg.etcd_user,
+            password=cfg.etcd_password,
+        )
         await self.etcd.connect()
         await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
 
@@ -324,7 +360,8 @@ class Broker:
             registered=lambda: self._registered,
         )
         try:
-            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port)
+            tls = self.tls.context if self.tls is not None else None  # with TLS on, no port accepts plaintext
+            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port, tls=tls)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
@@ -383,6 +420,8 @@ class Broker:
                 await self.wire.stop(grace=min(grace, 5.0))
         if self.http is not None:
             await self.http.stop()
+        if self.tls is not None:
+            await self.tls.stop()
         if self.cursor_stream is not None:
             await self.cursor_stream.stop()
         if self.activity_stream is not None:

@@ -270,15 +270,14 @@ def test_corrupt_broker_id_file_is_refused(tmp_path: Path) -> None:
         ("etcd-1:12379", ("etcd-1", 12379)),
         ("etcd-1", ("etcd-1", 2379)),
         ("http://[::1]:2379", ("::1", 2379)),
+        ("https://etcd.example:4001", ("etcd.example", 4001)),  # TLS or not is the etcd_tls_* settings' business
     ],
 )
 def test_parse_etcd_endpoint(endpoint: str, expected: tuple[str, int]) -> None:
     assert parse_etcd_endpoint(endpoint) == expected
 
 
-@pytest.mark.parametrize(
-    "endpoint", ["ftp://x:1", "http://x:99999", "http://x:1/path", "", "https://etcd.example:4001"]
-)
+@pytest.mark.parametrize("endpoint", ["ftp://x:1", "http://x:99999", "http://x:1/path", ""])
 def test_parse_etcd_endpoint_refuses(endpoint: str) -> None:
     with pytest.raises(ValueError):
         parse_etcd_endpoint(endpoint)
@@ -291,3 +290,43 @@ def test_stream_logs_take_the_preallocation_setting_within_their_segment_size() 
     small = StreamRecord("s", "s", "s", 1, 1, 0, StreamConfig(segment_max_bytes=1024 * 1024))
     assert log_config_for(BrokerConfig(), small).preallocate_bytes == 1024 * 1024
     assert log_config_for(BrokerConfig(), stream).flush_policy is FlushPolicy.ALWAYS
+
+
+def test_an_https_etcd_endpoint_without_etcd_tls_is_refused(tmp_path: Path) -> None:
+    # A TLS endpoint is never dialled in clear: without etcd_tls_ca the configuration is refused.
+    with pytest.raises(BadConfigValueError, match=r"etcd_endpoints.*etcd_tls_ca"):
+        BrokerConfig(data_dir=tmp_path, etcd_endpoints=("https://etcd.example:4001",))
+    ok = BrokerConfig(data_dir=tmp_path, etcd_endpoints=("https://etcd.example:4001",), etcd_tls_ca=tmp_path / "ca")
+    assert ok.etcd_tls
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "expected"),
+    [
+        ({"tls_cert": "c.pem"}, "tls_key", "set together with tls_cert"),
+        ({"tls_key": "k.pem"}, "tls_cert", "set together with tls_key"),
+        ({"tls_client_auth": "required"}, "tls_client_auth", "'none' unless tls_cert"),
+        ({"tls_cert": "c", "tls_key": "k", "tls_client_auth": "optional"}, "tls_client_ca", "a CA file"),
+        ({"nats_user": "u"}, "nats_password", "set together with nats_user"),
+        ({"nats_servers": "nats://n:4222", "nats_user": "u", "nats_password": "p", "nats_token": "t"},
+         "nats_token", "one NATS authentication at a time"),
+        ({"nats_tls_ca": "ca.pem"}, "nats_tls_ca", "while nats_servers is empty"),
+        ({"etcd_user": "u", "etcd_password": "p"}, "etcd_user", "while etcd_endpoints is empty"),
+        ({"etcd_tls_cert": "c"}, "etcd_tls_key", "set together with etcd_tls_cert"),
+    ],
+)  # fmt: skip
+def test_security_settings_that_only_work_together_are_refused(
+    tmp_path: Path, settings: dict[str, str], key: str, expected: str
+) -> None:
+    env = {f"TIDELOG_{k.upper()}": v for k, v in settings.items()}
+    with pytest.raises(BadConfigValueError) as refused:
+        load_config(env={**env, "TIDELOG_DATA_DIR": str(tmp_path)})
+    assert refused.value.key == key
+    assert expected in str(refused.value)
+
+
+def test_tls_settings_are_paths_and_turn_tls_on(tmp_path: Path) -> None:
+    env = {"TIDELOG_TLS_CERT": "~/c.pem", "TIDELOG_TLS_KEY": "k.pem", "TIDELOG_TLS_CA": ""}
+    config = load_config(env={**env, "TIDELOG_DATA_DIR": str(tmp_path)})
+    assert config.tls and config.tls_cert == Path("~/c.pem").expanduser() and config.tls_ca is None
+    assert not BrokerConfig(data_dir=tmp_path).tls

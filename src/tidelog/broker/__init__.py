@@ -16,6 +16,7 @@ leaders, followers and ingests match the metadata, so it sits above all three su
 shared by the request handlers, configuration (:mod:`~tidelog.broker.config`, its value kinds and errors in
 :mod:`~tidelog.broker.config_values`) and its documentation, the links to the controller and to peer
 brokers, stream administration, RESET_HEAD, the embedded NATS and etcd of ``tidelog serve``
-(:mod:`~tidelog.broker.embedded`) and the one translation of lower layers' exceptions into domain errors
+(:mod:`~tidelog.broker.embedded`), how the broker's own links (to peers, NATS and etcd) are secured
+(:mod:`~tidelog.broker.secure_links`) and the one translation of lower layers' exceptions into domain errors
 (:mod:`~tidelog.broker.translate`).
 """

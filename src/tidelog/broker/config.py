@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tidelog.broker.config_security import check_security
 from tidelog.broker.config_values import (
     ENV_PREFIX,
     NON_NEGATIVE,
@@ -52,12 +53,12 @@ from tidelog.broker.config_values import (
     UnknownConfigKeyError,
     bool_kind,
     choice_kind,
+    file_kind,
     int_kind,
     is_etcd_endpoint,
     is_host,
     is_nats_url,
     list_kind,
-    optional_path_kind,
     path_kind,
     setting,
     text_kind,
@@ -77,7 +78,9 @@ __all__ = [
 ]
 
 CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
-CLIENT_ENV: Final = frozenset({"TIDELOG_BROKERS"})
+CLIENT_ENV: Final = frozenset(
+    {"TIDELOG_BROKERS", "TIDELOG_CLIENT_TLS_CA", "TIDELOG_CLIENT_TLS_CERT", "TIDELOG_CLIENT_TLS_KEY"}
+)
 """``TIDELOG_*`` variables read by the client commands, not the broker: the broker ignores them."""
 BROKER_ID_FILE: Final = "broker-id"
 
@@ -148,6 +151,33 @@ class BrokerConfig:
         "Off: only per-broker totals, for brokers with very many partitions.",
     )
 
+    # -- TLS (docs/security.md) --
+    tls_cert: Path | None = setting(  # noqa: RUF009
+        None,
+        file_kind("a PEM certificate (chain)"),
+        "Certificate of this broker's listeners. Set (with tls_key): the gRPC API and the wire protocol speak TLS "
+        "only, and brokers dial each other with TLS. Reloaded when the file changes (no restart).",
+    )
+    tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of tls_cert.")  # noqa: RUF009
+    tls_client_ca: Path | None = setting(  # noqa: RUF009
+        None,
+        file_kind("a PEM CA bundle"),
+        "CA that client certificates must be signed by (needed unless tls_client_auth is 'none').",
+    )
+    tls_client_auth: str = setting(
+        "none",
+        choice_kind("none", "optional", "required"),
+        "Client certificates: 'none' not asked for; 'optional' asked for on the wire protocol and verified when "
+        "given; 'required' a client without a valid one is refused in the handshake (on both listeners). Brokers "
+        "present tls_cert to each other, so under 'required' tls_cert must also be valid as a client certificate.",
+    )
+    tls_ca: Path | None = setting(  # noqa: RUF009
+        None,
+        file_kind("a PEM CA bundle"),
+        "CA this broker verifies other brokers' certificates against when it dials them (replication, "
+        "forwarding). Unset: tls_client_ca, else the system's CAs.",
+    )
+
     # -- NATS and etcd --
     nats_servers: tuple[str, ...] = setting(
         (),
@@ -168,6 +198,35 @@ class BrokerConfig:
         "share one etcd and one NATS without seeing each other. Every broker of a cluster sets the same one; "
         "tools that read etcd take it as --namespace.",
     )
+    nats_tls_ca: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM CA bundle"), "Dial nats_servers with TLS, verifying them against this CA."
+    )
+    nats_tls_cert: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM certificate"), "Client certificate for NATS (with nats_tls_key; implies TLS)."
+    )
+    nats_tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of nats_tls_cert.")  # noqa: RUF009
+    nats_user: str | None = setting(
+        None, text_kind("a NATS user name", bool, optional=True), "NATS user (with nats_password)."
+    )
+    nats_password: str | None = setting(None, text_kind("a password", bool, optional=True), "Password of nats_user.")
+    nats_token: str | None = setting(None, text_kind("a token", bool, optional=True), "NATS authentication token.")
+    nats_creds: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a NATS credentials file (JWT and NKey seed)"), "NATS credentials file (needs nkeys)."
+    )
+    nats_nkey_seed: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a file holding an NKey seed"), "NATS NKey seed file (needs nkeys)."
+    )
+    etcd_tls_ca: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM CA bundle"), "Dial etcd_endpoints with TLS, verifying them against this CA."
+    )
+    etcd_tls_cert: Path | None = setting(  # noqa: RUF009
+        None, file_kind("a PEM certificate"), "Client certificate for etcd (with etcd_tls_key; implies TLS)."
+    )
+    etcd_tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of etcd_tls_cert.")  # noqa: RUF009
+    etcd_user: str | None = setting(
+        None, text_kind("an etcd user name", bool, optional=True), "etcd user (with etcd_password)."
+    )
+    etcd_password: str | None = setting(None, text_kind("a password", bool, optional=True), "Password of etcd_user.")
     embedded_nats_port: int = setting(
         4222, PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
     )
@@ -302,7 +361,7 @@ class BrokerConfig:
     )
     encryption_key_file: Path | None = setting(  # noqa: RUF009  (None: nothing shared)
         None,
-        optional_path_kind(),
+        file_kind("a file holding the master key"),
         "A file holding the master key (the same base64 text as encryption_key), instead of encryption_key.",
     )
     default_encryption: bool = setting(
@@ -425,6 +484,7 @@ class BrokerConfig:
             load_master_key(self.encryption_key, self.encryption_key_file)
         except MasterKeyError as exc:
             raise ConfigError(str(exc)) from None
+        check_security(self)
         if self.port and self.port == self.wire_port:
             raise BadConfigValueError(
                 "wire_port", "the combined configuration", self.wire_port, "a port other than port"
@@ -440,6 +500,23 @@ class BrokerConfig:
             for name, value in ((each.name, getattr(self, each.name)) for each in dataclasses.fields(self))
         )
         return f"BrokerConfig({shown})"  # the master key never reaches a log line or a traceback
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listeners speak TLS (and brokers dial each other with it)."""
+        return self.tls_cert is not None
+
+    @property
+    def nats_tls(self) -> bool:
+        return (
+            self.nats_tls_ca is not None
+            or self.nats_tls_cert is not None
+            or any(u.strip().lower().startswith("tls://") for u in self.nats_servers)
+        )
+
+    @property
+    def etcd_tls(self) -> bool:
+        return self.etcd_tls_ca is not None or self.etcd_tls_cert is not None
 
     @property
     def advertised_host(self) -> str:

@@ -160,15 +160,18 @@ def path_kind() -> Kind:
     return Kind(expected, parse)
 
 
-def optional_path_kind() -> Kind:
-    expected = "a file path (empty: unset)"
+def file_kind(what: str) -> Kind:
+    """An optional file path (empty or None: unset); whether the file exists and loads is checked when it is
+    used, so a reload can pick up a file written later."""
+    expected = f"a path to {what} (empty: unset)"
 
     def parse(raw: object) -> object:
-        if raw is None or (isinstance(raw, str) and not raw.strip()):
+        if raw is None:
             return None
         if not isinstance(raw, str | os.PathLike):
             raise Bad(expected)
-        return Path(os.fspath(raw)).expanduser()
+        text = os.fspath(raw).strip()
+        return Path(text).expanduser() if text else None
 
     return Kind(expected, parse)
 
@@ -203,15 +206,14 @@ def is_nats_url(text: str) -> bool:
 
 
 def parse_etcd_endpoint(endpoint: str) -> tuple[str, int]:
-    """``http://host:port`` or ``host[:port]`` → ``(host, port)``; port 2379 if absent.
+    """``http(s)://host:port`` or ``host[:port]`` → ``(host, port)``; port 2379 if absent.
 
-    The etcd client takes a host and a port, while users and ``EmbeddedEtcd`` speak in URLs. ``https://`` is
-    refused: the client speaks plain HTTP/2 to etcd, and a TLS endpoint must not be dialled in clear.
+    The etcd client takes a host and a port, while users and ``EmbeddedEtcd`` speak in URLs. Whether the link is
+    TLS is the ``etcd_tls_*`` settings' business; the configuration refuses an ``https://`` endpoint without them
+    (:class:`~tidelog.broker.config.BrokerConfig`), so that a TLS endpoint is never dialled in clear.
     """
     text = endpoint.strip()
     parts = urlsplit(text if "://" in text else f"http://{text}")
-    if parts.scheme == "https":
-        raise ValueError(f"etcd endpoint {endpoint!r}: TLS to etcd is not supported yet; give an http:// endpoint")
     if parts.scheme not in {"http", "https"} or not parts.hostname or parts.path not in {"", "/"}:
         raise ValueError(f"not an etcd endpoint: {endpoint!r}")
     try:

@@ -50,6 +50,7 @@ from tidelog.metadata.namespace import DEFAULT_NAMESPACE, queue_group
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
+from tidelog.protocol.tls import SslSource
 from tidelog.replication.follower.fetcher import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
@@ -98,6 +99,7 @@ class PartitionManager:
         peers: Peers | None = None,
         clock: Clock | None = None,
         vault: KeyVault | None = None,
+        peer_ssl: SslSource | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.vault = vault or KeyVault(None)  # each log's keyring, from its record's data keys (broker.encryption)
@@ -130,6 +132,7 @@ class PartitionManager:
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
         self._checkpointer: asyncio.Task[None] | None = None
+        self._peer_ssl = peer_ssl  # TLS for the fetchers' connections to their leaders (None: plaintext)
         self._repairs = DamageRepairs(peers, self._repair_sources)  # bit rot: restore from a replica
 
     # ------------------------------------------------------------------------------------------ lookups
@@ -451,6 +454,7 @@ class PartitionManager:
             on_leader_unreachable=self._unreachable_hook(leader_id),
             producers=follower.producers,
             clock=self._clock,
+            ssl=self._peer_ssl,
         )
         follower.fetcher = fetcher
         await fetcher.start()

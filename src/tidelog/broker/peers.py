@@ -18,6 +18,7 @@ from tidelog.protocol.connection import Connection, Response
 from tidelog.protocol.errors import UnavailableError
 from tidelog.protocol.frames import BytesLike
 from tidelog.protocol.messages import Header
+from tidelog.protocol.tls import SslSource
 
 PEER_CONNECT_TIMEOUT = 2.0
 
@@ -25,8 +26,10 @@ PEER_CONNECT_TIMEOUT = 2.0
 class Peers:
     """One shared connection per other broker, opened on first use and replaced when it breaks."""
 
-    def __init__(self, snapshot: Callable[[], MetadataSnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], MetadataSnapshot], *, ssl: SslSource | None = None) -> None:
+        """``ssl``: the TLS context for each new connection (None: plaintext)."""
         self._snapshot = snapshot
+        self._ssl = ssl
         self._connections: dict[str, tuple[str, Connection]] = {}
         self._opening: dict[str, asyncio.Future[Connection]] = {}
 
@@ -47,7 +50,9 @@ class Peers:
         pending = self._opening.get(broker_id)
         if pending is None:
             host, _, port = address.rpartition(":")
-            pending = asyncio.ensure_future(Connection.open(host, int(port), connect_timeout=PEER_CONNECT_TIMEOUT))
+            ssl = self._ssl() if self._ssl is not None else None
+            opening = Connection.open(host.strip("[]"), int(port), ssl=ssl, connect_timeout=PEER_CONNECT_TIMEOUT)
+            pending = asyncio.ensure_future(opening)
             self._opening[broker_id] = pending
             try:
                 connection = await pending

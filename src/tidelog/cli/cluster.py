@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import ssl as ssl_
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
@@ -25,7 +26,15 @@ import click
 from rich.console import Console
 
 from tidelog.broker.config_values import parse_etcd_endpoint
-from tidelog.cli.common import data_dir_option, local_etcd_endpoints, namespace_option, output_option, wide_option
+from tidelog.cli.common import (
+    client_tls,
+    data_dir_option,
+    local_etcd_endpoints,
+    namespace_option,
+    output_option,
+    tls_options,
+    wide_option,
+)
 from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.launch.endpoints import ENDPOINTS_FILE
 from tidelog.metadata.etcd_client import etcd_target, open_etcd
@@ -81,9 +90,11 @@ class ClusterView:
         return partition.suspended or (bounds.suspended if bounds is not None else "")
 
 
-async def read_cluster(endpoints: Sequence[str], namespace: str = DEFAULT_NAMESPACE) -> ClusterView:
+async def read_cluster(
+    endpoints: Sequence[str], namespace: str = DEFAULT_NAMESPACE, *, ssl: ssl_.SSLContext | None = None
+) -> ClusterView:
     """Read brokers, controller and partitions of the cluster ``namespace`` from etcd (the first of ``endpoints``
-    that answers), then ask leaders for bounds."""
+    that answers), then ask leaders for bounds (over TLS with ``ssl``)."""
     keys = namespace_keys(namespace)
     client: Any = open_etcd([parse_etcd_endpoint(e) for e in endpoints], timeout=int(ETCD_TIMEOUT))
     try:
@@ -110,30 +121,30 @@ async def read_cluster(endpoints: Sequence[str], namespace: str = DEFAULT_NAMESP
             if partition.stream in streams:  # not a stream being created (or deleted): nobody acts on those
                 view.partitions.append(partition)
     view.partitions.sort(key=lambda p: (p.stream, p.id))
-    await _fetch_bounds(view)
+    await _fetch_bounds(view, ssl)
     return view
 
 
-async def _fetch_bounds(view: ClusterView) -> None:
+async def _fetch_bounds(view: ClusterView, ssl: ssl_.SSLContext | None) -> None:
     by_leader: dict[str, list[PartitionRecord]] = defaultdict(list)
     for partition in view.partitions:
         if partition.leader in view.brokers:
             by_leader[partition.leader].append(partition)
     results = await asyncio.gather(
-        *(_leader_bounds(view.brokers[leader], partitions) for leader, partitions in by_leader.items())
+        *(_leader_bounds(view.brokers[leader], partitions, ssl) for leader, partitions in by_leader.items())
     )
     for each in results:
         view.bounds.update(each)
 
 
 async def _leader_bounds(
-    broker: BrokerRecord, partitions: list[PartitionRecord]
+    broker: BrokerRecord, partitions: list[PartitionRecord], ssl: ssl_.SSLContext | None
 ) -> dict[tuple[str, int], ListOffsetsResponse]:
     """What ``broker`` reports for the partitions it leads; nothing for those it does not answer about."""
     bounds: dict[tuple[str, int], ListOffsetsResponse] = {}
     try:
         async with asyncio.timeout(LEADER_TIMEOUT):
-            connection = await Connection.open(broker.host, broker.wire_port, connect_timeout=LEADER_TIMEOUT)
+            connection = await Connection.open(broker.host, broker.wire_port, ssl=ssl, connect_timeout=LEADER_TIMEOUT)
             try:
                 answers = await asyncio.gather(
                     *(connection.request(ListOffsetsRequest(p.stream, p.id)) for p in partitions),
@@ -267,6 +278,7 @@ def cluster() -> None:
 @namespace_option
 @output_option
 @wide_option
+@tls_options
 def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None:
     """Brokers, the controller, and every partition's leader, replicas, ISR, HW, log end and lag."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
@@ -281,7 +293,7 @@ def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        view = asyncio.run(read_cluster(endpoints, namespace))
+        view = asyncio.run(read_cluster(endpoints, namespace, ssl=client_tls()))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming
@@ -318,7 +330,15 @@ def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None
     metavar="KEY=VALUE",
     help="A broker setting, for every broker (repeatable; see docs/configuration.md), as serve takes them.",
 )
-def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...]) -> None:
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Make a throwaway CA and certificates (under the data directory's tls/) and run every broker with TLS on "
+    "both ports, client certificates required, and TLS between brokers; prints how clients connect.",
+)
+def dev_cluster(
+    brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...], tls: bool
+) -> None:
     """Run a local cluster (one NATS, one etcd, N brokers) in the foreground until Ctrl-C."""
     from tidelog.cli.serve import parse_settings
 
@@ -326,19 +346,21 @@ def dev_cluster(brokers: int, data_dir: Path | None, base_port: int | None, sett
     temporary = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="tidelog-dev-cluster-")) if data_dir is None else data_dir
     try:
-        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port))
+        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port, tls))
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
     raise SystemExit(code)
 
 
-async def _run_dev_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None) -> int:
+async def _run_dev_cluster(
+    root: Path, brokers: int, settings: dict[str, str], base_port: int | None, tls: bool = False
+) -> int:
     from tidelog.cli.signals import stop_on_signals
     from tidelog.launch.process import ProcessStartError
     from tidelog.local.cluster import LocalCluster
 
-    local = LocalCluster(root, brokers, settings=settings, base_port=base_port)
+    local = LocalCluster(root, brokers, settings=settings, base_port=base_port, tls=tls)
     # a second signal exits at once: the children die with us (PR_SET_PDEATHSIG)
     stop = stop_on_signals(lambda name: console.print(f"{name}: stopping the cluster"))
     console.print(f"starting {brokers} broker(s), NATS and etcd under {root} ...")
@@ -398,4 +420,24 @@ def _print_cluster(local: LocalCluster) -> None:
         f"export TIDELOG_BROKERS={','.join(local.bootstrap())} {ETCD_ENV}={','.join(local.etcd_endpoints)}",
         soft_wrap=True,
     )
+    files = local.client_tls
+    if files is not None:
+        console.print(
+            "TLS on every port, client certificates required (the CA and certificates are throwaway):",
+            soft_wrap=True,
+        )
+        console.print(
+            f"export TIDELOG_CLIENT_TLS_CA={files.ca} TIDELOG_CLIENT_TLS_CERT={files.cert} "
+            f"TIDELOG_CLIENT_TLS_KEY={files.key}",
+            soft_wrap=True,
+        )
+        console.print(
+            f"Python: Cluster(brokers, ssl=client_context(TlsFiles(ca=Path({str(files.ca)!r}), "
+            f"cert=Path({str(files.cert)!r}), key=Path({str(files.key)!r}))))  (tidelog.protocol.tls)",
+            soft_wrap=True,
+        )
+        console.print(
+            f"gRPC (Liftbridge clients): the CA {files.ca}, client certificate {files.cert}, key {files.key}",
+            soft_wrap=True,
+        )
     console.print("ready; Ctrl-C to stop")

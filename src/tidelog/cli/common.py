@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -22,6 +23,7 @@ import click
 from tidelog.launch.endpoints import DEFAULT_DATA_DIR, ENDPOINTS_FILE, Endpoints, read_endpoints
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
 from tidelog.protocol.errors import TidelogError, UnavailableError
+from tidelog.protocol.tls import TlsConfigError, TlsFiles, client_context
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -130,8 +132,61 @@ def local_etcd_endpoints() -> str:
     return ",".join(found.etcd) if found is not None else ""
 
 
+TLS_OPTIONS = {
+    "tls_ca": "TIDELOG_CLIENT_TLS_CA",
+    "tls_cert": "TIDELOG_CLIENT_TLS_CERT",
+    "tls_key": "TIDELOG_CLIENT_TLS_KEY",
+}
+"""The client's TLS options and their environment variables (not broker settings: the broker ignores them)."""
+
+
+def _remember_tls(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    assert param.name is not None
+    ctx.meta[param.name] = value
+
+
+def _tls_option(name: str, help_: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        name,
+        type=click.Path(path_type=Path, dir_okay=False),
+        envvar=TLS_OPTIONS[name],
+        show_envvar=True,
+        expose_value=False,
+        callback=_remember_tls,
+        help=help_,
+    )
+
+
+def client_tls() -> ssl.SSLContext | None:
+    """The TLS context the command's ``--tls-*`` options ask for (None: plaintext). Files that cannot be used
+    are a usage error naming the option."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    ca, cert, key = (meta.get(name) for name in TLS_OPTIONS)
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise click.BadParameter("--tls-cert and --tls-key go together", param_hint="--tls-cert/--tls-key")
+    try:
+        return client_context(TlsFiles(ca=ca, cert=cert, key=key))
+    except TlsConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tls-ca/--tls-cert/--tls-key") from None
+
+
+def tls_options(command: Callable[P, T]) -> Callable[P, T]:
+    """``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (read them with :func:`client_tls`)."""
+    command = _tls_option("tls_key", "Private key of --tls-cert.")(command)
+    command = _tls_option("tls_cert", "Client certificate (PEM) for brokers that require one.")(command)
+    return _tls_option(
+        "tls_ca", "Connect with TLS, verifying the brokers against this CA (PEM). Implied by --tls-cert."
+    )(command)
+
+
 def brokers_option(command: Callable[P, T]) -> Callable[P, T]:
-    """``--brokers``: the flag, else ``$TIDELOG_BROKERS``, else the local broker's wire address, else the default."""
+    """``--brokers``: the flag, else ``$TIDELOG_BROKERS``, else the local broker's wire address, else the default;
+    and ``--tls-ca``/``--tls-cert``/``--tls-key`` for brokers that speak TLS (:func:`client_tls`)."""
+    command = tls_options(command)
     with_brokers = click.option(
         "--brokers",
         "-b",

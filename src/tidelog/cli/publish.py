@@ -21,7 +21,15 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option, local_broker, parse_headers, stream_name
+from tidelog.cli.common import (
+    async_command,
+    bootstrap,
+    brokers_option,
+    client_tls,
+    local_broker,
+    parse_headers,
+    stream_name,
+)
 from tidelog.client import Admin, Producer
 from tidelog.client.accumulator import RecordMetadata
 from tidelog.protocol.errors import MessageTooLargeError
@@ -146,6 +154,7 @@ async def publish(
     refused: str | None = None
     async with Producer(
         bootstrap(brokers),
+        ssl=client_tls(),
         acks=Acks[acks.upper()],
         idempotent=idempotent,
         producer_name=producer_name,
@@ -219,7 +228,7 @@ async def _publish_nats(
     from nats.errors import NoServersError
 
     if subject is None:
-        async with Admin(bootstrap(brokers)) as admin:
+        async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
             info = await admin.describe_stream(stream)
         count = len(info.partitions)
         if partition is not None and partition >= count:

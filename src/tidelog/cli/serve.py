@@ -27,6 +27,7 @@ from tidelog.broker.config_values import ConfigError
 from tidelog.cli.logs import configure_logging, set_log_context
 from tidelog.cli.signals import stop_on_signals
 from tidelog.launch.process import ProcessStartError
+from tidelog.protocol.tls import TlsConfigError
 
 if TYPE_CHECKING:
     from tidelog.server import Broker
@@ -174,6 +175,8 @@ def serve(
         code = _run(run_broker(flags, config_file))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    except TlsConfigError as exc:
+        raise click.ClickException(f"cannot start the broker: {exc}") from None
     except OSError as exc:
         log.debug("start-up failed", exc_info=True)
         raise click.ClickException(f"cannot start the broker: {exc}") from None

@@ -18,6 +18,7 @@ from tidelog.cli.common import (
     async_command,
     bootstrap,
     brokers_option,
+    client_tls,
     output_option,
     stream_name,
     wide_option,
@@ -133,7 +134,7 @@ async def create(
         config["compact.enabled"] = True
     if encryption is not None:
         config["encryption"] = encryption
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         existed = any(s.name == name for s in await admin.list_streams(name))
         await admin.create_stream(
             name, subject, partitions=partitions, replication_factor=replication_factor, group=group, config=config
@@ -153,7 +154,7 @@ async def create(
 @async_command
 async def list_(prefix: str, output: str, brokers: list[str]) -> None:
     """List streams."""
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         streams = await admin.list_streams(prefix)
     if output == "json":
         print_json(streams)
@@ -172,7 +173,7 @@ async def list_(prefix: str, output: str, brokers: list[str]) -> None:
 @async_command
 async def describe(name: str, output: str, wide: bool, brokers: list[str]) -> None:
     """Show a stream's partitions: leader, replicas, ISR, offsets (log start, high watermark, log end), state."""
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         info = await admin.describe_stream(name)
     if output == "json":
         print_json(info)
@@ -218,7 +219,7 @@ async def delete(name: str, yes: bool, brokers: list[str]) -> None:
     """Delete stream NAME and all its data."""
     if not yes:
         click.confirm(f"Delete stream {name!r} and all its data?", abort=True)
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         await admin.delete_stream(name)
     console.print(f"deleted stream [bold]{name}[/]")
 
@@ -244,7 +245,7 @@ def _partitions_option() -> Callable[[F], F]:
 @async_command
 async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
     """Pause partitions; a publish to a paused partition resumes it."""
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         await admin.set_stream_state(name, partitions, paused=True)
     console.print(f"paused {_which(name, partitions)}")
 
@@ -256,7 +257,7 @@ async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> N
 @async_command
 async def resume(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
     """Resume paused partitions."""
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         await admin.set_stream_state(name, partitions, paused=False)
     console.print(f"resumed {_which(name, partitions)}")
 
@@ -269,7 +270,7 @@ async def resume(name: str, partitions: tuple[int, ...], brokers: list[str]) -> 
 @async_command
 async def readonly(name: str, partitions: tuple[int, ...], off: bool, brokers: list[str]) -> None:
     """Make partitions read-only (writes are refused) or, with --off, writable."""
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         await admin.set_stream_state(name, partitions, readonly=not off)
     console.print(f"{'writable' if off else 'read-only'}: {_which(name, partitions)}")
 

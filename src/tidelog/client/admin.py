@@ -19,6 +19,7 @@ bounds, concurrently. Results are the wire protocol's own frozen structs (:class
 from __future__ import annotations
 
 import asyncio
+import ssl as ssl_
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -86,10 +87,16 @@ def _setting(value: ConfigValue) -> str:
 class Admin:
     """Stream administration and metadata over the wire protocol."""
 
-    def __init__(self, bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, *, cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        *,
+        cluster: Cluster | None = None,
+        ssl: ssl_.SSLContext | None = None,
+    ) -> None:
         """``cluster`` shares connections and metadata with other client objects (``close`` leaves it open)."""
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
 
     @property
     def cluster(self) -> Cluster:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl as ssl_
 import time
 from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ class Appender:
         bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
         *,
         cluster: Cluster | None = None,
+        ssl: ssl_.SSLContext | None = None,
         acks: Acks = Acks.ALL,
         timeout_ms: int = 10_000,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -109,7 +111,7 @@ class Appender:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
         self._acks = acks
         self._timeout_ms = timeout_ms
         self._chunk_bytes = chunk_bytes

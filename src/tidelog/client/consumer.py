@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -91,6 +92,7 @@ class Consumer:
         partitions: Sequence[int] | None = None,
         start: StartPosition = "earliest",
         cluster: Cluster | None = None,
+        ssl: ssl_.SSLContext | None = None,
         max_bytes: int = 1024 * 1024,
         max_wait_ms: int = 500,
         auto_offset_reset: OffsetReset = "earliest",
@@ -106,7 +108,7 @@ class Consumer:
             raise ValueError("a consumer reads one stream: pass its name")
         self.stream = stream
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
         self._wanted = None if partitions is None else list(partitions)
         self._start = start
         self._max_bytes = max_bytes

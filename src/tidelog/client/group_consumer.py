@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl as ssl_
 import time
 import uuid
 from collections import deque
@@ -70,6 +71,7 @@ class GroupConsumer:
         group_id: str,
         consumer_id: str | None = None,
         cluster: Cluster | None = None,
+        ssl: ssl_.SSLContext | None = None,
         enable_auto_commit: bool = True,
         auto_commit_interval_ms: int = 5_000,
         auto_offset_reset: Literal["earliest", "latest"] = "latest",
@@ -94,7 +96,7 @@ class GroupConsumer:
         self.group_id = group_id
         self.consumer_id = consumer_id if consumer_id is not None else f"tidelog-{uuid.uuid4().hex}"
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
         self._membership = GroupMembership(
             self._cluster, group_id, self.consumer_id, names, heartbeat_interval_ms=heartbeat_interval_ms
         )

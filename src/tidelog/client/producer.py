@@ -47,6 +47,7 @@ only refusals where nothing was stored; ``Acks.NONE`` is never idempotent (no an
 from __future__ import annotations
 
 import asyncio
+import ssl as ssl_
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -71,6 +72,7 @@ class Producer:
         bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
         *,
         cluster: Cluster | None = None,
+        ssl: ssl_.SSLContext | None = None,
         acks: Acks = Acks.ALL,
         compression: Codec = Codec.ZSTD,
         batch_size: int = 512 * 1024,
@@ -99,7 +101,7 @@ class Producer:
         if producer_name is not None and (not idempotent or Acks(acks) is Acks.NONE or not producer_name):
             raise ValueError("producer_name needs a non-empty name, idempotent=True and acks other than NONE")
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
         self._acks = Acks(acks)
         self._codec = Codec(compression)
         self._batch_size = batch_size

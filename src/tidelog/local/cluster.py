@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import inspect
 import signal
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import ReadinessProbe, all_of
 from tidelog.launch.process import ManagedProcess
+from tidelog.local.certificates import DevCertificates, make_dev_certificates
 from tidelog.local.serve_process import TIDELOG, clean_env, serving
 from tidelog.local.tcp_proxy import TcpProxy
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, namespace_keys
@@ -62,6 +64,7 @@ from tidelog.metadata.records import (
     decode_controller,
     decode_partition,
 )
+from tidelog.protocol.tls import TlsFiles, client_context
 
 __all__ = ["ADVERTISE_WIRE_PORT_KEYS", "BrokerHandle", "LocalCluster"]
 
@@ -155,11 +158,16 @@ class LocalCluster:
         proxied: bool = False,
         base_port: int | None = None,
         start_within: float = START_WITHIN,
+        tls: bool = False,
     ) -> None:
         """``settings`` are broker configuration keys (``replica_lag_time_max_ms``) given to every broker as
         ``TIDELOG_*`` variables. ``base_port`` makes ports predictable (``tidelog dev-cluster``): broker I gets
         gRPC ``base+2I`` and wire ``base+2I+1``, then NATS, its monitor, etcd client and peer, then proxies, then
-        each broker's HTTP port. Without it every port is a free one."""
+        each broker's HTTP port. Without it every port is a free one.
+
+        ``tls=True`` makes a throwaway CA under ``<root>/tls`` (:mod:`tidelog.local.certificates`) and runs every
+        broker with TLS on both listeners, client certificates required, and TLS between brokers;
+        :attr:`client_tls` holds the files a client connects with, :meth:`client_ssl` a context from them."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         advertise_key = _advertise_key()
@@ -178,7 +186,18 @@ class LocalCluster:
         nats_port, monitor_port, etcd_port, peer_port = ports[2 * brokers : 2 * brokers + 4]
         self._nats = EmbeddedNats(self.root / "nats", port=nats_port, monitor_port=monitor_port)
         self._etcd = EmbeddedEtcd(self.root / "etcd", client_port=etcd_port, peer_port=peer_port)
-        base_env = clean_env(**_settings_env(settings or {}))
+        self.certificates: DevCertificates | None = None
+        tls_settings: dict[str, str] = {}
+        if tls:
+            self.certificates = make_dev_certificates(self.root / "tls")
+            tls_settings = {
+                "tls_cert": str(self.certificates.broker_cert),
+                "tls_key": str(self.certificates.broker_key),
+                "tls_client_ca": str(self.certificates.ca),
+                "tls_ca": str(self.certificates.ca),
+                "tls_client_auth": "required",
+            }
+        base_env = clean_env(**_settings_env({**tls_settings, **(settings or {})}))
         self.brokers: list[BrokerHandle] = []
         for index in range(brokers):
             broker_id = f"b{index}"
@@ -206,6 +225,17 @@ class LocalCluster:
         self._stopping = False
 
     # ---- addresses ----
+
+    @property
+    def client_tls(self) -> TlsFiles | None:
+        """The CA and client certificate to connect with (None without ``tls``)."""
+        c = self.certificates
+        return None if c is None else TlsFiles(ca=c.ca, cert=c.client_cert, key=c.client_key)
+
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """A client TLS context for the brokers' wire ports (None without ``tls``)."""
+        files = self.client_tls
+        return None if files is None else client_context(files)
 
     @property
     def nats_url(self) -> str:
@@ -348,7 +378,8 @@ class LocalCluster:
         since = time.time_ns()
         handle.paused = False
         await handle.process.start(
-            all_of(serving(handle.port), self._registered(handle, since)), ready_within=self.start_within
+            all_of(serving(handle.port, tls=self.client_tls), self._registered(handle, since)),
+            ready_within=self.start_within,
         )
 
     def _registered(self, handle: BrokerHandle, since_ns: int) -> ReadinessProbe:

@@ -18,17 +18,26 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import ReadinessProbe
 from tidelog.launch.process import ManagedProcess
+from tidelog.protocol.tls import TlsFiles
 
 TIDELOG = Path(sys.executable).parent / "tidelog"
 START_WITHIN = 60.0  # Python start-up plus etcd and nats-server on a loaded machine
 
 
-def serving(port: int, host: str = "127.0.0.1") -> ReadinessProbe:
-    """Ready once the broker's gRPC health service reports ``proto.API`` as SERVING."""
+def serving(port: int, host: str = "127.0.0.1", *, tls: TlsFiles | None = None) -> ReadinessProbe:
+    """Ready once the broker's gRPC health service reports ``proto.API`` as SERVING (over TLS with ``tls``: the
+    CA to verify the broker against, and the client certificate to present)."""
+    credentials = grpc_credentials(tls) if tls is not None else None
 
     async def probe() -> bool:
+        target = f"{host}:{port}"
         try:
-            async with grpc.aio.insecure_channel(f"{host}:{port}") as channel:
+            channel = (
+                grpc.aio.insecure_channel(target)
+                if credentials is None
+                else grpc.aio.secure_channel(target, credentials)
+            )
+            async with channel:
                 request = health_pb2.HealthCheckRequest(service="proto.API")
                 response = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=1.0)
         except grpc.aio.AioRpcError:
@@ -36,6 +45,15 @@ def serving(port: int, host: str = "127.0.0.1") -> ReadinessProbe:
         return bool(response.status == health_pb2.HealthCheckResponse.SERVING)
 
     return probe
+
+
+def grpc_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """gRPC channel credentials from PEM files: the CA, and a client certificate and key when given."""
+
+    def read(path: Path | None) -> bytes | None:
+        return path.read_bytes() if path is not None else None
+
+    return grpc.ssl_channel_credentials(read(tls.ca), read(tls.key), read(tls.cert))
 
 
 def clean_env(**settings: str) -> dict[str, str]:

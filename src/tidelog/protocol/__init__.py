@@ -16,6 +16,8 @@ stand on it. It holds:
 - :mod:`~tidelog.protocol.connection` — the wire :class:`~tidelog.protocol.connection.Connection`: one TCP
   (optionally TLS) stream with pipelined requests matched by correlation id. The client uses it, and so do
   brokers for their links to each other (replica fetches, peers, the controller link).
+- :mod:`~tidelog.protocol.tls` — TLS contexts from PEM files for both sides (what a client and a listener check),
+  and TLS failures said in one line.
 - :mod:`tidelog.protocol.records` — the record batch format: its layout, the canonical encoder and decoder, the
   varints, the column machinery the fast decoders share (runs of same-shaped records), and those decoders.
 - :mod:`~tidelog.protocol.labels` — :class:`~tidelog.protocol.labels.LabelSet` and

@@ -57,6 +57,7 @@ from tidelog.protocol.frames import (
 )
 from tidelog.protocol.message_codec import decode_as, decode_frame_header, encode_message
 from tidelog.protocol.messages import ErrorBody, Header
+from tidelog.protocol.tls import describe_tls_failure
 
 _SCRATCH_BYTES = 256 * 1024  # what one read may fill while no large frame is pending
 _DIRECT_BYTES = 32 * 1024  # a frame this long or longer is read into a buffer of its own
@@ -94,6 +95,8 @@ class Connection(asyncio.BufferedProtocol):
         self._room: asyncio.Future[None] | None = None
         self._closed_reason: TidelogError | None = None
         self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tls = False  # the connection speaks TLS (set by open)
+        self._answered = False  # a frame arrived: the broker accepted this connection (TLS or not)
 
     @classmethod
     async def open(
@@ -117,6 +120,11 @@ class Connection(asyncio.BufferedProtocol):
                     port,
                     ssl=ssl,
                 )
+            protocol._tls = ssl is not None
+        except ssl_.SSLError as exc:
+            raise ConnectionClosedError(
+                f"cannot connect to tidelog broker at {address}: TLS refused: {describe_tls_failure(exc)}"
+            ) from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosedError(f"cannot connect to tidelog broker at {address}: {exc}") from exc
         return protocol
@@ -263,6 +271,7 @@ class Connection(asyncio.BufferedProtocol):
             self._transport.abort()
 
     def _resolve(self, frame: Frame) -> None:
+        self._answered = True
         future = self._pending.pop(frame.correlation_id, None)
         if future is None:
             if frame.kind is Kind.ERROR and frame.correlation_id == 0:
@@ -294,7 +303,19 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = self._closed_reason
         if reason is None:
-            detail = f": {exc}" if exc is not None else ""
+            cause = f": {exc}" if exc is not None else ""
+            hint = ""
+            if not self._answered and (exc is None or isinstance(exc, ConnectionResetError | ssl_.SSLError)):
+                # Closed (or reset) before any answer: most often the broker refused the connection in the TLS
+                # handshake, which TLS 1.3 finishes on the client's side before the server has checked its
+                # certificate; or a plaintext client met a TLS port.
+                hint = (
+                    " before any answer (if the broker requires client certificates, it refused ours: none given, "
+                    "expired, or signed by a CA it does not trust)"
+                    if self._tls
+                    else " before any answer (is it a TLS port? then connect with TLS and its CA)"
+                )
+            detail = hint + cause
             reason = ConnectionClosedError(f"connection to {self.address} was lost{detail}")
         self._fail_all(reason)
         if not self._lost.done():

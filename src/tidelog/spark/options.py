@@ -25,6 +25,9 @@ option                     meaning
 ``failOnDataLoss``         ``true`` (default): fail when offsets to read are gone (retention, truncation);
                            ``false``: skip them
 ``includeHeaders``         ``true``: fill the ``headers`` column; ``false`` (default): leave it null
+``tls.ca``                 connect with TLS, verifying the brokers against this CA file (PEM)
+``tls.cert``, ``tls.key``  a client certificate and its key (PEM), for brokers that require one (implies TLS).
+                           The files are read where each task runs: the same paths on every executor
 =========================  ==========================================================================================
 
 Anything else, a malformed value, or an option that does not apply to the kind of query (``endingOffsets`` in a
@@ -36,11 +39,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import ssl as ssl_
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, parse_address
+from tidelog.protocol.tls import TlsFiles, client_context
 
 EARLIEST = -2
 """In JSON offsets: the partition's first offset (Kafka's convention)."""
@@ -65,6 +71,9 @@ _NAMES = (
     "maxOffsetsPerSplit",
     "failOnDataLoss",
     "includeHeaders",
+    "tls.ca",
+    "tls.cert",
+    "tls.key",
 )
 _CANONICAL = {name.lower(): name for name in _NAMES}
 _STREAM_ONLY = ("maxOffsetsPerTrigger",)
@@ -95,6 +104,11 @@ class SourceOptions:
     fail_on_data_loss: bool
     include_headers: bool
     given: frozenset[str]  # the options the query set, by canonical name
+    tls: TlsFiles | None = None  # None: plaintext (paths, not a context: options travel to the executors)
+
+    def ssl(self) -> ssl_.SSLContext | None:
+        """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
+        return client_context(self.tls) if self.tls is not None else None
 
     def check_kind(self, kind: Kind) -> None:
         """Refuse options that do not apply to a batch or to a streaming query."""
@@ -141,7 +155,24 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_boolean(values, "failOnDataLoss", default=True),
         include_headers=_boolean(values, "includeHeaders", default=False),
         given=frozenset(values),
+        tls=tls_files(values, SourceOptionError),
     )
+
+
+def tls_files(values: Mapping[str, str], error: Callable[[str, str], Exception]) -> TlsFiles | None:
+    """The ``tls.*`` options as files (checked to exist here, on the driver), or None when none is given."""
+    paths: dict[str, Path] = {}
+    for option in ("tls.ca", "tls.cert", "tls.key"):
+        if option in values:
+            path = Path(values[option].strip()).expanduser()
+            if not path.is_file():
+                raise error(option, f"{str(path)!r} is not a file")
+            paths[option] = path
+    if not paths:
+        return None
+    if ("tls.cert" in paths) != ("tls.key" in paths):
+        raise error("tls.cert" if "tls.cert" not in paths else "tls.key", "tls.cert and tls.key go together")
+    return TlsFiles(ca=paths.get("tls.ca"), cert=paths.get("tls.cert"), key=paths.get("tls.key"))
 
 
 def _subscription(values: Mapping[str, str]) -> tuple[tuple[str, ...] | None, str | None]:

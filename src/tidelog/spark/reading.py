@@ -53,6 +53,7 @@ def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordB
         start=task.start,
         max_bytes=FETCH_MAX_BYTES,
         auto_offset_reset="error" if options.fail_on_data_loss else "earliest",
+        ssl=options.ssl(),
     )
     builder = ColumnBuilder(task.stream, task.partition, task.subject, include_headers=options.include_headers)
     try:

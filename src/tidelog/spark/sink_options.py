@@ -11,6 +11,8 @@ option                     meaning
                            column; with it a ``stream`` column is ignored — Kafka's rule for ``topic``, so a
                            DataFrame read from tidelog (whose rows carry their source stream) is written where the
                            option says, never back to where it came from
+``tls.ca``, ``tls.cert``,  TLS to the brokers, as the source takes them (:mod:`tidelog.spark.options`)
+``tls.key``
 ``checkpointLocation``,    Spark's own (it passes them to the sink): accepted, not used — the sink identifies a
 ``queryName``              streaming query by the id Spark keeps in its checkpoint (:mod:`~tidelog.spark.sink_commit`)
 =========================  ==========================================================================================
@@ -38,6 +40,7 @@ wrong, before anything runs.
 
 from __future__ import annotations
 
+import ssl as ssl_
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -56,8 +59,10 @@ from pyspark.sql.types import (
 )
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, parse_address
+from tidelog.protocol.tls import TlsFiles, client_context
+from tidelog.spark.options import tls_files
 
-_NAMES = ("brokers", "stream")
+_NAMES = ("brokers", "stream", "tls.ca", "tls.cert", "tls.key")
 _SPARKS_OWN = ("checkpointLocation", "queryName")  # set by Spark's DataStreamWriter itself
 _CANONICAL = {name.lower(): name for name in (*_NAMES, *_SPARKS_OWN)}
 
@@ -90,6 +95,11 @@ class SinkOptions:
 
     brokers: tuple[str, ...]
     stream: str | None  # None: every row names its stream in the ``stream`` column
+    tls: TlsFiles | None = None  # None: plaintext
+
+    def ssl(self) -> ssl_.SSLContext | None:
+        """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
+        return client_context(self.tls) if self.tls is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +127,11 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     stream = values.get("stream")
     if stream is not None and not stream.strip():
         raise SinkOptionError("stream", "names no stream")
-    return SinkOptions(brokers=_brokers(values.get("brokers", DEFAULT_BOOTSTRAP)), stream=stream and stream.strip())
+    return SinkOptions(
+        brokers=_brokers(values.get("brokers", DEFAULT_BOOTSTRAP)),
+        stream=stream and stream.strip(),
+        tls=tls_files(values, SinkOptionError),
+    )
 
 
 def check_columns(schema: StructType, options: SinkOptions) -> SinkColumns:

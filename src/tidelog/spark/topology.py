@@ -30,7 +30,7 @@ class Topology:
         self._runner = LoopThread("tidelog-spark-planner")
 
         async def build() -> Cluster:
-            return Cluster(list(options.brokers))
+            return Cluster(list(options.brokers), ssl=options.ssl())
 
         self._cluster = self._runner.run(build())
 

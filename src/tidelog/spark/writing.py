@@ -203,7 +203,7 @@ class _Router:
 
     async def _stream(self, stream: str) -> StreamInfo:
         if self._cluster is None:
-            self._cluster = Cluster(list(self.options.brokers))
+            self._cluster = Cluster(list(self.options.brokers), ssl=self.options.ssl())
         return await self._cluster.stream(stream)
 
     def close(self) -> None:

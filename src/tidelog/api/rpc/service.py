@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tidelog import telemetry
 from tidelog.api.rpc import cursors, groups, metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
+from tidelog.api.server_tls import ServerTls
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol._gen import api_pb2_grpc
@@ -165,7 +166,8 @@ def _timed(behavior: Callable[[Any, Any], Awaitable[Any]], name: str) -> Callabl
 class GrpcServer:
     """The gRPC server: ``proto.API``, ``tidelog.v1.Appender`` and the standard health service."""
 
-    def __init__(self, ctx: BrokerContext, host: str, port: int) -> None:
+    def __init__(self, ctx: BrokerContext, host: str, port: int, *, tls: ServerTls | None = None) -> None:
+        """With ``tls``, the port speaks TLS only (its certificate follows ``tls``'s reloads); without, plaintext."""
         self._server = grpc.aio.server(
             interceptors=[_RequestTiming()],
             options=[
@@ -178,7 +180,10 @@ class GrpcServer:
         append_pb2_grpc.add_AppenderServicer_to_server(AppenderService(self.appends), self._server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if tls is None:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
+        else:
+            self.port = self._server.add_secure_port(f"{host}:{port}", tls.grpc_credentials())
         if self.port == 0:
             raise OSError(f"cannot listen for gRPC on {host}:{port}")
 

@@ -1,5 +1,11 @@
 """The wire protocol server: accepts TCP (optionally TLS) connections and runs one session per connection.
 
+TLS: given ``ssl`` (a context, or a function that returns the current one, such as
+:meth:`tidelog.api.server_tls.ServerTls.context`), every connection shakes hands with the context current at that
+moment: a rotated certificate reaches new connections without a restart. A failed handshake (no client
+certificate, an expired one, another CA, plaintext) closes the connection before any request is read; the client
+is told why by the TLS alert. No plaintext request is ever served on a TLS listener.
+
 This module is the listener and its lifecycle only. What happens on a connection (pipelining, reply order,
 backpressure, error frames) is :mod:`tidelog.api.wire.session`; what each op does is
 :mod:`tidelog.api.wire.handlers` and the modules it gathers. The broker builds it from its
@@ -60,7 +66,7 @@ class WireServer:
         host: str,
         port: int,
         *,
-        ssl: ssl_.SSLContext | None = None,
+        ssl: ssl_.SSLContext | Callable[[], ssl_.SSLContext] | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_in_flight: int = 256,
         max_in_flight_bytes: int = 64 * 1024 * 1024,
@@ -98,10 +104,28 @@ class WireServer:
         loop = asyncio.get_running_loop()
         self._stopping = loop.create_future()
         self._server = await loop.create_server(
-            lambda: _WireProtocol(self._accept, loop), self._host, self._requested_port, ssl=self._ssl
+            lambda: _WireProtocol(self._accept, loop, tls=self._ssl is not None),
+            self._host,
+            self._requested_port,
+            ssl=self._listener_context(),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
         log.debug("wire server listening on %s:%d", self._host, self._port)
+
+    def _listener_context(self) -> ssl_.SSLContext | None:
+        """The context the listener is made with. For a changing one, the first context is the listener's, and
+        each handshake switches to the current one from the SNI callback: OpenSSL calls it for every ClientHello
+        (with or without a server name), before the server's certificate is chosen."""
+        source = self._ssl
+        if source is None or isinstance(source, ssl_.SSLContext):
+            return source
+        front = source()
+
+        def current(connection: ssl_.SSLObject | ssl_.SSLSocket, _name: str | None, _front: ssl_.SSLContext) -> None:
+            connection.context = source()
+
+        front.sni_callback = current
+        return front
 
     async def _accept(self, protocol: _WireProtocol, writer: asyncio.StreamWriter) -> None:
         assert self._stopping is not None
@@ -170,8 +194,11 @@ class _WireProtocol(asyncio.StreamReaderProtocol):
         self,
         accept: Callable[[_WireProtocol, asyncio.StreamWriter], Awaitable[None]],
         loop: asyncio.AbstractEventLoop,
+        *,
+        tls: bool = False,
     ) -> None:
         super().__init__(asyncio.StreamReader(loop=loop), lambda _r, w: accept(self, w), loop)
+        self._tls = tls  # over TLS a half-close cannot be kept open (the TLS layer warns when asked to)
         self._session: Session | None = None
         self._early: list[bytes] = []
         self._ended: tuple[BaseException | None] | None = None  # input ended before the session was attached
@@ -192,7 +219,8 @@ class _WireProtocol(asyncio.StreamReaderProtocol):
 
     def eof_received(self) -> bool | None:
         self._end(None)
-        return super().eof_received()
+        keep_open = super().eof_received()
+        return False if self._tls else keep_open
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(exc)

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 
@@ -34,6 +36,40 @@ from tidelog.launch.reachability import ReachabilityLog, retry_until_reachable
 log = logging.getLogger(__name__)
 
 _RECONNECT_MAX_WAIT = 5.0  # seconds between attempts to connect a new client, at most (doubling from reconnect_wait)
+
+
+class NatsNotTlsError(Exception):
+    """TLS was asked for NATS, and the server does not use it."""
+
+
+async def refuse_servers_in_clear(servers: Sequence[str], timeout: float) -> None:
+    """Read each reachable server's greeting (its INFO line) and raise :class:`NatsNotTlsError` for one that does
+    not require TLS, before nats-py connects and sends its CONNECT (with any credentials) to it: nats-py starts
+    TLS only when the server asks. Servers that do not answer are left to nats-py."""
+    for server in servers:
+        parts = urlsplit(server if "://" in server else f"nats://{server}")
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, port)
+                try:
+                    line = await reader.readuntil(b"\r\n")
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            continue
+        head, _, body = line.partition(b" ")
+        if head.upper() != b"INFO":
+            continue
+        try:
+            info = json.loads(body)
+        except ValueError:
+            continue
+        if not info.get("tls_required"):
+            raise NatsNotTlsError(
+                f"NATS server {host}:{port} does not use TLS, and nats_tls_ca/nats_tls_cert ask for it: "
+                "refusing to talk to it in clear"
+            )
 
 
 class Subscription:
@@ -63,7 +99,14 @@ class BrokerNats:
         connect_timeout: float = 5.0,
         reconnect_wait: float = 0.5,
         pending_size: int = 64 * 1024 * 1024,
+        security: dict[str, Any] | None = None,
+        require_tls: bool = False,
     ) -> None:
+        """``security``: nats-py's TLS and authentication options (``tls``, ``user``/``password``, ``token``,
+        ``user_credentials``, ``nkeys_seed``), given to every client. ``require_tls``: a server that does not ask
+        for TLS is refused (nats-py starts TLS only when the server asks, so a context alone guarantees nothing)."""
+        self._security = dict(security or {})
+        self._require_tls = require_tls
         self._servers = list(servers)
         self._name = name
         self._connect_timeout = connect_timeout
@@ -96,9 +139,19 @@ class BrokerNats:
         except nats.errors.NoServersError:
             raise self._last_error or ConnectionRefusedError(111, "no server answered") from None
         client.options["max_reconnect_attempts"] = -1  # nats-py reads it at each reconnect
+        if self._require_tls and not getattr(client, "_server_info", {}).get("tls_required"):
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise NatsNotTlsError(
+                f"NATS server {client.connected_url.netloc if client.connected_url else '?'} does not use TLS, and "
+                "nats_tls_ca/nats_tls_cert ask for it: refusing to talk to it in clear"
+            )
         return client
 
     async def _new_client(self, generation: int, *, attempts: int = -1) -> Any:
+        if self._require_tls:
+            await refuse_servers_in_clear(self._servers, self._connect_timeout)
+
         async def closed() -> None:
             await self._on_closed(generation)
 
@@ -129,6 +182,7 @@ class BrokerNats:
             error_cb=error,
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
+            **self._security,
         )
 
     def _connected(self) -> None:

@@ -62,6 +62,7 @@ from tidelog.protocol.peer_messages import (
     ReplicaFetchResponse,
 )
 from tidelog.protocol.records.errors import CorruptBatchError, InvalidBatchError
+from tidelog.protocol.tls import SslSource
 from tidelog.replication.follower.catch_up import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_COPY_THRESHOLD_BYTES,
@@ -153,6 +154,7 @@ class ReplicaFetcher:
         max_copy_rounds: int = DEFAULT_MAX_ROUNDS,
         copy_hooks: CopyHooks | None = None,
         producers: ProducerStateTable | None = None,
+        ssl: SslSource | None = None,
     ) -> None:
         """``producers``: the replica's producer state, kept in step with every change this fetcher makes to
         the log (None: not tracked, as for tools that only copy a log).
@@ -186,7 +188,7 @@ class ReplicaFetcher:
         self._in_outage = False  # the leader was reported unreachable and has not answered since
         self._backoff = MIN_BACKOFF
         self._last_error: str | None = None
-        self._link = LeaderLink(leader_id, leader_address, connect_timeout)
+        self._link = LeaderLink(leader_id, leader_address, connect_timeout, ssl=ssl)
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._copy_threshold = copy_threshold_bytes

@@ -17,6 +17,7 @@ from tidelog.deadline import within
 from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
 from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES, ProtocolError
 from tidelog.protocol.messages import Header
+from tidelog.protocol.tls import SslSource
 
 H = TypeVar("H", bound=Header)
 
@@ -24,7 +25,11 @@ H = TypeVar("H", bound=Header)
 class LeaderLink:
     """The connection to one leader, opened and closed by the fetcher that owns it."""
 
-    def __init__(self, leader_id: str, leader_address: str, connect_timeout: float) -> None:
+    def __init__(
+        self, leader_id: str, leader_address: str, connect_timeout: float, *, ssl: SslSource | None = None
+    ) -> None:
+        """``ssl``: the TLS context for each new connection (None: plaintext)."""
+        self._ssl = ssl
         self._leader_id = leader_id
         self._address = leader_address
         self._host, self._port = split_address(leader_address)
@@ -39,6 +44,7 @@ class LeaderLink:
         self._connection = await Connection.open(
             self._host,
             self._port,
+            ssl=self._ssl() if self._ssl is not None else None,
             connect_timeout=self._connect_timeout,
             max_frame_bytes=DEFAULT_MAX_RESPONSE_BYTES,
             max_in_flight=4,
