@@ -56,7 +56,7 @@ from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, StreamRecord
 from tidelog.metadata.store import MetadataStore
-from tidelog.protocol.tls import ClientAuth
+from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.ui.http_server import HttpServer
 from tidelog.ui.routes import build_app
@@ -360,7 +360,7 @@ class Broker:
             registered=lambda: self._registered,
         )
         try:
-            tls = self.tls.context if self.tls is not None else None  # with TLS on, no port accepts plaintext
+            tls = following_context(self.tls.context) if self.tls is not None else None  # no plaintext with TLS on
             self.http = HttpServer(build_app(view), self.config.host, self.config.http_port, tls=tls)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:

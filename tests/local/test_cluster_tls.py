@@ -95,6 +95,24 @@ async def test_plaintext_clients_are_refused_on_both_ports(cluster: LocalCluster
     assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
+async def test_the_http_port_serves_only_tls(cluster: LocalCluster) -> None:
+    """/healthz answers a client with a certificate over TLS; a plain HTTP request gets no answer."""
+    broker = cluster.brokers[0]
+    context = cluster.client_ssl()
+    reader, writer = await asyncio.open_connection("127.0.0.1", broker.http_port, ssl=context)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    async with asyncio.timeout(BOUND):
+        answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    reader, writer = await asyncio.open_connection("127.0.0.1", broker.http_port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    async with asyncio.timeout(BOUND):
+        answer = await reader.read()
+    writer.close()
+    assert not answer.startswith(b"HTTP/1.1 200")
+
+
 async def test_wire_client_without_certificate_is_refused_precisely(cluster: LocalCluster) -> None:
     files = cluster.client_tls
     assert files is not None

@@ -103,6 +103,19 @@ def server_context(cert: Path, key: Path, *, client_ca: Path | None, client_auth
     return context
 
 
+def following_context(source: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """A listener's context that follows ``source`` (which changes when certificates are reloaded): the first
+    context is the listener's, and each handshake switches to the current one from the SNI callback, which
+    OpenSSL calls for every ClientHello (with or without a server name) before the certificate is chosen."""
+    front = source()
+
+    def current(connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _front: ssl.SSLContext) -> None:
+        connection.context = source()
+
+    front.sni_callback = current
+    return front
+
+
 def _load(action: object, what: str, path: Path) -> None:
     assert callable(action)
     try:

@@ -40,6 +40,7 @@ from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
 from tidelog.broker.context import BrokerContext
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from tidelog.protocol.tls import following_context
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +114,11 @@ class WireServer:
         log.debug("wire server listening on %s:%d", self._host, self._port)
 
     def _listener_context(self) -> ssl_.SSLContext | None:
-        """The context the listener is made with. For a changing one, the first context is the listener's, and
-        each handshake switches to the current one from the SNI callback: OpenSSL calls it for every ClientHello
-        (with or without a server name), before the server's certificate is chosen."""
+        """The context the listener is made with: fixed, or following a changing one at each handshake."""
         source = self._ssl
         if source is None or isinstance(source, ssl_.SSLContext):
             return source
-        front = source()
-
-        def current(connection: ssl_.SSLObject | ssl_.SSLSocket, _name: str | None, _front: ssl_.SSLContext) -> None:
-            connection.context = source()
-
-        front.sni_callback = current
-        return front
+        return following_context(source)
 
     async def _accept(self, protocol: _WireProtocol, writer: asyncio.StreamWriter) -> None:
         assert self._stopping is not None
