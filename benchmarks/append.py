@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
-from benchmarks.publish import TidelogServer, percentile
+from benchmarks._publish_sides import TidelogServer, percentile
 from tidelog.client import Acks, Admin, Appender, Cluster, Producer
 
 BENCH = "append"

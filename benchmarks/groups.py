@@ -66,7 +66,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._group_members import Event, MemberProcess
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamServer, publish_all
-from benchmarks.publish import TidelogServer, deadline_for, make_payloads
+from benchmarks._publish_sides import TidelogServer, deadline_for, make_payloads
 from tidelog.client import Acks, Admin, Cluster, Codec, GroupConsumer, Producer, StreamPartition
 
 BENCH = "groups"

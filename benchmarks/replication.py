@@ -69,7 +69,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamCluster, publish_all, publish_one_at_a_time, pull_all
-from benchmarks.publish import deadline_for, make_payloads, percentile
+from benchmarks._publish_sides import deadline_for, make_payloads, percentile
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.probes import http_get
 from tidelog.local.cluster import LocalCluster
