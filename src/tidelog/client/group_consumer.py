@@ -343,6 +343,8 @@ class GroupConsumer:
             reset=self._reset,
             max_bytes=self._max_bytes,
             max_wait_ms=self._max_wait_ms,
+            member=self._membership.context,
+            on_fenced=self._membership.refresh,
         )
         await reader.open()
         self._readers[tp] = reader
