@@ -243,8 +243,13 @@ class GroupMembership:
         """The coordinator did not answer: look the group up; report the coordinator once it has been silent for
         the broker's coordinator timeout (and only once per coordinator and epoch)."""
         before = self.coordinator
-        with contextlib.suppress(TidelogError):
+        try:
             await self._describe()
+        except UnknownGroupError:  # removed while silent, and the group went with it: a new member now
+            await self._rejoin()
+            return
+        except TidelogError:
+            pass
         if self.coordinator != before:
             return
         silent = time.monotonic() - self._last_answer
