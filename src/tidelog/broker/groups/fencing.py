@@ -12,7 +12,8 @@ broker answering them has the group's record in its mirror of etcd, and checks:
   (UNKNOWN_MEMBER) and the partition is assigned to it (STALE_GROUP_EPOCH: the partition moved).
 
 A request naming an epoch newer than the mirror's (the coordinator answered from a fresher view a moment ago)
-first waits, at most :data:`CATCH_UP` seconds, for the mirror to reach it.
+first waits, at most :data:`CATCH_UP` seconds, for the mirror to reach it; if it has not, the request is refused
+as UNAVAILABLE (retriable), never answered from the older record.
 
 **Why commits cannot go back.** The check of a commit runs synchronously just before its write is issued, and
 the write is registered as under way on its cursor at that moment (:meth:`CursorStore.set
@@ -35,6 +36,7 @@ from tidelog.metadata.group_records import GroupRecord, check_id
 from tidelog.protocol.errors import (
     InvalidArgumentError,
     StaleGroupEpochError,
+    UnavailableError,
     UnknownGroupError,
     UnknownMemberError,
 )
@@ -65,6 +67,19 @@ async def record_at(groups: GroupMirror, group_id: str, epoch: int) -> GroupReco
         with contextlib.suppress(TimeoutError):
             await groups.wait_for(arrived, CATCH_UP)
         record = groups.get(group_id)
+    return record
+
+
+async def record_at_least(groups: GroupMirror, context: GroupContext) -> GroupRecord | None:
+    """:func:`record_at` for a member's request; ``UnavailableError`` (retriable: clients try again) when this
+    broker's record is still older than the member's epoch after the wait, since answering from it could let a
+    commit at an older epoch through."""
+    record = await record_at(groups, context.group_id, context.epoch)
+    if record is not None and record.epoch < context.epoch:
+        raise UnavailableError(
+            f"this broker knows consumer group {context.group_id} at epoch {record.epoch}, behind the epoch "
+            f"{context.epoch} of consumer {context.consumer_id}; try again"
+        )
     return record
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from tidelog.broker.controller_link import ControllerLink, call_controller
 from tidelog.broker.groups.coordinator import GroupCoordinator
-from tidelog.broker.groups.fencing import check_context, check_owner, record_at
+from tidelog.broker.groups.fencing import check_context, check_owner, record_at_least
 from tidelog.broker.groups.membership import GroupMembership
 from tidelog.broker.groups.readers import GroupReaders
 from tidelog.metadata.group_mirror import GroupMirror
@@ -149,7 +149,7 @@ class GroupService:
         """Refuse a member's read (a FETCH, a Subscribe) of a partition it does not own at the group's current
         epoch (:mod:`tidelog.broker.groups.fencing`)."""
         check_context(context)
-        record = await record_at(self.groups, context.group_id, context.epoch)
+        record = await record_at_least(self.groups, context)
         check_owner(record, context, stream, partition, "read")
 
     async def commit_fence(
@@ -164,7 +164,7 @@ class GroupService:
                 f"a member of consumer group {context.group_id} commits the group's cursor: cursor id {cursor_id!r} "
                 "is not the group id"
             )
-        await record_at(self.groups, context.group_id, context.epoch)
+        await record_at_least(self.groups, context)
 
         def fence() -> None:
             check_owner(self.groups.get(context.group_id), context, stream, partition, "commit")
@@ -175,7 +175,7 @@ class GroupService:
         """Wait (briefly) until this broker's record of the group is at the member's epoch or newer: a member taking
         a partition over reads its committed offset only once commits at older epochs are refused here."""
         check_context(context)
-        await record_at(self.groups, context.group_id, context.epoch)
+        await record_at_least(self.groups, context)
 
     # ---- helpers ----
 
