@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 RESTART_BACKOFF = 0.5
 """Seconds between restarts of a partition's consumer after a retriable failure."""
 FENCED_BACKOFF = 0.05
-"""Seconds before reading again after a fetch was fenced (the membership heartbeated in between)."""
+"""Seconds before reading again after a fetch was fenced and the membership learned a new epoch (the partition
+was not moved, or the group consumer stops this reader before long); :data:`RESTART_BACKOFF` if it learned none."""
 FENCED = (StaleGroupEpochError, UnknownMemberError, UnknownGroupError)
 """Refusals of a fetch made at a group epoch that is no longer the group's (:mod:`tidelog.broker.groups.fencing`)."""
 
@@ -111,9 +112,11 @@ class PartitionReader:
             except FENCED as exc:  # the group moved on: learn where it stands, then read at its epoch (or stop)
                 log.info("%s/%d: fetch fenced (%s)", self.tp.stream, self.tp.partition, exc)
                 await self._drop()
-                if self._on_fenced is not None and self._context is not None:
-                    await self._on_fenced(self._context)
-                await asyncio.sleep(FENCED_BACKOFF)
+                fenced = self._context
+                if self._on_fenced is not None and fenced is not None:
+                    await self._on_fenced(fenced)
+                moved_on = self._member is not None and self._member() != fenced  # a new epoch to read at
+                await asyncio.sleep(FENCED_BACKOFF if moved_on else RESTART_BACKOFF)
                 continue
             except TidelogError as exc:
                 if not exc.retriable:
