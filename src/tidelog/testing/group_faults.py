@@ -175,6 +175,7 @@ class _Run:
         ]
         self._rng = random.Random(profile.seed)
         self._pending: set[asyncio.Task[None]] = set()
+        self._down: set[str] = set()  # ids of brokers and members killed and not started again yet
         self._stop_load = asyncio.Event()
         self._stop_sampling = asyncio.Event()
 
@@ -215,17 +216,19 @@ class _Run:
             now = time.monotonic()
             if now >= next_member:
                 next_member = now + rng.uniform(*profile.member_kill_every)
-                alive = [m for m in self.members if m.running]
+                alive = [m for m in self.members if m.running and m.id not in self._down]
                 if alive:
                     victim = rng.choice(alive)
+                    self._down.add(victim.id)  # until its restart is done: a starting process is no victim
                     await victim.kill()
                     self.report.member_kills += 1
                     self._later(self._restart_member(victim, rng.uniform(*profile.member_down_for)))
             if now >= next_broker:
                 next_broker = now + rng.uniform(*profile.broker_kill_every)
                 brokers = self.cluster.brokers
-                if all(b.running for b in brokers):  # never two down: a majority holds every record
+                if not any(b.id in self._down for b in brokers):  # never two down: a majority holds everything
                     victim_id = rng.choice(brokers).id
+                    self._down.add(victim_id)
                     await self.cluster.kill(victim_id)
                     self.report.broker_kills += 1
                     self._later(self._restart_broker(victim_id, rng.uniform(*profile.broker_down_for)))
@@ -241,6 +244,8 @@ class _Run:
             await member.start()
         except Exception as exc:  # noted, and started again when the run settles
             self.report.notes.append(f"member {member.id} did not start again at once: {exc!r}")
+        finally:
+            self._down.discard(member.id)
 
     async def _restart_broker(self, broker_id: str, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -248,6 +253,8 @@ class _Run:
             await self.cluster.restart(broker_id)
         except Exception as exc:
             self.report.failures.append(f"broker {broker_id} did not restart: {exc!r}")
+        finally:
+            self._down.discard(broker_id)
 
     # ---- settling ----
 
