@@ -23,6 +23,11 @@ requests wait for it. A write updates the cache only when its record is newer th
 key need no lock to stay ordered); a write that fails after reaching the log (a timeout) drops the cache, so the
 next read rebuilds it from what the log holds.
 
+**Fenced commits** (a consumer group member's, :mod:`tidelog.broker.groups.fencing`): :meth:`CursorStore.set`
+runs the member's check just before the write is issued, and the write counts as under way on its cursor from that
+moment; :meth:`CursorStore.fetch` answers only once the writes under way when it arrived are done. A member taking a
+partition over therefore reads an offset no older than any commit that passed the check.
+
 **Deleting** (a consumer group's committed offsets, ``tidelog group delete``):
 :meth:`CursorStore.delete_cursors_of` writes a tombstone (the key with no value) for every cursor of one id that
 one ``__cursors`` partition holds, acks ALL; the cache and a rebuild take a tombstone as "never set" (-1), and
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -107,31 +113,60 @@ class CursorStore:
         self._enabled = enabled
         self._caches: dict[int, _Positions] = {}  # __cursors partition id -> its cache
         self._rebuilds: set[asyncio.Task[None]] = set()
+        self._under_way: dict[bytes, set[asyncio.Future[None]]] = {}  # cursor key -> its writes being made
 
     # ---- the two operations ----
 
-    async def set(self, stream: str, partition: int, cursor_id: str, offset: int, timeout: float) -> None:
-        """Store ``offset`` as the cursor's position; returns once it is committed (acks ALL)."""
+    async def set(
+        self,
+        stream: str,
+        partition: int,
+        cursor_id: str,
+        offset: int,
+        timeout: float,
+        *,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
+        """Store ``offset`` as the cursor's position; returns once it is committed (acks ALL).
+
+        ``fence`` (a group member's commit) runs just before the write is issued and refuses it by raising; the
+        write counts as under way on the cursor from that same moment (no await between), for :meth:`fetch`."""
         key = self.check(stream, partition, cursor_id, offset)
         pid, leader = self._leader_for(key)
         value = _ENCODE(CursorValue(stream, partition, cursor_id, offset))
         now = time.time_ns()
         batch = build_batch([NewRecord(value, key, timestamp=now)], timestamp=now)
+        if fence is not None:
+            fence()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._under_way.setdefault(key, set()).add(done)
         try:
-            written = await leader.write(batch, Acks.ALL, timeout)
-        except TidelogError:
-            self._drop(pid, leader)  # the record may be in the log all the same: rebuild from it next time
-            raise
-        if isinstance(written, WriteRefused):
-            raise written.error()
-        cache = self._caches.get(pid)
-        if cache is not None and cache.partition is leader:  # also while it is rebuilt: put keeps the newest
-            cache.put(key, written.base_offset, offset)
+            try:
+                written = await leader.write(batch, Acks.ALL, timeout)
+            except TidelogError:
+                self._drop(pid, leader)  # the record may be in the log all the same: rebuild from it next time
+                raise
+            if isinstance(written, WriteRefused):
+                raise written.error()
+            cache = self._caches.get(pid)
+            if cache is not None and cache.partition is leader:  # also while it is rebuilt: put keeps the newest
+                cache.put(key, written.base_offset, offset)
+        finally:
+            done.set_result(None)
+            writes = self._under_way.get(key)
+            if writes is not None:
+                writes.discard(done)
+                if not writes:
+                    del self._under_way[key]
 
     async def fetch(self, stream: str, partition: int, cursor_id: str, timeout: float) -> int:
-        """The cursor's stored position; -1 for a cursor never set."""
+        """The cursor's stored position; -1 for a cursor never set. Answered once the writes of the cursor under
+        way when the request arrived are done (stored or failed): never older than a write that was accepted."""
         key = self.check(stream, partition, cursor_id)
         pid, leader = self._leader_for(key)
+        under_way = self._under_way.get(key)
+        if under_way:
+            await asyncio.wait(list(under_way), timeout=timeout)
         cache = await self._positions(pid, leader, timeout)
         known = cache.by_key.get(key)
         return -1 if known is None or known[1] is None else known[1]

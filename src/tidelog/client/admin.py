@@ -57,6 +57,7 @@ from tidelog.protocol.group_messages import (
 from tidelog.protocol.messages import (
     CreateStreamRequest,
     DeleteStreamRequest,
+    GroupContext,
     Header,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -273,17 +274,28 @@ class Admin:
     # -- cursors: a consumer's position, stored on the leader of its __cursors partition ------------------------
 
     async def set_cursor(
-        self, stream: str, partition: int, cursor_id: str, offset: int, *, timeout_ms: int = 5_000
+        self,
+        stream: str,
+        partition: int,
+        cursor_id: str,
+        offset: int,
+        *,
+        timeout_ms: int = 5_000,
+        group: GroupContext | None = None,
     ) -> None:
         """Store ``offset`` as cursor ``cursor_id``'s position in ``stream``/``partition`` (-1: nothing consumed);
         returns once it is committed to the ``__cursors`` partition's in-sync replicas. ``InvalidArgumentError``
         for an empty or over-long id or an offset below -1, ``UnknownStreamError`` / ``UnknownPartitionError``
-        for a stream or partition that does not exist."""
-        await self._cursor_request(SetCursorRequest(stream, partition, cursor_id, offset, timeout_ms))
+        for a stream or partition that does not exist. ``group``: commit as that consumer group member, fenced by
+        its group epoch (``StaleGroupEpochError``, nothing stored, when it no longer owns the partition)."""
+        await self._cursor_request(SetCursorRequest(stream, partition, cursor_id, offset, timeout_ms, group))
 
-    async def fetch_cursor(self, stream: str, partition: int, cursor_id: str, *, timeout_ms: int = 5_000) -> int:
-        """Cursor ``cursor_id``'s stored position in ``stream``/``partition``; -1 when it was never set."""
-        response = await self._cursor_request(FetchCursorRequest(stream, partition, cursor_id, timeout_ms))
+    async def fetch_cursor(
+        self, stream: str, partition: int, cursor_id: str, *, timeout_ms: int = 5_000, group: GroupContext | None = None
+    ) -> int:
+        """Cursor ``cursor_id``'s stored position in ``stream``/``partition``; -1 when it was never set.
+        ``group``: read as that member at its epoch (no older than any commit the broker accepted before it)."""
+        response = await self._cursor_request(FetchCursorRequest(stream, partition, cursor_id, timeout_ms, group))
         assert isinstance(response, FetchCursorResponse)
         return response.offset
 

@@ -46,8 +46,14 @@ from typing import Literal
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.records import FetchedBatch, batches_before_corruption, batches_of
 from tidelog.protocol.connection import Connection, Response
-from tidelog.protocol.errors import ErrorCode, OffsetDamagedError, TidelogError, from_error_body
-from tidelog.protocol.messages import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from tidelog.protocol.errors import ErrorCode, OffsetDamagedError, StaleGroupEpochError, TidelogError, from_error_body
+from tidelog.protocol.messages import (
+    FetchRequest,
+    FetchResponse,
+    GroupContext,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.protocol.records.rows import ConsumerRecord
 
@@ -100,13 +106,17 @@ class Consumer:
         verify_crc: bool = True,
         retry_backoff_ms: int = 100,
         on_damaged: OnDamaged = "raise",
+        group: GroupContext | None = None,
     ) -> None:
         """``stop_at_end`` ends iteration once every partition has been read up to the high watermark it
         reported (a snapshot read, for scripts); otherwise iteration follows the tail forever. ``on_damaged``:
-        what to do at offsets damaged on the broker's disk (see the module docstring)."""
+        what to do at offsets damaged on the broker's disk (see the module docstring). ``group``: fetch as that
+        consumer group member (the group consumer's readers); the broker refuses its fetches once the partition
+        is no longer the member's at the group's current epoch (``StaleGroupEpochError``)."""
         if not stream:
             raise ValueError("a consumer reads one stream: pass its name")
         self.stream = stream
+        self._group = group  # fetches as this consumer group member (fenced by its epoch on the broker)
         self._owns_cluster = cluster is None
         self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
         self._wanted = None if partitions is None else list(partitions)
@@ -224,8 +234,8 @@ class Consumer:
         try:
             response = future.result()
         except TidelogError as exc:
-            if not exc.retriable:
-                raise
+            if not exc.retriable or (self._group is not None and isinstance(exc, StaleGroupEpochError)):
+                raise  # a fenced member's fetch: its group consumer learns the new epoch and reads again
             log.info("fetch of %s/%d failed (%s); reconnecting", self.stream, p.id, exc)
             await asyncio.sleep(self._backoff)
             await self._reconnect(p)
@@ -264,7 +274,9 @@ class Consumer:
 
     def _send_fetch(self, p: _Partition) -> None:
         assert p.connection is not None
-        request = FetchRequest(self.stream, p.id, p.position, self._max_bytes, self._max_wait_ms, verify=p.verify)
+        request = FetchRequest(
+            self.stream, p.id, p.position, self._max_bytes, self._max_wait_ms, verify=p.verify, group=self._group
+        )
         try:
             p.fetch = p.connection.send(request)
         except TidelogError as exc:

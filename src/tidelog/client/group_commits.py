@@ -9,12 +9,16 @@ member commits 42, and a member that takes the partition over starts reading at 
 store the offset of the last record handled and resume one past it: a Liftbridge client resuming from a group's
 cursor reads one record again.) A cursor that was never set reads -1: no committed offset.
 
-**Fencing.** The broker's cursors do not check group membership: any client may set any cursor. So this member
-refuses to commit a partition unless the coordinator says, just before the write, that the partition is its own
-at the group's current epoch (:meth:`GroupMembership.confirm`, a heartbeat): a member whose partitions moved
-(it was removed after a silence, or the group rebalanced) gets ``StaleGroupEpochError`` and nothing is written,
-so it cannot set back the offset the new owner committed. What remains open is the moment between that check and
-the write: closing it needs the broker to fence cursor writes by group epoch.
+**Fencing.** Every commit carries the member's group context (group, consumer id, the epoch it holds), and the
+broker leading the cursor refuses it, nothing stored, unless the partition is the member's at the group's current
+epoch (:mod:`tidelog.broker.groups.fencing`): a member whose partitions moved (it was removed after a silence,
+or the group rebalanced) cannot set back the offset the new owner committed. The member also heartbeats just
+before committing (:meth:`GroupMembership.confirm`), so it commits at the current epoch and refuses, itself, a
+partition the coordinator no longer gives it (``StaleGroupEpochError``); a commit the broker refuses because the
+epoch moved in between is tried once more after another heartbeat. Reading the committed offsets of partitions
+just assigned carries the context too: the broker answers once commits at older epochs are refused, and after
+those already under way, so a member taking a partition over resumes after the last commit acknowledged to the
+previous owner.
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ class GroupCommits:
     async def fetch(self, partitions: Iterable[StreamPartition]) -> dict[StreamPartition, int]:
         """The committed offsets (next offsets to read) of ``partitions``; those with none are left out."""
         wanted = list(partitions)
+        group = self._membership.context()
         offsets = await asyncio.gather(
-            *(self._admin.fetch_cursor(tp.stream, tp.partition, self.cursor_id) for tp in wanted)
+            *(self._admin.fetch_cursor(tp.stream, tp.partition, self.cursor_id, group=group) for tp in wanted)
         )
         found = {tp: offset for tp, offset in zip(wanted, offsets, strict=True) if offset >= 0}
         self.committed.update(found)
@@ -51,14 +56,38 @@ class GroupCommits:
 
     async def commit(self, offsets: Mapping[StreamPartition, int]) -> None:
         """Store ``offsets`` (next offsets to read) once the coordinator confirms each partition is this member's;
-        ``StaleGroupEpochError`` (nothing written) when one is not, ``ValueError`` for a negative offset."""
+        ``StaleGroupEpochError`` when one is not (none written) or the broker refused one (that one not written),
+        ``ValueError`` for a negative offset."""
         for tp, offset in offsets.items():
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"{tp.stream}/{tp.partition}: a committed offset is a next offset to read, >= 0; "
                                  f"got {offset!r}")  # fmt: skip
         if not offsets:
             return
-        await self._membership.confirm()
+        pending = dict(offsets)
+        for attempt in range(2):  # once more after a refusal: the epoch moved between the heartbeat and the write
+            await self._membership.confirm()
+            self._check_owned(pending)
+            group = self._membership.context()
+            results = await asyncio.gather(
+                *(self._admin.set_cursor(tp.stream, tp.partition, self.cursor_id, offset, group=group)
+                  for tp, offset in pending.items()),
+                return_exceptions=True,
+            )  # fmt: skip
+            failures: list[BaseException] = []
+            for (tp, offset), result in zip(list(pending.items()), results, strict=True):
+                if result is None:
+                    self.committed[tp] = offset
+                    del pending[tp]
+                else:
+                    failures.append(result)
+            if not failures:
+                return
+            stale = all(isinstance(f, StaleGroupEpochError) for f in failures)
+            if attempt or not stale:
+                raise next((f for f in failures if not isinstance(f, StaleGroupEpochError)), failures[0])
+
+    def _check_owned(self, offsets: Mapping[StreamPartition, int]) -> None:
         foreign = sorted(tp for tp in offsets if tp not in self._membership.assigned)
         if foreign:
             names = ", ".join(f"{tp.stream}/{tp.partition}" for tp in foreign)
@@ -66,10 +95,6 @@ class GroupCommits:
                 f"consumer {self._membership.consumer_id} does not own {names} in consumer group "
                 f"{self._membership.group_id} at its epoch {self._membership.epoch}: nothing committed"
             )
-        await asyncio.gather(
-            *(self._admin.set_cursor(tp.stream, tp.partition, self.cursor_id, offset) for tp, offset in offsets.items())
-        )
-        self.committed.update(offsets)
 
     def forget(self, partitions: Iterable[StreamPartition]) -> None:
         """Drop what is known of partitions no longer assigned (another member commits them now)."""

@@ -29,6 +29,12 @@ next heartbeat; it applies the change inside the iteration: ``on_revoked`` with 
 already belongs to another member, so it is not committed: that could set back the new owner's offset (see
 :mod:`tidelog.client.group_commits`); the records handed out from it since the last commit are read again by
 the new owner. Commit more often (or call :meth:`commit`) to bound that.
+
+Silence and fencing. A member whose heartbeats go unanswered for the consumer timeout gives every partition up
+the same way (``on_revoked``, nothing committed), as it has been removed by then; it takes them back once the
+coordinator answers (:mod:`tidelog.client.group_membership`). Its fetches and commits carry its group epoch, and
+brokers refuse them once the group moved on (:mod:`tidelog.broker.groups.fencing`), so a member that missed a
+rebalance neither reads nor commits a partition that is no longer its own.
 """
 
 from __future__ import annotations
@@ -345,6 +351,8 @@ class GroupConsumer:
             reset=self._reset,
             max_bytes=self._max_bytes,
             max_wait_ms=self._max_wait_ms,
+            member=self._membership.context,
+            on_fenced=self._membership.refresh,
         )
         await reader.open()
         self._readers[tp] = reader

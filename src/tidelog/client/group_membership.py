@@ -14,6 +14,14 @@ group (:mod:`tidelog.broker.groups`), over the wire protocol only:
   (REPORT_COORDINATOR): reports from more than half of the members move the group to another broker.
 - **removal**: a member the coordinator removed for silence gets UNKNOWN_MEMBER; it joins again (it is a new
   member with, probably, other partitions) and logs a warning.
+- **silence**: a member whose heartbeats have gone unanswered for the consumer timeout (its coordinator
+  unreachable from it) gives its partitions up, as if they were revoked: the coordinator removes a member it has
+  not heard from for that long and gives them to others, so reading or committing them on would make a zombie.
+  The timeout counts from when the last answered heartbeat was *sent*, so the member stops no later than the
+  coordinator removes it. An answer gives the partitions back; after a removal the member joins again.
+- **fencing**: fetches and commits carry :meth:`GroupMembership.context` (group, consumer, epoch held), and
+  brokers refuse them at any epoch but the group's (:mod:`tidelog.broker.groups.fencing`); a refused request
+  makes the member heartbeat at once (:meth:`GroupMembership.refresh`).
 - **leave** (LEAVE_GROUP) when closing, so the partitions move at once rather than after the timeout.
 - **the same id again**: a join refused because the consumer id is still a member (a crashed earlier run of this
   consumer, not yet timed out) takes that member's place: it leaves for it and joins again, as Kafka's static
@@ -53,6 +61,7 @@ from tidelog.protocol.group_messages import (
     LeaveGroupRequest,
     ReportCoordinatorRequest,
 )
+from tidelog.protocol.messages import GroupContext
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +102,11 @@ class GroupMembership:
         self.changed = asyncio.Event()
         self._lock = asyncio.Lock()  # one heartbeat round at a time (the loop's and a commit's)
         self._last_answer = time.monotonic()  # when the coordinator last answered
+        self._last_heartbeat = time.monotonic()  # when the last heartbeat that was answered was sent (or the join)
+        self.lapsed = False  # no heartbeat answered for the consumer timeout: the partitions were given up
         self._reported: tuple[str, int] | None = None  # (coordinator, epoch) already reported
         self._task: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -104,14 +116,16 @@ class GroupMembership:
         async with self._lock:
             await self._round()
         self._task = asyncio.create_task(self._run(), name=f"group-heartbeat-{self.group_id}")
+        self._watchdog = asyncio.create_task(self._watch(), name=f"group-watchdog-{self.group_id}")
 
     async def leave(self) -> None:
         """Stop heartbeating and leave the group (its partitions move to the others at once)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        for task in (self._task, self._watchdog):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._task = self._watchdog = None
         if self.epoch < 0:
             return
         self.epoch = -1
@@ -125,7 +139,39 @@ class GroupMembership:
         async with self._lock:
             await self._round(raise_errors=True)
 
+    def context(self) -> GroupContext:
+        """What this member's fetches and commits carry: the group, this consumer, and the epoch it holds now."""
+        return GroupContext(self.group_id, self.consumer_id, max(self.epoch, 0))
+
+    async def refresh(self, fenced: GroupContext) -> None:
+        """A broker refused a request made with ``fenced``: heartbeat now to learn the group's epoch and this
+        member's partitions, unless a heartbeat since did (many readers fenced at once heartbeat once)."""
+        async with self._lock:
+            if self.epoch != fenced.epoch:
+                return
+            with contextlib.suppress(TidelogError):
+                await self._round(raise_errors=True)
+
     # -- the heartbeat -----------------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Give the partitions up once no heartbeat has been answered for the consumer timeout: the coordinator
+        has removed this member by then (or is about to), and its partitions are another member's. Reading or
+        committing them on would make this member a zombie. A later answer gives them back (or, after a removal,
+        the member joins again)."""
+        while True:
+            left = self._last_heartbeat + self.consumer_timeout - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
+                continue
+            if self.assigned:
+                log.warning("group %s: consumer %s has had no heartbeat answered for %.1fs (its consumer timeout); "
+                            "giving up its partitions", self.group_id, self.consumer_id,
+                            time.monotonic() - self._last_heartbeat)  # fmt: skip
+                self.lapsed = True
+                self.assigned = frozenset()
+                self.changed.set()
+            await asyncio.sleep(min(self.interval, self.consumer_timeout / 3))
 
     async def _run(self) -> None:
         while True:
@@ -175,6 +221,7 @@ class GroupMembership:
     async def _heartbeat(self) -> None:
         connection = await self._coordinator_connection()
         request = GroupAssignmentsRequest(self.group_id, self.consumer_id, max(self.epoch, 0))
+        sent = time.monotonic()
         try:
             response = await connection.request(request, timeout=self.consumer_timeout / 3)
         except RequestTimeoutError as exc:
@@ -182,6 +229,8 @@ class GroupMembership:
         answer = response.header
         assert isinstance(answer, GroupAssignmentsResponse)
         self._last_answer = time.monotonic()
+        self._last_heartbeat = sent  # the coordinator's deadline for this member starts after this moment
+        self.lapsed = False
         assigned = frozenset(StreamPartition(a.stream, p) for a in answer.assignments for p in a.partitions)
         self._set(answer.epoch, assigned)
 
@@ -194,8 +243,13 @@ class GroupMembership:
         """The coordinator did not answer: look the group up; report the coordinator once it has been silent for
         the broker's coordinator timeout (and only once per coordinator and epoch)."""
         before = self.coordinator
-        with contextlib.suppress(TidelogError):
+        try:
             await self._describe()
+        except UnknownGroupError:  # removed while silent, and the group went with it: a new member now
+            await self._rejoin()
+            return
+        except TidelogError:
+            pass
         if self.coordinator != before:
             return
         silent = time.monotonic() - self._last_answer
@@ -239,7 +293,7 @@ class GroupMembership:
             self.interval = self._interval_ms / 1000
         self.coordinator = answer.coordinator
         self.epoch = answer.epoch
-        self._last_answer = time.monotonic()
+        self._last_answer = self._last_heartbeat = time.monotonic()
 
     async def _describe(self) -> None:
         """Where the group stands (any broker's view): its coordinator and epoch."""

@@ -8,6 +8,10 @@ longer than its few quick retries, the stream's metadata briefly unknown) instea
 application: a member keeps following its partition, as a Kafka consumer does. Errors that are not retriable (the
 stream was deleted, damaged offsets) are raised to the group consumer, which hands them to its caller.
 
+Fetches carry the member's group context (group, consumer id, the epoch it holds now), so a broker refuses them
+once the partition is no longer this member's at the group's epoch; the reader then has the membership heartbeat
+(learning the new epoch, or that the partition moved: the group consumer then stops this reader) and reads on.
+
 One fetch answer is awaited at a time: :attr:`PartitionReader.poll` is the task of the next batches, started again
 with :meth:`PartitionReader.next_batches` once the group consumer took them.
 """
@@ -17,18 +21,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from tidelog.client.cluster import Cluster
 from tidelog.client.consumer import Consumer, StartPosition
 from tidelog.client.group_membership import StreamPartition
 from tidelog.client.records import FetchedBatch
-from tidelog.protocol.errors import TidelogError
+from tidelog.protocol.errors import StaleGroupEpochError, TidelogError, UnknownGroupError, UnknownMemberError
+from tidelog.protocol.messages import GroupContext
 
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF = 0.5
 """Seconds between restarts of a partition's consumer after a retriable failure."""
+FENCED_BACKOFF = 0.05
+"""Seconds before reading again after a fetch was fenced and the membership learned a new epoch (the partition
+was not moved, or the group consumer stops this reader before long); :data:`RESTART_BACKOFF` if it learned none."""
+FENCED = (StaleGroupEpochError, UnknownMemberError, UnknownGroupError)
+"""Refusals of a fetch made at a group epoch that is no longer the group's (:mod:`tidelog.broker.groups.fencing`)."""
 
 
 class PartitionReader:
@@ -44,8 +55,15 @@ class PartitionReader:
         reset: Literal["earliest", "latest"],
         max_bytes: int,
         max_wait_ms: int,
+        member: Callable[[], GroupContext] | None = None,
+        on_fenced: Callable[[GroupContext], Awaitable[None]] | None = None,
     ) -> None:
+        """``member``: the group context fetches carry now (its epoch changes with the group's); ``on_fenced``:
+        what to do when the broker refuses a fetch for it (learn the group's new epoch from the coordinator)."""
         self.tp = tp
+        self._member = member
+        self._on_fenced = on_fenced
+        self._context: GroupContext | None = None  # the context of the current consumer's fetches
         self.generation = generation  # records of an older reading of the partition (before a seek) are dropped
         self.position = start if isinstance(start, int) else -1  # the next offset handed out; -1: not resolved yet
         self._start = start
@@ -91,6 +109,15 @@ class PartitionReader:
                 if batches is not None:
                     return batches
                 failure = "no fetch in flight after an error"
+            except FENCED as exc:  # the group moved on: learn where it stands, then read at its epoch (or stop)
+                log.info("%s/%d: fetch fenced (%s)", self.tp.stream, self.tp.partition, exc)
+                await self._drop()
+                fenced = self._context
+                if self._on_fenced is not None and fenced is not None:
+                    await self._on_fenced(fenced)
+                moved_on = self._member is not None and self._member() != fenced  # a new epoch to read at
+                await asyncio.sleep(FENCED_BACKOFF if moved_on else RESTART_BACKOFF)
+                continue
             except TidelogError as exc:
                 if not exc.retriable:
                     raise  # the consumer went on (past damaged offsets) or has no fetch left (restarted next call)
@@ -101,6 +128,7 @@ class PartitionReader:
             await asyncio.sleep(RESTART_BACKOFF)
 
     async def _open(self) -> None:
+        self._context = None if self._member is None else self._member()
         consumer = Consumer(
             stream=self.tp.stream,
             partitions=[self.tp.partition],
@@ -109,6 +137,7 @@ class PartitionReader:
             auto_offset_reset=self._reset,
             max_bytes=self._max_bytes,
             max_wait_ms=self._max_wait_ms,
+            group=self._context,
         )
         try:
             await consumer.start()

@@ -13,7 +13,16 @@ from typing import Annotated
 
 import msgspec
 
-from tidelog.protocol.messages import INT32_MAX, INT64_MAX, Header, Millis, Name, OffsetOrNone, PartitionId
+from tidelog.protocol.messages import (
+    INT32_MAX,
+    INT64_MAX,
+    GroupContext,
+    Header,
+    Millis,
+    Name,
+    OffsetOrNone,
+    PartitionId,
+)
 
 CursorPartition = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
 CursorOffset = Annotated[int, msgspec.Meta(ge=-(2**63), le=INT64_MAX)]
@@ -22,13 +31,17 @@ CursorOffset = Annotated[int, msgspec.Meta(ge=-(2**63), le=INT64_MAX)]
 class SetCursorRequest(Header, frozen=True):
     """Store ``offset`` (-1: nothing consumed) as cursor ``cursor_id``'s position in ``stream``/``partition``.
     Sent to the leader of the cursor's ``__cursors`` partition (``crc32(key) % partitions``, key
-    ``cursor_id,stream,partition``); answered once committed (acks ALL)."""
+    ``cursor_id,stream,partition``); answered once committed (acks ALL).
+
+    ``group``: a consumer group member committing the group's offset (``cursor_id`` is the group id). Refused,
+    nothing stored, unless the member owns the partition at the group's current epoch (a fenced commit)."""
 
     stream: Name
     partition: CursorPartition
     cursor_id: str
     offset: CursorOffset
     timeout_ms: Millis = 5_000
+    group: GroupContext | None = None
 
 
 class SetCursorResponse(Header, frozen=True):
@@ -36,12 +49,17 @@ class SetCursorResponse(Header, frozen=True):
 
 
 class FetchCursorRequest(Header, frozen=True):
-    """Read cursor ``cursor_id``'s position in ``stream``/``partition``; sent like :class:`SetCursorRequest`."""
+    """Read cursor ``cursor_id``'s position in ``stream``/``partition``; sent like :class:`SetCursorRequest`.
+
+    ``group``: a member taking a partition over reads the group's offset at its epoch: the answer waits until the
+    broker knows that epoch (from then on commits at older epochs are refused) and until every commit under way
+    on the cursor is done, so it is never older than a commit that passed the fence."""
 
     stream: Name
     partition: CursorPartition
     cursor_id: str
     timeout_ms: Millis = 5_000
+    group: GroupContext | None = None
 
 
 class FetchCursorResponse(Header, frozen=True):

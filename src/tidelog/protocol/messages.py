@@ -94,8 +94,21 @@ class ProduceResponse(Header, frozen=True):
 # -- fetch ------------------------------------------------------------------------------------------------------
 
 
+class GroupContext(Header, frozen=True):
+    """A request made on behalf of a consumer group member: the group, the member and the group epoch it holds.
+
+    A broker refuses the request unless ``epoch`` is the group's current epoch and the request's partition is
+    assigned to ``consumer_id`` at it (STALE_GROUP_EPOCH; UNKNOWN_GROUP, UNKNOWN_MEMBER): a member that missed a
+    rebalance can neither read nor commit a partition that moved (:mod:`tidelog.broker.groups.fencing`)."""
+
+    group_id: str
+    consumer_id: str
+    epoch: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+
+
 class FetchRequest(Header, frozen=True):
-    """Read batches from ``offset``; long-polls up to ``max_wait_ms`` until ``min_bytes`` are available."""
+    """Read batches from ``offset``; long-polls up to ``max_wait_ms`` until ``min_bytes`` are available.
+    ``group``: read as that consumer group member (refused unless it owns the partition at the group's epoch)."""
 
     stream: Name
     partition: PartitionId
@@ -106,6 +119,7 @@ class FetchRequest(Header, frozen=True):
     isolation: Isolation = Isolation.COMMITTED
     verify: bool = False  # the client's CRC check failed on an answer from this offset: check the disk's bytes
     replica: bool = False  # read this broker's copy even as an in-sync follower (a replica restoring damage)
+    group: GroupContext | None = None  # a consumer group member's fetch: fenced by its group epoch
 
 
 class FetchResponse(Header, frozen=True):

@@ -133,6 +133,10 @@ class History:
         """A produce acknowledged with acks ALL at ``offset``: it must survive every fault."""
         self._acked[(stream, partition)].append((offset, value))
 
+    def acknowledged(self, stream: str, partition: int) -> list[tuple[int, bytes]]:
+        """The records acknowledged so far in ``stream``/``partition``, as ``(offset, value)``."""
+        return list(self._acked.get((stream, partition), []))
+
     def failed(self, value: bytes) -> None:
         """A produce the broker definitely refused (e.g. not enough replicas): it must never become visible."""
         self._failed.add(value)

@@ -197,6 +197,23 @@ async def test_bad_input_is_refused_and_nothing_is_stored(stub: Stub, stream_nam
     await leave(stub, group, "c")
 
 
+async def test_stale_epochs_and_bad_ids_of_a_subscription_are_refused(stub: Stub, stream_name: str) -> None:
+    await create_stream(stub, stream_name)
+    group = f"g-{stream_name}"
+    first = await join(stub, group, "a", stream_name)
+    second = await join(stub, group, "b", stream_name)
+    details = await expect_code(S.FAILED_PRECONDITION, assignments(stub, group, "a", first.epoch))
+    assert f"epoch {first.epoch}" in details
+    too_long = "x" * (MAX_ID_LENGTH + 1)
+    for group_id, consumer_id in ((too_long, "a"), (group, too_long), (group, "a b")):
+        consumer = api_pb2.Consumer(groupId=group_id, groupEpoch=second.epoch, consumerId=consumer_id)
+        request = api_pb2.SubscribeRequest(stream=stream_name, partition=0, consumer=consumer)
+        await expect_code(S.INVALID_ARGUMENT, stub.Subscribe(request).read())
+    assert (await group_metadata(stub, group)).epoch == second.epoch, "no refused request changed the group"
+    await leave(stub, group, "a")
+    await leave(stub, group, "b")
+
+
 async def test_a_rebalance_ends_the_subscription_of_a_partition_that_moved(stub: Stub, stream_name: str) -> None:
     await create_stream(stub, stream_name, partitions=2)
     group = f"g-{stream_name}"

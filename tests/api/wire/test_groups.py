@@ -44,6 +44,7 @@ from tidelog.protocol.messages import Header
 from tidelog.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+BAD_ID = r"no (groupId|consumerId|streams|coordinator) provided|at most|may not"  # each names the rule broken
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -97,11 +98,28 @@ async def test_a_member_over_the_wire(
         LeaveGroupRequest("g", ""),
         GroupAssignmentsRequest("g/h", "c", 0),
         ReportCoordinatorRequest("g", "c", "", 0),
+        JoinGroupRequest("x" * 256, "c", ("s",)),
+        LeaveGroupRequest("", "c"),
+        GroupAssignmentsRequest("g", "", 0),
+        GroupAssignmentsRequest("g", "c" * 256, 0),
+        ReportCoordinatorRequest("", "c", "b0", 0),
+        DescribeGroupRequest(""),
     ],
 )
 async def test_bad_ids_are_invalid_arguments(conn: Connection, request_: Header) -> None:
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentError, match=BAD_ID):
         await conn.request(request_, timeout=BOUND)
+
+
+async def test_joining_with_a_stream_that_does_not_exist_stores_nothing(
+    stub: api_pb2_grpc.APIStub, conn: Connection, stream_name: str
+) -> None:
+    await create_stream(stub, stream_name)
+    group = f"n-{stream_name}"
+    with pytest.raises(GroupRefusedError, match="no-such-stream"):
+        await conn.request(JoinGroupRequest(group, "c", (stream_name, "no-such-stream")), timeout=BOUND)
+    with pytest.raises(UnknownGroupError):
+        await conn.request(DescribeGroupRequest(group), timeout=BOUND)
 
 
 async def test_describe_and_list_groups(

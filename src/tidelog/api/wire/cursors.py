@@ -3,6 +3,10 @@ consumer positions without gRPC. Same store, same rules and same errors as Liftb
 ``FetchCursor`` (:mod:`tidelog.broker.cursors`): answered by the leader of the cursor's ``__cursors``
 partition, NOT_LEADER elsewhere (the client looks the leader up again and retries).
 
+A request carrying a ``group`` context is a consumer group member's: a commit is fenced by the group epoch (refused,
+nothing stored, unless the member owns the partition at the group's current epoch) and a read waits until this
+broker knows the member's epoch (:mod:`tidelog.broker.groups.fencing`). Without one, both are Liftbridge's.
+
 LIST_CURSORS lists every cursor of one id in one ``__cursors`` partition, answered by that partition's leader: a
 consumer group's committed offsets, for ``tidelog group describe`` (a client asks every partition).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.cursors import CursorStore
+from tidelog.broker.groups.service import GroupService
 from tidelog.protocol.cursor_messages import (
     CursorPosition,
     FetchCursorRequest,
@@ -32,15 +37,32 @@ def store_of(ctx: BrokerContext) -> CursorStore:
     return ctx.cursors
 
 
+def groups_of(ctx: BrokerContext) -> GroupService:
+    if ctx.groups is None:
+        raise UnsupportedError(f"broker {ctx.broker_id} runs without consumer groups")
+    return ctx.groups
+
+
 async def set_cursor(env: HandlerEnv, correlation_id: int, request: SetCursorRequest, _: memoryview) -> Reply:
     timeout = request.timeout_ms / 1000
-    await store_of(env.broker).set(request.stream, request.partition, request.cursor_id, request.offset, timeout)
+    store = store_of(env.broker)
+    fence = None
+    if request.group is not None:
+        store.check(request.stream, request.partition, request.cursor_id, request.offset)  # bad input first
+        fence = await groups_of(env.broker).commit_fence(
+            request.group, request.cursor_id, request.stream, request.partition
+        )
+    await store.set(request.stream, request.partition, request.cursor_id, request.offset, timeout, fence=fence)
     return Reply(encode_message(correlation_id, SetCursorResponse()))
 
 
 async def fetch_cursor(env: HandlerEnv, correlation_id: int, request: FetchCursorRequest, _: memoryview) -> Reply:
     timeout = request.timeout_ms / 1000
-    offset = await store_of(env.broker).fetch(request.stream, request.partition, request.cursor_id, timeout)
+    store = store_of(env.broker)
+    if request.group is not None:
+        store.check(request.stream, request.partition, request.cursor_id)
+        await groups_of(env.broker).catch_up(request.group)
+    offset = await store.fetch(request.stream, request.partition, request.cursor_id, timeout)
     return Reply(encode_message(correlation_id, FetchCursorResponse(offset)))
 
 

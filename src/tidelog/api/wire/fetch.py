@@ -32,12 +32,17 @@ into memory and copied, never sent with ``os.sendfile``; a broker without the st
 A fetch marked ``replica`` reads this broker's copy when it is an in-sync follower (Liftbridge's
 ``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers, so it gets
 the stored bytes as they are, sealed or not.
+
+A fetch carrying a ``group`` context is a consumer group member's: refused (STALE_GROUP_EPOCH, UNKNOWN_MEMBER,
+UNKNOWN_GROUP) unless the member owns the partition at the group's current epoch
+(:mod:`tidelog.broker.groups.fencing`), so a member that missed a rebalance stops reading a partition that moved.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from tidelog.api.wire.cursors import groups_of
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
 from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
@@ -55,6 +60,8 @@ MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
 async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _payload: memoryview) -> Reply:
     """Whole batches from ``request.offset``; see the module docstring for the rules."""
     manager = env.broker.manager
+    if request.group is not None:
+        await groups_of(env.broker).check_read(request.group, request.stream, request.partition)
     partition: Replica
     if request.replica:
         partition = manager.reader_of(request.stream, request.partition, isr_replica=True)

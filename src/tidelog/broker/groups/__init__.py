@@ -10,8 +10,11 @@ A group's state is one record in etcd (:mod:`tidelog.metadata.group_records`), m
   coordinators over (reported by a majority of members, or their broker gone);
 - :mod:`~tidelog.broker.groups.coordinator`: the coordinator answering heartbeats with assignments and removing
   members that stop heartbeating;
+- :mod:`~tidelog.broker.groups.fencing`: a member's commits and reads act on a partition only while it owns the
+  partition at the group's current epoch;
 - :mod:`~tidelog.broker.groups.service`: the one entry point of the gRPC and wire handlers (input checks,
   forwarding to the controller, the ``Subscribe`` check).
 
-Committed offsets are not kept here: they are cursors (``SetCursor``/``FetchCursor``, the ``__cursors`` stream).
+Committed offsets are not kept here: they are cursors (``SetCursor``/``FetchCursor``, the ``__cursors`` stream),
+whose writes by group members are fenced by :mod:`~tidelog.broker.groups.fencing`.
 """

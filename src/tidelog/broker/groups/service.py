@@ -11,36 +11,33 @@ served:
   :class:`~tidelog.broker.groups.coordinator.GroupCoordinator` (NOT_COORDINATOR when it does not coordinate the
   group, as Liftbridge answers).
 
-It also answers what other requests need to know about groups: a group's record for ``FetchMetadata``, whether a
-``Subscribe`` naming a group consumer may read a partition (:meth:`GroupService.check_subscribe`), and, through
-``readers`` (:mod:`tidelog.broker.groups.readers`), when such a subscription must end.
+It also answers what other requests need to know about groups: a group's record for ``FetchMetadata``; whether a
+member may read a partition (``Subscribe``, a FETCH with a group context: :meth:`GroupService.check_read`) or
+commit it (:meth:`GroupService.commit_fence`), fenced by the group epoch (:mod:`tidelog.broker.groups.fencing`);
+and, through ``readers`` (:mod:`tidelog.broker.groups.readers`), when a member's subscription must end.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tidelog.broker.controller_link import ControllerLink, call_controller
-from tidelog.broker.groups.coordinator import CATCH_UP, GroupCoordinator
+from tidelog.broker.groups.coordinator import GroupCoordinator
+from tidelog.broker.groups.fencing import check_context, check_owner, record_at_least
 from tidelog.broker.groups.membership import GroupMembership
 from tidelog.broker.groups.readers import GroupReaders
 from tidelog.metadata.group_mirror import GroupMirror
 from tidelog.metadata.group_records import GroupRecord, check_id
-from tidelog.protocol.errors import (
-    InvalidArgumentError,
-    StaleGroupEpochError,
-    UnavailableError,
-    UnknownGroupError,
-)
+from tidelog.protocol.errors import InvalidArgumentError, UnavailableError
 from tidelog.protocol.group_messages import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
     ReportCoordinatorRequest,
 )
+from tidelog.protocol.messages import GroupContext
 
 FORWARD_TIMEOUT = 10.0  # seconds a forwarded group request may take, retries to reach the controller included
 
@@ -142,34 +139,43 @@ class GroupService:
         """Refuse a Subscribe by a group consumer that may not read ``stream``/``partition`` now: a stale group
         epoch, or a partition not assigned to that consumer at the group's epoch (FailedPrecondition, as
         Liftbridge refuses a consumer that is not currently assigned the partition)."""
-        if not consumer_id:
-            raise InvalidArgumentError("consumer id cannot be empty when group id is provided")
-        check_id("groupId", group_id)
-        check_id("consumerId", consumer_id)
+        context = GroupContext(group_id, consumer_id, max(epoch, 0))
+        check_context(context)
         if isr_replica:
             raise InvalidArgumentError("consumer groups are not compatible with readISRReplica")
-        record = self.groups.get(group_id)
-        if record is None or record.epoch < epoch:
+        await self.check_read(context, stream, partition)
 
-            def arrived(mirror: GroupMirror) -> bool:
-                found = mirror.get(group_id)
-                return found is not None and found.epoch >= epoch
+    async def check_read(self, context: GroupContext, stream: str, partition: int) -> None:
+        """Refuse a member's read (a FETCH, a Subscribe) of a partition it does not own at the group's current
+        epoch (:mod:`tidelog.broker.groups.fencing`)."""
+        check_context(context)
+        record = await record_at_least(self.groups, context)
+        check_owner(record, context, stream, partition, "read")
 
-            with contextlib.suppress(TimeoutError):
-                await self.groups.wait_for(arrived, CATCH_UP)
-            record = self.groups.get(group_id)
-        if record is None:
-            raise UnknownGroupError(f"no such consumer group {group_id}")
-        if epoch != record.epoch:
-            raise StaleGroupEpochError(
-                f"consumer {consumer_id} subscribed with group epoch {epoch}, but consumer group {group_id} is at "
-                f"epoch {record.epoch}: fetch the assignments again"
+    async def commit_fence(
+        self, context: GroupContext, cursor_id: str, stream: str, partition: int
+    ) -> Callable[[], None]:
+        """The check of a member's commit, to run just before its write is issued (it raises to refuse it): the
+        cursor must be the group's, and the member must own the partition at the group's current epoch. Waits
+        first (briefly) for this broker's record of the group to reach the member's epoch."""
+        check_context(context)
+        if cursor_id != context.group_id:
+            raise InvalidArgumentError(
+                f"a member of consumer group {context.group_id} commits the group's cursor: cursor id {cursor_id!r} "
+                "is not the group id"
             )
-        if record.owner_of(stream, partition) != consumer_id:
-            raise StaleGroupEpochError(
-                f"consumer {consumer_id} is not currently assigned partition {partition} of stream {stream} "
-                f"in consumer group {group_id} (epoch {record.epoch})"
-            )
+        await record_at_least(self.groups, context)
+
+        def fence() -> None:
+            check_owner(self.groups.get(context.group_id), context, stream, partition, "commit")
+
+        return fence
+
+    async def catch_up(self, context: GroupContext) -> None:
+        """Wait (briefly) until this broker's record of the group is at the member's epoch or newer: a member taking
+        a partition over reads its committed offset only once commits at older epochs are refused here."""
+        check_context(context)
+        await record_at_least(self.groups, context)
 
     # ---- helpers ----
 
