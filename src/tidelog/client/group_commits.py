@@ -12,10 +12,10 @@ cursor reads one record again.) A cursor that was never set reads -1: no committ
 **Fencing.** Every commit carries the member's group context (group, consumer id, the epoch it holds), and the
 broker leading the cursor refuses it, nothing stored, unless the partition is the member's at the group's current
 epoch (:mod:`tidelog.broker.groups.fencing`): a member whose partitions moved (it was removed after a silence,
-or the group rebalanced) cannot set back the offset the new owner committed. The member also heartbeats just
-before committing (:meth:`GroupMembership.confirm`), so it commits at the current epoch and refuses, itself, a
-partition the coordinator no longer gives it (``StaleGroupEpochError``); a commit the broker refuses because the
-epoch moved in between is tried once more after another heartbeat. Reading the committed offsets of partitions
+or the group rebalanced) cannot set back the offset the new owner committed. So a commit is one round trip
+to the cursor's leader, as Kafka's is to its coordinator; the member refuses, itself, a partition it no longer
+holds (``StaleGroupEpochError``), and when the broker refuses a commit because the epoch moved, the member
+heartbeats (:meth:`GroupMembership.confirm`) and tries once more at the epoch it learns. Reading the committed offsets of partitions
 just assigned carries the context too: the broker answers once commits at older epochs are refused, and after
 those already under way, so a member taking a partition over resumes after the last commit acknowledged to the
 previous owner.
@@ -55,8 +55,8 @@ class GroupCommits:
         return found
 
     async def commit(self, offsets: Mapping[StreamPartition, int]) -> None:
-        """Store ``offsets`` (next offsets to read) once the coordinator confirms each partition is this member's;
-        ``StaleGroupEpochError`` when one is not (none written) or the broker refused one (that one not written),
+        """Store ``offsets`` (next offsets to read) at the member's epoch; ``StaleGroupEpochError`` when one is not
+        this member's (none written) or the broker refused one even at the current epoch (that one not written),
         ``ValueError`` for a negative offset."""
         for tp, offset in offsets.items():
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -65,8 +65,9 @@ class GroupCommits:
         if not offsets:
             return
         pending = dict(offsets)
-        for attempt in range(2):  # once more after a refusal: the epoch moved between the heartbeat and the write
-            await self._membership.confirm()
+        for attempt in range(2):  # once more after a refusal, at the epoch a heartbeat then learns
+            if attempt:
+                await self._membership.confirm()
             self._check_owned(pending)
             group = self._membership.context()
             results = await asyncio.gather(
