@@ -33,7 +33,7 @@ from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.cleaner import LogCleaner
-from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.pausing import Pauses
 from tidelog.broker.peers import Peers
 from tidelog.broker.streams import StreamAdmin
 from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
@@ -115,6 +115,7 @@ class Broker:
         self.cursor_stream: CursorStreamKeeper | None = None
         self.cursors: CursorStore | None = None
         self.groups: GroupRuntime | None = None
+        self.pauses: Pauses | None = None
         self._stopped = asyncio.Event()
         self._start_failed = False
 
@@ -167,7 +168,6 @@ class Broker:
                 self.nc,
                 lambda stream: log_config_for(cfg, stream),
                 ack_timeout=cfg.default_ack_timeout_ms / 1000,
-                on_resume=self._resume,
                 nats_urls=self.nats_urls,
                 alter_isr=self.link.alter_isr,
                 report_suspension=self.link.suspend_partition,
@@ -190,7 +190,17 @@ class Broker:
             self.groups = GroupRuntime(self.id, self.etcd, keys, self.election, mirror, self.link, cfg)
             await self.groups.start()
             admin = StreamAdmin(self.id, self.store, mirror, link=self.link)
-            self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
+            self.pauses = Pauses(
+                self.manager,
+                admin,
+                mirror,
+                auto_pause_ms=cfg.auto_pause_time_ms,
+                disable_if_subscribers=cfg.auto_pause_disable_if_subscribers,
+                cursors_auto_pause_ms=cfg.cursors_stream_auto_pause_time_ms,
+            )
+            self.cursors = CursorStore(
+                self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0, resume=self.pauses.resume
+            )
             mirror.add_listener(self.cursors.on_metadata)
             await self.cursors.on_metadata(mirror.snapshot, mirror.snapshot)
             self.context = BrokerContext(
@@ -205,6 +215,7 @@ class Broker:
                 producer_ids=ProducerIdAllocator(self.etcd, keys),
                 cursors=self.cursors,
                 groups=self.groups.service,
+                pauses=self.pauses,
             )
             self.grpc = GrpcServer(self.context, cfg.host, cfg.port)
             self.wire = WireServer(self.context, cfg.host, cfg.wire_port)
@@ -223,6 +234,7 @@ class Broker:
                 replication_factor=cfg.cursors_stream_replication_factor,
             )
             self.cursor_stream.start()
+            self.pauses.start()
             await self.grpc.start()
             self._write_endpoints(wire_port)
         except BaseException as exc:
@@ -279,17 +291,6 @@ class Broker:
         assert self.controller is not None
         return self.controller
 
-    async def _resume(self, partition: Partition) -> None:
-        """A write to a paused partition resumes it, or every paused partition of its stream when it was paused
-        with ``resumeAll`` (Liftbridge's rules)."""
-        if self.context is None or self.mirror is None:
-            return
-        name = partition.stream.name
-        ids = [partition.record.id]
-        if partition.record.resume_all:
-            ids = [p.id for p in self.mirror.snapshot.partitions_of(name) if p.paused] or ids
-        await self.context.admin.set_paused(name, ids, False)
-
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""
         if self._stopped.is_set():
@@ -305,6 +306,8 @@ class Broker:
         if self.wire is not None:
             with contextlib.suppress(Exception):
                 await self.wire.stop(grace=min(grace, 5.0))
+        if self.pauses is not None:
+            await self.pauses.stop()
         if self.cursor_stream is not None:
             await self.cursor_stream.stop()
         if self.cursors is not None:

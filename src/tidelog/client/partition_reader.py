@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF = 0.5
 """Seconds between restarts of a partition's consumer after a retriable failure."""
+READONLY_RECHECK = 5.0
+"""Seconds between looks at a partition read to its end while read-only (it may be made writable again)."""
 
 
 class PartitionReader:
@@ -90,6 +92,10 @@ class PartitionReader:
                 batches = await self._consumer.poll()
                 if batches is not None:
                     return batches
+                if self._consumer.at_readonly_end(self.tp.partition):  # nothing more unless made writable again
+                    await self._drop()
+                    await asyncio.sleep(READONLY_RECHECK)
+                    continue
                 failure = "no fetch in flight after an error"
             except TidelogError as exc:
                 if not exc.retriable:

@@ -42,7 +42,8 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── OffsetDamagedError        OFFSET_DAMAGED        DATA_LOSS             read on from the next offset
      ├── NotCoordinatorError       NOT_COORDINATOR       FAILED_PRECONDITION   retriable: ask the group's coordinator
      ├── UnknownMemberError        UNKNOWN_MEMBER        FAILED_PRECONDITION   join the group again
-     └── GroupRefusedError         GROUP_REFUSED         FAILED_PRECONDITION   the group's state does not allow it
+     ├── GroupRefusedError         GROUP_REFUSED         FAILED_PRECONDITION   the group's state does not allow it
+     └── PartitionPausedError      PARTITION_PAUSED      FAILED_PRECONDITION   publish, or subscribe with resume
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -78,6 +79,9 @@ should not retry until the system state has been fixed"):
   restored them. The message names the range and the next readable offset (a wire FETCH also carries them as
   fields); reading from there succeeds, and once an operator confirms skipping the range
   (``tidelog partition skip-damaged``) reads pass over it silently.
+- PARTITION_PAUSED is FAILED_PRECONDITION, as Liftbridge answers a subscriber of a paused partition: the
+  partition's log is closed (:mod:`tidelog.broker.pausing`); a publish or a subscribe with ``resume`` set
+  resumes it, so repeating the very same request never helps.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -136,6 +140,7 @@ class ErrorCode(enum.IntEnum):
     NOT_COORDINATOR = 31
     UNKNOWN_MEMBER = 32
     GROUP_REFUSED = 33
+    PARTITION_PAUSED = 34
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -231,6 +236,8 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
     ErrorSpec(_C.GROUP_REFUSED, "the consumer group's state does not allow this request", False,
               _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
+    ErrorSpec(_C.PARTITION_PAUSED, "the partition is paused", False, _S.FAILED_PRECONDITION, _A.UNKNOWN,
+              _K.UNKNOWN),
 )
 # fmt: on
 
@@ -435,6 +442,11 @@ class UnknownMemberError(TidelogError, code=ErrorCode.UNKNOWN_MEMBER):
 class GroupRefusedError(TidelogError, code=ErrorCode.GROUP_REFUSED):
     """The group's state does not allow the request: joining as a consumer that is already a member, with a
     stream that does not exist, or reporting a coordinator or epoch that is not the group's current one."""
+
+
+class PartitionPausedError(TidelogError, code=ErrorCode.PARTITION_PAUSED):
+    """The partition is paused: its log is closed on every replica. A publish resumes it, and so does a
+    subscribe with ``resume`` set."""
 
 
 if set(_CLASSES) != set(ErrorCode):

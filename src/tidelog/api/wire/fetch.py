@@ -27,6 +27,11 @@ replica (:mod:`tidelog.broker.partitions.damage_repair`) the fetch is answered U
 Served ranges are CRC-checked once per process, so bytes that rot after that reach the client unchecked: a
 client whose own CRC check fails fetches again with ``verify``, and that fetch is read into memory and checked
 on the broker, which finds and records the damage.
+Read-only partitions (Liftbridge's end of a read-only partition): every answer says whether the partition is
+read-only (``readonly``), and a fetch at the end of a read-only partition whose log is all committed is answered
+at once instead of long-polling, so the consumer ends there (:mod:`tidelog.client.consumer`). A fetch or
+list-offsets of a paused partition resumes it (:mod:`tidelog.broker.pausing`).
+
 A fetch marked ``replica`` reads this broker's copy when it is an in-sync follower (Liftbridge's
 ``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers.
 """
@@ -56,7 +61,9 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     if request.replica:
         partition = manager.reader_of(request.stream, request.partition, isr_replica=True)
     else:
-        partition = manager.leader_of(request.stream, request.partition)
+        partition = await env.broker.readable(request.stream, request.partition)  # resumes a paused one
+        if env.broker.pauses is not None:
+            env.broker.pauses.fetched(request.stream, request.partition)
     if isinstance(partition, Partition):
         await partition.tail_visible()
     offset = request.offset
@@ -64,7 +71,7 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     committed = request.isolation is Isolation.COMMITTED
     if not partition.log_start <= offset <= partition.log_end:
         return _out_of_range(correlation_id, partition, offset)
-    if committed and offset >= partition.high_watermark and request.max_wait_ms:
+    if committed and offset >= partition.high_watermark and request.max_wait_ms and not partition.at_readonly_end:
         await _long_poll(env, partition, offset, request.max_wait_ms / 1000)
     limit = partition.high_watermark if committed else partition.log_end
     if offset >= limit:
@@ -97,7 +104,9 @@ async def _long_poll(env: HandlerEnv, partition: Replica, offset: int, timeout: 
 
 
 def _bounds(partition: Replica) -> FetchResponse:
-    return FetchResponse(partition.high_watermark, partition.log_start, partition.log_end)
+    return FetchResponse(
+        partition.high_watermark, partition.log_start, partition.log_end, readonly=partition.record.readonly
+    )
 
 
 def _out_of_range(correlation_id: int, partition: Replica, offset: int) -> Reply:
@@ -123,7 +132,7 @@ async def list_offsets(
     env: HandlerEnv, correlation_id: int, request: ListOffsetsRequest, _payload: memoryview
 ) -> Reply:
     """The partition's bounds, and the first committed offset at or after ``request.timestamp`` when asked."""
-    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    partition = await env.broker.writable(request.stream, request.partition)  # a reader's first step: resumes
     await partition.tail_visible()
     offset = -1
     if request.timestamp >= 0:

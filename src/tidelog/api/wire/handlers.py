@@ -170,7 +170,7 @@ _NO_OFFSETS = ProduceResponse(-1, -1)
 
 async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest, payload: memoryview) -> Reply:
     """Append the payload's batches to the partition; answer once the ack policy is met (see module doc)."""
-    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    partition = await env.broker.writable(request.stream, request.partition)  # a produce resumes a paused one
     config = env.broker.config
     limits = ProduceLimits.of(
         config.max_message_bytes, partition.log.config.max_batch_bytes, config.max_timestamp_ahead_ms
