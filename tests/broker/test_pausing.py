@@ -185,3 +185,19 @@ async def test_a_restarted_broker_keeps_the_partition_paused(tmp_path: Path) -> 
             assert values(await read_until_stop(stub, "kept-paused")) == [b"before the restart", b"after"]
     finally:
         await asyncio.wait_for(second.stop(), BOUND)
+
+
+async def test_publish_async_resumes_the_partition_it_targets(broker: Broker, stub: Stub, stream_name: str) -> None:
+    await create_stream(stub, stream_name, partitions=2)
+    await pause(stub, stream_name)
+
+    async def requests() -> Any:
+        yield api_pb2.PublishRequest(stream=stream_name, partition=1, value=b"async", correlationId="c1")
+
+    call = stub.PublishAsync(requests())
+    response = await bounded(call.read())
+    assert response.correlationId == "c1" and not response.HasField("asyncError"), response
+    assert response.ack.offset == 0
+    assert not (await partition_metadata(stub, stream_name, 1)).paused
+    assert (await partition_metadata(stub, stream_name, 0)).paused  # only the partition written to
+    assert open_files_under(os.getpid(), partition_dir(broker, stream_name, 0)) == 0
