@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 
+from tests.broker.helpers import until
+from tests.client.group_helpers import Reader, produce
 from tests.helpers import BOUND
-from tidelog.client import Admin, Consumer, Producer
+from tidelog.client import Admin, Consumer, GroupConsumer, Producer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -39,3 +41,24 @@ async def test_a_tailing_consumer_ends_when_the_stream_becomes_readonly(address:
                 await admin.set_stream_state(stream_name, (), readonly=True)
                 assert [record.value async for record in records] == []  # ends instead of waiting forever
             assert consumer.at_readonly_end(0)
+
+
+async def test_a_group_member_at_a_readonly_end_reads_on_once_it_is_writable_again(
+    address: str, stream_name: str
+) -> None:
+    async with Admin(address) as admin:
+        await admin.create_stream(stream_name)
+        await produce(address, stream_name, [0], 3)
+        await admin.set_stream_state(stream_name, (), readonly=True)
+        consumer = GroupConsumer(
+            address, stream_name, group_id=f"g-{stream_name}", consumer_id="a", auto_offset_reset="earliest"
+        )
+        reader = Reader(consumer)
+        await reader.start()
+        try:
+            await until(lambda: len(reader.seen) == 3, "the member to read the read-only partition to its end")
+            await admin.set_stream_state(stream_name, (), readonly=False)
+            await produce(address, stream_name, [0], 2, first=3)
+            await until(lambda: reader.offsets(0) == [0, 1, 2, 3, 4], "the member to read on once writable")
+        finally:
+            await reader.stop()
