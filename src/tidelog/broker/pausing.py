@@ -50,9 +50,9 @@ from tidelog.broker.streams import StreamAdmin
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import StreamRecord
-from tidelog.metadata.snapshot import PartitionKey
+from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.cursors import CURSORS_STREAM
-from tidelog.protocol.errors import PartitionPausedError
+from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,12 @@ SWEEP_PERIOD = 1.0
 FETCH_SUBSCRIBER_WINDOW = 5.0
 """A wire fetch of a partition within this many seconds counts as a subscriber (a consumer long-polls)."""
 _WINDOW_NS = int(FETCH_SUBSCRIBER_WINDOW * 1e9)
+_SETTLE_WAIT = 10.0  # seconds a request waits for this broker to open a partition another broker resumed
+
+
+def _paused(snap: MetadataSnapshot, stream: str, partition: int) -> bool:
+    record = snap.partition(stream, partition)
+    return record is not None and record.paused
 
 
 class Pauses:
@@ -111,6 +117,8 @@ class Pauses:
             return self._manager.leader_of(stream, partition)
         except PartitionPausedError:
             await self.resume(stream, partition)
+        except NotLeaderError as exc:
+            await self._settle(stream, partition, exc)
         return self._manager.leader_of(stream, partition)
 
     async def reader(self, stream: str, partition: int, *, isr_replica: bool) -> Partition | FollowedPartition:
@@ -119,7 +127,21 @@ class Pauses:
             return self._manager.reader_of(stream, partition, isr_replica=isr_replica)
         except PartitionPausedError:
             await self.resume(stream, partition)
+        except NotLeaderError as exc:
+            await self._settle(stream, partition, exc)
         return self._manager.reader_of(stream, partition, isr_replica=isr_replica)
+
+    async def _settle(self, stream: str, partition: int, not_leader: NotLeaderError) -> None:
+        """After NOT_LEADER: if this broker is applying a resume right now (another broker resumed the partition
+        and forwarded the request here before this one's metadata showed it), wait until the partition is open;
+        re-raise otherwise."""
+        record = self._mirror.snapshot.partition(stream, partition)  # as of the last change fully applied
+        if record is None or not record.paused:
+            raise not_leader
+        try:
+            await self._mirror.wait_for(lambda s: not _paused(s, stream, partition), _SETTLE_WAIT)
+        except TimeoutError:
+            raise UnavailableError(f"partition {stream}/{partition} is being resumed; retry") from None
 
     # ------------------------------------------------------------------------------------------ readers
 

@@ -43,7 +43,13 @@ import asyncio
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
 from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
-from tidelog.protocol.errors import OffsetDamagedError, OffsetOutOfRangeError, PartitionPausedError, UnavailableError
+from tidelog.protocol.errors import (
+    NotLeaderError,
+    OffsetDamagedError,
+    OffsetOutOfRangeError,
+    PartitionPausedError,
+    UnavailableError,
+)
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.messages import FetchRequest, FetchResponse, Isolation, ListOffsetsRequest, ListOffsetsResponse
@@ -63,7 +69,7 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     else:
         try:
             partition = manager.leader_of(request.stream, request.partition)
-        except PartitionPausedError:  # a consumer's read resumes a paused partition
+        except (PartitionPausedError, NotLeaderError):  # a consumer's read resumes a paused partition
             partition = await env.broker.readable(request.stream, request.partition)
         if env.broker.pauses is not None:
             env.broker.pauses.fetched(request.stream, request.partition)

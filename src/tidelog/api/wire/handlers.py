@@ -48,7 +48,7 @@ from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.appends.streamed import ConnectionAppends
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.write_path import WriteRefused
-from tidelog.protocol.errors import PartitionPausedError
+from tidelog.protocol.errors import NotLeaderError, PartitionPausedError
 from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.protocol.message_codec import encode_header, encode_message
 from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse
@@ -173,7 +173,7 @@ async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest,
     """Append the payload's batches to the partition; answer once the ack policy is met (see module doc)."""
     try:
         partition = env.broker.manager.leader_of(request.stream, request.partition)
-    except PartitionPausedError:  # a produce resumes a paused partition (off the hot path: no await above)
+    except (PartitionPausedError, NotLeaderError):  # a produce resumes a paused partition (not on the hot path)
         partition = await env.broker.writable(request.stream, request.partition)
     config = env.broker.config
     limits = ProduceLimits.of(
