@@ -39,7 +39,7 @@ from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.cleaner import LogCleaner
-from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.pausing import Pauses
 from tidelog.broker.peers import Peers
 from tidelog.broker.secure_links import PeerTls, etcd_tls, nats_security
 from tidelog.broker.streams import StreamAdmin
@@ -150,6 +150,7 @@ class Broker:
         self.tls: ServerTls | None = None  # the listeners' certificates, when TLS is on
         self._peer_tls: PeerTls | None = None  # the links to other brokers' TLS context, when TLS is on
         self._nats_security: dict[str, Any] = {}
+        self.pauses: Pauses | None = None
         self._stopped = asyncio.Event()
         self._start_failed = False
 
@@ -208,7 +209,6 @@ class Broker:
                 self.nc,
                 lambda stream: log_config_for(cfg, stream),
                 ack_timeout=cfg.default_ack_timeout_ms / 1000,
-                on_resume=self._resume,
                 nats_urls=[] if self._nats_security else self.nats_urls,  # see broker.secure_links
                 alter_isr=self.link.alter_isr,
                 report_suspension=self.link.suspend_partition,
@@ -241,7 +241,17 @@ class Broker:
                 vault=self.vault,
                 default_encryption=cfg.default_encryption,
             )
-            self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
+            self.pauses = Pauses(
+                self.manager,
+                admin,
+                mirror,
+                auto_pause_ms=cfg.auto_pause_time_ms,
+                disable_if_subscribers=cfg.auto_pause_disable_if_subscribers,
+                cursors_auto_pause_ms=cfg.cursors_stream_auto_pause_time_ms,
+            )
+            self.cursors = CursorStore(
+                self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0, resume=self.pauses.resume
+            )
             mirror.add_listener(self.cursors.on_metadata)
             await self.cursors.on_metadata(mirror.snapshot, mirror.snapshot)
             self.context = BrokerContext(
@@ -256,6 +266,7 @@ class Broker:
                 producer_ids=ProducerIdAllocator(self.etcd, keys),
                 cursors=self.cursors,
                 groups=self.groups.service,
+                pauses=self.pauses,
             )
             if cfg.activity_stream_enabled:
                 publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)
@@ -296,6 +307,7 @@ class Broker:
                 config=ACTIVITY_CONFIG,
             )
             self.activity_stream.start()
+            self.pauses.start()
             await self.grpc.start()
             self._write_endpoints(wire_port)
         except BaseException as exc:
@@ -392,17 +404,6 @@ class Broker:
         assert self.controller is not None
         return self.controller
 
-    async def _resume(self, partition: Partition) -> None:
-        """A write to a paused partition resumes it, or every paused partition of its stream when it was paused
-        with ``resumeAll`` (Liftbridge's rules)."""
-        if self.context is None or self.mirror is None:
-            return
-        name = partition.stream.name
-        ids = [partition.record.id]
-        if partition.record.resume_all:
-            ids = [p.id for p in self.mirror.snapshot.partitions_of(name) if p.paused] or ids
-        await self.context.admin.set_paused(name, ids, False)
-
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""
         if self._stopped.is_set():
@@ -422,6 +423,8 @@ class Broker:
             await self.http.stop()
         if self.tls is not None:
             await self.tls.stop()
+        if self.pauses is not None:
+            await self.pauses.stop()
         if self.cursor_stream is not None:
             await self.cursor_stream.stop()
         if self.activity_stream is not None:

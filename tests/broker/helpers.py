@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -323,3 +325,25 @@ def stored(data_dir: Path, stream: str) -> bytes:
     """Every batch in the segment files of ``stream`` on this broker, concatenated."""
     files = sorted((data_dir / "streams").glob(f"{stream}*/**/*.log"))
     return b"".join(b"".join(batches_in(p.read_bytes())) for p in files)
+
+
+def open_files_under(pid: int, directory: Path) -> int:
+    """How many file descriptors process ``pid`` holds on files under ``directory`` (a partition's segments)."""
+    prefix = f"{directory.resolve()}/"
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed while listed
+            if os.readlink(fd).startswith(prefix):
+                count += 1
+    return count
+
+
+async def nats_subscriptions(monitor_url: str, subject: str) -> int:
+    """How many subscriptions nats-server holds on ``subject`` (its monitoring endpoint ``/subsz?subs=1``)."""
+
+    def get() -> Any:
+        with urllib.request.urlopen(f"{monitor_url}/subsz?subs=1&limit=100000", timeout=BOUND) as answer:
+            return json.load(answer)
+
+    found = await asyncio.to_thread(get)
+    return sum(1 for sub in found.get("subscriptions_list") or () if sub.get("subject") == subject)

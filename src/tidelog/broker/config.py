@@ -370,6 +370,19 @@ class BrokerConfig:
         "Encrypt new streams at rest unless their CreateStream says otherwise (Liftbridge's encryption option; "
         "internal streams such as __cursors are not encrypted by this default). Needs the master key.",
     )
+    auto_pause_time_ms: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Pause a partition that has received no message for this long (its log and NATS subscription are closed "
+        "until a publish or a subscribe with resume reopens it); a stream's autoPauseTime overrides it. 0: never "
+        "(Liftbridge's streams.auto.pause.time).",
+    )
+    auto_pause_disable_if_subscribers: bool = setting(
+        False,
+        bool_kind(),
+        "Never auto-pause a partition while anyone reads it (a gRPC subscription, or a wire fetch in the last "
+        "few seconds); a stream's autoPauseDisableIfSubscribers overrides it.",
+    )
 
     # -- replication and membership --
     replica_lag_time_max_ms: int = setting(
@@ -410,6 +423,12 @@ class BrokerConfig:
     )
 
     # -- cursors (consumer positions in the internal stream __cursors) --
+    cursors_stream_auto_pause_time_ms: int = setting(
+        60_000,
+        NON_NEGATIVE,
+        "Pause a __cursors partition that has stored no cursor for this long (Liftbridge's default: a minute); "
+        "the next cursor request resumes it and reads its cursors again. 0: never.",
+    )
     cursors_stream_partitions: int = setting(
         1,
         int_kind(0, 1000),

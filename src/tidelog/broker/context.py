@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
     from tidelog.broker.cursors import CursorStore
     from tidelog.broker.groups.service import GroupService
+    from tidelog.broker.partitions.followed import FollowedPartition
+    from tidelog.broker.partitions.partition import Partition
+    from tidelog.broker.pausing import Pauses
     from tidelog.broker.peers import Peers
     from tidelog.metadata.producer_ids import ProducerIdAllocator
 
@@ -36,8 +39,25 @@ class BrokerContext:
     producer_ids: ProducerIdAllocator | None = None  # INIT_PRODUCER (None: a broker assembled without etcd)
     cursors: CursorStore | None = None  # SetCursor / FetchCursor (None: a broker assembled without them)
     groups: GroupService | None = None  # consumer groups (None: a broker assembled without etcd)
+    pauses: Pauses | None = None  # resume and auto-pause (None: a broker assembled without them)
 
     @property
     def ack_timeout(self) -> float:
         """Seconds a publish waits for its ack policy when the request brings no deadline."""
         return self.config.default_ack_timeout_ms / 1000
+
+    async def writable(self, stream: str, partition: int) -> Partition:
+        """The partition this broker leads, for a write: resumed first when it is paused (a publish resumes it,
+        :mod:`tidelog.broker.pausing`); the precise error otherwise."""
+        if self.pauses is None:
+            return self.manager.leader_of(stream, partition)
+        return await self.pauses.leader(stream, partition)
+
+    async def readable(
+        self, stream: str, partition: int, *, isr_replica: bool = False
+    ) -> Partition | FollowedPartition:
+        """Where a reader that resumes reads (a subscribe with ``resume``, a wire fetch): resumed first when
+        paused; the precise error otherwise."""
+        if self.pauses is None:
+            return self.manager.reader_of(stream, partition, isr_replica=isr_replica)
+        return await self.pauses.reader(stream, partition, isr_replica=isr_replica)

@@ -35,6 +35,9 @@ compaction drops it once it is older than the stream's ``delete_retention``. :me
 what a partition holds of one id. Both work per ``__cursors`` partition, on its leader: a cursor's partition
 follows from its whole key, so a client asks each.
 
+**Pausing**: ``__cursors`` partitions auto-pause when idle, as Liftbridge's do (:mod:`tidelog.broker.pausing`);
+every request resumes the partition it needs first (``resume``), and the cache is read again from the log.
+
 **Input** is checked before anything else, on any broker: a cursor id of 1 to :data:`MAX_CURSOR_ID_BYTES`
 UTF-8 bytes, an existing stream and partition, an offset of -1 (nothing consumed) or more. Each failure is its
 precise error (INVALID_ARGUMENT, UNKNOWN_STREAM, UNKNOWN_PARTITION) and nothing is stored.
@@ -45,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -105,8 +108,18 @@ class _Positions:
 class CursorStore:
     """Stores and reads cursors on the leaders of ``__cursors`` partitions (see the module docstring)."""
 
-    def __init__(self, broker_id: str, mirror: MetadataMirror, manager: PartitionManager, *, enabled: bool) -> None:
-        """``enabled``: whether this broker is configured with cursors (``cursors_stream_partitions`` > 0)."""
+    def __init__(
+        self,
+        broker_id: str,
+        mirror: MetadataMirror,
+        manager: PartitionManager,
+        *,
+        enabled: bool,
+        resume: Callable[[str, int], Awaitable[None]] | None = None,
+    ) -> None:
+        """``enabled``: whether this broker is configured with cursors (``cursors_stream_partitions`` > 0).
+        ``resume(stream, partition)``: resumes a paused partition (:meth:`tidelog.broker.pausing.Pauses.resume`)."""
+        self._resume = resume
         self._broker_id = broker_id
         self._mirror = mirror
         self._manager = manager
@@ -132,6 +145,7 @@ class CursorStore:
         ``fence`` (a group member's commit) runs just before the write is issued and refuses it by raising; the
         write counts as under way on the cursor from that same moment (no await between), for :meth:`fetch`."""
         key = self.check(stream, partition, cursor_id, offset)
+        await self._awake_for(key)
         pid, leader = self._leader_for(key)
         value = _ENCODE(CursorValue(stream, partition, cursor_id, offset))
         now = time.time_ns()
@@ -163,6 +177,7 @@ class CursorStore:
         """The cursor's stored position; -1 for a cursor never set. Answered once the writes of the cursor under
         way when the request arrived are done (stored or failed): never older than a write that was accepted."""
         key = self.check(stream, partition, cursor_id)
+        await self._awake_for(key)
         pid, leader = self._leader_for(key)
         under_way = self._under_way.get(key)
         if under_way:
@@ -175,6 +190,7 @@ class CursorStore:
 
     async def cursors_of(self, cursor_id: str, pid: int, timeout: float) -> list[tuple[str, int, int]]:
         """``(stream, partition, offset)`` of every cursor of ``cursor_id`` in ``__cursors`` partition ``pid``."""
+        await self._awake(pid)
         leader = self._leader_of(pid)
         cache = await self._positions(pid, leader, timeout)
         return sorted((*where, offset) for key, (_, offset) in cache.by_key.items()
@@ -183,6 +199,7 @@ class CursorStore:
     async def delete_cursors_of(self, cursor_id: str, pid: int, timeout: float) -> int:
         """Write a tombstone for every cursor of ``cursor_id`` in ``__cursors`` partition ``pid`` (acks ALL);
         how many there were."""
+        await self._awake(pid)
         leader = self._leader_of(pid)
         cache = await self._positions(pid, leader, timeout)
         keys = sorted(key for key, (_, offset) in cache.by_key.items()
@@ -245,6 +262,17 @@ class CursorStore:
         return cursor_key(cursor_id, stream, partition)
 
     # ---- where a cursor lives ----
+
+    async def _awake(self, pid: int) -> None:
+        """Resume ``__cursors`` partition ``pid`` when it is paused (auto-paused while idle)."""
+        record = self._mirror.snapshot.partition(CURSORS_STREAM, pid)
+        if self._resume is not None and record is not None and record.paused:
+            await self._resume(CURSORS_STREAM, pid)
+
+    async def _awake_for(self, key: bytes) -> None:
+        stream = self._mirror.snapshot.stream(CURSORS_STREAM)
+        if self._enabled and stream is not None:
+            await self._awake(cursors_partition(key, stream.partitions))
 
     def _leader_of(self, pid: int) -> Partition:
         """This broker's leader of ``__cursors`` partition ``pid``; the precise error otherwise."""

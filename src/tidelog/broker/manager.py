@@ -19,6 +19,13 @@ its data deleted; for a changed record (paused, read-only, ISR) the leader gets 
 open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
 state follows one source of truth whatever protocol the change came through.
 
+A **paused** partition (:mod:`tidelog.broker.pausing`) runs in neither role: the leader stops its ingest (NATS
+UNSUB) and closes its log, each follower stops its fetcher and closes its copy, so it holds no file
+descriptor, no subscription and no memory here; a broker that starts finds it paused and does not open it. The
+manager only remembers where its data lives, so that deleting the stream meanwhile still deletes it. Requests
+to it get PARTITION_PAUSED (:meth:`PartitionManager.leader_of`) until its record says it is resumed, when it is
+opened again like a partition after a restart.
+
 A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
 :class:`~tidelog.broker.partitions.damaged.DamagedPartitions` allows the cut; otherwise the partition is not run
 here, and its requests get CORRUPT_DATA naming the damage.
@@ -49,7 +56,7 @@ from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, queue_group
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
-from tidelog.protocol.errors import NotLeaderError, UnknownPartitionError, UnknownStreamError
+from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, UnknownPartitionError, UnknownStreamError
 from tidelog.protocol.tls import SslSource
 from tidelog.replication.follower.fetcher import ReplicaFetcher
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
@@ -63,7 +70,6 @@ from tidelog.storage.recovery_damage import DamagedLogError
 log = logging.getLogger(__name__)
 
 LogConfigFactory = Callable[[StreamRecord], LogConfig]
-ResumeHook = Callable[[Partition], Any]
 _INGEST_RETRY_FIRST = 0.5  # seconds before the first retry of an ingest that failed to start; doubles each time
 _INGEST_RETRY_MAX = 30.0
 
@@ -82,7 +88,6 @@ class PartitionManager:
         log_config_for: LogConfigFactory,
         *,
         ack_timeout: float,
-        on_resume: ResumeHook | None = None,
         nats_urls: Sequence[str] = (),
         alter_isr: AlterIsr | None = None,
         report_suspension: ReportSuspension | None = None,
@@ -110,7 +115,6 @@ class PartitionManager:
         self._log_config_for = log_config_for
         self._flush_shares = FlushShares()  # every log of this broker weighs its inline fsyncs against the others'
         self._ack_timeout = ack_timeout
-        self._on_resume = on_resume
         self._alter_isr = alter_isr
         self._report_suspension = report_suspension
         self._on_leader_unreachable = on_leader_unreachable
@@ -129,6 +133,8 @@ class PartitionManager:
         self._followers: dict[PartitionKey, FollowedPartition] = {}
         self._ingests: dict[PartitionKey, NatsIngest] = {}
         self._ingest_retries: dict[PartitionKey, asyncio.Task[None]] = {}  # ingests that failed to start
+        self._paused: dict[PartitionKey, Path] = {}  # replicas held here while paused (not open): their directory
+        self._paused_bounds: dict[PartitionKey, tuple[int, int]] = {}  # (HW, log end) of those closed here
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
         self._checkpointer: asyncio.Task[None] | None = None
@@ -152,6 +158,10 @@ class PartitionManager:
         if not 0 <= partition < record.partitions:
             raise UnknownPartitionError(f"stream {stream!r} has partitions 0..{record.partitions - 1}, not {partition}")
         meta = self._snapshot.partition(stream, partition)
+        if meta is not None and meta.paused:
+            raise PartitionPausedError(
+                f"partition {stream}/{partition} is paused: a publish to it, or a subscribe with resume set, resumes it"
+            )
         refusal = self.damaged.error((stream, partition))
         if refusal is not None and meta is not None and meta.leader == self.broker_id:
             raise refusal
@@ -160,6 +170,15 @@ class PartitionManager:
 
     def partitions(self) -> list[Partition]:
         return list(self._partitions.values())
+
+    def paused(self) -> list[PartitionKey]:
+        """The replicas this broker holds that are paused (closed)."""
+        return list(self._paused)
+
+    def paused_bounds(self, stream: str, partition: int) -> tuple[int, int] | None:
+        """A paused partition's high watermark and log end when this broker led it as it was paused (None after a
+        restart: its log is not opened to find out)."""
+        return self._paused_bounds.get((stream, partition))
 
     def replicas(self) -> list[Partition | FollowedPartition]:
         """Every partition this broker holds a copy of, led or followed."""
@@ -211,6 +230,12 @@ class PartitionManager:
             }
             for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
                 await self._stop(key, delete=key[0] not in new.streams)
+            for key in [k for k in self._paused if k not in mine]:
+                closed = self._paused.pop(key)
+                self._paused_bounds.pop(key, None)
+                if key[0] not in new.streams:  # deleted while paused: its log is closed already
+                    await _delete_directory(closed)
+                    log.info("deleted partition %s/%d (it was paused)", *key)
             for key in [k for k in self.damaged.refused() if k not in mine]:
                 directory = self.damaged.forget(key)
                 if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
@@ -218,6 +243,12 @@ class PartitionManager:
                     log.info("deleted partition %s/%d (it was not opened: damaged)", *key)
             for key, record in mine.items():
                 stream = new.streams[key[0]]
+                if record.paused:
+                    await self._pause(key, stream, record)
+                    continue
+                if self._paused.pop(key, None) is not None:
+                    self._paused_bounds.pop(key, None)
+                    log.info("resuming %s/%d", *key)
                 if record.leader == self.broker_id:
                     running = self._partitions.get(key)
                     if running is None:
@@ -234,6 +265,23 @@ class PartitionManager:
                 replica = self._partitions.get(key) or self._followers.get(key)
                 if replica is not None:  # a rotated key: new writes seal with it
                     replica.log.keyring = self.vault.keyring(record)
+
+    async def _pause(self, key: PartitionKey, stream: StreamRecord, record: PartitionRecord) -> None:
+        """Close a replica that is paused (its ingest or fetcher first), or keep one closed."""
+        if key in self._paused:
+            return
+        running = key in self._partitions or key in self._followers
+        for replica in (self._partitions.get(key), self._followers.get(key)):
+            if replica is not None:  # its readers see the pause (they end with PARTITION_PAUSED, not UNAVAILABLE)
+                replica.record = record
+                replica.record_changed()
+        leading = self._partitions.get(key)
+        if leading is not None:
+            self._paused_bounds[key] = (leading.high_watermark, leading.log_end)
+        if running:
+            await self._stop(key, delete=False)
+        self._paused[key] = self.path_of(stream, record.id)
+        log.info("%s/%d is paused%s", *key, ": closed its log" if running else "; not opening it")
 
     async def _open_log(self, stream: StreamRecord, record: PartitionRecord) -> tuple[Log, ProducerStateTable] | None:
         """Open a replica's log and load its producer state (a snapshot and the log after it, off the loop).
@@ -316,7 +364,6 @@ class PartitionManager:
             log_,
             self.broker_id,
             min_isr=min_isr,
-            on_resume=self._on_resume,
             initial_hw=hw,
             alter_isr=self._alter_isr,
             replica_lag_time_max=self._lag_max,
@@ -426,7 +473,9 @@ class PartitionManager:
             follower = FollowedPartition(stream, record, log_, producers, high_watermark=hw)
             self._followers[key] = follower
             self._repairs.watch(log_, stream.name, record.id)
-        follower.record = record
+        if follower.record != record:
+            follower.record = record
+            follower.record_changed()
         broker = snap.brokers.get(record.leader) if record.leader else None
         wanted = None if broker is None else (record.leader, record.leader_epoch, f"{broker.host}:{broker.wire_port}")
         if wanted == follower.leader:
@@ -510,9 +559,10 @@ class PartitionManager:
             if follower.fetcher is not None:
                 await follower.fetcher.stop()
             log_ = follower.log
-            if not keep_log:
-                follower.snapshot_producers()
+            if not keep_log and delete:
                 await follower.log.close()
+            elif not keep_log:  # reassigned away or paused: what it knows is committed stays on disk
+                await _close_follower(follower)
         if delete and log_ is not None:
             await log_.close()
             await _delete_directory(log_.directory)

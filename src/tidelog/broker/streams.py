@@ -283,17 +283,19 @@ class StreamAdmin:
             await self._forward_update(request, name, partitions, lambda p: p.paused == paused)
             return
         now = self._clock.now_ns()
-        await self._update(
-            name,
-            partitions,
-            lambda p: msgspec.structs.replace(
+
+        def change(p: PartitionRecord) -> PartitionRecord:
+            if p.paused == paused and p.resume_all == (resume_all and paused):
+                return p  # already so (a resume racing another resume): nothing to write
+            return msgspec.structs.replace(
                 p,
                 paused=paused,
                 paused_ns=now if paused else p.paused_ns,
                 resumed_ns=p.resumed_ns if paused else now,
                 resume_all=resume_all and paused,
-            ),
-        )
+            )
+
+        await self._update(name, partitions, change)
 
     async def set_readonly(
         self, name: str, partitions: Sequence[int], readonly: bool, *, forwarded: bool = False

@@ -244,7 +244,8 @@ def _partitions_option() -> Callable[[F], F]:
 @brokers_option
 @async_command
 async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
-    """Pause partitions; a publish to a paused partition resumes it."""
+    """Pause partitions: their logs close on every replica and NATS messages on their subjects are not stored
+    until a publish, a subscribe with resume, or `stream resume` resumes them."""
     async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         await admin.set_stream_state(name, partitions, paused=True)
     console.print(f"paused {_which(name, partitions)}")
@@ -256,7 +257,7 @@ async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> N
 @brokers_option
 @async_command
 async def resume(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
-    """Resume paused partitions."""
+    """Resume paused partitions: every replica opens them again, and their leader subscribes to NATS."""
     async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         await admin.set_stream_state(name, partitions, paused=False)
     console.print(f"resumed {_which(name, partitions)}")

@@ -19,6 +19,12 @@ as soon as a response arrives, the next fetch (from the offset after its last ba
 batches are handed to the caller, so the broker prepares the next response while Python decodes this one.
 Batches are CRC-checked on arrival (hardware CRC: cheap) and records are decoded only when asked for.
 
+Read-only partitions end. A partition set read-only (``SetStreamReadonly``, ``tidelog stream readonly``) that has
+been read to its end is not fetched any more (:meth:`Consumer.at_readonly_end` says so), and iteration ends once
+every partition read has ended that way (or, with ``stop_at_end``, reached its high watermark): a consumer of a
+read-only stream finishes instead of waiting forever, as a Liftbridge subscription ends with "End of readonly
+partition". A paused partition is resumed by the consumer's reads (see :mod:`tidelog.broker.pausing`).
+
 Failures. Reads are idempotent, so a lost connection or NOT_LEADER is handled by refreshing metadata,
 reconnecting and fetching the same offset again. An offset outside the log (retention removed it) resets to
 ``auto_offset_reset`` (``"earliest"``, ``"latest"``, or ``"error"`` to raise ``OffsetOutOfRangeError``). Other
@@ -75,13 +81,14 @@ OnDamaged = Literal["raise", "skip"]
 class _Partition:
     """One partition being read: where, over which connection, and the fetch in flight."""
 
-    __slots__ = ("at_end", "connection", "fetch", "high_watermark", "id", "position", "verify")
+    __slots__ = ("at_end", "connection", "ended", "fetch", "high_watermark", "id", "position", "verify")
 
     def __init__(self, partition: int) -> None:
         self.id = partition
         self.position = -1
         self.high_watermark = 0
         self.at_end = False  # the last response reached the high watermark
+        self.ended = False  # read to the end of a read-only partition: no more fetches
         self.connection: Connection | None = None
         self.fetch: asyncio.Future[Response] | None = None
         self.verify = False  # the last answer failed its CRC here: the next fetch asks the broker to check
@@ -180,6 +187,11 @@ class Consumer:
         """The partition's high watermark as of the latest response."""
         return self._partitions[partition].high_watermark
 
+    def at_readonly_end(self, partition: int) -> bool:
+        """Whether ``partition`` was read to the end of its log while read-only: nothing more will come, and it
+        is not fetched any more (a new consumer reads it again, e.g. once it is writable again)."""
+        return self._partitions[partition].ended
+
     @property
     def partitions(self) -> list[int]:
         return list(self._partitions)
@@ -211,10 +223,10 @@ class Consumer:
         if self._damaged is not None:
             damaged, self._damaged = self._damaged, None
             raise damaged
-        if self._stop_at_end and all(p.at_end for p in self._partitions.values()):
+        if all(p.ended or (self._stop_at_end and p.at_end) for p in self._partitions.values()):
             return None
         waiting = {p.fetch: p for p in self._partitions.values() if p.fetch is not None}
-        if not waiting:  # only under stop_at_end: a partition at its end sends no further fetch
+        if not waiting:  # a partition at its end (stop_at_end, or read-only) sends no further fetch
             return None
         done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         out: list[FetchedBatch] = []
@@ -268,7 +280,8 @@ class Consumer:
         if batches:
             p.position = batches[-1].header.next_offset
         p.at_end = p.position >= header.high_watermark
-        if not (self._stop_at_end and p.at_end):
+        p.ended = header.readonly and p.at_end and header.high_watermark >= header.log_end
+        if not (p.ended or (self._stop_at_end and p.at_end)):
             self._send_fetch(p)
         return batches
 

@@ -15,7 +15,8 @@ epoch (:mod:`tidelog.broker.groups.fencing`): a member whose partitions moved (i
 or the group rebalanced) cannot set back the offset the new owner committed. So a commit is one round trip
 to the cursor's leader, as Kafka's is to its coordinator; the member refuses, itself, a partition it no longer
 holds (``StaleGroupEpochError``), and when the broker refuses a commit because the epoch moved, the member
-heartbeats (:meth:`GroupMembership.confirm`) and tries once more at the epoch it learns. Reading the committed offsets of partitions
+heartbeats (:meth:`GroupMembership.confirm`) and tries once more at the epoch it learns.
+Reading the committed offsets of partitions
 just assigned carries the context too: the broker answers once commits at older epochs are refused, and after
 those already under way, so a member taking a partition over resumes after the last commit acknowledged to the
 previous owner.

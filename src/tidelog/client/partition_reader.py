@@ -40,6 +40,8 @@ FENCED_BACKOFF = 0.05
 was not moved, or the group consumer stops this reader before long); :data:`RESTART_BACKOFF` if it learned none."""
 FENCED = (StaleGroupEpochError, UnknownMemberError, UnknownGroupError)
 """Refusals of a fetch made at a group epoch that is no longer the group's (:mod:`tidelog.broker.groups.fencing`)."""
+READONLY_RECHECK = 5.0
+"""Seconds between looks at a partition read to its end while read-only (it may be made writable again)."""
 
 
 class PartitionReader:
@@ -108,6 +110,10 @@ class PartitionReader:
                 batches = await self._consumer.poll()
                 if batches is not None:
                     return batches
+                if self._consumer.at_readonly_end(self.tp.partition):  # nothing more unless made writable again
+                    await self._drop()
+                    await asyncio.sleep(READONLY_RECHECK)
+                    continue
                 failure = "no fetch in flight after an error"
             except FENCED as exc:  # the group moved on: learn where it stands, then read at its epoch (or stop)
                 log.info("%s/%d: fetch fenced (%s)", self.tp.stream, self.tp.partition, exc)

@@ -43,7 +43,8 @@ The exception tree (one class per code, flat, so ``except NotLeaderError`` reads
      ├── NotCoordinatorError       NOT_COORDINATOR       FAILED_PRECONDITION   retriable: ask the group's coordinator
      ├── UnknownMemberError        UNKNOWN_MEMBER        FAILED_PRECONDITION   join the group again
      ├── GroupRefusedError         GROUP_REFUSED         FAILED_PRECONDITION   the group's state does not allow it
-     └── EncryptionError           ENCRYPTION            FAILED_PRECONDITION   the broker needs the master key
+     ├── EncryptionError           ENCRYPTION            FAILED_PRECONDITION   the broker needs the master key
+     └── PartitionPausedError      PARTITION_PAUSED      FAILED_PRECONDITION   publish, or subscribe with resume
 
 The choices gRPC leaves open follow its own guidance ("UNAVAILABLE if the client can retry just the failing
 call; ABORTED if it should retry at a higher level, e.g. a failed test-and-set; FAILED_PRECONDITION if it
@@ -79,6 +80,9 @@ should not retry until the system state has been fixed"):
   restored them. The message names the range and the next readable offset (a wire FETCH also carries them as
   fields); reading from there succeeds, and once an operator confirms skipping the range
   (``tidelog partition skip-damaged``) reads pass over it silently.
+- PARTITION_PAUSED is FAILED_PRECONDITION, as Liftbridge answers a subscriber of a paused partition: the
+  partition's log is closed (:mod:`tidelog.broker.pausing`); a publish or a subscribe with ``resume`` set
+  resumes it, so repeating the very same request never helps.
 
 ``retriable`` means the same request may succeed later, not that repeating it is free of duplicates: a
 TIMEOUT after the leader wrote a batch is retriable, and only an idempotent producer retries it exactly once.
@@ -138,6 +142,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_MEMBER = 32
     GROUP_REFUSED = 33
     ENCRYPTION = 34
+    PARTITION_PAUSED = 35
 
 
 class LiftbridgeAsyncCode(enum.IntEnum):
@@ -235,6 +240,8 @@ _TABLE: tuple[ErrorSpec, ...] = (
               _S.FAILED_PRECONDITION, _A.BAD_REQUEST, _K.UNKNOWN),
     ErrorSpec(_C.ENCRYPTION, "the partition is encrypted and this broker cannot encrypt or decrypt it", False,
               _S.FAILED_PRECONDITION, _A.ENCRYPTION_FAILED, _K.ENCRYPTION),
+    ErrorSpec(_C.PARTITION_PAUSED, "the partition is paused", False, _S.FAILED_PRECONDITION, _A.UNKNOWN,
+              _K.UNKNOWN),
 )
 # fmt: on
 
@@ -445,6 +452,11 @@ class EncryptionError(TidelogError, code=ErrorCode.ENCRYPTION):
     """An encrypted partition's data cannot be written or read here: the broker has no master key
     (``encryption_key``), or not the one that wrapped the partition's data keys. Nothing is lost: the stored
     data stays as it is, and a broker with the key serves it."""
+
+
+class PartitionPausedError(TidelogError, code=ErrorCode.PARTITION_PAUSED):
+    """The partition is paused: its log is closed on every replica. A publish resumes it, and so does a
+    subscribe with ``resume`` set."""
 
 
 if set(_CLASSES) != set(ErrorCode):

@@ -131,6 +131,7 @@ class FetchResponse(Header, frozen=True):
     error: ErrorBody | None = None  # e.g. OFFSET_OUT_OF_RANGE, with the bounds to reset to
     damaged_first: OffsetOrNone = -1  # OFFSET_DAMAGED: the damaged range, inclusive; read on from last + 1
     damaged_last: OffsetOrNone = -1
+    readonly: bool = False  # the partition is read-only: a reader at a high watermark equal to log_end is at its end
 
 
 # -- metadata ---------------------------------------------------------------------------------------------------

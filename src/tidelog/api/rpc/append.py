@@ -92,7 +92,7 @@ class GrpcAppends:
         acks = _ACKS.get(header.acks)
         if acks is None:
             raise InvalidArgumentError(f"append: unknown acks {header.acks}")
-        partition = self._ctx.manager.leader_of(header.stream, header.partition)
+        partition = await self._ctx.writable(header.stream, header.partition)
         first_timestamp = time.time_ns()
         opened = OpenAppend(
             next(_append_ids),

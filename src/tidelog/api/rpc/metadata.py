@@ -11,7 +11,7 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.partition import Partition
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 from tidelog.protocol._gen import api_pb2
-from tidelog.protocol.errors import NotLeaderError
+from tidelog.protocol.errors import NotLeaderError, PartitionPausedError
 
 _NULLABLE_FIELDS = {
     "retentionMaxBytes": "retention_max_bytes",
@@ -142,9 +142,19 @@ async def fetch_metadata(ctx: BrokerContext, request: api_pb2.FetchMetadataReque
 async def fetch_partition_metadata(
     ctx: BrokerContext, request: api_pb2.FetchPartitionMetadataRequest
 ) -> api_pb2.FetchPartitionMetadataResponse:
-    """Answered by the partition leader only (it alone knows the high watermark), as in Liftbridge."""
-    local = ctx.manager.leader_of(request.stream, request.partition)
+    """Answered by the partition leader only (it alone knows the high watermark), as in Liftbridge; for a paused
+    partition (closed) with the offsets it had when paused here, -1 when unknown (paused before a restart)."""
+    try:
+        local = ctx.manager.leader_of(request.stream, request.partition)
+    except PartitionPausedError:
+        local = None
     record = ctx.mirror.snapshot.partition(request.stream, request.partition)
     if record is None:
         raise NotLeaderError(f"{request.stream}/{request.partition} has no metadata on this broker")
-    return api_pb2.FetchPartitionMetadataResponse(metadata=partition_metadata(record, local))
+    if local is None and record.leader != ctx.broker_id:
+        raise NotLeaderError(f"this broker ({ctx.broker_id}) does not lead {record.stream}/{record.id}")
+    meta = partition_metadata(record, local)
+    bounds = ctx.manager.paused_bounds(request.stream, request.partition) if local is None else None
+    if bounds is not None:
+        meta.highWatermark, meta.newestOffset = _last(bounds[0]), _last(bounds[1])
+    return api_pb2.FetchPartitionMetadataResponse(metadata=meta)

@@ -65,7 +65,7 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
     """Store one message and acknowledge it per its ack policy."""
     check_ack(request.ackInbox, int(request.ackPolicy))  # before anything is stored: an ack that cannot be sent
     try:
-        partition = ctx.manager.leader_of(request.stream, request.partition)
+        partition = await ctx.writable(request.stream, request.partition)  # a publish resumes a paused one
     except NotLeaderError:
         if ctx.peers is None or request.expectedOffset not in (-1, 0):
             raise

@@ -13,11 +13,21 @@ hand the error to the application. A subscription starting inside the range ends
 operator has confirmed skipping the range (``tidelog partition skip-damaged``) subscriptions pass over it
 silently, as over a compacted gap. While a replicated partition restores the range from a replica, the
 subscription ends with UNAVAILABLE instead, so that Liftbridge clients resubscribe and get the restored records.
+
+Read-only partitions: a subscription that has sent everything a read-only partition holds ends with
+``RESOURCE_EXHAUSTED`` "End of readonly partition", as Liftbridge's does, whether the partition was read-only
+when it started or became so while it waited at the tail (Liftbridge answers "Stop offset reached" in the first
+case; the status code, which clients act on, is the same). An empty read-only partition ends it at once.
+
+Paused partitions (:mod:`tidelog.broker.pausing`): a subscribe with ``resume`` set resumes the partition; without
+it, the subscribe fails with PARTITION_PAUSED (``FAILED_PRECONDITION``), and so does an open subscription when
+the partition is paused under it. Open subscriptions are counted for ``autoPauseDisableIfSubscribers``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -28,6 +38,7 @@ from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.errors import (
     InvalidArgumentError,
     OffsetDamagedError,
+    PartitionPausedError,
     StopReachedError,
     UnavailableError,
     UnsupportedError,
@@ -37,6 +48,8 @@ from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage import errors as storage_errors
 
 READ_BYTES = 1024 * 1024
+READONLY_END = "End of readonly partition"
+"""The status message ending a subscription at the end of a read-only partition (Liftbridge's words)."""
 _IDLE_WAIT = 30.0  # seconds between re-checks while waiting at the tail
 
 _Start = api_pb2.StartPosition
@@ -78,16 +91,26 @@ def start_offset(partition: Partition | FollowedPartition, request: api_pb2.Subs
 
 
 async def _wait_for_data(partition: Partition | FollowedPartition, offset: int, ended: asyncio.Event | None) -> None:
-    """Wait at the tail for a record at ``offset``, or until ``ended`` is set."""
-    if ended is None:
-        await partition.wait_for_data(offset, _IDLE_WAIT)
-        return
-    waits = {asyncio.ensure_future(partition.wait_for_data(offset, _IDLE_WAIT)), asyncio.ensure_future(ended.wait())}
+    """Wait at the tail for a record at ``offset``, a change of the partition's metadata (set read-only, paused),
+    or until ``ended`` is set."""
+    data = asyncio.ensure_future(partition.wait_for_data(offset, _IDLE_WAIT))
+    waits = {data, asyncio.ensure_future(partition.next_change().wait())}
+    if ended is not None:
+        waits.add(asyncio.ensure_future(ended.wait()))
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for wait in waits:
             wait.cancel()
+    if data.done() and not data.cancelled():
+        data.result()  # the partition closing (UNAVAILABLE)
+
+
+def _check_open(partition: Partition | FollowedPartition) -> None:
+    """PARTITION_PAUSED once the partition is being paused: its log closes (Liftbridge ends the subscription with
+    FAILED_PRECONDITION too)."""
+    if partition.record.paused:
+        raise PartitionPausedError(f"partition {partition.name} was paused; subscribe with resume set to resume it")
 
 
 async def check_group_consumer(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> None:
@@ -122,17 +145,24 @@ def stop_of(partition: Partition | FollowedPartition, request: api_pb2.Subscribe
 
 
 async def subscribe(ctx: BrokerContext, request: api_pb2.SubscribeRequest) -> AsyncIterator[api_pb2.Message]:
-    partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
-    consumer = request.consumer
-    if not request.HasField("consumer") or not (consumer.groupId or consumer.consumerId):
-        async for message in _read(partition, request, None):
-            yield message
-        return
-    await check_group_consumer(ctx, request)
-    assert ctx.groups is not None
-    with ctx.groups.readers.reading(consumer.groupId, consumer.consumerId, request.stream, request.partition) as ended:
-        async for message in _read(partition, request, ended):
-            yield message
+    if request.resume:  # Liftbridge's resume: a paused partition is resumed first (tidelog.broker.pausing)
+        partition = await ctx.readable(request.stream, request.partition, isr_replica=request.readISRReplica)
+    else:
+        partition = ctx.manager.reader_of(request.stream, request.partition, isr_replica=request.readISRReplica)
+    with contextlib.ExitStack() as counted:
+        if ctx.pauses is not None:  # a subscriber keeps autoPauseDisableIfSubscribers partitions from pausing
+            counted.enter_context(ctx.pauses.subscribed(request.stream, request.partition))
+        consumer = request.consumer
+        if not request.HasField("consumer") or not (consumer.groupId or consumer.consumerId):
+            async for message in _read(partition, request, None):
+                yield message
+            return
+        await check_group_consumer(ctx, request)
+        assert ctx.groups is not None
+        group, member = consumer.groupId, consumer.consumerId
+        with ctx.groups.readers.reading(group, member, request.stream, request.partition) as ended:
+            async for message in _read(partition, request, ended):
+                yield message
 
 
 async def _read(
@@ -163,7 +193,14 @@ async def _read(
                 last=exc.last,
             ) from None
         if not data:
-            await _wait_for_data(partition, offset, ended)
+            _check_open(partition)
+            if partition.at_readonly_end and offset >= partition.high_watermark:
+                raise StopReachedError(READONLY_END)
+            try:
+                await _wait_for_data(partition, offset, ended)
+            except UnavailableError:
+                _check_open(partition)
+                raise
             continue
         for pos, header in iter_batches(data):
             if header.last_offset < offset:

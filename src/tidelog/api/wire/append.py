@@ -125,7 +125,7 @@ async def append(env: HandlerEnv, correlation_id: int, request: AppendRequest, p
     if phase is AppendPhase.BEGIN or phase is AppendPhase.WHOLE:
         if not request.stream:
             raise InvalidArgumentError(f"append {request.append_id}: BEGIN needs a stream")
-        partition = env.broker.manager.leader_of(request.stream, request.partition)
+        partition = await env.broker.writable(request.stream, request.partition)
         timeout = request.timeout_ms / 1000 if request.timeout_ms else env.broker.ack_timeout
         first_timestamp = request.first_timestamp or time.time_ns()
         limits = limits_of(env.broker)

@@ -29,6 +29,11 @@ client whose own CRC check fails fetches again with ``verify``, and that fetch i
 on the broker, which finds and records the damage.
 An encrypted stream's batches are opened on the broker (:mod:`tidelog.storage.encryption`), so they are read
 into memory and copied, never sent with ``os.sendfile``; a broker without the stream's keys answers ENCRYPTION.
+Read-only partitions (Liftbridge's end of a read-only partition): every answer says whether the partition is
+read-only (``readonly``), and a fetch at the end of a read-only partition whose log is all committed is answered
+at once instead of long-polling, so the consumer ends there (:mod:`tidelog.client.consumer`). A fetch or
+list-offsets of a paused partition resumes it (:mod:`tidelog.broker.pausing`).
+
 A fetch marked ``replica`` reads this broker's copy when it is an in-sync follower (Liftbridge's
 ``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers, so it gets
 the stored bytes as they are, sealed or not.
@@ -46,7 +51,13 @@ from tidelog.api.wire.cursors import groups_of
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, batches_reply, route
 from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
-from tidelog.protocol.errors import OffsetDamagedError, OffsetOutOfRangeError, UnavailableError
+from tidelog.protocol.errors import (
+    NotLeaderError,
+    OffsetDamagedError,
+    OffsetOutOfRangeError,
+    PartitionPausedError,
+    UnavailableError,
+)
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.messages import FetchRequest, FetchResponse, Isolation, ListOffsetsRequest, ListOffsetsResponse
@@ -66,7 +77,12 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     if request.replica:
         partition = manager.reader_of(request.stream, request.partition, isr_replica=True)
     else:
-        partition = manager.leader_of(request.stream, request.partition)
+        try:
+            partition = manager.leader_of(request.stream, request.partition)
+        except (PartitionPausedError, NotLeaderError):  # a consumer's read resumes a paused partition
+            partition = await env.broker.readable(request.stream, request.partition)
+        if env.broker.pauses is not None:
+            env.broker.pauses.fetched(request.stream, request.partition)
     if isinstance(partition, Partition):
         await partition.tail_visible()
     offset = request.offset
@@ -74,7 +90,7 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     committed = request.isolation is Isolation.COMMITTED
     if not partition.log_start <= offset <= partition.log_end:
         return _out_of_range(correlation_id, partition, offset)
-    if committed and offset >= partition.high_watermark and request.max_wait_ms:
+    if committed and offset >= partition.high_watermark and request.max_wait_ms and not partition.at_readonly_end:
         await _long_poll(env, partition, offset, request.max_wait_ms / 1000)
     limit = partition.high_watermark if committed else partition.log_end
     if offset >= limit:
@@ -118,7 +134,9 @@ async def _long_poll(env: HandlerEnv, partition: Replica, offset: int, timeout: 
 
 
 def _bounds(partition: Replica) -> FetchResponse:
-    return FetchResponse(partition.high_watermark, partition.log_start, partition.log_end)
+    return FetchResponse(
+        partition.high_watermark, partition.log_start, partition.log_end, readonly=partition.record.readonly
+    )
 
 
 def _out_of_range(correlation_id: int, partition: Replica, offset: int) -> Reply:
@@ -144,7 +162,7 @@ async def list_offsets(
     env: HandlerEnv, correlation_id: int, request: ListOffsetsRequest, _payload: memoryview
 ) -> Reply:
     """The partition's bounds, and the first committed offset at or after ``request.timestamp`` when asked."""
-    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    partition = await env.broker.writable(request.stream, request.partition)  # a reader's first step: resumes
     await partition.tail_visible()
     offset = -1
     if request.timestamp >= 0:

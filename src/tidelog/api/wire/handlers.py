@@ -48,6 +48,7 @@ from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.appends.streamed import ConnectionAppends
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.write_path import WriteRefused
+from tidelog.protocol.errors import NotLeaderError, PartitionPausedError
 from tidelog.protocol.frames import BODY_FIXED_SIZE, PREFIX, WIRE_VERSION, BytesLike, Kind, Op
 from tidelog.protocol.message_codec import encode_header, encode_message
 from tidelog.protocol.messages import Acks, Header, ProduceRequest, ProduceResponse
@@ -170,7 +171,10 @@ _NO_OFFSETS = ProduceResponse(-1, -1)
 
 async def produce(env: HandlerEnv, correlation_id: int, request: ProduceRequest, payload: memoryview) -> Reply:
     """Append the payload's batches to the partition; answer once the ack policy is met (see module doc)."""
-    partition = env.broker.manager.leader_of(request.stream, request.partition)
+    try:
+        partition = env.broker.manager.leader_of(request.stream, request.partition)
+    except (PartitionPausedError, NotLeaderError):  # a produce resumes a paused partition (not on the hot path)
+        partition = await env.broker.writable(request.stream, request.partition)
     config = env.broker.config
     limits = ProduceLimits.of(
         config.max_message_bytes, partition.log.config.max_batch_bytes, config.max_timestamp_ahead_ms

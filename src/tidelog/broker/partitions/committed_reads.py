@@ -5,9 +5,14 @@ A subscription or a fetch reads a :class:`~tidelog.broker.partitions.partition.P
 whole batches from the one holding the offset, never reaching the replica's high watermark — and differ only
 in where that high watermark comes from (the ISR's log ends at the leader, the leader's word at a follower). So
 the rules live here once, and each class supplies ``high_watermark``.
+
+Readers waiting at the tail also wait for the replica's metadata to change (:meth:`CommittedReads.next_change`):
+a partition set read-only ends its subscriptions at its end (Liftbridge's "End of readonly partition").
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import EncryptionError
@@ -23,6 +28,24 @@ class CommittedReads:
     log: Log
     bytes_out: int = 0  # record bytes served to consumers' fetches (for the metrics, read at scrape time)
     records_out: int = 0  # offsets served to consumers' fetches sent from the file (plain TCP)
+    _changes: asyncio.Event | None = None
+
+    def next_change(self) -> asyncio.Event:
+        """An event set when this replica's metadata record next changes (for readers waiting at the tail)."""
+        if self._changes is None:
+            self._changes = asyncio.Event()
+        return self._changes
+
+    def record_changed(self) -> None:
+        """Wake the readers waiting on :meth:`next_change`."""
+        changes, self._changes = self._changes, None
+        if changes is not None:
+            changes.set()
+
+    @property
+    def at_readonly_end(self) -> bool:
+        """Read-only, and everything in the log is committed: a reader at the high watermark has read it all."""
+        return self.record.readonly and self.high_watermark >= self.log.end_offset
 
     @property
     def high_watermark(self) -> int:

@@ -9,7 +9,8 @@ in one type is what keeps the guarantees the same whichever protocol a client sp
 - nothing is acknowledged before the ack policy is met (``ALL``: below the high watermark; with flush
   ``always`` that also means fsynced);
 - readers never see an offset at or above the high watermark;
-- a read-only partition refuses writes and stores nothing; a paused one resumes on the first write.
+- a read-only partition refuses writes and stores nothing (and its readers end at its end); a paused one is not
+  open at all (:mod:`tidelog.broker.pausing`), so no write reaches it.
 
 Replication, leader side: followers fetch with :meth:`Partition.replica_fetched` (their fetch offset is their
 acknowledgement and feeds the high watermark) and wait at the log end, not the HW, with
@@ -74,9 +75,6 @@ _WRITTEN = WriteState.DONE  # a global: read on every write, faster than the enu
 APPEND_SETTLE_TIMEOUT = 10.0  # seconds close() waits for idempotent appends to land in the producer table
 
 
-ResumeHook = Callable[["Partition"], Awaitable[None]]
-
-
 class TailWaiter(Protocol):
     """A replica fetch waiting at the log end (:meth:`Partition.park_at_log_end`): told of the write that starts
     there, or of the partition closing, exactly once, unless it leaves first (:meth:`Partition.unpark`)."""
@@ -118,7 +116,6 @@ class Partition(CommittedReads):
         broker_id: str,
         *,
         min_isr: int,
-        on_resume: ResumeHook | None = None,
         initial_hw: int | None = None,
         alter_isr: AlterIsr | None = None,
         replica_lag_time_max: float = 15.0,
@@ -139,7 +136,6 @@ class Partition(CommittedReads):
         self.broker_id = broker_id
         self.min_isr = min_isr
         self.clock: Clock = clock or SystemClock()
-        self._on_resume = on_resume
         self._alter_isr = alter_isr
         self._lag_max_ns = int(replica_lag_time_max * 1e9)
         self._ack_poll_ns = ack_poll_us * 1000
@@ -173,6 +169,7 @@ class Partition(CommittedReads):
         self.latest_received_ns = 0
         self.records_in = 0  # records and bytes written in this leadership (for the metrics, read at scrape time)
         self.bytes_in = 0
+        self.led_since_ns = self.clock.now_ns()  # auto-pause counts idleness from here when nothing was received
         self._tasks.append(asyncio.create_task(self._maintain(), name=f"maintain-{self.name}"))
 
     @property
@@ -190,6 +187,7 @@ class Partition(CommittedReads):
         """Take a newer metadata record (paused/readonly flags, ISR, suspension)."""
         telemetry.isr_changed(len(self.record.isr), len(record.isr))
         self.record = record
+        self.record_changed()
         self.safety.update(record)
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
         self._hw.set_isr(record.isr or (self.broker_id,))

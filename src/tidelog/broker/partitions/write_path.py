@@ -13,7 +13,8 @@ The states, in order (a write may skip ahead, never go back)::
       └────────┴──── refused ──────────────────────────────────────▶ DONE
 
 - ADMIT: the partition takes writes (not suspended, not closing, not read-only, holding its data keys when its
-  stream is encrypted, enough in-sync replicas for ``ALL``); a paused partition resumes here.
+  stream is encrypted, enough in-sync replicas for ``ALL``). A paused partition is not open
+  (:mod:`tidelog.broker.pausing`): writes never reach it.
 - DEDUPE: batches carrying a producer id are reserved in the producer table; a retry of written batches goes
   straight to COMMITTED (or ANSWER) with its original offsets, and writes nothing.
 - PLACE: an encrypted stream's batches are sealed (:mod:`tidelog.storage.encryption`: one AES-GCM pass
@@ -208,7 +209,7 @@ class LeaderWrite:
 
     # ------------------------------------------------------------------------------------------ states
 
-    def _on_admit(self) -> Awaitable[None] | None:
+    def _on_admit(self) -> None:
         self._must_state(_ADMIT)
         partition = self._partition
         try:
@@ -228,17 +229,10 @@ class LeaderWrite:
                 ErrorCode.NOT_ENOUGH_REPLICAS,
                 f"partition {partition.name} has {len(record.isr)} in-sync replicas, min_isr is {partition.min_isr}",
             )
-        elif record.paused and partition._on_resume is not None:
-            return self._resume(partition._on_resume(partition))
         else:
             self.received_ns = partition.clock.now_ns()
             self.state = _DEDUPE
         return None
-
-    async def _resume(self, resuming: Awaitable[None]) -> None:
-        await resuming
-        self.received_ns = self._partition.clock.now_ns()
-        self.state = _DEDUPE
 
     def _on_dedupe(self) -> None:
         self._must_state(_DEDUPE)

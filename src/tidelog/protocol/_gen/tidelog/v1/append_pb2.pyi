@@ -50,6 +50,7 @@ class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STATUS_UNKNOWN_MEMBER: _ClassVar[Status]
     STATUS_GROUP_REFUSED: _ClassVar[Status]
     STATUS_ENCRYPTION: _ClassVar[Status]
+    STATUS_PARTITION_PAUSED: _ClassVar[Status]
 ACKS_UNSPECIFIED: Acks
 ACKS_LEADER: Acks
 ACKS_ALL: Acks
@@ -88,6 +89,7 @@ STATUS_NOT_COORDINATOR: Status
 STATUS_UNKNOWN_MEMBER: Status
 STATUS_GROUP_REFUSED: Status
 STATUS_ENCRYPTION: Status
+STATUS_PARTITION_PAUSED: Status
 
 class AppendRequest(_message.Message):
     __slots__ = ("header", "records", "commit")
