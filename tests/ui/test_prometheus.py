@@ -132,4 +132,4 @@ async def test_prometheus_sees_the_write_rate_and_under_replicated_partitions_af
             under = "sum(tidelog_broker_under_replicated_partitions)"
             await eventually(base, under, "> 0", lambda v: v > 0, f"under-replicated partitions after {victim.id} died")
             down = f'up{{instance="127.0.0.1:{victim.http_port}"}}'
-            assert await query(base, down) == 0
+            await eventually(base, down, "0", lambda v: v == 0, f"{victim.id} seen down by Prometheus")
