@@ -175,7 +175,11 @@ async def test_a_leader_whose_recovery_found_damage_steps_down_and_fetches_the_r
 
         await cluster.wait_until(handed_over, TIMEOUT, "the damaged leader to step down")
         expected = [b"r%d" % i for i in range(BATCHES)]
-        assert await read(cluster.broker(controller).wire_address, partition) == expected  # nothing lost
+
+        async def serves_every_record() -> bool:  # once it has opened the partition it now leads
+            return await read(cluster.broker(controller).wire_address, partition) == expected
+
+        await cluster.wait_until(serves_every_record, TIMEOUT, "the new leader to serve every record")  # none lost
 
         async def rejoined() -> bool:
             record = await cluster.partition_record(STREAM, partition)

@@ -27,7 +27,13 @@ from tidelog.protocol.group_messages import (
     JoinGroupRequest,
     JoinGroupResponse,
 )
-from tidelog.protocol.messages import GroupContext, ListOffsetsRequest, ListOffsetsResponse
+from tidelog.protocol.messages import (
+    GroupContext,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -63,6 +69,12 @@ async def test_a_takeover_reads_the_offset_only_after_the_commit_under_way(clust
     follower = next(b for b in record.replicas if b != leader)
     old_owner, new_owner = await _open(cluster, leader), await _open(cluster, leader)
     try:
+
+        async def known_there() -> bool:  # the stream was created through another broker: this one's mirror follows
+            found = (await old_owner.request(MetadataRequest((stream,)), timeout=BOUND)).header
+            return isinstance(found, MetadataResponse) and any(s.name == stream for s in found.streams)
+
+        await cluster.wait_until(known_there, LONG_BOUND, f"{leader} to know stream {stream}")
         joined = (await old_owner.request(JoinGroupRequest(group, "a", (stream,)), timeout=BOUND)).header
         assert isinstance(joined, JoinGroupResponse)
         owned = (await old_owner.request(GroupAssignmentsRequest(group, "a", joined.epoch), timeout=BOUND)).header
