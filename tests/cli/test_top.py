@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
@@ -18,6 +19,7 @@ from tidelog.cli.cluster import ClusterView
 from tidelog.cli.main import cli
 from tidelog.cli.top import frame_of
 from tidelog.client.producer import Producer
+from tidelog.local.serve_process import TIDELOG, clean_env
 from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.protocol.messages import ListOffsetsResponse
 from tidelog.server import Broker
@@ -118,3 +120,29 @@ async def test_bad_input_is_one_line() -> None:
     result = await asyncio.to_thread(CliRunner().invoke, cli, ["top", "--once", "-e", "bogus:/x"])
     assert result.exit_code == 2 and "not an etcd endpoint: 'bogus:/x'" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_live_view_refreshes_until_ctrl_c(broker: Broker, under_load: str) -> None:
+    argv = ["top", "--interval", "0.5", "--output", "json", "--data-dir", str(broker.config.data_dir)]
+    process = await asyncio.create_subprocess_exec(
+        str(TIDELOG), *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env()
+    )
+    try:
+        assert process.stdout is not None
+        frames = []
+        for _ in range(3):  # three frames, each a JSON document on its own line
+            line = await asyncio.wait_for(process.stdout.readline(), BOUND)
+            assert line, (await process.stderr.read()).decode() if process.stderr else "no output"
+            frames.append(json.loads(line))
+        assert all(any(p["stream"] == under_load for p in f["partitions"]) for f in frames)
+        assert frames[0]["at"] < frames[1]["at"] < frames[2]["at"]
+        rates = [p["records_per_second"] for p in frames[2]["partitions"] if p["stream"] == under_load]
+        assert all(r is not None and r > 0 for r in rates)  # measured between frames
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), BOUND) == 0  # Ctrl-C is the normal way out
+        assert b"Traceback" not in (await process.stderr.read() if process.stderr else b"")
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -137,7 +137,15 @@ def frame_of(view: ClusterView, before: ClusterView | None, elapsed: float, at: 
                 lag, rate, attention.name.lower(),
             )
         )  # fmt: skip
-    rows.sort(key=lambda r: (Attention[r.attention.upper()], -(r.lag or 0), -(r.records_per_second or 0), r.stream))
+    rows.sort(
+        key=lambda r: (
+            Attention[r.attention.upper()],
+            -(r.lag or 0),
+            -(r.records_per_second or 0),
+            r.stream,
+            r.partition,
+        )
+    )
     known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
     controller = view.controller.broker_id if view.controller is not None else None
     return Frame(at, len(view.brokers), len(known), controller, rows)
@@ -151,8 +159,8 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def render(frame: Frame, limit: int | None = None) -> Group:
-    """The frame as a summary line and a table (the ``limit`` most urgent rows)."""
+def render(frame: Frame, limit: int | None = None, live: bool = False) -> Group:
+    """The frame as a summary line and a table (the ``limit`` most urgent rows); ``live`` adds how to quit."""
     counts = frame.counts()
     summary = Text.assemble(
         (f"brokers {frame.brokers_alive}/{frame.brokers_known} alive", "bold"),
@@ -169,7 +177,9 @@ def render(frame: Frame, limit: int | None = None) -> Group:
     )
     table = Table(expand=False, header_style="bold")
     for name in ("stream", "part", "leader", "ISR", "min ISR", "HW", "log end", "lag", "records/s", "attention"):
-        table.add_column(name, justify="right" if name in {"part", "HW", "log end", "lag", "records/s"} else "left")
+        table.add_column(
+            name, justify="right" if name in {"part", "min ISR", "HW", "log end", "lag", "records/s"} else "left"
+        )
     shown = frame.rows if limit is None else frame.rows[:limit]
     for row in shown:
         table.add_row(
@@ -181,7 +191,8 @@ def render(frame: Frame, limit: int | None = None) -> Group:
     parts: list[Text | Table] = [summary, table]
     if len(shown) < len(frame.rows):
         parts.append(Text(f"... {len(frame.rows) - len(shown)} more partition(s), all needing less attention"))
-    parts.append(Text("Ctrl-C to quit", style="dim"))
+    if live:
+        parts.append(Text("Ctrl-C to quit", style="dim"))
     return Group(*parts)
 
 
@@ -219,7 +230,7 @@ async def _live(endpoints: Sequence[str], namespace: str, interval: float, outpu
             if output == "json":
                 live.console.print(as_json(frame), soft_wrap=True, highlight=False)
             else:
-                live.update(render(frame, max(5, console.size.height - 8)))
+                live.update(render(frame, max(5, console.size.height - 8), live=True))
                 live.refresh()
             await asyncio.sleep(interval)
 
