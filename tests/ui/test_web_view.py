@@ -18,9 +18,11 @@ import pytest_asyncio
 
 from tests.broker.conftest import broker, broker_settings, stub
 from tests.broker.helpers import Stub, create_stream
-from tests.helpers import BOUND
+from tests.helpers import BOUND, LONG_BOUND
 from tests.ui.helpers import get, get_json
+from tidelog.client.admin import Admin
 from tidelog.client.producer import Producer
+from tidelog.local.cluster import LocalCluster
 from tidelog.server import Broker
 
 __all__ = ["broker", "broker_settings", "stub"]  # fixtures
@@ -143,3 +145,59 @@ async def test_fragments_series_and_static_files_answer(broker: Broker, under_lo
     for name in ("htmx-2.0.11.min.js", "uPlot-1.6.32.iife.min.js", "htmx-LICENSE", "uPlot-LICENSE"):
         status, body = await get(f"{base}/static/{name}")
         assert status == 200 and len(body) > 500, name
+
+
+@pytest.mark.slow
+async def test_a_three_broker_cluster_losing_a_broker(browser: object, tmp_path: Path) -> None:
+    """Three brokers, a stream of three replicas under load: every broker and replica is shown, the lag chart is
+    drawn, and once a follower's broker is killed the refreshed tables say so without reloading the page."""
+    settings = {"broker_lease_ttl_ms": "2000", "replica_lag_time_max_ms": "3000"}
+    async with LocalCluster(tmp_path / "cluster", 3, settings=settings) as cluster:
+        async with Admin(cluster.bootstrap()) as admin:
+            await admin.create_stream("replicated", partitions=2, replication_factor=3)
+            await admin.describe_stream("replicated")
+        stop = asyncio.Event()
+
+        async def produce() -> None:
+            async with Producer(cluster.bootstrap()) as producer:
+                for i in range(1_000_000):  # a bound, not a target: the test stops it long before
+                    if stop.is_set():
+                        return
+                    await producer.send("replicated", b"r" * 100, partition=i % 2)
+                    if i % 100 == 99:
+                        await producer.flush()
+
+        load = asyncio.create_task(produce())
+        try:
+            controller = await cluster.controller_id()
+            watched = next(b for b in cluster.brokers if b.id == controller)
+            victim = next(b for b in cluster.brokers if b.id != controller)
+            page = await browser.new_page(viewport={"width": 1400, "height": 1100})  # type: ignore[attr-defined]
+            await page.goto(f"{watched.http_url}/", timeout=LONG_BOUND * 1000)
+            assert await page.locator("#brokers tbody tr").count() == 3
+            assert await page.locator("#brokers tbody tr", has_text="controller").count() == 1
+            rows = page.locator("#partitions tbody tr", has_text="replicated")
+            assert await rows.count() == 2
+            for i in range(2):
+                cells = await rows.nth(i).locator("td").all_inner_texts()
+                assert len(cells[3].split(", ")) == 3  # replicas
+            await page.wait_for_function("window.tidelogChartPoints >= 2", timeout=LONG_BOUND * 1000)
+            assert await page.evaluate("window.tidelogCharts.lag.series.length") == 2
+            await cluster.kill(victim.id)
+            gone = f"""() => [...document.querySelectorAll('#brokers tbody tr')]
+                .some(r => r.innerText.includes('{victim.id}') && r.innerText.includes('offline'))"""
+            await page.wait_for_function(gone, timeout=LONG_BOUND * 1000)
+            shrunk = """() => [...document.querySelectorAll('#partitions tbody tr')]
+                .filter(r => r.cells[0].innerText === 'replicated')
+                .every(r => r.cells[8].innerText.includes('under-replicated'))"""
+            await page.wait_for_function(shrunk, timeout=LONG_BOUND * 1000)
+            left = page.locator("#activity tbody tr", has_text=f"broker {victim.id}")
+            assert "left" in await left.first.inner_text()
+            shot = tmp_path / "three-brokers.png"
+            await page.screenshot(path=str(shot), full_page=True)
+            assert shot.read_bytes().startswith(PNG_MAGIC)
+            await page.close()
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(load, LONG_BOUND)

@@ -59,7 +59,8 @@ def changes_between(old: MetadataSnapshot, new: MetadataSnapshot) -> Iterator[tu
         yield f"broker {broker}", "left (its lease ended)"
     for stream in sorted(new.streams.keys() - old.streams.keys()):
         record = new.streams[stream]
-        yield f"stream {stream}", f"created: {record.partitions} partitions × {record.replication_factor} replicas"
+        counts = f"{_count(record.partitions, 'partition')} × {_count(record.replication_factor, 'replica')}"
+        yield f"stream {stream}", f"created: {counts}"
     for stream in sorted(old.streams.keys() - new.streams.keys()):
         yield f"stream {stream}", "deleted"
     for key in sorted(new.partitions.keys() & old.partitions.keys()):
@@ -68,6 +69,10 @@ def changes_between(old: MetadataSnapshot, new: MetadataSnapshot) -> Iterator[tu
             subject = f"{key[0]}/{key[1]}"
             for what in _partition_changes(before, after):
                 yield subject, what
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _partition_changes(before: PartitionRecord, after: PartitionRecord) -> Iterator[str]:
