@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from click.testing import CliRunner
+from rich.console import Console
 
 from tests.broker.conftest import broker, broker_settings, stub
 from tests.broker.helpers import Stub, create_stream
 from tests.helpers import BOUND
 from tidelog.cli.cluster import ClusterView
 from tidelog.cli.main import cli
-from tidelog.cli.top import frame_of
+from tidelog.cli.top import frame_of, render
 from tidelog.client.producer import Producer
 from tidelog.local.serve_process import TIDELOG, clean_env
 from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamConfig, StreamRecord
@@ -48,7 +49,7 @@ def test_partitions_are_sorted_by_what_needs_attention() -> None:
     before = ClusterView(bounds={("s", i): ListOffsetsResponse(0, 10, 10) for i in range(6)})
     view.bounds = {("s", i): ListOffsetsResponse(0, 10, 30) for i in range(6)}
     view.bounds[("s", 0)] = ListOffsetsResponse(0, 30, 30)
-    frame = frame_of(view, before, 2.0, 0.0)
+    frame = frame_of(view, before, 2.0, 0.0, {("s", 1): 4.5})
     order = [(r.partition, r.attention) for r in frame.rows]
     assert order == [
         (3, "offline"),
@@ -62,6 +63,11 @@ def test_partitions_are_sorted_by_what_needs_attention() -> None:
     assert frame.rows[-1].lag == 0 and frame.rows[-2].lag == 20
     assert frame.counts()["offline"] == 1
     assert (frame.brokers_alive, frame.brokers_known) == (2, 3)
+    assert frame.rows[-2].follower_lag_seconds == 4.5 and frame.rows[-1].follower_lag_seconds is None
+    console = Console(width=200, record=True)
+    console.print(render(frame))
+    shown = console.export_text()
+    assert "lag s" in shown and "4.5" in shown and "offline 1" in shown and "Ctrl-C" not in shown
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -98,9 +104,12 @@ async def _top(broker: Broker, *args: str) -> tuple[int, str]:
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_one_frame_of_a_broker_under_load(broker: Broker, under_load: str) -> None:
-    code, out = await _top(broker, "--output", "json")
+    assert broker.http is not None
+    metrics = f"http://127.0.0.1:{broker.http.port}"
+    code, out = await _top(broker, "--output", "json", "--metrics", metrics)
     assert code == 0, out
     frame = json.loads(out)
+    assert all("follower_lag_seconds" in p for p in frame["partitions"])  # none here: one broker, no followers
     assert frame["controller"] == broker.id and frame["brokers_alive"] == 1
     ours = [p for p in frame["partitions"] if p["stream"] == under_load]
     assert sorted(p["partition"] for p in ours) == [0, 1]
@@ -120,6 +129,8 @@ async def test_bad_input_is_one_line() -> None:
     result = await asyncio.to_thread(CliRunner().invoke, cli, ["top", "--once", "-e", "bogus:/x"])
     assert result.exit_code == 2 and "not an etcd endpoint: 'bogus:/x'" in result.output
     assert "Traceback" not in result.output
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["top", "--once", "-m", "ftp://h:1", "-e", "http://h:1"])
+    assert result.exit_code == 2 and "is not a broker's HTTP address: give http://HOST:PORT" in result.output
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -8,6 +8,9 @@ ISR (one more loss refuses them), under-replicated, then replication lag (record
 yet on every ISR member) — and then by throughput. The view refreshes in place (rich's ``Live``) every
 ``--interval`` seconds until Ctrl-C. ``--once`` prints one frame (two reads ``--interval`` apart, so the
 throughput is measured) and exits; ``--output json`` prints the frame as JSON (one document per line while live).
+``--metrics http://HOST:9294`` (repeatable) adds each partition's largest follower lag in seconds, scraped from
+those brokers' ``/metrics`` (a partition's leader exports its followers' lag; etcd does not know brokers' HTTP
+ports, so they are given).
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import asyncio
 import enum
 import json
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import click
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -33,6 +39,9 @@ from tidelog.metadata.records import PartitionRecord
 __all__ = ["Attention", "Frame", "Row", "frame_of", "top"]
 
 console = Console()
+
+METRICS_TIMEOUT = 3.0
+"""Seconds a broker's ``/metrics`` has to answer ``--metrics`` (one that does not shows ``-``)."""
 
 
 class Attention(enum.IntEnum):
@@ -73,6 +82,7 @@ class Row:
     lag: int | None
     records_per_second: float | None
     attention: str
+    follower_lag_seconds: float | None = None  # from the leader's /metrics, with --metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +127,15 @@ def _attention(view: ClusterView, partition: PartitionRecord, min_isr: int, lag:
     return Attention.OK
 
 
-def frame_of(view: ClusterView, before: ClusterView | None, elapsed: float, at: float) -> Frame:
-    """The frame of ``view``, with throughput measured against ``before`` (read ``elapsed`` seconds earlier)."""
+def frame_of(
+    view: ClusterView,
+    before: ClusterView | None,
+    elapsed: float,
+    at: float,
+    lag_seconds: dict[tuple[str, int], float] | None = None,
+) -> Frame:
+    """The frame of ``view``, with throughput measured against ``before`` (read ``elapsed`` seconds earlier) and
+    the largest follower lag in seconds from ``lag_seconds`` (scraped with ``--metrics``)."""
     rows = []
     for p in view.partitions:
         bounds = view.bounds.get((p.stream, p.id))
@@ -135,6 +152,7 @@ def frame_of(view: ClusterView, before: ClusterView | None, elapsed: float, at: 
                 bounds.high_watermark if bounds is not None else None,
                 bounds.log_end if bounds is not None else None,
                 lag, rate, attention.name.lower(),
+                lag_seconds.get((p.stream, p.id)) if lag_seconds is not None else None,
             )
         )  # fmt: skip
     rows.sort(
@@ -149,6 +167,9 @@ def frame_of(view: ClusterView, before: ClusterView | None, elapsed: float, at: 
     known = set(view.brokers) | {b for p in view.partitions for b in p.replicas}
     controller = view.controller.broker_id if view.controller is not None else None
     return Frame(at, len(view.brokers), len(known), controller, rows)
+
+
+_LEFT = {"stream", "leader", "ISR", "attention"}
 
 
 def _cell(value: object) -> str:
@@ -176,15 +197,21 @@ def render(frame: Frame, limit: int | None = None, live: bool = False) -> Group:
         time.strftime("%H:%M:%S", time.localtime(frame.at)),
     )
     table = Table(expand=False, header_style="bold")
-    for name in ("stream", "part", "leader", "ISR", "min ISR", "HW", "log end", "lag", "records/s", "attention"):
+    timed = any(row.follower_lag_seconds is not None for row in frame.rows)
+    names = ["stream", "part", "leader", "ISR", "min ISR", "HW", "log end", "lag", "records/s", "attention"]
+    if timed:
+        names.insert(8, "lag s")
+    for name in names:
         table.add_column(
-            name, justify="right" if name in {"part", "min ISR", "HW", "log end", "lag", "records/s"} else "left"
+            name,
+            justify="right" if name in {"part", "min ISR", "HW", "log end", "lag", "lag s", "records/s"} else "left",
         )
     shown = frame.rows if limit is None else frame.rows[:limit]
     for row in shown:
         table.add_row(
             row.stream, str(row.partition), row.leader or "none", f"{len(row.isr)}/{len(row.replicas)}",
             str(row.min_isr), _cell(row.high_watermark), _cell(row.log_end), _cell(row.lag),
+            *((_cell(row.follower_lag_seconds),) if timed else ()),
             _cell(row.records_per_second), row.attention.replace("_", " "),
             style=_STYLE[Attention[row.attention.upper()]] or None,
         )  # fmt: skip
@@ -203,29 +230,55 @@ def as_json(frame: Frame) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
-async def _read_pair(endpoints: Sequence[str], namespace: str, interval: float) -> Frame:
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT) as response:
+        return bytes(response.read()).decode()
+
+
+async def follower_lag_seconds(urls: Sequence[str]) -> dict[tuple[str, int], float] | None:
+    """The largest ``tidelog_follower_lag_seconds`` of each partition over the brokers' ``/metrics`` at ``urls``
+    (each leader exports its followers'); a broker that does not answer adds nothing. None without ``urls``."""
+    if not urls:
+        return None
+    bodies = await asyncio.gather(*(asyncio.to_thread(_scrape, url) for url in urls), return_exceptions=True)
+    found: dict[tuple[str, int], float] = {}
+    for body in bodies:
+        if isinstance(body, BaseException):
+            continue
+        for family in text_string_to_metric_families(body):
+            if family.name != "tidelog_follower_lag_seconds":
+                continue
+            for sample in family.samples:
+                key = (sample.labels["stream"], int(sample.labels["partition"]))
+                found[key] = max(found.get(key, 0.0), sample.value)
+    return found
+
+
+async def _read_pair(endpoints: Sequence[str], namespace: str, interval: float, metrics: Sequence[str]) -> Frame:
     first = await read_cluster(endpoints, namespace)
     started = time.monotonic()
     await asyncio.sleep(interval)
-    second = await read_cluster(endpoints, namespace)
-    return frame_of(second, first, time.monotonic() - started, time.time())
+    second, lag_seconds = await asyncio.gather(read_cluster(endpoints, namespace), follower_lag_seconds(metrics))
+    return frame_of(second, first, time.monotonic() - started, time.time(), lag_seconds)
 
 
-async def _live(endpoints: Sequence[str], namespace: str, interval: float, output: str) -> None:
+async def _live(endpoints: Sequence[str], namespace: str, interval: float, output: str, metrics: Sequence[str]) -> None:
     """Frames every ``interval`` seconds until cancelled (Ctrl-C); a failed read shows as a line, then retries."""
     before: ClusterView | None = None
     read_at = time.monotonic()
     with Live(Text("reading the cluster ..."), console=console, auto_refresh=False, transient=False) as live:
         while True:
             try:
-                view = await read_cluster(endpoints, namespace)
+                view, lag_seconds = await asyncio.gather(
+                    read_cluster(endpoints, namespace), follower_lag_seconds(metrics)
+                )
             except Exception as exc:  # etcd away for a moment: say so and try again
                 live.update(Text(f"cannot read the cluster from etcd: {exc!r}; retrying", style="bold red"))
                 live.refresh()
                 await asyncio.sleep(interval)
                 continue
             now = time.monotonic()
-            frame = frame_of(view, before, now - read_at, time.time())
+            frame = frame_of(view, before, now - read_at, time.time(), lag_seconds)
             before, read_at = view, now
             if output == "json":
                 live.console.print(as_json(frame), soft_wrap=True, highlight=False)
@@ -245,7 +298,18 @@ async def _live(endpoints: Sequence[str], namespace: str, interval: float, outpu
     show_default=True,
     help="Seconds between frames; throughput is measured over this span.",
 )
-def top(once: bool, interval: float, etcd_endpoints: str, namespace: str, output: str) -> None:
+@click.option(
+    "--metrics",
+    "-m",
+    "metrics",
+    multiple=True,
+    metavar="URL",
+    help="A broker's HTTP address (http://HOST:9294; repeatable): adds each partition's largest follower lag in "
+    "seconds, from the /metrics of the brokers leading it.",
+)
+def top(
+    once: bool, interval: float, metrics: tuple[str, ...], etcd_endpoints: str, namespace: str, output: str
+) -> None:
     """A live view of every partition — throughput, lag, ISR — the ones needing attention first, until Ctrl-C."""
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
@@ -256,19 +320,31 @@ def top(once: bool, interval: float, etcd_endpoints: str, namespace: str, output
         etcd_target([parse_etcd_endpoint(e) for e in endpoints])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    urls = [_metrics_url(m) for m in metrics]
     try:
         if once:
-            frame = asyncio.run(_read_pair(endpoints, namespace, interval))
+            frame = asyncio.run(_read_pair(endpoints, namespace, interval, urls))
             if output == "json":
                 click.echo(as_json(frame))
             else:
                 console.print(render(frame))
             return
-        asyncio.run(_live(endpoints, namespace, interval, output))
+        asyncio.run(_live(endpoints, namespace, interval, output, urls))
     except KeyboardInterrupt:
         return  # Ctrl-C is how a live view ends
     except Exception as exc:
         raise click.ClickException(f"cannot read the cluster from etcd at {','.join(endpoints)}: {exc!r}") from None
+
+
+def _metrics_url(address: str) -> str:
+    """``http(s)://HOST:PORT[/metrics]`` → the URL of its ``/metrics``; anything else is a usage error."""
+    parsed = urllib.parse.urlsplit(address)
+    if parsed.scheme not in {"http", "https"} or not parsed.hostname or parsed.path not in {"", "/", "/metrics"}:
+        raise click.BadParameter(
+            f"{address!r} is not a broker's HTTP address: give http://HOST:PORT (the broker's http_port, 9294)",
+            param_hint="--metrics",
+        )
+    return f"{parsed.scheme}://{parsed.netloc}/metrics"
 
 
 for _param in status.params:  # the same --data-dir, --etcd-endpoints, --namespace and --output as cluster status
