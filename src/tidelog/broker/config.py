@@ -124,7 +124,7 @@ class BrokerConfig:
     http_port: int = setting(
         9294,
         PORT,
-        "HTTP port of /metrics (Prometheus), /healthz and /readyz (0: any free port).",
+        "HTTP port of /metrics (Prometheus), /healthz, /readyz and the web cluster view at / (0: any free port).",
     )
     data_dir: Path = setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
         Path("./tidelog-data"),

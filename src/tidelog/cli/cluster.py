@@ -43,9 +43,11 @@ from tidelog.metadata.records import (
     BrokerRecord,
     ControllerRecord,
     PartitionRecord,
+    StreamRecord,
     decode_broker,
     decode_controller,
     decode_partition,
+    decode_stream,
 )
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
@@ -78,6 +80,7 @@ class ClusterView:
     brokers: dict[str, BrokerRecord] = field(default_factory=dict)
     controller: ControllerRecord | None = None
     partitions: list[PartitionRecord] = field(default_factory=list)
+    streams: dict[str, StreamRecord] = field(default_factory=dict)
     bounds: dict[tuple[str, int], ListOffsetsResponse] = field(default_factory=dict)
 
     def under_replicated(self, partition: PartitionRecord) -> bool:
@@ -120,6 +123,10 @@ async def read_cluster(
             partition = decode_partition(value)
             if partition.stream in streams:  # not a stream being created (or deleted): nobody acts on those
                 view.partitions.append(partition)
+        elif key.startswith(keys.streams.encode()):
+            with contextlib.suppress(Exception):  # only its min ISR is wanted (tidelog top): not worth failing for
+                stream = decode_stream(value)
+                view.streams[stream.name] = stream
     view.partitions.sort(key=lambda p: (p.stream, p.id))
     await _fetch_bounds(view, ssl)
     return view

@@ -24,6 +24,7 @@ from tidelog.cli.publish import publish
 from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
 from tidelog.cli.subscribe import subscribe
+from tidelog.cli.top import top
 
 INTERNAL_ERROR = 1
 
@@ -47,6 +48,7 @@ cli.add_command(append)
 cli.add_command(subscribe)
 cli.add_command(partition)
 cli.add_command(activity)
+cli.add_command(top)
 group.add_command(reset_offsets)
 cli.add_command(group)
 register_cluster_commands(cli)

@@ -2,7 +2,8 @@
 
 ``/metrics`` (Prometheus text format: the broker's scrape-time collectors, the process-wide pushed instruments
 of :mod:`tidelog.telemetry`, and the process's CPU, memory and file descriptors), ``/healthz`` and ``/readyz``
-(:mod:`tidelog.ui.health`). A page of the web view is one more entry in :func:`routes`.
+(:mod:`tidelog.ui.health`), and the web cluster view (``/``, its fragments, ``/api/series`` and ``/static``:
+:mod:`tidelog.ui.pages`).
 
 ``metrics_enabled = false`` leaves ``/metrics`` out (404), so a scraper learns at once that it is off.
 """
@@ -17,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from tidelog import telemetry
+from tidelog.ui import pages
 from tidelog.ui.collectors import BrokerCollector
 from tidelog.ui.health import liveness, readiness
 from tidelog.ui.view import BrokerView
@@ -57,6 +59,7 @@ def routes(view: BrokerView) -> list[BaseRoute]:
     ]
     if view.config.metrics_enabled:
         found.append(Route("/metrics", metrics, methods=["GET"]))
+    found.extend(pages.routes(view))
     return found
 
 
