@@ -13,6 +13,7 @@ import sys
 import click
 
 from tidelog import __version__
+from tidelog.cli.acl import acl
 from tidelog.cli.activity import activity
 from tidelog.cli.append import append
 from tidelog.cli.cluster import register as register_cluster_commands
@@ -47,6 +48,7 @@ cli.add_command(append)
 cli.add_command(subscribe)
 cli.add_command(partition)
 cli.add_command(activity)
+cli.add_command(acl)
 group.add_command(reset_offsets)
 cli.add_command(group)
 register_cluster_commands(cli)

@@ -112,7 +112,11 @@ class Session:
         max_in_flight: int,
         max_in_flight_bytes: int,
         budget: TurnBudget | None = None,
+        authorize: Callable[[int, Any], None] | None = None,
     ) -> None:
+        """``authorize(op, header)``, when given, runs for every request before anything else does (its admit
+        hook, its handler): raising PermissionDeniedError answers the request with that error frame."""
+        self._authorize = authorize
         self._winding_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._env = HandlerEnv(broker, self._winding_down, zero_copy, background, reply_now=self.reply_now)
         self._routes = routes
@@ -305,6 +309,8 @@ class Session:
             if handler is None:
                 raise UnsupportedError(f"this broker does not serve op {op}")
             header = decode_as(handler.request, frame.header)
+            if self._authorize is not None:
+                self._authorize(op, header)
         except (ProtocolError, TidelogError) as exc:
             self._push(cid, op, 0, _done(self._error_reply(cid, op, exc)))
             return
