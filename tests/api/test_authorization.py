@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 import trustme
 
-from tests.api.authz.samples import GRPC_SAMPLES, WIRE_SAMPLES
+from tests.api.access_samples import GRPC_SAMPLES, WIRE_SAMPLES
 from tests.broker.conftest import broker_config
 from tests.helpers import BOUND
 from tidelog import telemetry

@@ -4,7 +4,7 @@ and super users)."""
 
 from __future__ import annotations
 
-from tests.api.authz.samples import GRPC_SAMPLES, WIRE_SAMPLES
+from tests.api.access_samples import GRPC_SAMPLES, WIRE_SAMPLES
 from tidelog.api.access_table import GRPC_ACCESS, WIRE_ACCESS
 
 
@@ -12,7 +12,7 @@ def test_every_wire_op_served_has_a_rule_and_a_sample() -> None:
     from tidelog.api.wire.server import ROUTES
 
     assert set(ROUTES) - set(WIRE_ACCESS) == set(), "ops served with no access rule"
-    assert set(ROUTES) - set(WIRE_SAMPLES) == set(), "ops with no sample request in tests/api/authz/samples.py"
+    assert set(ROUTES) - set(WIRE_SAMPLES) == set(), "ops with no sample request in tests.api.access_samples.py"
 
 
 def test_every_grpc_method_served_has_a_rule_and_a_sample() -> None:
@@ -26,4 +26,4 @@ def test_every_grpc_method_served_has_a_rule_and_a_sample() -> None:
         for method in service.methods
     }
     assert methods - set(GRPC_ACCESS) == set(), "methods served with no access rule"
-    assert methods - set(GRPC_SAMPLES) == set(), "methods with no sample request in tests/api/authz/samples.py"
+    assert methods - set(GRPC_SAMPLES) == set(), "methods with no sample request in tests.api.access_samples.py"
