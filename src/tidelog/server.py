@@ -24,7 +24,7 @@ from typing import Any
 
 from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
-from tidelog.api.principals import PrincipalResolver
+from tidelog.api.principals import PrincipalResolver, UserLookup
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
 from tidelog.api.wire.server import WireServer
@@ -58,8 +58,9 @@ from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
-from tidelog.metadata.records import BrokerRecord, StreamRecord
+from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
 from tidelog.metadata.store import MetadataStore
+from tidelog.metadata.user_records import get_user
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.ui.http_server import HttpServer
@@ -287,6 +288,7 @@ class Broker:
                 ssl=self.tls.context if self.tls is not None else None,
                 authorizer=self.authorizer,
                 principals=principals,
+                users=self._user_lookup(keys),
             )
             if self.tls is not None:
                 self.tls.start()
@@ -425,6 +427,16 @@ class Broker:
         if partition.record.resume_all:
             ids = [p.id for p in self.mirror.snapshot.partitions_of(name) if p.paused] or ids
         await self.context.admin.set_paused(name, ids, False)
+
+    def _user_lookup(self, keys: Keys) -> UserLookup:
+        """SCRAM logins' credentials, read from etcd at each login (users change rarely; logins are per
+        connection)."""
+
+        async def lookup(name: str) -> tuple[bytes, bytes, bytes, int] | None:
+            record = await get_user(self.etcd, keys, name)
+            return record.auth_info() if record is not None else None
+
+        return lookup
 
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""

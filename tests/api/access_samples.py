@@ -11,6 +11,7 @@ from typing import Any
 
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol._gen.tidelog.v1 import append_pb2
+from tidelog.protocol.auth_messages import SaslFinishRequest, SaslStartRequest
 from tidelog.protocol.cursor_messages import FetchCursorRequest, ListCursorsRequest, SetCursorRequest
 from tidelog.protocol.frames import Op
 from tidelog.protocol.group_messages import (
@@ -82,6 +83,8 @@ WIRE_SAMPLES: dict[int, Any] = {
     Op.DESCRIBE_GROUP: DescribeGroupRequest(G),
     Op.LIST_GROUPS: ListGroupsRequest(),
     Op.DELETE_GROUP: DeleteGroupRequest(G, 0, timeout_ms=2_000),
+    Op.SASL_START: SaslStartRequest("SCRAM-SHA-256", "n,,n=absent-user,r=abc"),
+    Op.SASL_FINISH: SaslFinishRequest("c=biws,r=abc,p=eA=="),
 }
 
 _API = "/proto.API/"

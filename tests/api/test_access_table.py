@@ -5,7 +5,8 @@ and super users)."""
 from __future__ import annotations
 
 from tests.api.access_samples import GRPC_SAMPLES, WIRE_SAMPLES
-from tidelog.api.access_table import GRPC_ACCESS, WIRE_ACCESS
+from tidelog.api.access_table import GRPC_ACCESS, OPEN, WIRE_ACCESS
+from tidelog.protocol.frames import Op
 
 
 def test_every_wire_op_served_has_a_rule_and_a_sample() -> None:
@@ -27,3 +28,7 @@ def test_every_grpc_method_served_has_a_rule_and_a_sample() -> None:
     }
     assert methods - set(GRPC_ACCESS) == set(), "methods served with no access rule"
     assert methods - set(GRPC_SAMPLES) == set(), "methods with no sample request in tests.api.access_samples.py"
+
+
+def test_only_the_login_ops_are_open() -> None:
+    assert {op for op, rule in WIRE_ACCESS.items() if rule is OPEN} == {Op.SASL_START, Op.SASL_FINISH}

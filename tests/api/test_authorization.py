@@ -149,7 +149,10 @@ async def wire_outcome(setup: Setup, who: str, op: int) -> BaseException | None:
     return None
 
 
-@pytest.mark.parametrize("op", sorted(WIRE_ACCESS), ids=lambda op: Op(op).name)
+CHECKED_OPS = sorted(op for op, rule in WIRE_ACCESS.items() if rule is not OPEN)
+
+
+@pytest.mark.parametrize("op", CHECKED_OPS, ids=lambda op: Op(op).name)
 async def test_wire_op_is_refused_to_a_principal_not_allowed(setup: Setup, op: int) -> None:
     who = "carol" if WIRE_ACCESS[op] is BROKERS_ONLY else "mallory"
     outcome = await wire_outcome(setup, who, op)
@@ -157,7 +160,7 @@ async def test_wire_op_is_refused_to_a_principal_not_allowed(setup: Setup, op: i
     assert f"principal {who} may not" in outcome.message
 
 
-@pytest.mark.parametrize("op", sorted(WIRE_ACCESS), ids=lambda op: Op(op).name)
+@pytest.mark.parametrize("op", CHECKED_OPS, ids=lambda op: Op(op).name)
 async def test_wire_op_is_let_through_to_a_principal_allowed(setup: Setup, op: int) -> None:
     who = "broker" if WIRE_ACCESS[op] is BROKERS_ONLY else "alice"
     outcome = await wire_outcome(setup, who, op)

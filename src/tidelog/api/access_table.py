@@ -140,6 +140,8 @@ WIRE_ACCESS: Final[dict[int, Rule]] = {
     Op.DESCRIBE_GROUP: _group(DESC, "group_id"),
     Op.LIST_GROUPS: _cluster(DESC),
     Op.DELETE_GROUP: _group(D, "group_id"),
+    Op.SASL_START: OPEN,  # logging in is what gives the connection a principal
+    Op.SASL_FINISH: OPEN,
 }
 """The access each wire op needs (module docstring)."""
 

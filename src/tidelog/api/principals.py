@@ -24,7 +24,7 @@ the same one).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,15 @@ from cryptography.x509.oid import NameOID
 
 from tidelog.api.peer_certificate import wire_peer_certificate
 
-__all__ = ["ANONYMOUS", "PRINCIPAL_SOURCES", "Principal", "PrincipalResolver", "principal_name"]
+__all__ = [
+    "ANONYMOUS",
+    "PRINCIPAL_SOURCES",
+    "ConnectionIdentity",
+    "Principal",
+    "PrincipalResolver",
+    "UserLookup",
+    "principal_name",
+]
 
 PRINCIPAL_SOURCES = ("cn", "san")
 _CACHE_MAX = 1024  # certificates whose names gRPC calls reuse; beyond it the cache starts over
@@ -56,6 +64,20 @@ class Principal:
 
 
 ANONYMOUS = Principal("")
+
+UserLookup = Callable[[str], Awaitable[tuple[bytes, bytes, bytes, int] | None]]
+"""A user's SCRAM credentials by name (salt, StoredKey, ServerKey, iterations), None when there is no such user."""
+
+
+@dataclass(slots=True)
+class ConnectionIdentity:
+    """Who a wire connection is: its principal (from its certificate, or its SCRAM login), whether it is TLS,
+    where logins look users up, and the login exchange in progress (:mod:`tidelog.api.wire.sasl`)."""
+
+    principal: Principal
+    tls: bool = False
+    users: UserLookup | None = None
+    login: Any = None
 
 
 def principal_name(cert: x509.Certificate, source: str) -> str | None:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -63,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from tidelog import telemetry
+from tidelog.api.principals import ConnectionIdentity
 from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
 from tidelog.api.wire.zerocopy import ShortFileError, send_range
@@ -113,12 +115,15 @@ class Session:
         max_in_flight_bytes: int,
         budget: TurnBudget | None = None,
         authorize: Callable[[int, Any], None] | None = None,
+        identity: ConnectionIdentity | None = None,
     ) -> None:
         """``authorize(op, header)``, when given, runs for every request before anything else does (its admit
         hook, its handler): raising PermissionDeniedError answers the request with that error frame."""
         self._authorize = authorize
         self._winding_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._env = HandlerEnv(broker, self._winding_down, zero_copy, background, reply_now=self.reply_now)
+        if identity is not None:
+            self._env = dataclasses.replace(self._env, identity=identity)
         self._routes = routes
         self._writer = writer
         self._transport = cast(asyncio.Transport, writer.transport)  # a socket transport: it can pause reading
