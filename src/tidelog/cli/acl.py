@@ -37,7 +37,7 @@ from tidelog.metadata.acl_records import (
 from tidelog.metadata.etcd_client import etcd_target, open_etcd
 from tidelog.metadata.namespace import namespace_keys
 
-__all__ = ["acl"]
+__all__ = ["acl", "etcd_option", "run_on_etcd"]
 
 ETCD_ENV = "TIDELOG_ETCD_ENDPOINTS"
 ETCD_TIMEOUT = 10.0
@@ -49,7 +49,7 @@ def acl() -> None:
     """Manage the ACL entries that authorize requests (authz_enabled)."""
 
 
-def _etcd_option(f: Callable[..., Any]) -> Callable[..., Any]:
+def etcd_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--etcd-endpoints",
         "-e",
@@ -122,7 +122,7 @@ def _entries(
     return entries
 
 
-def _run(etcd_endpoints: str, work: Callable[[Any], Awaitable[T]]) -> T:
+def run_on_etcd(etcd_endpoints: str, work: Callable[[Any], Awaitable[T]]) -> T:
     endpoints = [e.strip() for e in etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
         raise click.UsageError(
@@ -160,7 +160,7 @@ def _describe(entry: AclEntry) -> str:
 
 @acl.command("add")
 @_entry_options
-@_etcd_option
+@etcd_option
 @namespace_option
 def add(etcd_endpoints: str, namespace: str, **flags: Any) -> None:
     """Add ACL entries (every combination of the principals, operations and resources given)."""
@@ -171,20 +171,20 @@ def add(etcd_endpoints: str, namespace: str, **flags: Any) -> None:
         for entry in entries:
             await add_acl(client, keys, entry)
 
-    _run(etcd_endpoints, work)
+    run_on_etcd(etcd_endpoints, work)
     for entry in entries:
         click.echo(f"added: {_describe(entry)}")
 
 
 @acl.command("remove")
 @_entry_options
-@_etcd_option
+@etcd_option
 @namespace_option
 def remove(etcd_endpoints: str, namespace: str, **flags: Any) -> None:
     """Remove exactly the ACL entries these flags describe (as they were added)."""
     entries = _entries(**_flag_args(flags))
     keys = namespace_keys(namespace)
-    removed = _run(etcd_endpoints, lambda client: remove_acls(client, keys, entries))
+    removed = run_on_etcd(etcd_endpoints, lambda client: remove_acls(client, keys, entries))
     click.echo(f"removed {removed} of {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     if removed < len(entries):
         click.echo("(the others did not exist: `tidelog acl list` shows what does)")
@@ -204,13 +204,13 @@ def _flag_args(flags: dict[str, Any]) -> dict[str, Any]:
 
 @acl.command("list")
 @click.option("--principal", help="Only entries naming this principal (or *).")
-@_etcd_option
+@etcd_option
 @namespace_option
 @output_option
 def list_(etcd_endpoints: str, namespace: str, principal: str | None, output: str) -> None:
     """Every ACL entry, and any record that does not decode (it denies everyone but super users)."""
     keys = namespace_keys(namespace)
-    entries, broken = _run(etcd_endpoints, lambda client: list_acls(client, keys))
+    entries, broken = run_on_etcd(etcd_endpoints, lambda client: list_acls(client, keys))
     if principal is not None:
         entries = [e for e in entries if e.principal in (principal, "*")]
     entries.sort(key=lambda e: (e.principal, e.resource, e.name, e.operation, e.permission))

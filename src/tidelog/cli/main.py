@@ -25,6 +25,7 @@ from tidelog.cli.publish import publish
 from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
 from tidelog.cli.subscribe import subscribe
+from tidelog.cli.users import user
 
 INTERNAL_ERROR = 1
 
@@ -49,6 +50,7 @@ cli.add_command(subscribe)
 cli.add_command(partition)
 cli.add_command(activity)
 cli.add_command(acl)
+cli.add_command(user)
 group.add_command(reset_offsets)
 cli.add_command(group)
 register_cluster_commands(cli)
