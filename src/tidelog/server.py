@@ -23,11 +23,14 @@ import time
 from typing import Any
 
 from tidelog import telemetry
+from tidelog.api.authorizer import Authorizer
+from tidelog.api.principals import PrincipalResolver, UserLookup
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.activity_stream import ACTIVITY_CONFIG, ActivityPublisher
 from tidelog.broker.config import BrokerConfig, ensure_broker_id
+from tidelog.broker.config_security import authorization_enabled
 from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.controller_link import ControllerLink
@@ -46,6 +49,7 @@ from tidelog.broker.streams import StreamAdmin
 from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
 from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
 from tidelog.launch.reachability import wait_for_etcd
+from tidelog.metadata.acl_mirror import AclMirror
 from tidelog.metadata.activity import ACTIVITY_STREAM
 from tidelog.metadata.activity_feed import ActivityFeed
 from tidelog.metadata.controller import Controller
@@ -54,8 +58,9 @@ from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
-from tidelog.metadata.records import BrokerRecord, StreamRecord
+from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
 from tidelog.metadata.store import MetadataStore
+from tidelog.metadata.user_records import get_user
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.ui.http_server import HttpServer
@@ -148,6 +153,8 @@ class Broker:
         self.http: HttpServer | None = None
         self._registered = False
         self.tls: ServerTls | None = None  # the listeners' certificates, when TLS is on
+        self.acls: AclMirror | None = None  # the ACL entries, followed from etcd while authorization is on
+        self.authorizer: Authorizer | None = None
         self._peer_tls: PeerTls | None = None  # the links to other brokers' TLS context, when TLS is on
         self._nats_security: dict[str, Any] = {}
         self.pauses: Pauses | None = None
@@ -272,9 +279,27 @@ class Broker:
                 publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)
                 self.activity = ActivityFeed(self.etcd, keys, mirror, publisher)
                 self.controller.add_term_task("activity", self.activity.run)
-            self.grpc = GrpcServer(self.context, cfg.host, cfg.port, tls=self.tls)
+            principals = PrincipalResolver.for_broker(cfg.tls_principal_from, cfg.broker_principals, cfg.tls_cert)
+            if authorization_enabled(cfg):
+                self.acls = AclMirror(self.etcd, keys)
+                await self.acls.start()
+                self.authorizer = Authorizer(self.acls, cfg.super_users)
+                log.info(
+                    "authorization on: brokers are %s, super users %s",
+                    ", ".join(sorted(principals.broker_names)) or "(none)",
+                    ", ".join(sorted(cfg.super_users)) or "(none)",
+                )
+            self.grpc = GrpcServer(
+                self.context, cfg.host, cfg.port, tls=self.tls, authorizer=self.authorizer, principals=principals
+            )
             self.wire = WireServer(
-                self.context, cfg.host, cfg.wire_port, ssl=self.tls.context if self.tls is not None else None
+                self.context,
+                cfg.host,
+                cfg.wire_port,
+                ssl=self.tls.context if self.tls is not None else None,
+                authorizer=self.authorizer,
+                principals=principals,
+                users=self._user_lookup(keys),
             )
             if self.tls is not None:
                 self.tls.start()
@@ -404,6 +429,16 @@ class Broker:
         assert self.controller is not None
         return self.controller
 
+    def _user_lookup(self, keys: Keys) -> UserLookup:
+        """SCRAM logins' credentials, read from etcd at each login (users change rarely; logins are per
+        connection)."""
+
+        async def lookup(name: str) -> tuple[bytes, bytes, bytes, int] | None:
+            record = await get_user(self.etcd, keys, name)
+            return record.auth_info() if record is not None else None
+
+        return lookup
+
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""
         if self._stopped.is_set():
@@ -455,6 +490,8 @@ class Broker:
                     await self.store.deregister_broker()
         if self.mirror is not None:
             await self.mirror.stop()
+        if self.acls is not None:
+            await self.acls.stop()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.close()

@@ -240,3 +240,16 @@ def follower_replicated(seconds: float) -> None:
     """A follower acknowledged the leader's newest write ``seconds`` after it reached the leader."""
     if _enabled:
         _replicate.observe(seconds)
+
+
+_authz_denied = _Family(
+    "tidelog_authz_denied",
+    "Requests refused by authorization (PERMISSION_DENIED), per protocol (wire, grpc) and op or method.",
+    ("protocol", "operation"),
+)
+
+
+def authz_denied(protocol: str, operation: str) -> None:
+    """A request of ``operation`` was refused by the ACLs. Counted even with metrics off: denials are rare and
+    an operator looks for them."""
+    _authz_denied.inc(1, protocol, operation)

@@ -79,6 +79,29 @@ async def test_dev_cluster_with_tls_prints_how_to_connect_and_the_cli_connects(t
         )
         assert no_certificate.returncode == 1
         assert "refused ours" in no_certificate.stderr and "Traceback" not in no_certificate.stderr
+
+        # ACLs are on: the printed super user (admin) did all of the above; the principal 'client' may do
+        # nothing until an ACL allows it, and then exactly that.
+        assert "ACLs on" in out and "super user 'admin'" in out, out
+        user = re.search(r"The principal 'client' \((\S+), key (\S+)\)", out)
+        assert user is not None, out
+        as_client = {**env, "TIDELOG_CLIENT_TLS_CERT": user.group(1), "TIDELOG_CLIENT_TLS_KEY": user.group(2)}
+        denied = await tidelog("stream", "list", **as_client)
+        assert denied.returncode == 1 and "Traceback" not in denied.stderr, denied.stderr
+        assert "principal client may not describe cluster" in denied.stderr, denied.stderr
+        added = await tidelog(
+            "acl", "add", "--allow-principal", "client", "--operation", "describe", "--cluster",
+            "--etcd-endpoints", etcd.group(1),
+        )  # fmt: skip
+        assert added.returncode == 0 and "added: allow client describe on cluster" in added.stdout, added.stderr
+        for _ in range(100):  # bounded: until every broker's mirror has the entry (etcd's watch, well under 1 s)
+            listed = await tidelog("stream", "list", **as_client)
+            if listed.returncode == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert listed.returncode == 0 and "secure" in listed.stdout, listed.stderr
+        refused = await tidelog("stream", "delete", "secure", "--yes", **as_client)
+        assert refused.returncode == 1 and "may not delete stream 'secure'" in refused.stderr, refused.stderr
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

@@ -195,3 +195,50 @@ async def test_the_spark_sink_writes_over_tls(cluster: LocalCluster) -> None:
     await consumer.close()
     await tls.close()
     assert values == [b"a", b"b", b"c"]
+
+
+async def test_acls_are_on_and_a_change_reaches_every_broker(cluster: LocalCluster) -> None:
+    """ACLs are on by default under required client certificates: the principal 'client' is refused on every
+    broker until an entry written to etcd allows it, then allowed on every broker (each follows etcd's watch);
+    the super user 'admin' (the cluster's client_tls) needed no entry for the tests above."""
+    from tidelog.metadata.acl_records import AclEntry, Operation, Permission, ResourceType, add_acl, remove_acls
+    from tidelog.protocol.errors import PermissionDeniedError
+
+    user = cluster.user_tls
+    assert user is not None
+    context = client_context(user)
+
+    async def describe(port: int) -> BaseException | None:
+        connection = await Connection.open("127.0.0.1", port, ssl=context, connect_timeout=BOUND)
+        try:
+            await connection.request(MetadataRequest(("secure",)), timeout=BOUND)
+        except PermissionDeniedError as exc:
+            return exc
+        finally:
+            await connection.close()
+        return None
+
+    for broker in cluster.brokers:
+        refused = await describe(broker.wire_port)
+        assert isinstance(refused, PermissionDeniedError) and "principal client may not describe stream" in str(refused)
+    grant = AclEntry("client", ResourceType.STREAM, "secure", Operation.READ, Permission.ALLOW)
+    etcd = await cluster.etcd_client()
+    try:
+        await add_acl(etcd, cluster.keys, grant)
+        for broker in cluster.brokers:
+            port = broker.wire_port
+
+            async def allowed(port: int = port) -> bool:
+                return await describe(port) is None
+
+            await cluster.wait_until(allowed, BOUND, f"broker {broker.id} to apply the new ACL entry")
+        await remove_acls(etcd, cluster.keys, [grant])
+        for broker in cluster.brokers:
+            port = broker.wire_port
+
+            async def refused_again(port: int = port) -> bool:
+                return await describe(port) is not None
+
+            await cluster.wait_until(refused_again, BOUND, f"broker {broker.id} to apply the removal")
+    finally:
+        await etcd.close()

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidelog.protocol import auth_messages as am
 from tidelog.protocol import group_messages as gm
 from tidelog.protocol.cursor_messages import (
     CursorPosition,
@@ -245,6 +246,16 @@ STRATEGIES.update(
             ListCursorsResponse,
             st.lists(st.builds(CursorPosition, text, partition, offset_or_none), max_size=3).map(tuple),
         ),
+    }
+)
+
+# SCRAM logins (tidelog.protocol.auth_messages)
+STRATEGIES.update(
+    {
+        am.SaslStartRequest: st.builds(am.SaslStartRequest, text, text),
+        am.SaslStartResponse: st.builds(am.SaslStartResponse, text),
+        am.SaslFinishRequest: st.builds(am.SaslFinishRequest, text),
+        am.SaslFinishResponse: st.builds(am.SaslFinishResponse, text, text),
     }
 )
 

@@ -51,6 +51,7 @@ from tidelog.broker.config_values import (
     ConfigError,
     Kind,
     UnknownConfigKeyError,
+    auto_bool_kind,
     bool_kind,
     choice_kind,
     file_kind,
@@ -58,6 +59,7 @@ from tidelog.broker.config_values import (
     is_etcd_endpoint,
     is_host,
     is_nats_url,
+    is_principal,
     list_kind,
     path_kind,
     setting,
@@ -176,6 +178,32 @@ class BrokerConfig:
         file_kind("a PEM CA bundle"),
         "CA this broker verifies other brokers' certificates against when it dials them (replication, "
         "forwarding). Unset: tls_client_ca, else the system's CAs.",
+    )
+
+    # -- principals and authorization (docs/security.md) --
+    tls_principal_from: str = setting(
+        "cn",
+        choice_kind("cn", "san"),
+        "What names a client with a verified certificate: 'cn' its subject common name; 'san' its first subject "
+        "alternative name (DNS name, else URI, else e-mail). Clients without one are the principal ANONYMOUS.",
+    )
+    broker_principals: tuple[str, ...] = setting(
+        (),
+        list_kind("principal names", is_principal),
+        "Principals that are brokers of this cluster (they may do everything, replication included). Empty: the "
+        "name this broker's own tls_cert gives by tls_principal_from.",
+    )
+    super_users: tuple[str, ...] = setting(
+        (),
+        list_kind("principal names", is_principal),
+        "Principals every ACL check allows (administrators), even while an ACL record cannot be decoded.",
+    )
+    authz_enabled: bool | None = setting(
+        None,
+        auto_bool_kind(),
+        "Check every gRPC call and wire request against the ACLs in etcd (tidelog acl) before it runs; nothing "
+        "allowed is denied. Auto: on exactly when tls_client_auth is 'required'. On needs tls_client_auth "
+        "other than 'none' (brokers are recognised by their certificates).",
     )
 
     # -- NATS and etcd --

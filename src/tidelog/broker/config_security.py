@@ -15,7 +15,14 @@ from tidelog.broker.config_values import BadConfigValueError
 if TYPE_CHECKING:
     from tidelog.broker.config import BrokerConfig
 
-__all__ = ["check_security"]
+__all__ = ["authorization_enabled", "check_security"]
+
+
+def authorization_enabled(config: BrokerConfig) -> bool:
+    """Whether requests are checked against the ACLs: ``authz_enabled``, or when auto, client auth required."""
+    if config.authz_enabled is not None:
+        return config.authz_enabled
+    return config.tls_client_auth == "required"
 
 
 def check_security(config: BrokerConfig) -> None:
@@ -38,6 +45,12 @@ def check_security(config: BrokerConfig) -> None:
         refuse("tls_client_auth", "'none' unless tls_cert and tls_key are set")
     if config.tls_client_auth != "none" and config.tls_client_ca is None:
         refuse("tls_client_ca", f"a CA file when tls_client_auth is {config.tls_client_auth!r}")
+    if config.authz_enabled and config.tls_client_auth == "none":
+        refuse(
+            "authz_enabled",
+            "false or auto unless tls_client_auth is 'optional' or 'required' (brokers and clients are recognised by "
+            "their certificates)",
+        )
     for user, password in (("nats_user", "nats_password"), ("etcd_user", "etcd_password")):
         if (getattr(config, user) is None) != (getattr(config, password) is None):
             refuse(

@@ -122,6 +122,22 @@ def bool_kind() -> Kind:
     return Kind(expected, parse)
 
 
+def auto_bool_kind() -> Kind:
+    """``true``/``false``, or ``auto`` (None: the broker decides from other settings)."""
+    expected = "true, false or auto"
+    boolean = bool_kind()
+
+    def parse(raw: object) -> object:
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("auto", "")):
+            return None
+        try:
+            return boolean.parse(raw)
+        except Bad:
+            raise Bad(expected) from None
+
+    return Kind(expected, parse)
+
+
 def choice_kind(*choices: str) -> Kind:
     expected = "one of " + ", ".join(repr(choice) for choice in choices)
 
@@ -192,6 +208,11 @@ def list_kind(expected_item: str, check: Callable[[str], bool]) -> Kind:
         return tuple(str(item).strip() for item in items)
 
     return Kind(expected, parse)
+
+
+def is_principal(text: str) -> bool:
+    """A principal's name in a setting: not empty, no comma (lists are comma-separated), no control character."""
+    return bool(text) and "," not in text and text.isprintable()
 
 
 def is_host(text: str) -> bool:

@@ -430,7 +430,8 @@ def _print_cluster(local: LocalCluster) -> None:
     files = local.client_tls
     if files is not None:
         console.print(
-            "TLS on every port, client certificates required (the CA and certificates are throwaway):",
+            "TLS on every port, client certificates required, ACLs on (the CA and certificates are throwaway); "
+            "these files connect as the super user 'admin':",
             soft_wrap=True,
         )
         console.print(
@@ -447,4 +448,11 @@ def _print_cluster(local: LocalCluster) -> None:
             f"gRPC (Liftbridge clients): the CA {files.ca}, client certificate {files.cert}, key {files.key}",
             soft_wrap=True,
         )
+        user = local.user_tls
+        if user is not None:
+            console.print(
+                f"The principal 'client' ({user.cert}, key {user.key}) may do nothing until allowed, e.g. "
+                "tidelog acl add --allow-principal client --operation write --stream orders",
+                soft_wrap=True,
+            )
     console.print("ready; Ctrl-C to stop")

@@ -13,6 +13,7 @@ import sys
 import click
 
 from tidelog import __version__
+from tidelog.cli.acl import acl
 from tidelog.cli.activity import activity
 from tidelog.cli.append import append
 from tidelog.cli.cluster import register as register_cluster_commands
@@ -25,6 +26,7 @@ from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
 from tidelog.cli.subscribe import subscribe
 from tidelog.cli.top import top
+from tidelog.cli.users import user
 
 INTERNAL_ERROR = 1
 
@@ -49,6 +51,8 @@ cli.add_command(subscribe)
 cli.add_command(partition)
 cli.add_command(activity)
 cli.add_command(top)
+cli.add_command(acl)
+cli.add_command(user)
 group.add_command(reset_offsets)
 cli.add_command(group)
 register_cluster_commands(cli)

@@ -28,6 +28,7 @@ from tidelog.protocol.errors import (
 )
 from tidelog.protocol.frames import DEFAULT_MAX_RESPONSE_BYTES
 from tidelog.protocol.messages import BrokerInfo, Header, MetadataRequest, MetadataResponse, PartitionInfo, StreamInfo
+from tidelog.protocol.scram_login import scram_login
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9293"
 
@@ -56,12 +57,16 @@ class Cluster:
         request_timeout: float = 30.0,
         max_frame_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_in_flight: int = 1024,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
+        """``credentials`` (user, password): every connection logs in with SCRAM-SHA-256 once opened (brokers
+        answer only over TLS, so give ``ssl`` too), for clients without a certificate."""
         addresses = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         if not addresses:
             raise ValueError("at least one bootstrap address is needed")
         self._bootstrap = [parse_address(a) for a in addresses]
         self._ssl = ssl
+        self._credentials = credentials
         self._connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self._max_frame_bytes = max_frame_bytes
@@ -75,7 +80,7 @@ class Cluster:
     # -- connections -------------------------------------------------------------------------------------------
 
     async def _open(self, host: str, port: int) -> Connection:
-        return await Connection.open(
+        connection = await Connection.open(
             host,
             port,
             ssl=self._ssl,
@@ -83,6 +88,13 @@ class Cluster:
             max_frame_bytes=self._max_frame_bytes,
             max_in_flight=self._max_in_flight,
         )
+        if self._credentials is not None:
+            try:
+                await scram_login(connection, *self._credentials, timeout=self.request_timeout)
+            except BaseException:
+                await connection.close()
+                raise
+        return connection
 
     async def connection(self, host: str, port: int) -> Connection:
         """The shared connection to ``host:port``, opened (once, even under concurrent callers) if needed."""

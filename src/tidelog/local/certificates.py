@@ -5,8 +5,10 @@
 - ``ca.pem`` — the CA certificate: what brokers (``tls_ca``, ``tls_client_ca``) and clients (``--tls-ca``) trust;
 - ``broker.pem``/``broker.key`` — the brokers' certificate, for ``localhost`` and ``127.0.0.1`` (and any other
   names given), usable both to serve and to dial other brokers (mutual TLS between brokers);
-- ``client.pem``/``client.key`` — a client certificate whose subject CN is ``client`` (the name a later
-  authorization step can take as the principal).
+- ``client.pem``/``client.key`` — a client certificate whose subject CN is ``client``: the principal
+  ``client``, allowed nothing until ACLs grant it something;
+- ``admin.pem``/``admin.key`` — a client certificate whose subject CN is ``admin``: the principal a local
+  cluster with TLS makes its super user (``super_users = admin``).
 
 Keys are ECDSA P-256, certificates valid for ``days`` days. This is for trying the secure setup on one machine:
 the CA's key is written beside the certificates (``ca.key``), unprotected. A real deployment has its own CA
@@ -39,6 +41,8 @@ class DevCertificates:
     broker_key: Path
     client_cert: Path
     client_key: Path
+    admin_cert: Path
+    admin_key: Path
 
 
 def make_dev_certificates(
@@ -104,6 +108,8 @@ def make_dev_certificates(
         directory / "broker.key",
         directory / "client.pem",
         directory / "client.key",
+        directory / "admin.pem",
+        directory / "admin.key",
     )
     _write(files.ca, ca_cert.public_bytes(serialization.Encoding.PEM))
     _write(directory / "ca.key", _key_pem(ca_key), private=True)
@@ -113,6 +119,9 @@ def make_dev_certificates(
     client_pem, client_key = issue("client", ())
     _write(files.client_cert, client_pem)
     _write(files.client_key, client_key, private=True)
+    admin_pem, admin_key = issue("admin", ())
+    _write(files.admin_cert, admin_pem)
+    _write(files.admin_key, admin_key, private=True)
     return files
 
 

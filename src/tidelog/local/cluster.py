@@ -166,8 +166,10 @@ class LocalCluster:
         each broker's HTTP port. Without it every port is a free one.
 
         ``tls=True`` makes a throwaway CA under ``<root>/tls`` (:mod:`tidelog.local.certificates`) and runs every
-        broker with TLS on both listeners, client certificates required, and TLS between brokers;
-        :attr:`client_tls` holds the files a client connects with, :meth:`client_ssl` a context from them."""
+        broker with TLS on both listeners, client certificates required, TLS between brokers, and so
+        authorization on, with the principal ``admin`` a super user: :attr:`client_tls` holds the files a client
+        connects with as ``admin``, :meth:`client_ssl` a context from them; :attr:`user_tls` the files of the
+        principal ``client``, which ACLs must grant what it does."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         advertise_key = _advertise_key()
@@ -196,6 +198,7 @@ class LocalCluster:
                 "tls_client_ca": str(self.certificates.ca),
                 "tls_ca": str(self.certificates.ca),
                 "tls_client_auth": "required",
+                "super_users": "admin",  # authorization is on (client auth required): admin.pem may do anything
             }
         base_env = clean_env(**_settings_env({**tls_settings, **(settings or {})}))
         self.brokers: list[BrokerHandle] = []
@@ -228,7 +231,13 @@ class LocalCluster:
 
     @property
     def client_tls(self) -> TlsFiles | None:
-        """The CA and client certificate to connect with (None without ``tls``)."""
+        """The CA and the super user's certificate (principal ``admin``) to connect with (None without ``tls``)."""
+        c = self.certificates
+        return None if c is None else TlsFiles(ca=c.ca, cert=c.admin_cert, key=c.admin_key)
+
+    @property
+    def user_tls(self) -> TlsFiles | None:
+        """The CA and an ordinary client's certificate (principal ``client``: only what ACLs allow)."""
         c = self.certificates
         return None if c is None else TlsFiles(ca=c.ca, cert=c.client_cert, key=c.client_key)
 

@@ -76,6 +76,8 @@ class Op(enum.IntEnum):
     SET_CURSOR = 6  # store a consumer's position (a cursor in __cursors; its partition's leader answers)
     FETCH_CURSOR = 7  # read a stored cursor (-1 when never set)
     LIST_CURSORS = 8  # every cursor of one id in one __cursors partition (that partition's leader answers)
+    SASL_START = 9  # SCRAM-SHA-256 over TLS: the client's first message, the broker's first (a connection's login)
+    SASL_FINISH = 10  # SCRAM-SHA-256: the client's proof, the broker's signature; the connection's principal
     METADATA = 16
     CREATE_STREAM = 17
     DELETE_STREAM = 18

@@ -22,6 +22,7 @@ Which header goes with which frame::
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
     SEGMENT_FETCH   SegmentFetchRequest   SegmentFetchResponse   response: raw bytes of a segment file
+    SASL_START …    the SCRAM login headers (:mod:`tidelog.protocol.auth_messages`)
     JOIN_GROUP …    the consumer-group headers (:mod:`tidelog.protocol.group_messages`)
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
 
@@ -38,6 +39,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from tidelog.protocol.auth_messages import (
+    SaslFinishRequest,
+    SaslFinishResponse,
+    SaslStartRequest,
+    SaslStartResponse,
+)
 from tidelog.protocol.cursor_messages import (
     FetchCursorRequest,
     FetchCursorResponse,
@@ -173,6 +180,10 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.INIT_PRODUCER): InitProducerResponse,
     (Kind.REQUEST, Op.APPEND): AppendRequest,
     (Kind.RESPONSE, Op.APPEND): AppendResponse,
+    (Kind.REQUEST, Op.SASL_START): SaslStartRequest,
+    (Kind.RESPONSE, Op.SASL_START): SaslStartResponse,
+    (Kind.REQUEST, Op.SASL_FINISH): SaslFinishRequest,
+    (Kind.RESPONSE, Op.SASL_FINISH): SaslFinishResponse,
 }
 _ROUTES: dict[type[Header], tuple[Kind, int]] = {cls: route for route, cls in HEADER_TYPES.items()}
 

@@ -18,8 +18,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tidelog import telemetry
+from tidelog.api.authorizer import Authorizer
+from tidelog.api.principals import PrincipalResolver
 from tidelog.api.rpc import cursors, groups, metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
+from tidelog.api.rpc.authorization import AuthorizationInterceptor
 from tidelog.api.server_tls import ServerTls
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
@@ -166,10 +169,24 @@ def _timed(behavior: Callable[[Any, Any], Awaitable[Any]], name: str) -> Callabl
 class GrpcServer:
     """The gRPC server: ``proto.API``, ``tidelog.v1.Appender`` and the standard health service."""
 
-    def __init__(self, ctx: BrokerContext, host: str, port: int, *, tls: ServerTls | None = None) -> None:
-        """With ``tls``, the port speaks TLS only (its certificate follows ``tls``'s reloads); without, plaintext."""
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        host: str,
+        port: int,
+        *,
+        tls: ServerTls | None = None,
+        authorizer: Authorizer | None = None,
+        principals: PrincipalResolver | None = None,
+    ) -> None:
+        """With ``tls``, the port speaks TLS only (its certificate follows ``tls``'s reloads); without, plaintext.
+        With ``authorizer``, every call is checked before its handler runs
+        (:mod:`tidelog.api.rpc.authorization`)."""
+        interceptors: list[Any] = [_RequestTiming()]
+        if authorizer is not None:
+            interceptors.insert(0, AuthorizationInterceptor(authorizer, principals or PrincipalResolver("cn", ())))
         self._server = grpc.aio.server(
-            interceptors=[_RequestTiming()],
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", ctx.config.max_message_bytes + 64 * 1024),
                 ("grpc.so_reuseport", 0),

@@ -44,6 +44,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
+from tidelog.api.principals import ANONYMOUS, ConnectionIdentity
 from tidelog.api.wire.produce_turns import ProduceTurns
 from tidelog.broker.appends.streamed import ConnectionAppends
 from tidelog.broker.context import BrokerContext
@@ -104,6 +105,7 @@ class HandlerEnv:
     appends: ConnectionAppends = field(default_factory=ConnectionAppends)  # its uncommitted transactional appends
     produce_turns: ProduceTurns = field(default_factory=ProduceTurns)  # its produces checked off the loop
     reply_now: ReplyNow = _never_now  # the session's, for a reply produced outside its handler task
+    identity: ConnectionIdentity = field(default_factory=lambda: ConnectionIdentity(ANONYMOUS))  # who it is
 
 
 H = TypeVar("H", bound=Header)

@@ -33,13 +33,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tidelog.api.wire import admin, append, control, cursors, fetch, handlers, producers, replica
+from tidelog.api.access_table import WIRE_ACCESS
+from tidelog.api.authorizer import Authorizer
+from tidelog.api.principals import ConnectionIdentity, PrincipalResolver, UserLookup
+from tidelog.api.wire import admin, append, control, cursors, fetch, handlers, producers, replica, sasl
 from tidelog.api.wire import groups as group_ops
 from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
 from tidelog.broker.context import BrokerContext
-from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES
+from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.protocol.tls import following_context
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,7 @@ ROUTES: dict[int, Route] = {
     **append.ROUTES,
     **cursors.ROUTES,
     **group_ops.ROUTES,
+    **sasl.ROUTES,
 }
 """Every op this server answers, by family; anything else gets an UNSUPPORTED error frame."""
 
@@ -72,11 +76,19 @@ class WireServer:
         max_in_flight: int = 256,
         max_in_flight_bytes: int = 64 * 1024 * 1024,
         zero_copy: bool = True,
+        authorizer: Authorizer | None = None,
+        principals: PrincipalResolver | None = None,
+        users: UserLookup | None = None,
     ) -> None:
         """``max_in_flight`` requests or ``max_in_flight_bytes`` of request bytes unanswered on one connection
         make it stop reading until replies go out; what all connections together start in one turn of the loop
         is bounded too (:mod:`tidelog.api.wire.admission`). ``zero_copy`` allows ``os.sendfile`` for fetches on
-        connections without TLS (it is always off with TLS, whose bytes must pass through Python)."""
+        connections without TLS (it is always off with TLS, whose bytes must pass through Python).
+
+        With ``authorizer``, each connection's principal is resolved once when it is accepted (by
+        ``principals``) and every request is checked against :data:`~tidelog.api.access_table.WIRE_ACCESS`
+        before anything of it runs. ``users`` lets clients without a certificate log in with SCRAM-SHA-256 over
+        TLS (:mod:`tidelog.api.wire.sasl`)."""
         self._ctx = ctx
         self._host = host
         self._requested_port = port
@@ -85,6 +97,9 @@ class WireServer:
         self._max_in_flight = max_in_flight
         self._max_in_flight_bytes = max_in_flight_bytes
         self._budget = TurnBudget()
+        self._authorizer = authorizer
+        self._principals = principals or PrincipalResolver("cn", ())
+        self._users = users
         self._zero_copy = zero_copy and ssl is None and hasattr(os, "sendfile")
         self._server: asyncio.Server | None = None
         self._port = 0
@@ -125,6 +140,7 @@ class WireServer:
         if self._stopping.done():
             writer.close()
             return
+        identity = ConnectionIdentity(self._principals.of_wire(writer), self._ssl is not None, self._users)
         session = Session(
             self._ctx,
             ROUTES,
@@ -135,6 +151,8 @@ class WireServer:
             max_in_flight=self._max_in_flight,
             max_in_flight_bytes=self._max_in_flight_bytes,
             budget=self._budget,
+            authorize=self._authorize_for(identity),
+            identity=identity,
         )
         task = asyncio.current_task()
         assert task is not None
@@ -146,6 +164,22 @@ class WireServer:
             log.exception("wire session %s failed", session.peer)
         finally:
             self._sessions.pop(session, None)
+
+    def _authorize_for(self, identity: ConnectionIdentity) -> Callable[[int, Any], None] | None:
+        """The request check of a new connection, by its principal at the time of each request (a SCRAM login
+        changes it), or None when authorization is off."""
+        authorizer = self._authorizer
+        if authorizer is None:
+            return None
+
+        def authorize(op: int, header: Any) -> None:
+            rule = WIRE_ACCESS.get(op)
+            if rule is None:
+                authorizer.check_unknown(identity.principal, "wire", f"op {op}")
+            else:
+                authorizer.check(identity.principal, rule, header, "wire", _op_name(op))
+
+        return authorize
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, let in-flight requests finish for up to ``grace`` seconds, then close everything."""
@@ -173,6 +207,13 @@ class WireServer:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
         log.debug("wire server on port %d stopped", self._port)
+
+
+def _op_name(op: int) -> str:
+    try:
+        return Op(op).name
+    except ValueError:
+        return f"op {op}"
 
 
 class _WireProtocol(asyncio.StreamReaderProtocol):

@@ -43,6 +43,11 @@ Winding down. When the peer closes its side (EOF), the stream breaks, or the ser
 will come: long-polling fetches in progress answer at once (empty) instead of holding the connection open
 until their deadline, the replies still owed are written, and the connection closes.
 
+Authorization. With ACLs on, the server gives the session an ``authorize`` check: each request is checked, by
+the connection's principal at that moment (:class:`~tidelog.api.principals.ConnectionIdentity`, which a SCRAM
+login changes), right after its header decodes and before its ``admit`` hook or handler; a refusal is the
+request's PERMISSION_DENIED error frame, and the connection goes on.
+
 Errors. A handler's exception becomes an ERROR frame through the one error table, and the connection goes
 on; so do an unknown op (UNSUPPORTED), a non-request frame and a header that does not decode
 (INVALID_ARGUMENT). A :class:`FrameError` means the byte stream itself is lost: the replies already owed are
@@ -63,6 +68,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from tidelog import telemetry
+from tidelog.api.principals import ANONYMOUS, ConnectionIdentity
 from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
 from tidelog.api.wire.zerocopy import ShortFileError, send_range
@@ -112,9 +118,21 @@ class Session:
         max_in_flight: int,
         max_in_flight_bytes: int,
         budget: TurnBudget | None = None,
+        authorize: Callable[[int, Any], None] | None = None,
+        identity: ConnectionIdentity | None = None,
     ) -> None:
+        """``authorize(op, header)``, when given, runs for every request before anything else does (its admit
+        hook, its handler): raising PermissionDeniedError answers the request with that error frame."""
+        self._authorize = authorize
         self._winding_down: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._env = HandlerEnv(broker, self._winding_down, zero_copy, background, reply_now=self.reply_now)
+        self._env = HandlerEnv(
+            broker,
+            self._winding_down,
+            zero_copy,
+            background,
+            reply_now=self.reply_now,
+            identity=identity if identity is not None else ConnectionIdentity(ANONYMOUS),
+        )
         self._routes = routes
         self._writer = writer
         self._transport = cast(asyncio.Transport, writer.transport)  # a socket transport: it can pause reading
@@ -305,6 +323,8 @@ class Session:
             if handler is None:
                 raise UnsupportedError(f"this broker does not serve op {op}")
             header = decode_as(handler.request, frame.header)
+            if self._authorize is not None:
+                self._authorize(op, header)
         except (ProtocolError, TidelogError) as exc:
             self._push(cid, op, 0, _done(self._error_reply(cid, op, exc)))
             return
