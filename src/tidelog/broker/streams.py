@@ -91,6 +91,11 @@ def validate_config(config: StreamConfig) -> None:
         raise InvalidArgumentError(f"flush_policy must be 'always', 'interval' or 'never', got {config.flush_policy!r}")
     if config.cleaner_interval_ms is not None and config.cleaner_interval_ms < 1:
         raise InvalidArgumentError(f"cleanerInterval must be at least 1 ms, got {config.cleaner_interval_ms}")
+    if config.tiered and config.compact_enabled:
+        raise InvalidArgumentError(
+            "a compacted stream cannot tier: compaction rewrites sealed segments that the tiered store keeps "
+            "unchanged; set tiered=false or compact_enabled=false"
+        )
     workers = config.compact_max_goroutines
     if workers is not None and not 1 <= workers <= MAX_COMPACT_WORKERS:
         raise InvalidArgumentError(

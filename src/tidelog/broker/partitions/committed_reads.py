@@ -5,14 +5,29 @@ A subscription or a fetch reads a :class:`~tidelog.broker.partitions.partition.P
 whole batches from the one holding the offset, never reaching the replica's high watermark — and differ only
 in where that high watermark comes from (the ISR's log ends at the leader, the leader's word at a follower). So
 the rules live here once, and each class supplies ``high_watermark``.
+
+Tiered storage: when the partition's sealed segments are offloaded (:mod:`tidelog.broker.tiering`), its history
+starts in the object store. ``log_start`` is then the first remote offset, and
+:meth:`CommittedReads.read_committed_async` reads offsets below the local log start from the store (``tier``,
+the broker's :class:`~tidelog.broker.tier_catalog.TierCatalog`); replication keeps using ``local_log_start``.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import EncryptionError
 from tidelog.storage.encryption import open_batches
 from tidelog.storage.log import Log
+
+
+class RemoteTier(Protocol):
+    """Where a partition's offloaded history is (:class:`~tidelog.broker.tier_catalog.TierCatalog`)."""
+
+    def remote_start(self, stream: str, partition: int) -> int | None: ...
+
+    async def read(self, stream: str, partition: int, offset: int, max_bytes: int, max_offset: int) -> bytes: ...
 
 
 class CommittedReads:
@@ -23,6 +38,7 @@ class CommittedReads:
     log: Log
     bytes_out: int = 0  # record bytes served to consumers' fetches (for the metrics, read at scrape time)
     records_out: int = 0  # offsets served to consumers' fetches sent from the file (plain TCP)
+    tier: RemoteTier | None = None  # set by the manager on a broker with a tiered store
 
     @property
     def high_watermark(self) -> int:
@@ -44,6 +60,14 @@ class CommittedReads:
 
     @property
     def log_start(self) -> int:
+        """The oldest offset a reader may ask for: in the tiered store when segments were offloaded."""
+        local = self.log.start_offset
+        remote = None if self.tier is None else self.tier.remote_start(self.stream.name, self.record.id)
+        return local if remote is None else min(remote, local)
+
+    @property
+    def local_log_start(self) -> int:
+        """The oldest offset on this broker's disk (what replication copies from)."""
         return self.log.start_offset
 
     @property
@@ -57,6 +81,21 @@ class CommittedReads:
         if offset >= hw:
             return b""
         return self.readable(self.log.read(offset, max_bytes, max_offset=hw))
+
+    def is_remote(self, offset: int) -> bool:
+        """Whether a read at ``offset`` goes to the tiered store (it is below the local log start)."""
+        return self.tier is not None and offset < self.log.start_offset
+
+    async def read_committed_async(self, offset: int, max_bytes: int) -> bytes:
+        """:meth:`read_committed`, falling through to the tiered store below the local log start. A gap between
+        the store's end and the local start (nothing there) reads on from the local start."""
+        if self.tier is None or offset >= self.log.start_offset:
+            return self.read_committed(offset, max_bytes)
+        hw = min(self.high_watermark, self.log.end_offset)
+        data = await self.tier.read(self.stream.name, self.record.id, offset, max_bytes, hw)
+        if not data:
+            return self.read_committed(max(offset, self.log.start_offset), max_bytes)
+        return self.readable(data)
 
     def readable(self, data: bytes) -> bytes:
         """Batches read from this replica's log as a consumer gets them: opened when the stream is encrypted
