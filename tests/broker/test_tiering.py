@@ -6,6 +6,8 @@ S3-compatible server, failover and failures are in ``tests/broker/test_tiering_s
 
 from __future__ import annotations
 
+import itertools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.errors import InvalidArgumentError
 from tidelog.server import Broker
+from tidelog.storage.remote_segment import partition_prefix
 
 from .helpers import bounded, consumed_values, read_until_stop, until
 
@@ -72,9 +75,9 @@ async def test_sealed_segments_are_offloaded_then_deleted_locally_and_read_back_
     listed = await RemoteSegmentLists(broker.etcd, namespace_keys(broker.config.namespace)).read(stream_name, 0)
     segments = listed.segments.segments
     assert segments[0].base_offset == 0
-    assert all(a.end_offset == b.base_offset for a, b in zip(segments, segments[1:], strict=False))
+    assert all(a.end_offset == b.base_offset for a, b in itertools.pairwise(segments))
     assert partition.local_log_start <= segments[-1].end_offset  # nothing deleted locally that is not offloaded
-    objects = {p.name for p in store_dir.rglob("*") if p.is_file()}
+    objects = set(os.listdir(store_dir / partition_prefix(broker.config.namespace, stream_name, 0)))
     for segment in segments:
         assert Path(segment.log_name).name in objects and Path(segment.manifest_name).name in objects
 
