@@ -9,8 +9,9 @@ does, for each partition of a tiered stream (:func:`tier_policy`),
    name, the segment object first and its manifest second; then it is appended to the list in etcd by a write
    fenced by this broker's leadership (:mod:`tidelog.metadata.remote_segments`). A new leader resumes from the
    list: an object already there under the same name is the same bytes and is adopted, not written again; a write
-   refused because leadership moved writes nothing. Segments whose boundaries differ between replicas may overlap
-   the list's last entry: the list then holds both, in offset order, and readers take the later.
+   refused because leadership moved writes nothing. Replicas roll their segments on their own, so a new leader's
+   segment may begin below the end of the list: it is uploaded from that end on (a batch boundary on every
+   replica), and the list stays contiguous, each offset in exactly one listed object.
 2. **total retention in the store** (leaders only): the stream's ``retention_*`` limits, applied to the remote
    segments followed by the local ones not yet offloaded. Segments retention drops leave the list first, then the
    store (an object left behind by a failure there is an orphan no reader plans from).
@@ -44,6 +45,7 @@ from tidelog.broker.tier_catalog import TierCatalog
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.records import StreamRecord
 from tidelog.metadata.remote_segments import ListedSegments, RemoteSegmentList, RemoteSegmentLists
+from tidelog.protocol.records import iter_batches
 from tidelog.storage.log import Log
 from tidelog.storage.remote_segment import (
     RemoteSegment,
@@ -203,7 +205,7 @@ class Tiering:
             return
         listed = await self._listed(partition)
         for info in self._pending(partition, listed.segments.end_offset):
-            segment = await self._upload(partition, info)
+            segment = await self._upload(partition, info, listed.segments.end_offset)
             if segment is None:
                 continue  # deleted meanwhile
             new = RemoteSegmentList((*listed.segments.segments, segment.without_index()))
@@ -223,7 +225,8 @@ class Tiering:
         self._catalog.learn(partition.stream.name, partition.record.id, listed.segments)
         return listed
 
-    async def _upload(self, partition: Partition, info: SegmentInfo) -> RemoteSegment | None:
+    async def _upload(self, partition: Partition, info: SegmentInfo, remote_end: int | None) -> RemoteSegment | None:
+        """Upload the sealed segment ``info`` from ``remote_end`` on (a new leader's segment may begin below it)."""
         got = partition.log.sealed_segment_range(info.base_offset, 0, info.size)
         if got is None:
             return None
@@ -236,7 +239,10 @@ class Tiering:
                 data = _read_all(file.fd, size)
             finally:
                 file.close()
-            return data, describe_segment(prefix, data, info.base_offset, epochs)
+            base = info.base_offset
+            if remote_end is not None and base < remote_end:
+                data, base = _from_offset(data, remote_end), remote_end
+            return data, describe_segment(prefix, data, base, epochs)
 
         try:
             data, segment = await asyncio.to_thread(read)
@@ -311,6 +317,17 @@ class Tiering:
 def _as_info(segment: RemoteSegment) -> SegmentInfo:
     timestamp = None if segment.max_timestamp < 0 else segment.max_timestamp
     return SegmentInfo(segment.base_offset, segment.end_offset, segment.size, timestamp, Path(segment.log_name), False)
+
+
+def _from_offset(data: bytes, offset: int) -> bytes:
+    """The batches of a segment's bytes from the one at ``offset`` on. Replicas hold the same batches, so the end
+    of the list (a batch boundary of the leader that uploaded it) is a batch boundary here too."""
+    for position, header in iter_batches(data, verify=False):
+        if header.base_offset >= offset:
+            if header.base_offset != offset:
+                raise TieredStoreError(f"no batch starts at offset {offset}, the end of the remote segment list")
+            return data[position:]
+    return b""
 
 
 def _read_all(fd: int, size: int) -> bytes:
