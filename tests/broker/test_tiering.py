@@ -6,22 +6,27 @@ S3-compatible server, failover and failures are in ``tests/broker/test_tiering_s
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from tests.helpers import BOUND
 from tidelog.client.admin import Admin
+from tidelog.client.consumer import Consumer
 from tidelog.metadata.namespace import namespace_keys
 from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
-from tidelog.protocol.errors import InvalidArgumentError
+from tidelog.protocol.errors import InvalidArgumentError, OffsetDamagedError
+from tidelog.protocol.records import HEADER_SIZE, iter_batches
 from tidelog.server import Broker
 from tidelog.storage.remote_segment import partition_prefix
 
-from .helpers import bounded, consumed_values, read_until_stop, until
+from .helpers import bounded, consumed_values, read_until_stop, rpc_error, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -87,6 +92,59 @@ async def test_sealed_segments_are_offloaded_then_deleted_locally_and_read_back_
     assert [m.offset for m in messages] == list(range(COUNT))
     assert [m.value for m in messages] == [value(i) for i in range(COUNT)]
     assert await bounded(consumed_values(address, stream_name)) == [value(i) for i in range(COUNT)]
+
+
+async def test_retention_deletes_from_the_store_too(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, store_dir: Path
+) -> None:
+    await stub.CreateStream(
+        api_pb2.CreateStreamRequest(
+            subject=stream_name, name=stream_name, retentionMaxMessages=api_pb2.NullableInt64(value=100)
+        )
+    )
+    for i in range(COUNT):
+        await stub.Publish(api_pb2.PublishRequest(stream=stream_name, value=value(i), ackPolicy=api_pb2.ALL))
+    assert broker.manager is not None and broker.tier_catalog is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    catalog = broker.tier_catalog
+    await until(lambda: (catalog.remote_start(stream_name, 0) or 0) > 0, "retention in the store")
+    start = partition.log_start
+    assert 0 < start <= COUNT - 100  # kept at least the limit
+    remaining = catalog.list_of(stream_name, 0).segments
+    directory = store_dir / partition_prefix(broker.config.namespace, stream_name, 0)
+    objects = sorted(name for name in os.listdir(directory) if name.endswith(".log"))
+    assert {Path(s.log_name).name for s in remaining} <= set(objects)
+    assert all(int(name[:20]) >= remaining[0].base_offset for name in objects)  # dropped from the list and the store
+    messages = await read_until_stop(
+        stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
+    )
+    assert messages[0].offset <= start and [m.offset for m in messages] == list(range(messages[0].offset, COUNT))
+
+
+async def test_a_corrupt_object_is_a_typed_error_naming_its_offsets_never_its_bytes(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, store_dir: Path, address: str
+) -> None:
+    await fill(stub, stream_name)
+    assert broker.manager is not None and broker.tier_catalog is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: partition.local_log_start > 0 and partition.log_start == 0, "offload")
+    first = broker.tier_catalog.list_of(stream_name, 0).segments[0]
+    path = store_dir / first.log_name
+    data = bytearray(path.read_bytes())
+    data[HEADER_SIZE + 10] ^= 0xFF  # the first batch's records: its header stays sound
+    path.write_bytes(bytes(data))
+    last = next(iter_batches(bytes(data), verify=False))[1].last_offset
+    call = stub.Subscribe(api_pb2.SubscribeRequest(stream=stream_name, startPosition=api_pb2.EARLIEST))
+    assert await bounded(call.read()) == api_pb2.Message()  # the handshake
+    error = await rpc_error(bounded(call.read()))
+    assert error.code() == grpc.StatusCode.DATA_LOSS
+    assert f"offsets 0..{last}" in str(error.details())
+    async with Consumer(address, stream_name, stop_at_end=True) as consumer:
+        with pytest.raises(OffsetDamagedError) as caught:
+            async with asyncio.timeout(BOUND):
+                async for _ in consumer:
+                    pass
+    assert (caught.value.first, caught.value.last) == (0, last)
 
 
 async def test_a_compacted_stream_that_asks_to_tier_is_refused(address: str, stream_name: str) -> None:
