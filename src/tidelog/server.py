@@ -112,6 +112,11 @@ def _refuse_taken_ports(cfg: BrokerConfig) -> None:
             raise PortInUseError(what, cfg.host, port, moved_by(key))
 
 
+def _created_ns(mirror: MetadataMirror, stream: str) -> int | None:
+    record = mirror.snapshot.stream(stream)
+    return None if record is None else record.created_ns
+
+
 async def tiered_store(cfg: BrokerConfig) -> TieredStore | None:
     """The tiered store, proven usable (it answers, it takes the credentials), or None when none is configured;
     :class:`~tidelog.storage.tiered_store.TieredStoreConfigError` (one line) otherwise."""
@@ -253,7 +258,7 @@ class Broker:
                 peer_ssl=self._peer_tls,
             )
             if store is not None:  # before the mirror opens partitions: their log start includes the store's
-                self.tier_catalog = TierCatalog(self.etcd, keys, store)
+                self.tier_catalog = TierCatalog(self.etcd, keys, store, lambda name: _created_ns(mirror, name))
                 await self.tier_catalog.start()
                 self.manager.tier = self.tier_catalog
             mirror.add_listener(self.manager.reconcile)

@@ -147,6 +147,26 @@ async def test_a_corrupt_object_is_a_typed_error_naming_its_offsets_never_its_by
     assert (caught.value.first, caught.value.last) == (0, last)
 
 
+async def test_a_stream_created_again_under_the_same_name_does_not_see_the_old_ones_history(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str
+) -> None:
+    await fill(stub, stream_name)
+    assert broker.manager is not None and broker.tier_catalog is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: partition.local_log_start > 0 and partition.log_start == 0, "offload")
+    await stub.DeleteStream(api_pb2.DeleteStreamRequest(name=stream_name))
+    await stub.CreateStream(api_pb2.CreateStreamRequest(subject=stream_name, name=stream_name))
+    fresh = [b"new %d " % i * 100 for i in range(COUNT)]
+    for item in fresh:
+        await stub.Publish(api_pb2.PublishRequest(stream=stream_name, value=item, ackPolicy=api_pb2.ALL))
+    again = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: again.local_log_start > 0 and again.log_start == 0, "the new stream's offload")
+    messages = await read_until_stop(
+        stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
+    )
+    assert [m.value for m in messages] == fresh
+
+
 async def test_a_compacted_stream_that_asks_to_tier_is_refused(address: str, stream_name: str) -> None:
     async with Admin(address) as admin:
         with pytest.raises(InvalidArgumentError, match="compacted stream cannot tier"):

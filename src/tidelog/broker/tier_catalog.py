@@ -15,6 +15,7 @@ tried once more on the list as it is then, and only a segment still listed and s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tidelog.metadata.prefix_follower import PrefixFollower
@@ -29,8 +30,11 @@ log = logging.getLogger(__name__)
 class TierCatalog:
     """Every partition's remote segment list, followed from etcd; reads below the local log start."""
 
-    def __init__(self, client: Any, keys: Keys, store: TieredStore) -> None:
+    def __init__(self, client: Any, keys: Keys, store: TieredStore, created: Callable[[str], int | None]) -> None:
+        """``created``: a stream's ``created_ns`` now (the metadata mirror's), or None when there is no such
+        stream: a list from an earlier stream of the same name is not shown."""
         self.store = store
+        self._created = created
         self.reader = RemoteReader(store)
         self._prefix = remote_prefix(keys)
         self._lists: dict[tuple[str, int], RemoteSegmentList] = {}
@@ -71,7 +75,10 @@ class TierCatalog:
         self._lists[(stream, partition)] = segments
 
     def list_of(self, stream: str, partition: int) -> RemoteSegmentList:
-        return self._lists.get((stream, partition), RemoteSegmentList())
+        found = self._lists.get((stream, partition))
+        if found is None or found.stream_created_ns != self._created(stream):
+            return RemoteSegmentList()
+        return found
 
     # -- RemoteTier: what a partition's readers ask ----------------------------------------------------------
 

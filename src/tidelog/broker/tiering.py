@@ -208,8 +208,8 @@ class Tiering:
             segment = await self._upload(partition, info, listed.segments.end_offset)
             if segment is None:
                 continue  # deleted meanwhile
-            new = RemoteSegmentList((*listed.segments.segments, segment.without_index()))
-            if not await self._lists.write(stream, pid, listed, new.segments):
+            new = RemoteSegmentList((*listed.segments.segments, segment.without_index()), partition.stream.created_ns)
+            if not await self._lists.write(stream, pid, listed, new.segments, partition.stream.created_ns):
                 raise UploadConflict("the remote segment list or the leadership changed")
             self._catalog.learn(stream, pid, new)
             log.info(
@@ -219,11 +219,31 @@ class Tiering:
         await self._retain_remotely(partition)
 
     async def _listed(self, partition: Partition) -> ListedSegments:
-        listed = await self._lists.read(partition.stream.name, partition.record.id)
+        stream, pid = partition.stream.name, partition.record.id
+        listed = await self._lists.read(stream, pid)
         if listed.leader != self._broker_id or listed.leader_epoch != partition.record.leader_epoch:
             raise UploadConflict(f"etcd names {listed.leader or 'no broker'} at epoch {listed.leader_epoch} leader")
-        self._catalog.learn(partition.stream.name, partition.record.id, listed.segments)
+        created = partition.stream.created_ns
+        if listed.segments.stream_created_ns != created and listed.segments.segments:
+            await self._forget_stale(partition, listed)
+            listed = await self._lists.read(stream, pid)
+        self._catalog.learn(stream, pid, listed.segments)
         return listed
+
+    async def _forget_stale(self, partition: Partition, listed: ListedSegments) -> None:
+        """A list left by a deleted stream of the same name: its objects go first (before an upload of this stream
+        could adopt one of the same name), then the list is replaced by this stream's empty one."""
+        for segment in listed.segments.segments:
+            await self._catalog.store.delete(segment.manifest_name)
+            await self._catalog.store.delete(segment.log_name)
+        stream, pid, created = partition.stream.name, partition.record.id, partition.stream.created_ns
+        if not await self._lists.write(stream, pid, listed, (), created):
+            raise UploadConflict("the remote segment list or the leadership changed")
+        log.info(
+            "tiering %s: removed %d segment(s) of an earlier stream of this name",
+            partition.name,
+            len(listed.segments.segments),
+        )
 
     async def _upload(self, partition: Partition, info: SegmentInfo, remote_end: int | None) -> RemoteSegment | None:
         """Upload the sealed segment ``info`` from ``remote_end`` on (a new leader's segment may begin below it)."""
@@ -284,9 +304,10 @@ class Tiering:
         current = listed.segments.segments
         gone = [s for s in current if s.end_offset <= remote[drop - 1].end_offset]
         keep = current[len(gone) :]
-        if not await self._lists.write(stream, pid, listed, keep):
+        created = partition.stream.created_ns
+        if not await self._lists.write(stream, pid, listed, keep, created):
             raise UploadConflict("the remote segment list or the leadership changed")
-        self._catalog.learn(stream, pid, RemoteSegmentList(keep))
+        self._catalog.learn(stream, pid, RemoteSegmentList(keep, created))
         for segment in gone:
             await self._catalog.store.delete(segment.manifest_name)
             await self._catalog.store.delete(segment.log_name)

@@ -34,6 +34,9 @@ class RemoteSegmentList(msgspec.Struct, frozen=True):
     """A partition's uploaded segments, oldest first, contiguous unless retention or a gap made them otherwise."""
 
     segments: tuple[RemoteSegment, ...] = ()
+    stream_created_ns: int = 0
+    """The ``created_ns`` of the stream the list belongs to: a list left by a deleted stream of the same name
+    is not this stream's (readers ignore it, the next upload replaces it)."""
 
     @property
     def start_offset(self) -> int | None:
@@ -106,12 +109,19 @@ class RemoteSegmentLists:
             out[(stream, int(pid))] = decode_list(bytes(kv.value))
         return out
 
-    async def write(self, stream: str, partition: int, read: ListedSegments, segments: Sequence[RemoteSegment]) -> bool:
+    async def write(
+        self,
+        stream: str,
+        partition: int,
+        read: ListedSegments,
+        segments: Sequence[RemoteSegment],
+        stream_created_ns: int,
+    ) -> bool:
         """Replace the list read as ``read`` by ``segments``, if both keys are as read (see the module doc)."""
         tx = self._client.transactions
         lkey = remote_key(self._keys, stream, partition)
         pkey = self._keys.partition(stream, partition)
-        value = _encoder.encode(RemoteSegmentList(tuple(s.without_index() for s in segments)))
+        value = _encoder.encode(RemoteSegmentList(tuple(s.without_index() for s in segments), stream_created_ns))
         if not read.partition_revision:
             return False  # the partition is gone
         succeeded, _ = await self._client.transaction(
