@@ -286,6 +286,7 @@ class Broker:
                 link=self.link,
                 vault=self.vault,
                 default_encryption=cfg.default_encryption,
+                tiered_store=bool(cfg.tiered_store),
             )
             self.cursors = CursorStore(self.id, mirror, self.manager, enabled=cfg.cursors_stream_partitions > 0)
             mirror.add_listener(self.cursors.on_metadata)
