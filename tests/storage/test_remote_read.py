@@ -127,3 +127,20 @@ async def test_bad_store_urls_are_refused(tmp_path: Path) -> None:
             open_store(StoreSettings(url))
     with pytest.raises(TieredStoreConfigError, match="go together"):
         open_store(StoreSettings("s3://bucket", access_key_id="a"))
+
+
+async def test_a_sequential_scan_fetches_each_chunk_once_and_reads_ahead(store: TieredStore) -> None:
+    data = segment_bytes(0, 40)
+    segment = await upload(store, data, 0)
+    chunk = 4096
+    reader = RemoteReader(store, chunk_bytes=chunk)
+    await reader.read([segment], 0, 1)
+    assert reader.remote_reads == 2  # the chunk holding offset 0, and the next one requested ahead
+    offset = 0
+    for _ in range(1000):
+        got = await reader.read([segment], offset, 3000)
+        if not got:
+            break
+        offset = [h for _, h in iter_batches(got)][-1].next_offset
+    assert offset == 400
+    assert reader.remote_reads == -(-len(data) // chunk)  # every chunk once, none twice

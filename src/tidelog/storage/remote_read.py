@@ -47,13 +47,12 @@ class RemoteSegmentError(StorageError):
         self.reason = reason
 
 
-def segment_for(segments: Sequence[RemoteSegment], offset: int) -> RemoteSegment | None:
-    """The segment holding ``offset``, or the first one after it (a gap), or None past the last."""
+def segment_for(segments: Sequence[RemoteSegment], offset: int) -> int | None:
+    """The index of the segment holding ``offset``, or of the first one after it (a gap), or None past the last."""
     i = bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
     if i >= 0 and offset < segments[i].end_offset:
-        return segments[i]
-    following = i + 1
-    return segments[following] if following < len(segments) else None
+        return i
+    return i + 1 if i + 1 < len(segments) else None
 
 
 class RemoteReader:
@@ -71,11 +70,12 @@ class RemoteReader:
     ) -> bytes:
         """Whole batches of the remote segment holding ``offset`` (or the next one), from the batch holding it:
         at least one, then as many as ``max_bytes`` allows, none reaching ``max_offset``. Empty past the list."""
-        entry = segment_for(segments, offset)
-        if entry is None:
+        i = segment_for(segments, offset)
+        if i is None:
             return b""
+        entry = segments[i]
         offset = max(offset, entry.base_offset)
-        following = segments[segments.index(entry) + 1] if entry is not segments[-1] else None
+        following = segments[i + 1] if i + 1 < len(segments) else None
         manifest = await self._manifest(entry)
         position = manifest.position_for(offset)
         out: list[memoryview] = []
