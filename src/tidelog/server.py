@@ -272,6 +272,7 @@ class Broker:
                     self.tier_catalog,
                     RemoteSegmentLists(self.etcd, keys),
                     interval=cfg.tiered_interval_ms / 1000,
+                    janitor=lambda: self.link is not None and self.link.is_local,
                 )
                 self.tiering.start()
             cap = self.tiering.retention_cap if self.tiering is not None else None

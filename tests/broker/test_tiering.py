@@ -167,6 +167,22 @@ async def test_a_stream_created_again_under_the_same_name_does_not_see_the_old_o
     assert [m.value for m in messages] == fresh
 
 
+async def test_a_deleted_streams_objects_and_lists_leave_the_store(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, store_dir: Path
+) -> None:
+    await fill(stub, stream_name)
+    assert broker.manager is not None and broker.etcd is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: partition.local_log_start > 0, "offload")
+    await stub.DeleteStream(api_pb2.DeleteStreamRequest(name=stream_name))
+    directory = store_dir / partition_prefix(broker.config.namespace, stream_name, 0)
+    await until(lambda: not os.listdir(directory), "the deleted stream's objects removed")
+    lists = RemoteSegmentLists(broker.etcd, namespace_keys(broker.config.namespace))
+    listed = await lists.read(stream_name, 0)
+    await until(lambda: not broker.tier_catalog or not broker.tier_catalog.orphans(), "no list left")
+    assert (await lists.read(stream_name, 0)).list_revision == 0 and listed.stream_created_ns is None
+
+
 async def test_a_compacted_stream_that_asks_to_tier_is_refused(address: str, stream_name: str) -> None:
     async with Admin(address) as admin:
         with pytest.raises(InvalidArgumentError, match="compacted stream cannot tier"):

@@ -93,9 +93,7 @@ async def test_an_unreachable_store_deletes_nothing_more_and_the_broker_keeps_se
         "cleaner_interval_ms": 100,
         "segment_max_bytes": 16 * 1024,
         "max_message_bytes": 4096,
-        "local_retention_bytes": 1,
-        "retention_max_bytes": 1,  # total retention wants everything gone: only what is offloaded may go
-        "retention_max_age_ms": 0,
+        "local_retention_bytes": 1,  # everything offloaded may go from the disk at once
         "tiered_store_timeout_ms": 1000,
     }
     broker = Broker(broker_config(tmp_path / "broker", **settings))

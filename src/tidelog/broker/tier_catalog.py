@@ -70,6 +70,13 @@ class TierCatalog:
         except Exception:
             log.exception("ignoring an undecodable remote segment list at %r", event.kv.key)
 
+    def forget(self, stream: str, partition: int) -> None:
+        self._lists.pop((stream, partition), None)
+
+    def orphans(self) -> list[tuple[str, int]]:
+        """The partitions whose list belongs to no stream any more (deleted; not created again yet)."""
+        return [key for key in self._lists if self._created(key[0]) is None]
+
     def learn(self, stream: str, partition: int, segments: RemoteSegmentList) -> None:
         """A list this broker just wrote (the watch brings it too, a moment later)."""
         self._lists[(stream, partition)] = segments

@@ -19,6 +19,7 @@ does, for each partition of a tiered stream (:func:`tier_policy`),
    segments, but only those that end at or below the end of the list: nothing is deleted locally before its upload
    is recorded. The broker's cleaner applies the stream's total retention to local segments with the same cap
    (:meth:`Tiering.retention_cap`).
+4. **deleted streams** (the controller only): the objects of a deleted stream's partitions go, then their lists.
 
 Failures (the store unreachable or slow, etcd refusing): the partition is retried with exponential backoff
 (:data:`BACKOFF_MIN` doubling to :data:`BACKOFF_MAX`), nothing is deleted locally meanwhile (the list does not move)
@@ -33,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,7 +111,10 @@ class Tiering:
         *,
         interval: float,
         clock: Clock | None = None,
+        janitor: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``janitor``: whether this broker removes what deleted streams left in the store (the controller)."""
+        self._janitor = janitor
         self._broker_id = broker_id
         self._config = config
         self._manager = manager
@@ -119,6 +124,7 @@ class Tiering:
         self._clock = clock or SystemClock()
         self._task: asyncio.Task[None] | None = None
         self._backoff: dict[tuple[str, int], _Backoff] = {}
+        self._doomed: list[str] = []  # objects retention took out of a list, not deleted yet (the store failed)
         self._passes = 0
         self._passed = asyncio.Condition()
         self.uploaded = 0  # segments uploaded (adopted ones included), for metrics and tests
@@ -188,6 +194,38 @@ class Tiering:
                 log.log(level, "tiering %s failed (%s); retrying in %.1fs", replica.name, exc, delay)
             else:
                 self._backoff.pop(key, None)
+        if self._doomed:
+            try:
+                await self._delete_doomed()
+            except Exception as exc:
+                log.debug("tiering: deleting %d object(s) retention removed failed: %s", len(self._doomed), exc)
+        if self._janitor():
+            await self._remove_orphans()
+
+    async def _remove_orphans(self) -> None:
+        """Delete the objects and then the list of every partition whose stream was deleted (4. in the module
+        docstring); a failure leaves the rest for the next pass."""
+        for stream, pid in self._catalog.orphans():
+            try:
+                listed = await self._lists.read(stream, pid)
+                if listed.stream_created_ns is not None:
+                    continue  # etcd has the stream (the mirror lagged, or it was created again: its leader decides)
+                for segment in listed.segments.segments:
+                    await self._catalog.store.delete(segment.manifest_name)
+                    await self._catalog.store.delete(segment.log_name)
+                if await self._lists.delete(stream, pid, listed):
+                    self._catalog.forget(stream, pid)
+                    log.info(
+                        "tiering: removed %d segment(s) of deleted stream %s/%d",
+                        len(listed.segments.segments),
+                        stream,
+                        pid,
+                    )
+            except Exception as exc:
+                log.warning(
+                    "tiering: removing what deleted stream %s/%d left in the store failed: %s", stream, pid, exc
+                )
+                return
 
     # -- offload ----------------------------------------------------------------------------------------------
 
@@ -309,9 +347,16 @@ class Tiering:
             raise UploadConflict("the remote segment list or the leadership changed")
         self._catalog.learn(stream, pid, RemoteSegmentList(keep, created))
         for segment in gone:
-            await self._catalog.store.delete(segment.manifest_name)
-            await self._catalog.store.delete(segment.log_name)
+            self._doomed.extend((segment.manifest_name, segment.log_name))
         log.info("tiering %s: retention removed %d remote segment(s)", partition.name, len(gone))
+        await self._delete_doomed()
+
+    async def _delete_doomed(self) -> None:
+        """Delete the objects retention took out of the lists; what the store refuses now is tried next pass (a
+        broker that stops first leaves them as orphans no reader plans from)."""
+        while self._doomed:
+            await self._catalog.store.delete(self._doomed[0])
+            self._doomed.pop(0)
 
     async def _retain_locally(self, replica: CommittedReads, policy: TierPolicy) -> None:
         if policy.local_retention_ms is None and policy.local_retention_bytes is None:

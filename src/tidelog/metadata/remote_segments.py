@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from tidelog.metadata.records import Keys, decode_partition
+from tidelog.metadata.records import Keys, decode_partition, decode_stream
 from tidelog.storage.remote_segment import RemoteSegment
 
 
@@ -72,6 +72,7 @@ class ListedSegments:
     partition_revision: int  # 0: no partition key
     leader: str
     leader_epoch: int
+    stream_created_ns: int | None = None  # the stream record's, at the same revision; None: no such stream
 
 
 class RemoteSegmentLists:
@@ -86,8 +87,9 @@ class RemoteSegmentLists:
         tx = self._client.transactions
         lkey = remote_key(self._keys, stream, partition)
         pkey = self._keys.partition(stream, partition)
-        _, (listed, record) = await self._client.transaction(
-            compare=[], success=[tx.get(lkey), tx.get(pkey)], failure=[]
+        skey = self._keys.stream(stream)
+        _, (listed, record, stream_record) = await self._client.transaction(
+            compare=[], success=[tx.get(lkey), tx.get(pkey), tx.get(skey)], failure=[]
         )
         segments, list_revision = RemoteSegmentList(), 0
         if listed:
@@ -98,7 +100,8 @@ class RemoteSegmentLists:
             value, meta = record[0]
             decoded = decode_partition(bytes(value))
             leader, epoch, partition_revision = decoded.leader, decoded.leader_epoch, int(meta.mod_revision)
-        return ListedSegments(segments, list_revision, partition_revision, leader, epoch)
+        created = decode_stream(bytes(stream_record[0][0])).created_ns if stream_record else None
+        return ListedSegments(segments, list_revision, partition_revision, leader, epoch, created)
 
     async def read_all(self) -> dict[tuple[str, int], RemoteSegmentList]:
         """Every partition's list (a broker's start)."""
@@ -131,6 +134,11 @@ class RemoteSegmentLists:
         )
         return bool(succeeded)
 
-    async def delete(self, stream: str, partition: int) -> None:
-        """Forget a deleted stream's list (its objects are removed by whoever deletes them first)."""
-        await self._client.delete(remote_key(self._keys, stream, partition))
+    async def delete(self, stream: str, partition: int, read: ListedSegments) -> bool:
+        """Forget a deleted stream's list, if it is still as read and the stream still does not exist (one created
+        again under the name keeps it: its leader replaces it)."""
+        tx = self._client.transactions
+        lkey = remote_key(self._keys, stream, partition)
+        compare = [tx.mod(lkey) == read.list_revision, tx.version(self._keys.stream(stream)) == 0]
+        succeeded, _ = await self._client.transaction(compare=compare, success=[tx.delete(lkey)], failure=[])
+        return bool(succeeded)
