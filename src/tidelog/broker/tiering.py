@@ -246,8 +246,10 @@ class Tiering:
             segment = await self._upload(partition, info, listed.segments.end_offset)
             if segment is None:
                 continue  # deleted meanwhile
-            new = RemoteSegmentList((*listed.segments.segments, segment.without_index()), partition.stream.created_ns)
-            if not await self._lists.write(stream, pid, listed, new.segments, partition.stream.created_ns):
+            new = RemoteSegmentList(
+                (*listed.segments.segments, segment.without_index()), partition.stream.created_ns, segment.end_offset
+            )
+            if not await self._lists.write(stream, pid, listed, new):
                 raise UploadConflict("the remote segment list or the leadership changed")
             self._catalog.learn(stream, pid, new)
             log.info(
@@ -275,7 +277,7 @@ class Tiering:
             await self._catalog.store.delete(segment.manifest_name)
             await self._catalog.store.delete(segment.log_name)
         stream, pid, created = partition.stream.name, partition.record.id, partition.stream.created_ns
-        if not await self._lists.write(stream, pid, listed, (), created):
+        if not await self._lists.write(stream, pid, listed, RemoteSegmentList((), created)):
             raise UploadConflict("the remote segment list or the leadership changed")
         log.info(
             "tiering %s: removed %d segment(s) of an earlier stream of this name",
@@ -343,9 +345,10 @@ class Tiering:
         gone = [s for s in current if s.end_offset <= remote[drop - 1].end_offset]
         keep = current[len(gone) :]
         created = partition.stream.created_ns
-        if not await self._lists.write(stream, pid, listed, keep, created):
+        new = RemoteSegmentList(keep, created, listed.segments.end_offset or 0)
+        if not await self._lists.write(stream, pid, listed, new):
             raise UploadConflict("the remote segment list or the leadership changed")
-        self._catalog.learn(stream, pid, RemoteSegmentList(keep, created))
+        self._catalog.learn(stream, pid, new)
         for segment in gone:
             self._doomed.extend((segment.manifest_name, segment.log_name))
         log.info("tiering %s: retention removed %d remote segment(s)", partition.name, len(gone))

@@ -20,7 +20,6 @@ upload, so no retry can lose or duplicate a segment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,13 +37,20 @@ class RemoteSegmentList(msgspec.Struct, frozen=True):
     """The ``created_ns`` of the stream the list belongs to: a list left by a deleted stream of the same name
     is not this stream's (readers ignore it, the next upload replaces it)."""
 
+    offloaded_end: int = 0
+    """The end of everything ever offloaded (0: nothing): what local retention may delete up to, and where the
+    next upload starts, even after retention emptied the list."""
+
     @property
     def start_offset(self) -> int | None:
         return self.segments[0].base_offset if self.segments else None
 
     @property
     def end_offset(self) -> int | None:
-        return self.segments[-1].end_offset if self.segments else None
+        """Where offloaded data ends (exclusive); None when nothing was ever offloaded."""
+        if self.segments:
+            return max(self.segments[-1].end_offset, self.offloaded_end)
+        return self.offloaded_end or None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -117,14 +123,13 @@ class RemoteSegmentLists:
         stream: str,
         partition: int,
         read: ListedSegments,
-        segments: Sequence[RemoteSegment],
-        stream_created_ns: int,
+        new: RemoteSegmentList,
     ) -> bool:
-        """Replace the list read as ``read`` by ``segments``, if both keys are as read (see the module doc)."""
+        """Replace the list read as ``read`` by ``new``, if both keys are as read (see the module doc)."""
         tx = self._client.transactions
         lkey = remote_key(self._keys, stream, partition)
         pkey = self._keys.partition(stream, partition)
-        value = _encoder.encode(RemoteSegmentList(tuple(s.without_index() for s in segments), stream_created_ns))
+        value = _encoder.encode(msgspec.structs.replace(new, segments=tuple(s.without_index() for s in new.segments)))
         if not read.partition_revision:
             return False  # the partition is gone
         succeeded, _ = await self._client.transaction(
