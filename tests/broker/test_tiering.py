@@ -92,6 +92,10 @@ async def test_sealed_segments_are_offloaded_then_deleted_locally_and_read_back_
     assert [m.offset for m in messages] == list(range(COUNT))
     assert [m.value for m in messages] == [value(i) for i in range(COUNT)]
     assert await bounded(consumed_values(address, stream_name)) == [value(i) for i in range(COUNT)]
+    by_time = await read_until_stop(
+        stub, stream_name, startPosition=api_pb2.TIMESTAMP, startTimestamp=1, stopPosition=api_pb2.STOP_LATEST
+    )
+    assert by_time[0].offset == 0  # a timestamp in the store's range starts there, not at the local log start
 
 
 async def test_retention_deletes_from_the_store_too(

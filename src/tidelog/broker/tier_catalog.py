@@ -92,6 +92,14 @@ class TierCatalog:
     def remote_start(self, stream: str, partition: int) -> int | None:
         return self.list_of(stream, partition).start_offset
 
+    def remote_offset_for_timestamp(self, stream: str, partition: int, timestamp_ns: int) -> int | None:
+        """The base offset of the first remote segment holding a record at or after ``timestamp_ns``; None when
+        none does (the segments' newest timestamps say)."""
+        for segment in self.list_of(stream, partition).segments:
+            if segment.max_timestamp >= timestamp_ns:
+                return segment.base_offset
+        return None
+
     def remote_end(self, stream: str, partition: int) -> int | None:
         return self.list_of(stream, partition).end_offset
 

@@ -27,6 +27,8 @@ class RemoteTier(Protocol):
 
     def remote_start(self, stream: str, partition: int) -> int | None: ...
 
+    def remote_offset_for_timestamp(self, stream: str, partition: int, timestamp_ns: int) -> int | None: ...
+
     async def read(self, stream: str, partition: int, offset: int, max_bytes: int, max_offset: int) -> bytes: ...
 
 
@@ -117,7 +119,13 @@ class CommittedReads:
         )
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int:
-        """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none)."""
+        """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none). In the
+        tiered store's range, the first offset of the remote segment holding such a record (a reader starting
+        there skips nothing; the records before it in that segment are older)."""
+        if self.tier is not None:
+            remote = self.tier.remote_offset_for_timestamp(self.stream.name, self.record.id, timestamp_ns)
+            if remote is not None and remote < self.log.start_offset:
+                return remote
         found = self.log.offset_for_timestamp(timestamp_ns)
         hw = self.high_watermark
         return hw if found is None or found > hw else found
