@@ -6,6 +6,7 @@ Offload and reads from offset 0 through S3; wrong credentials refused at start i
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -128,5 +129,54 @@ async def test_an_unreachable_store_deletes_nothing_more_and_the_broker_keeps_se
             )
             assert [m.value for m in messages] == [value(i) for i in range(remote_end, 300)]
     finally:
+        await broker.stop()
+        await server.stop()
+
+
+async def test_a_stalled_store_backs_uploads_off_and_they_resume_when_it_answers_again(
+    tmp_path: Path, stream_name: str
+) -> None:
+    server = S3Server(tmp_path / "s3")
+    await server.start()
+    settings = {
+        **server.settings(),
+        "tiered_interval_ms": 100,
+        "segment_max_bytes": 16 * 1024,
+        "max_message_bytes": 4096,
+        "local_retention_bytes": 1,
+        "tiered_store_timeout_ms": 1000,
+    }
+    broker = Broker(broker_config(tmp_path / "broker", **settings))
+    stalled = False
+    try:
+        await broker.start()
+        assert broker.grpc is not None and broker.manager is not None and broker.tier_catalog is not None
+        assert broker.tiering is not None and server.process is not None
+        tiering, catalog = broker.tiering, broker.tier_catalog
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc.port}") as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            await stub.CreateStream(api_pb2.CreateStreamRequest(subject=stream_name, name=stream_name))
+            await publish(stub, stream_name, 0, 100)
+            partition = broker.manager.leader_of(stream_name, 0)
+            await until(lambda: (catalog.remote_end(stream_name, 0) or 0) > 0, "a first offload")
+            server.process.signal(signal.SIGSTOP)  # it takes connections and answers nothing: requests time out
+            stalled = True
+            failures = tiering.failures
+            await publish(stub, stream_name, 100, 200)  # the broker keeps taking records meanwhile
+            await until(lambda: tiering.failures > failures, "an upload that timed out")
+            stalled_end = catalog.remote_end(stream_name, 0)
+            assert stalled_end is not None and partition.local_log_start <= stalled_end
+            server.process.signal(signal.SIGCONT)
+            stalled = False
+            sealed_end = partition.log.segments[-1].base_offset
+            await until(lambda: (catalog.remote_end(stream_name, 0) or 0) >= sealed_end, "uploads resumed")
+            await until(lambda: partition.local_log_start > stalled_end, "local retention resumed")
+            messages = await read_until_stop(
+                stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
+            )
+            assert [m.value for m in messages] == [value(i) for i in range(300)]
+    finally:
+        if stalled and server.process is not None:
+            server.process.signal(signal.SIGCONT)
         await broker.stop()
         await server.stop()
