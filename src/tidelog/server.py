@@ -61,7 +61,13 @@ from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.metadata.store import MetadataStore
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.storage.config import FlushPolicy, LogConfig
-from tidelog.storage.tiered_store import StoreSettings, TieredStore, open_store
+from tidelog.storage.tiered_store import (
+    StoreSettings,
+    TieredStore,
+    TieredStoreConfigError,
+    TieredStoreError,
+    open_store,
+)
 from tidelog.ui.http_server import HttpServer
 from tidelog.ui.routes import build_app
 from tidelog.ui.view import BrokerView
@@ -118,8 +124,8 @@ def _created_ns(mirror: MetadataMirror, stream: str) -> int | None:
 
 
 async def tiered_store(cfg: BrokerConfig) -> TieredStore | None:
-    """The tiered store, proven usable (it answers, it takes the credentials), or None when none is configured;
-    :class:`~tidelog.storage.tiered_store.TieredStoreConfigError` (one line) otherwise."""
+    """The tiered store, or None when none is configured; :class:`~tidelog.storage.tiered_store.TieredStoreConfigError`
+    (one line) when it refuses this broker (credentials, bucket). One that does not answer is an outage: logged."""
     if not cfg.tiered_store:
         return None
     store = open_store(
@@ -132,7 +138,12 @@ async def tiered_store(cfg: BrokerConfig) -> TieredStore | None:
             timeout_ms=cfg.tiered_store_timeout_ms,
         )
     )
-    await store.check()
+    try:
+        await store.check()
+    except TieredStoreConfigError:
+        raise
+    except TieredStoreError as exc:  # an outage, not a mistake: serve, and offload once it answers
+        log.warning("%s; starting anyway: segments stay local until it answers", exc)
     return store
 
 

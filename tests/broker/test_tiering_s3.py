@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from tidelog.launch.object_store import S3Server
+from tidelog.launch.ports import free_port
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.server import Broker
 from tidelog.storage.tiered_store import TieredStoreConfigError
@@ -81,6 +82,30 @@ async def test_wrong_credentials_are_refused_at_start(s3: S3Server, tmp_path: Pa
     with pytest.raises(TieredStoreConfigError, match="refused the credentials"):
         await broker.start()
     await broker.stop()
+
+
+async def test_a_store_that_does_not_answer_at_start_is_an_outage_not_a_refusal(
+    s3: S3Server, tmp_path: Path, stream_name: str
+) -> None:
+    settings = {
+        **s3.settings(),
+        "tiered_store_endpoint": f"http://127.0.0.1:{free_port()}",
+        "tiered_store_timeout_ms": 500,
+    }
+    broker = Broker(broker_config(tmp_path, **settings))
+    try:
+        await broker.start()  # serves; segments stay local until the store answers
+        assert broker.grpc is not None
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc.port}") as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            await stub.CreateStream(api_pb2.CreateStreamRequest(subject=stream_name, name=stream_name))
+            await publish(stub, stream_name, 0, 3)
+            messages = await read_until_stop(
+                stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
+            )
+            assert [m.value for m in messages] == [value(i) for i in range(3)]
+    finally:
+        await broker.stop()
 
 
 async def test_an_unreachable_store_deletes_nothing_more_and_the_broker_keeps_serving(

@@ -362,7 +362,8 @@ class BrokerConfig:
         "Offload sealed segments to this object store (file:///path: a directory, no server; s3://bucket[/prefix]: "
         "S3 or an S3-compatible server, see tiered_store_endpoint). Every non-compacted stream tiers unless it sets "
         "tiered=false; reads below a broker's local log start come from the store. Unset: no tiering. Checked at "
-        "start: a store that does not answer or refuses the credentials stops the broker.",
+        "start: a store that refuses the credentials stops the broker; one that does not answer is logged, and "
+        "segments stay local until it does.",
     )
     tiered_store_endpoint: str | None = setting(
         None,

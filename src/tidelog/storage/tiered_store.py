@@ -11,8 +11,9 @@ errors:
   is how a new leader adopts what a deposed one uploaded instead of duplicating it.
 - :meth:`get_range`, :meth:`get` read; a missing object is :class:`RemoteObjectMissingError`.
 - :meth:`delete` removes an object (retention); one already gone is fine.
-- :meth:`check` proves, at start, that the store answers and the credentials are accepted: a broker configured
-  with a store it cannot use refuses to start (:class:`TieredStoreConfigError`, one line).
+- :meth:`check` proves, at start, that the credentials are accepted: a broker configured with a store that
+  refuses it does not start (:class:`TieredStoreConfigError`, one line); a store that does not answer at all is
+  an outage, not a mistake, and the broker starts anyway (uploads wait for it).
 
 Store URLs: ``file:///absolute/path`` (the embedded default: no server at all) and ``s3://bucket[/prefix]``, with
 the endpoint, region and credentials given beside it (:class:`StoreSettings`). Anything else is refused, never
@@ -122,7 +123,9 @@ class TieredStore:
             raise self._failed("delete", name, exc) from None
 
     async def check(self) -> None:
-        """Prove the store answers and accepts the credentials (a listing of the prefix); refuse otherwise."""
+        """Prove the store accepts the credentials (a listing of the prefix): :class:`TieredStoreConfigError` when
+        it answers with a refusal (credentials, no such bucket, a directory it cannot use), :class:`TieredStoreError`
+        when it does not answer at all (an outage: the broker starts anyway, and uploads wait for the store)."""
         try:
             await obstore.list(self._store, prefix=self._prefix or None, chunk_size=1).collect_async()
         except (UnauthenticatedError, PermissionDeniedError) as exc:
@@ -137,7 +140,9 @@ class TieredStore:
                     f"tiered store {self.description} refused the credentials "
                     f"(tiered_store_access_key_id / tiered_store_secret_access_key): {text}"
                 ) from None
-            raise TieredStoreConfigError(f"tiered store {self.description} cannot be used: {text}") from None
+            if "non-2xx status" in str(exc) or isinstance(exc, OSError):  # it answered, and refused
+                raise TieredStoreConfigError(f"tiered store {self.description} cannot be used: {text}") from None
+            raise TieredStoreError(f"tiered store {self.description} does not answer: {text}") from None
 
     def _failed(self, what: str, name: str, exc: BaseException) -> TieredStoreError:
         return TieredStoreError(f"{self.description}: {what} {name} failed: {_first_line(exc)}")
