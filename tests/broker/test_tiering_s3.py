@@ -6,7 +6,9 @@ Offload and reads from offset 0 through S3; wrong credentials refused at start i
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from tests.helpers import BOUND
 from tidelog.launch.object_store import S3Server
 from tidelog.launch.ports import free_port
+from tidelog.local.serve_process import TIDELOG, clean_env
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.server import Broker
 from tidelog.storage.tiered_store import TieredStoreConfigError
@@ -205,3 +209,21 @@ async def test_a_stalled_store_backs_uploads_off_and_they_resume_when_it_answers
             server.process.signal(signal.SIGCONT)
         await broker.stop()
         await server.stop()
+
+
+async def test_serve_with_wrong_credentials_is_one_line_and_nonzero(s3: S3Server, tmp_path: Path) -> None:
+    argv = [
+        str(TIDELOG), "serve", "--data-dir", str(tmp_path), "--port", "0", "--wire-port", "0", "--http-port", "0",
+        "--embedded-nats-port", "0", "--tiered-store", s3.url,
+        "-s", f"tiered_store_endpoint={s3.endpoint}",
+        "-s", f"tiered_store_access_key_id={s3.access_key_id}",
+        "-s", "tiered_store_secret_access_key=wrong",
+    ]  # fmt: skip
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=BOUND, env=clean_env())
+
+    done = await asyncio.to_thread(run)
+    assert done.returncode != 0
+    assert "refused the credentials" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
