@@ -46,6 +46,8 @@ from tidelog.broker.pausing import Pauses
 from tidelog.broker.peers import Peers
 from tidelog.broker.secure_links import PeerTls, etcd_tls, nats_security
 from tidelog.broker.streams import StreamAdmin
+from tidelog.broker.tier_catalog import TierCatalog
+from tidelog.broker.tiering import Tiering
 from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
 from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
 from tidelog.launch.reachability import wait_for_etcd
@@ -59,10 +61,18 @@ from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
+from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.metadata.store import MetadataStore
 from tidelog.metadata.user_records import get_user
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.tiered_store import (
+    StoreSettings,
+    TieredStore,
+    TieredStoreConfigError,
+    TieredStoreError,
+    open_store,
+)
 from tidelog.ui.http_server import HttpServer
 from tidelog.ui.routes import build_app
 from tidelog.ui.view import BrokerView
@@ -113,6 +123,35 @@ def _refuse_taken_ports(cfg: BrokerConfig) -> None:
             raise PortInUseError(what, cfg.host, port, moved_by(key))
 
 
+def _created_ns(mirror: MetadataMirror, stream: str) -> int | None:
+    record = mirror.snapshot.stream(stream)
+    return None if record is None else record.created_ns
+
+
+async def tiered_store(cfg: BrokerConfig) -> TieredStore | None:
+    """The tiered store, or None when none is configured; :class:`~tidelog.storage.tiered_store.TieredStoreConfigError`
+    (one line) when it refuses this broker (credentials, bucket). One that does not answer is an outage: logged."""
+    if not cfg.tiered_store:
+        return None
+    store = open_store(
+        StoreSettings(
+            cfg.tiered_store,
+            endpoint=cfg.tiered_store_endpoint,
+            region=cfg.tiered_store_region,
+            access_key_id=cfg.tiered_store_access_key_id,
+            secret_access_key=cfg.tiered_store_secret_access_key,
+            timeout_ms=cfg.tiered_store_timeout_ms,
+        )
+    )
+    try:
+        await store.check()
+    except TieredStoreConfigError:
+        raise
+    except TieredStoreError as exc:  # an outage, not a mistake: serve, and offload once it answers
+        log.warning("%s; starting anyway: segments stay local until it answers", exc)
+    return store
+
+
 def server_tls(cfg: BrokerConfig) -> ServerTls | None:
     """The listeners' certificates, loaded now (``TlsConfigError`` if they cannot be used), or None (no TLS)."""
     if cfg.tls_cert is None or cfg.tls_key is None:
@@ -140,6 +179,8 @@ class Broker:
         self.wire: WireServer | None = None
         self.context: BrokerContext | None = None
         self.cleaner: LogCleaner | None = None
+        self.tier_catalog: TierCatalog | None = None
+        self.tiering: Tiering | None = None
         self.vault = KeyVault(load_master_key(self.config.encryption_key, self.config.encryption_key_file))
         self.peers: Peers | None = None
         self.election: ControllerElection | None = None
@@ -183,6 +224,7 @@ class Broker:
         if self.tls is not None:
             self._peer_tls = PeerTls(cfg, self.tls)
         self._nats_security = nats_security(cfg)
+        store = await tiered_store(cfg)  # a store it cannot use refuses the start, before anything runs
         try:
             await self._start_backplane()
             keys = namespace_keys(cfg.namespace)
@@ -233,10 +275,26 @@ class Broker:
                 vault=self.vault,
                 peer_ssl=self._peer_tls,
             )
+            if store is not None:  # before the mirror opens partitions: their log start includes the store's
+                self.tier_catalog = TierCatalog(self.etcd, keys, store, lambda name: _created_ns(mirror, name))
+                await self.tier_catalog.start()
+                self.manager.tier = self.tier_catalog
             mirror.add_listener(self.manager.reconcile)
             await mirror.start()
             await self.manager.remove_orphans(mirror.snapshot)
-            self.cleaner = LogCleaner(self.manager.replicas, cfg.cleaner_interval_ms / 1000)
+            if self.tier_catalog is not None:
+                self.tiering = Tiering(
+                    self.id,
+                    cfg,
+                    self.manager,
+                    self.tier_catalog,
+                    RemoteSegmentLists(self.etcd, keys),
+                    interval=cfg.tiered_interval_ms / 1000,
+                    janitor=lambda: self.link is not None and self.link.is_local,
+                )
+                self.tiering.start()
+            cap = self.tiering.retention_cap if self.tiering is not None else None
+            self.cleaner = LogCleaner(self.manager.replicas, cfg.cleaner_interval_ms / 1000, retention_cap=cap)
             self.cleaner.start()
             self.groups = GroupRuntime(self.id, self.etcd, keys, self.election, mirror, self.link, cfg)
             await self.groups.start()
@@ -247,6 +305,7 @@ class Broker:
                 link=self.link,
                 vault=self.vault,
                 default_encryption=cfg.default_encryption,
+                tiered_store=bool(cfg.tiered_store),
             )
             self.pauses = Pauses(
                 self.manager,
@@ -480,6 +539,10 @@ class Broker:
             await self.groups.stop()
         if self.cleaner is not None:
             await self.cleaner.stop()
+        if self.tiering is not None:
+            await self.tiering.stop()
+        if self.tier_catalog is not None:
+            await self.tier_catalog.stop()
         if self.manager is not None:
             await self.manager.close()
         if self.peers is not None:

@@ -99,6 +99,12 @@ async def test_errors_are_one_line_and_nonzero(broker: ServedBroker) -> None:
     unreachable = await tidelog(broker, "stream", "list", "--brokers", "127.0.0.1:1")
     assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr
 
+    tiered_compacted = await tidelog(broker, "stream", "create", "tiered-compacted", "--compact", "--tiered")
+    assert tiered_compacted.returncode == 1 and "compacted stream cannot tier" in tiered_compacted.stderr
+    assert len(tiered_compacted.stderr.strip().splitlines()) == 1
+    no_store = await tidelog(broker, "stream", "create", "tiered-without-store", "--tiered")
+    assert no_store.returncode == 1 and "needs a tiered store" in no_store.stderr
+
 
 async def test_pause_and_readonly(broker: ServedBroker) -> None:
     assert (await tidelog(broker, "stream", "create", "cli-state")).returncode == 0

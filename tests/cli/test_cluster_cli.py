@@ -145,3 +145,41 @@ def _words(out: str, first: str) -> list[str]:
         if line.split()[:1] == [first]:
             return line.split()
     raise AssertionError(f"no row for {first!r} in:\n{out}")
+
+
+async def test_dev_cluster_with_a_real_s3_server(tmp_path: Path) -> None:
+    """``--tiered-store s3`` starts weed mini beside the cluster; the broker starts only if the store takes its
+    credentials (checked at start), and everything stops with the cluster."""
+    process = await asyncio.create_subprocess_exec(
+        str(TIDELOG),
+        "dev-cluster",
+        "--brokers",
+        "1",
+        "--data-dir",
+        str(tmp_path / "dev"),
+        "--tiered-store",
+        "s3",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=clean_env(COLUMNS="300"),
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not lines or "Ctrl-C to stop" not in lines[-1]:
+                line = await process.stdout.readline()
+                assert line, "dev-cluster exited early:\n" + "".join(lines)
+                lines.append(line.decode())
+        out = "".join(lines)
+        assert "S3 (weed mini): http://127.0.0.1:" in out
+        assert "tiered store" not in (tmp_path / "dev" / "b0" / "serve.log").read_text()  # no refusal, no failure
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(TIMEOUT):
+            rest = await process.stdout.read()
+            code = await process.wait()
+    assert code == 0, "".join(lines) + rest.decode()
+    assert "cluster stopped" in rest.decode()

@@ -94,6 +94,10 @@ _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 # ---- the configuration ----
 
 
+def _is_store_url(text: str) -> bool:
+    return text.startswith(("file:///", "s3://")) and len(text) > len("s3://")
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Everything one broker is configured with. Durations are milliseconds, sizes bytes. Immutable: a changed
@@ -377,6 +381,50 @@ class BrokerConfig:
         int_kind(1, 64),
         "Segment files one compaction of a partition rewrites at the same time, each in a worker thread of its own "
         "(Liftbridge's compactMaxGoroutines; per stream: the CreateStream option of that name).",
+    )
+
+    # -- tiered storage --
+    tiered_store: str | None = setting(
+        None,
+        text_kind("file:///absolute/path or s3://bucket[/prefix]", _is_store_url, optional=True),
+        "Offload sealed segments to this object store (file:///path: a directory, no server; s3://bucket[/prefix]: "
+        "S3 or an S3-compatible server, see tiered_store_endpoint). Every non-compacted stream tiers unless it sets "
+        "tiered=false; reads below a broker's local log start come from the store. Unset: no tiering. Checked at "
+        "start: a store that refuses the credentials stops the broker; one that does not answer is logged, and "
+        "segments stay local until it does.",
+    )
+    tiered_store_endpoint: str | None = setting(
+        None,
+        text_kind("an http:// or https:// URL", lambda s: s.startswith(("http://", "https://")), optional=True),
+        "The S3-compatible server's URL for an s3:// tiered_store (unset: AWS).",
+    )
+    tiered_store_region: str = setting("us-east-1", text_kind("a region name", bool), "The S3 region.")
+    tiered_store_access_key_id: str | None = setting(
+        None, text_kind("an access key id", bool, optional=True), "S3 access key id (with the secret; unset: none)."
+    )
+    tiered_store_secret_access_key: str | None = setting(
+        None,
+        text_kind("a secret access key", bool, optional=True),
+        "S3 secret access key. Prefer TIDELOG_TIERED_STORE_SECRET_ACCESS_KEY to a config file.",
+    )
+    tiered_store_timeout_ms: int = setting(30_000, POSITIVE, "Bound on each request to the tiered store.")
+    tiered_interval_ms: int = setting(
+        5_000,
+        POSITIVE,
+        "How often the broker's one tiering task offloads sealed segments and applies local retention (a failed "
+        "partition backs off on its own, from 0.5 s doubling to 60 s).",
+    )
+    local_retention_ms: int = setting(
+        0,
+        NON_NEGATIVE,
+        "On a tiered stream, delete offloaded segments from brokers' disks once their newest message is older than "
+        "this (0: no limit). Never before their upload is recorded. Per stream: local_retention_ms.",
+    )
+    local_retention_bytes: int = setting(
+        0,
+        NON_NEGATIVE,
+        "On a tiered stream, delete the oldest offloaded segments from brokers' disks beyond this many bytes per "
+        "partition (0: no limit). Per stream: local_retention_bytes.",
     )
 
     # -- encryption at rest --

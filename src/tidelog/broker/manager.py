@@ -46,6 +46,7 @@ from typing import Any
 
 from tidelog.broker.encryption import KeyVault
 from tidelog.broker.ingest.nats_ingest import NatsIngest
+from tidelog.broker.partitions.committed_reads import RemoteTier
 from tidelog.broker.partitions.damage_repair import DamageRepairs
 from tidelog.broker.partitions.damaged import DamagedPartitions
 from tidelog.broker.partitions.followed import FollowedPartition
@@ -108,6 +109,7 @@ class PartitionManager:
     ) -> None:
         self.broker_id = broker_id
         self.vault = vault or KeyVault(None)  # each log's keyring, from its record's data keys (broker.encryption)
+        self.tier: RemoteTier | None = None  # the tiered store's catalog, given to every replica (broker.tiering)
         self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
         self._root = data_dir / "streams"
         self._nc = nc
@@ -372,6 +374,7 @@ class PartitionManager:
             ack_poll_us=self._ack_poll_us,
             clock=self._clock,
         )
+        partition.tier = self.tier
         self._partitions[(stream.name, record.id)] = partition
         self._repairs.watch(log_, stream.name, record.id)
         await self._start_ingest(partition)
@@ -471,6 +474,7 @@ class PartitionManager:
             # A demoted leader's HW (which its close() has checkpointed) is what the follower may serve and start
             # from; a log just opened starts from its checkpoint.
             follower = FollowedPartition(stream, record, log_, producers, high_watermark=hw)
+            follower.tier = self.tier
             self._followers[key] = follower
             self._repairs.watch(log_, stream.name, record.id)
         if follower.record != record:

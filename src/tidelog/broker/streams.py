@@ -91,6 +91,11 @@ def validate_config(config: StreamConfig) -> None:
         raise InvalidArgumentError(f"flush_policy must be 'always', 'interval' or 'never', got {config.flush_policy!r}")
     if config.cleaner_interval_ms is not None and config.cleaner_interval_ms < 1:
         raise InvalidArgumentError(f"cleanerInterval must be at least 1 ms, got {config.cleaner_interval_ms}")
+    if config.tiered and config.compact_enabled:
+        raise InvalidArgumentError(
+            "a compacted stream cannot tier: compaction rewrites sealed segments that the tiered store keeps "
+            "unchanged; set tiered=false or compact_enabled=false"
+        )
     workers = config.compact_max_goroutines
     if workers is not None and not 1 <= workers <= MAX_COMPACT_WORKERS:
         raise InvalidArgumentError(
@@ -133,14 +138,17 @@ class StreamAdmin:
         clock: Clock | None = None,
         vault: KeyVault | None = None,
         default_encryption: bool = False,
+        tiered_store: bool = False,
     ) -> None:
-        """``clock``: the creation and change times written into stream records. ``vault``: makes the data keys
+        """``tiered_store``: whether this broker has a tiered store (a stream asking to tier is refused without).
+        ``clock``: the creation and change times written into stream records. ``vault``: makes the data keys
         of encrypted streams (:mod:`tidelog.broker.encryption`); ``default_encryption``: whether a stream whose
         request leaves ``encryption`` unset is encrypted (resolved by the controller, once, when it creates the
         stream, and stored in the stream's settings)."""
         self._broker_id = broker_id
         self._vault = vault or KeyVault(None)
         self._default_encryption = default_encryption
+        self._tiered_store = tiered_store
         self._clock: Clock = clock or SystemClock()
         self._store = store
         self._mirror = mirror
@@ -188,6 +196,10 @@ class StreamAdmin:
         check_queue_group(group)
         config = config or StreamConfig()
         validate_config(config)
+        if config.tiered and not self._tiered_store:
+            raise InvalidArgumentError(
+                "tiered=true needs a tiered store, and this broker has none (its tiered_store setting is unset)"
+            )
         if not exists_ok and self._mirror.snapshot.stream(name) is not None:
             raise StreamExistsError(f"stream {name!r} already exists")
         writer = self._writer(forwarded)

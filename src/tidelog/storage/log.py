@@ -127,6 +127,11 @@ class Log(AppendingLog, MaintainedLog, ReadingLog):
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
 
+    @property
+    def epoch_entries(self) -> tuple[tuple[int, int], ...]:
+        """(leader epoch, start offset) of every leadership this log holds batches of, oldest first."""
+        return tuple((entry.epoch, entry.start_offset) for entry in self._epochs.entries)
+
     def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
         """KIP-279: the largest epoch ≤ ``epoch`` this log knows and the offset where it ends (a follower
         truncates to it before fetching from a new leader)."""

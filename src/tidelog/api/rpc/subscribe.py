@@ -46,6 +46,7 @@ from tidelog.protocol.errors import (
 from tidelog.protocol.liftbridge import message_from_record
 from tidelog.protocol.records import decode_records, iter_batches
 from tidelog.storage import errors as storage_errors
+from tidelog.storage.remote_read import RemoteSegmentError
 
 READ_BYTES = 1024 * 1024
 READONLY_END = "End of readonly partition"
@@ -180,7 +181,13 @@ async def _read(
         raise StopReachedError(f"stop offset {stop.offset} is before the start offset {offset}")
     while ended is None or not ended.is_set():
         try:
-            data = partition.read_committed(offset, READ_BYTES)
+            data = await partition.read_committed_async(offset, READ_BYTES)
+        except RemoteSegmentError as exc:
+            raise OffsetDamagedError(
+                f"{partition.name}: {exc}; resubscribe from offset {exc.last + 1} to read on",
+                first=exc.first,
+                last=exc.last,
+            ) from None
         except storage_errors.OffsetDamagedError as exc:
             if exc.repairing:
                 raise UnavailableError(

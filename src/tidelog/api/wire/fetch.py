@@ -41,6 +41,9 @@ the stored bytes as they are, sealed or not.
 A fetch carrying a ``group`` context is a consumer group member's: refused (STALE_GROUP_EPOCH, UNKNOWN_MEMBER,
 UNKNOWN_GROUP) unless the member owns the partition at the group's current epoch
 (:mod:`tidelog.broker.groups.fencing`), so a member that missed a rebalance stops reading a partition that moved.
+Below the local log start, on a broker with a tiered store, the batches come from the object store
+(:meth:`~tidelog.broker.partitions.committed_reads.CommittedReads.read_committed_async`), in memory; a remote
+segment that is missing or fails its check answers OFFSET_DAMAGED with its offsets.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
 from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.messages import FetchRequest, FetchResponse, Isolation, ListOffsetsRequest, ListOffsetsResponse
 from tidelog.storage import errors as storage_errors
+from tidelog.storage.remote_read import RemoteSegmentError
 
 Replica = Partition | FollowedPartition
 MAX_FETCH_BYTES = DEFAULT_MAX_FRAME_BYTES // 4
@@ -96,6 +100,10 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
     if offset >= limit:
         return Reply(encode_message(correlation_id, _bounds(partition)))
     try:
+        if not request.replica and partition.is_remote(offset):  # below the local log start: from the tiered store
+            data = await partition.read_committed_async(offset, max_bytes)
+            partition.bytes_out += len(data)
+            return Reply(encode_message(correlation_id, _bounds(partition), data))
         if partition.stream.config.encryption and not request.replica:  # opened: copied, never sent from the file
             data = partition.readable(partition.log.read(offset, max_bytes, max_offset=limit))
             return Reply(encode_message(correlation_id, _bounds(partition), data))
@@ -113,6 +121,8 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
         return reply
     except storage_errors.OffsetDamagedError as exc:
         return _damaged(correlation_id, partition, exc)
+    except RemoteSegmentError as exc:
+        return _remote_failed(correlation_id, partition, exc)
 
 
 async def _long_poll(env: HandlerEnv, partition: Replica, offset: int, timeout: float) -> None:
@@ -150,6 +160,17 @@ def _damaged(correlation_id: int, partition: Replica, exc: storage_errors.Offset
     if exc.repairing:
         raise UnavailableError(f"{partition.name}: offsets {exc.first}..{exc.last} are being restored from a replica")
     message = f"{partition.name}: {exc}; fetch from there to read on"
+    error = OffsetDamagedError(message, first=exc.first, last=exc.last).to_error_body()
+    bounds = _bounds(partition)
+    response = FetchResponse(
+        bounds.high_watermark, bounds.log_start, bounds.log_end, error, damaged_first=exc.first, damaged_last=exc.last
+    )
+    return Reply(encode_message(correlation_id, response))
+
+
+def _remote_failed(correlation_id: int, partition: Replica, exc: RemoteSegmentError) -> Reply:
+    """A remote segment that is missing or fails its check: OFFSET_DAMAGED naming its offsets (never its bytes)."""
+    message = f"{partition.name}: {exc}; fetch from {exc.last + 1} to read on"
     error = OffsetDamagedError(message, first=exc.first, last=exc.last).to_error_body()
     bounds = _bounds(partition)
     response = FetchResponse(

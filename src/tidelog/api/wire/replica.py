@@ -94,7 +94,7 @@ async def replica_fetch(
     if refusal is not None:
         return _refuse(correlation_id, partition, refusal)
     offset = request.offset
-    if not partition.log_start <= offset <= partition.log_end:
+    if not partition.local_log_start <= offset <= partition.log_end:
         return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
@@ -214,7 +214,7 @@ def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
     offset = request.offset
     if (
         partition.fence_follower(request.replica_id, request.leader_epoch) is None
-        and partition.log_start <= offset <= partition.log_end
+        and partition.local_log_start <= offset <= partition.log_end
     ):
         partition.replica_fetched(request.replica_id, offset)
 
@@ -234,7 +234,7 @@ async def epoch_end_offset(
     if suspended is not None:  # the follower keeps its log until the head is confirmed (module docstring)
         return Reply(encode_message(correlation_id, EpochEndOffsetResponse(epoch, -1, suspended.to_error_body())))
     answer = partition.log.end_offset_for_epoch(request.leader_epoch)
-    answer = epoch_end_after_reset(partition.record, request.leader_epoch, answer, partition.log_start)
+    answer = epoch_end_after_reset(partition.record, request.leader_epoch, answer, partition.local_log_start)
     response = EpochEndOffsetResponse(answer.epoch, answer.end_offset)
     return Reply(encode_message(correlation_id, response))
 
@@ -264,7 +264,7 @@ async def segment_fetch(
     epoch = partition.record.leader_epoch
     refusal = partition.fence_follower(request.replica_id, request.leader_epoch)
     if refusal is not None:
-        response = SegmentFetchResponse(0, 0, partition.log_start, epoch, refusal.to_error_body())
+        response = SegmentFetchResponse(0, 0, partition.local_log_start, epoch, refusal.to_error_body())
         return Reply(encode_message(correlation_id, response))
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
     found = partition.log.sealed_segment_range(request.base_offset, request.position, max_bytes)
@@ -275,7 +275,7 @@ async def segment_fetch(
     if request.file_id and request.file_id != file_id:
         file.close()
         return _segment_gone(correlation_id, partition, f"segment {request.base_offset} was rewritten meanwhile")
-    header = SegmentFetchResponse(size, file_id, partition.log_start, epoch)
+    header = SegmentFetchResponse(size, file_id, partition.local_log_start, epoch)
     if env.zero_copy:
         return frame_with_file(Op.SEGMENT_FETCH, correlation_id, header, file)
     with file:
@@ -285,7 +285,7 @@ async def segment_fetch(
 
 def _segment_gone(correlation_id: int, partition: Partition, reason: str) -> Reply:
     error = OffsetOutOfRangeError(f"{partition.name}: {reason}").to_error_body()
-    response = SegmentFetchResponse(0, 0, partition.log_start, partition.record.leader_epoch, error)
+    response = SegmentFetchResponse(0, 0, partition.local_log_start, partition.record.leader_epoch, error)
     return Reply(encode_message(correlation_id, response))
 
 
@@ -295,7 +295,7 @@ def _listing(
     body = None if error is None else error.to_error_body()
     return SegmentListResponse(
         partition.high_watermark,
-        partition.log_start,
+        partition.local_log_start,
         partition.log_end,
         partition.record.leader_epoch,
         segments,
@@ -306,7 +306,7 @@ def _listing(
 def _out_of_range(partition: Partition, replica_id: str, offset: int) -> TidelogError:
     """The refusal of a fetch outside the log. Beyond its end, the fetch is first taken as evidence
     (:meth:`Partition.replica_fetched`): a suspended leader answers PARTITION_SUSPENDED (module docstring)."""
-    start, end = partition.log_start, partition.log_end
+    start, end = partition.local_log_start, partition.log_end
     if offset > end:
         partition.replica_fetched(replica_id, offset)
         suspended = partition.safety.refusal()
@@ -322,7 +322,9 @@ def _bounds(
 ) -> ReplicaFetchResponse:
     body = None if error is None else error.to_error_body()
     end = partition.log_end if log_end is None else log_end
-    return ReplicaFetchResponse(partition.high_watermark, partition.log_start, end, partition.record.leader_epoch, body)
+    return ReplicaFetchResponse(
+        partition.high_watermark, partition.local_log_start, end, partition.record.leader_epoch, body
+    )
 
 
 def _refuse(correlation_id: int, partition: Partition, error: TidelogError) -> Reply:

@@ -46,9 +46,17 @@ class LogCleaner:
     """Runs :meth:`clean_once` every ``interval`` seconds until stopped."""
 
     def __init__(
-        self, partitions: Callable[[], Sequence[Cleanable]], interval: float, clock: Clock | None = None
+        self,
+        partitions: Callable[[], Sequence[Cleanable]],
+        interval: float,
+        clock: Clock | None = None,
+        *,
+        retention_cap: Callable[[Cleanable], int | None] | None = None,
     ) -> None:
+        """``retention_cap``: for a replica, the offset retention may delete up to (None: its high watermark);
+        a tiered partition's is the end of what is offloaded (:meth:`tidelog.broker.tiering.Tiering.retention_cap`)."""
         self._partitions = partitions
+        self._retention_cap = retention_cap
         self._interval = interval
         self._clock = clock or SystemClock()
         self._task: asyncio.Task[None] | None = None
@@ -111,7 +119,8 @@ class LogCleaner:
                 continue
             try:
                 hw = partition.high_watermark
-                removed = await partition.log.apply_retention(now_ns, max_offset=hw)
+                cap = None if self._retention_cap is None else self._retention_cap(partition)
+                removed = await partition.log.apply_retention(now_ns, max_offset=hw if cap is None else min(hw, cap))
                 deleted += len(removed)
                 if removed:
                     log.info("retention removed %d segment(s) of %s", len(removed), partition.name)

@@ -8,16 +8,31 @@ the rules live here once, and each class supplies ``high_watermark``.
 
 Readers waiting at the tail also wait for the replica's metadata to change (:meth:`CommittedReads.next_change`):
 a partition set read-only ends its subscriptions at its end (Liftbridge's "End of readonly partition").
+Tiered storage: when the partition's sealed segments are offloaded (:mod:`tidelog.broker.tiering`), its history
+starts in the object store. ``log_start`` is then the first remote offset, and
+:meth:`CommittedReads.read_committed_async` reads offsets below the local log start from the store (``tier``,
+the broker's :class:`~tidelog.broker.tier_catalog.TierCatalog`); replication keeps using ``local_log_start``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.protocol.errors import EncryptionError
 from tidelog.storage.encryption import open_batches
 from tidelog.storage.log import Log
+
+
+class RemoteTier(Protocol):
+    """Where a partition's offloaded history is (:class:`~tidelog.broker.tier_catalog.TierCatalog`)."""
+
+    def remote_start(self, stream: str, partition: int) -> int | None: ...
+
+    def remote_offset_for_timestamp(self, stream: str, partition: int, timestamp_ns: int) -> int | None: ...
+
+    async def read(self, stream: str, partition: int, offset: int, max_bytes: int, max_offset: int) -> bytes: ...
 
 
 class CommittedReads:
@@ -46,6 +61,7 @@ class CommittedReads:
     def at_readonly_end(self) -> bool:
         """Read-only, and everything in the log is committed: a reader at the high watermark has read it all."""
         return self.record.readonly and self.high_watermark >= self.log.end_offset
+    tier: RemoteTier | None = None  # set by the manager on a broker with a tiered store
 
     @property
     def high_watermark(self) -> int:
@@ -67,6 +83,14 @@ class CommittedReads:
 
     @property
     def log_start(self) -> int:
+        """The oldest offset a reader may ask for: in the tiered store when segments were offloaded."""
+        local = self.log.start_offset
+        remote = None if self.tier is None else self.tier.remote_start(self.stream.name, self.record.id)
+        return local if remote is None else min(remote, local)
+
+    @property
+    def local_log_start(self) -> int:
+        """The oldest offset on this broker's disk (what replication copies from)."""
         return self.log.start_offset
 
     @property
@@ -80,6 +104,21 @@ class CommittedReads:
         if offset >= hw:
             return b""
         return self.readable(self.log.read(offset, max_bytes, max_offset=hw))
+
+    def is_remote(self, offset: int) -> bool:
+        """Whether a read at ``offset`` goes to the tiered store (it is below the local log start)."""
+        return self.tier is not None and offset < self.log.start_offset
+
+    async def read_committed_async(self, offset: int, max_bytes: int) -> bytes:
+        """:meth:`read_committed`, falling through to the tiered store below the local log start. A gap between
+        the store's end and the local start (nothing there) reads on from the local start."""
+        if self.tier is None or offset >= self.log.start_offset:
+            return self.read_committed(offset, max_bytes)
+        hw = min(self.high_watermark, self.log.end_offset)
+        data = await self.tier.read(self.stream.name, self.record.id, offset, max_bytes, hw)
+        if not data:
+            return self.read_committed(max(offset, self.log.start_offset), max_bytes)
+        return self.readable(data)
 
     def readable(self, data: bytes) -> bytes:
         """Batches read from this replica's log as a consumer gets them: opened when the stream is encrypted
@@ -101,7 +140,13 @@ class CommittedReads:
         )
 
     def offset_for_timestamp(self, timestamp_ns: int) -> int:
-        """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none)."""
+        """First offset whose timestamp is at or after ``timestamp_ns`` (the high watermark when none). In the
+        tiered store's range, the first offset of the remote segment holding such a record (a reader starting
+        there skips nothing; the records before it in that segment are older)."""
+        if self.tier is not None:
+            remote = self.tier.remote_offset_for_timestamp(self.stream.name, self.record.id, timestamp_ns)
+            if remote is not None and remote < self.log.start_offset:
+                return remote
         found = self.log.offset_for_timestamp(timestamp_ns)
         hw = self.high_watermark
         return hw if found is None or found > hw else found
