@@ -27,6 +27,9 @@ ack requests) and the general record layout.
 timestamp), and a new id is entered in the window before the record is encoded. Only the general path looks: a
 plain message has no headers, so it has no id and its path gains no work.
 
+**API publishes' copies** (:mod:`tidelog.broker.ingest.copies`): a general-path message whose NATS headers name this
+partition (``copy_tag``) is left out before decoding (counted in :attr:`Encoded.copies`): its target already stored it.
+
 A batch never exceeds the log's batch limit: a read that does not fit one batch is split, and a message that
 could not fit even alone is reported back rather than handed to the log, which would refuse the whole append.
 Likewise a message that cannot be encoded at all — a Liftbridge envelope with an ack policy outside the enum or
@@ -40,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
+from tidelog.broker.ingest.copies import copy_marker, is_own_copy
 from tidelog.broker.ingest.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.ingest.natsproto import Msg, parse_headers
 from tidelog.protocol.envelope import MAGIC
@@ -110,6 +114,7 @@ class Encoded:
     ids: list[tuple[int, Entry]] = field(default_factory=list)  # (index among stored records, its window entry)
     duplicates: list[tuple[Entry, AckRequest | None]] = field(default_factory=list)  # left out: original, ack
     refused: list[Refused] = field(default_factory=list)  # messages that could not be taken (not stored)
+    copies: int = 0  # API publishes' NATS copies this partition already stores (left out)
 
     @property
     def records(self) -> int:
@@ -132,7 +137,10 @@ class IngestEncoder:
         max_batch_bytes: int,
         max_batch_records: int,
         window: MsgIdWindow | None = None,
+        copy_tag: str | None = None,
     ) -> None:
+        """``copy_tag``: this partition's :func:`~tidelog.broker.ingest.copies.copy_tag`; a message whose
+        ``Tidelog-Stored-In`` header names it is an API publish's copy, already stored, and is left out."""
         if max_batch_bytes <= HEADER_SIZE:
             raise ValueError(f"max_batch_bytes must be above {HEADER_SIZE}, got {max_batch_bytes}")
         if max_batch_records < 1:
@@ -141,6 +149,8 @@ class IngestEncoder:
         self._max_body = max_batch_bytes - HEADER_SIZE
         self._max_records = max_batch_records
         self._window = window
+        self._copy_tag = copy_tag
+        self._copy_marker = copy_marker(copy_tag) if copy_tag is not None else b""
 
     def encode(self, messages: Iterable[Message], first_timestamp: int) -> Encoded:
         """Encode one read's messages in order; message ``j`` (counting stored ones) is stamped
@@ -152,7 +162,9 @@ class IngestEncoder:
         ids: list[tuple[int, Entry]] = []
         duplicates: list[tuple[Entry, AckRequest | None]] = []
         refused: list[Refused] = []
+        copies = 0
         window = self._window
+        copy_tag = self._copy_tag
         marks: list[tuple[int, int, int, int]] = []  # closed batches: position, body size, records, first timestamp
         parts: list[bytes | memoryview] = [HEADER_SPACE]
         append = parts.append
@@ -188,6 +200,9 @@ class IngestEncoder:
                 size += inner + len(prefix) - owed
                 owed = True
                 k += 1
+                continue
+            if copy_tag is not None and self._is_copy(message, copy_tag):
+                copies += 1
                 continue
             timestamp = first_timestamp + stored + k
             try:
@@ -233,7 +248,14 @@ class IngestEncoder:
             parts.pop()  # the space of a batch that got no record
         data = bytearray().join(parts)
         fill_headers(data, marks)
-        return Encoded(data, [count for _, _, count, _ in marks], acks, too_large, ids, duplicates, refused)
+        counts = [count for _, _, count, _ in marks]
+        return Encoded(data, counts, acks, too_large, ids, duplicates, refused, copies)
+
+    def _is_copy(self, message: Message, tag: str) -> bool:
+        """Whether ``message`` is an API publish's copy this partition already stores (see the module's notes)."""
+        if isinstance(message, memoryview):
+            return False  # no NATS headers
+        return bool(message.headers) and is_own_copy(message.headers, tag, self._copy_marker)
 
     def _record(self, message: Message, timestamp: int) -> tuple[NewRecord, AckRequest | None]:
         """The general path: envelope decoding, reserved headers for subject and reply, NATS headers."""

@@ -56,6 +56,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.broker.ingest.copies import copy_tag
 from tidelog.broker.ingest.encoder import Decoded, Encoded, IngestEncoder, Message, Refused
 from tidelog.broker.ingest.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.ingest.nats_connection import UnsupportedServerError, supports
@@ -120,6 +121,7 @@ class NatsIngest:
             max_batch_bytes=min(max_batch_bytes, log_limit),
             max_batch_records=max_batch_records,
             window=self.window,
+            copy_tag=copy_tag(partition.stream.name, partition.record.id, self._queue),
         )
         self._max_append_bytes = max_append_bytes
         self._max_inflight = max_inflight
@@ -139,6 +141,7 @@ class NatsIngest:
         self.pauses = 0  # times reading was paused because too much waited to be stored
         self.duplicates = 0  # messages not stored because their Nats-Msg-Id was within the window
         self.refused = 0  # messages not stored because they could not be taken (e.g. a refused envelope)
+        self.copies = 0  # API publishes' NATS copies left out (this partition stored them directly)
         self.ack_failures = 0  # acks that could not be published
         self.acks_published = 0  # acks sent to ack inboxes (these counters are read by the metrics at scrape time)
 
@@ -183,6 +186,11 @@ class NatsIngest:
         await self._nc.flush()
         await self._nc.flush()
 
+    def publish_copy(self, command: bytes) -> bool:
+        """Send an API publish's NATS copy on this ingest's own connection (:mod:`tidelog.broker.ingest.copies`);
+        False when it has none that can take it."""
+        return self.reader is not None and self.reader.publish(command)
+
     async def stop(self) -> None:
         """Unsubscribe, append what was already received, and wait for the appends."""
         if self.reader is not None:
@@ -208,6 +216,7 @@ class NatsIngest:
             self._on_duplicates(encoded.duplicates)
         if encoded.refused:
             self._on_refused(encoded.refused)
+        self.copies += encoded.copies
         if encoded.too_large:
             self.failed += len(encoded.too_large)
             log.warning(
