@@ -186,6 +186,10 @@ class PartitionManager:
         """Every partition this broker holds a copy of, led or followed."""
         return [*self._partitions.values(), *self._followers.values()]
 
+    def ingest_of(self, stream: str, partition: int) -> NatsIngest | None:
+        """The NATS ingest of a partition led here, if it runs."""
+        return self._ingests.get((stream, partition))
+
     def ingests(self) -> list[NatsIngest]:
         """The NATS ingests running now, one per partition led here (their counters feed the metrics)."""
         return list(self._ingests.values())

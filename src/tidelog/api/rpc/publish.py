@@ -27,8 +27,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tidelog.broker.context import BrokerContext
+from tidelog.broker.ingest.copies import copy_tag, publish_copy
 from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.broker.translate import as_tidelog_error
+from tidelog.metadata.namespace import queue_group
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.protocol.errors import (
@@ -98,6 +100,7 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
                 ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
             )
         raise appended.error()
+    await _copy_to_nats(ctx, partition.stream.name, partition.stream.group, request, partition.subject)
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
     ack = _ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)
@@ -134,13 +137,33 @@ async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout:
     assert isinstance(header, ProduceResponse)
     if header.error is not None:
         raise from_error_body(header.error)
+    subject = stream.partition_subject(request.partition)
+    await _copy_to_nats(ctx, stream.name, stream.group, request, subject)
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
-    subject = stream.partition_subject(request.partition)
     ack = _build(stream.name, subject, request, header.base_offset, now, time.time_ns())
     if request.ackInbox:
         await _ack_to_inbox(ctx, request.ackInbox, ack)
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
+
+
+async def _copy_to_nats(
+    ctx: BrokerContext, stream: str, group: str, request: api_pb2.PublishRequest, subject: str
+) -> None:
+    """The stored message's copy on its partition's subject, for every other stream and subscriber there
+    (:mod:`tidelog.broker.ingest.copies`: the target's own ingest leaves it out)."""
+    tag = copy_tag(stream, request.partition, queue_group(ctx.config.namespace, group))
+    ingest = ctx.manager.ingest_of(stream, request.partition)
+    await publish_copy(
+        ctx.nc,
+        subject,
+        tag,
+        direct=None if ingest is None else ingest.publish_copy,
+        key=request.key,
+        value=request.value,
+        headers=request.headers,
+        correlation_id=request.correlationId,
+    )
 
 
 async def _ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> None:

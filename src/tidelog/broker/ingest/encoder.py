@@ -27,6 +27,9 @@ ack requests) and the general record layout.
 timestamp), and a new id is entered in the window before the record is encoded. Only the general path looks: a
 plain message has no headers, so it has no id and its path gains no work.
 
+**API publishes' copies** (:mod:`tidelog.broker.ingest.copies`): a general-path message whose NATS headers name this
+partition (``copy_tag``) is left out before decoding (counted in :attr:`Encoded.copies`): its target already stored it.
+
 A batch never exceeds the log's batch limit: a read that does not fit one batch is split, and a message that
 could not fit even alone is reported back rather than handed to the log, which would refuse the whole append.
 Likewise a message that cannot be encoded at all — a Liftbridge envelope with an ack policy outside the enum or
@@ -40,6 +43,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
 
+from tidelog.broker.ingest.copies import copy_marker, is_own_copy
+from tidelog.broker.ingest.expectations import Check, Unmet, check_of, has_expectations
 from tidelog.broker.ingest.msg_id_window import Entry, MsgIdWindow, msg_id_of
 from tidelog.broker.ingest.natsproto import Msg, parse_headers
 from tidelog.protocol.envelope import MAGIC
@@ -61,6 +66,14 @@ from tidelog.protocol.records.ingest import (
     plain_record_size,
     record_head,
 )
+
+
+def _reply_of(message: Message) -> str:
+    if type(message) is Msg:
+        return message.reply.decode(errors="replace")
+    if type(message) is Decoded:
+        return message.reply
+    return ""
 
 
 class Decoded(NamedTuple):
@@ -110,6 +123,10 @@ class Encoded:
     ids: list[tuple[int, Entry]] = field(default_factory=list)  # (index among stored records, its window entry)
     duplicates: list[tuple[Entry, AckRequest | None]] = field(default_factory=list)  # left out: original, ack
     refused: list[Refused] = field(default_factory=list)  # messages that could not be taken (not stored)
+    copies: int = 0  # API publishes' NATS copies this partition already stores (left out)
+    unmet: list[tuple[str, Unmet]] = field(default_factory=list)  # (reply subject, why): expectations that failed
+    stopped_at: Message | None = None  # a message with log expectations: encoding stopped before it
+    check: Check | None = None  # what this read's one message expects of the log (``single`` encodings)
 
     @property
     def records(self) -> int:
@@ -132,7 +149,11 @@ class IngestEncoder:
         max_batch_bytes: int,
         max_batch_records: int,
         window: MsgIdWindow | None = None,
+        copy_tag: str | None = None,
+        stream: str = "",
     ) -> None:
+        """``copy_tag``: this partition's :func:`~tidelog.broker.ingest.copies.copy_tag`; a message whose
+        ``Tidelog-Stored-In`` header names it is an API publish's copy, already stored, and is left out."""
         if max_batch_bytes <= HEADER_SIZE:
             raise ValueError(f"max_batch_bytes must be above {HEADER_SIZE}, got {max_batch_bytes}")
         if max_batch_records < 1:
@@ -141,10 +162,17 @@ class IngestEncoder:
         self._max_body = max_batch_bytes - HEADER_SIZE
         self._max_records = max_batch_records
         self._window = window
+        self._copy_tag = copy_tag
+        self._stream = stream
+        self._copy_marker = copy_marker(copy_tag) if copy_tag is not None else b""
 
-    def encode(self, messages: Iterable[Message], first_timestamp: int) -> Encoded:
+    def encode(self, messages: Iterable[Message], first_timestamp: int, *, single: bool = False) -> Encoded:
         """Encode one read's messages in order; message ``j`` (counting stored ones) is stamped
-        ``first_timestamp + j``."""
+        ``first_timestamp + j``.
+
+        A message with JetStream expectations on the log (:mod:`tidelog.broker.ingest.expectations`) ends the
+        encoding before it (:attr:`Encoded.stopped_at`): the caller encodes it alone with ``single``, which puts
+        its :attr:`Encoded.check` beside it, and goes on after it."""
         max_body = self._max_body
         max_records = self._max_records
         too_large: list[int] = []
@@ -152,7 +180,12 @@ class IngestEncoder:
         ids: list[tuple[int, Entry]] = []
         duplicates: list[tuple[Entry, AckRequest | None]] = []
         refused: list[Refused] = []
+        copies = 0
+        unmet: list[tuple[str, Unmet]] = []
+        stopped_at: Message | None = None
+        check: Check | None = None
         window = self._window
+        copy_tag = self._copy_tag
         marks: list[tuple[int, int, int, int]] = []  # closed batches: position, body size, records, first timestamp
         parts: list[bytes | memoryview] = [HEADER_SPACE]
         append = parts.append
@@ -189,6 +222,9 @@ class IngestEncoder:
                 owed = True
                 k += 1
                 continue
+            if copy_tag is not None and self._is_copy(message, copy_tag):
+                copies += 1
+                continue
             timestamp = first_timestamp + stored + k
             try:
                 record, ack = self._record(message, timestamp)
@@ -202,6 +238,18 @@ class IngestEncoder:
                 if msg_id is not None and (original := window.duplicate_of(msg_id, timestamp)) is not None:
                     duplicates.append((original, ack))
                     continue
+            if record.headers and has_expectations(record.headers):
+                reply = _reply_of(message)
+                try:
+                    expects = check_of(record.headers, reply, self._stream)
+                except Unmet as exc:
+                    unmet.append((reply, exc))
+                    continue
+                if expects is not None:
+                    if not single:
+                        stopped_at = message
+                        break
+                    check = expects
             if k == max_records or size + record_size > max_body:
                 if k:
                     if owed:
@@ -233,7 +281,14 @@ class IngestEncoder:
             parts.pop()  # the space of a batch that got no record
         data = bytearray().join(parts)
         fill_headers(data, marks)
-        return Encoded(data, [count for _, _, count, _ in marks], acks, too_large, ids, duplicates, refused)
+        counts = [count for _, _, count, _ in marks]
+        return Encoded(data, counts, acks, too_large, ids, duplicates, refused, copies, unmet, stopped_at, check)
+
+    def _is_copy(self, message: Message, tag: str) -> bool:
+        """Whether ``message`` is an API publish's copy this partition already stores (see the module's notes)."""
+        if isinstance(message, memoryview):
+            return False  # no NATS headers
+        return bool(message.headers) and is_own_copy(message.headers, tag, self._copy_marker)
 
     def _record(self, message: Message, timestamp: int) -> tuple[NewRecord, AckRequest | None]:
         """The general path: envelope decoding, reserved headers for subject and reply, NATS headers."""

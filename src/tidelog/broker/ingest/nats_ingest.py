@@ -56,7 +56,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.broker.ingest.copies import copy_tag
 from tidelog.broker.ingest.encoder import Decoded, Encoded, IngestEncoder, Message, Refused
+from tidelog.broker.ingest.expectations import (
+    WRONG_LAST_MSG_ID,
+    WRONG_LAST_SEQUENCE,
+    Check,
+    Unmet,
+    ack_reply,
+    error_reply,
+    last_msg_id,
+)
 from tidelog.broker.ingest.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.ingest.nats_connection import UnsupportedServerError, supports
 from tidelog.broker.ingest.nats_reader import NatsReader
@@ -65,7 +75,7 @@ from tidelog.broker.partitions.write_path import Appended, WriteRefused
 from tidelog.clock import Clock, SystemClock
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope
-from tidelog.protocol.errors import InvalidArgumentError, TidelogError
+from tidelog.protocol.errors import ErrorCode, InvalidArgumentError, TidelogError
 from tidelog.protocol.liftbridge import AckRequest, build_ack
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.subjects import quote
@@ -73,6 +83,13 @@ from tidelog.protocol.subjects import quote
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+
+
+def _wrong_last(check: Check, log_end: int) -> tuple[int, str]:
+    """JetStream's refusal when the log did not end where ``check`` expected (the log end is the last sequence)."""
+    if check.last_sequence is not None:
+        return WRONG_LAST_SEQUENCE, f"wrong last sequence: {log_end}"
+    return WRONG_LAST_MSG_ID, "wrong last msg ID: the partition changed while it was checked"
 
 
 class NatsIngest:
@@ -120,6 +137,8 @@ class NatsIngest:
             max_batch_bytes=min(max_batch_bytes, log_limit),
             max_batch_records=max_batch_records,
             window=self.window,
+            copy_tag=copy_tag(partition.stream.name, partition.record.id, self._queue),
+            stream=partition.stream.name,
         )
         self._max_append_bytes = max_append_bytes
         self._max_inflight = max_inflight
@@ -139,6 +158,7 @@ class NatsIngest:
         self.pauses = 0  # times reading was paused because too much waited to be stored
         self.duplicates = 0  # messages not stored because their Nats-Msg-Id was within the window
         self.refused = 0  # messages not stored because they could not be taken (e.g. a refused envelope)
+        self.copies = 0  # API publishes' NATS copies left out (this partition stored them directly)
         self.ack_failures = 0  # acks that could not be published
         self.acks_published = 0  # acks sent to ack inboxes (these counters are read by the metrics at scrape time)
 
@@ -183,6 +203,11 @@ class NatsIngest:
         await self._nc.flush()
         await self._nc.flush()
 
+    def publish_copy(self, command: bytes) -> bool:
+        """Send an API publish's NATS copy on this ingest's own connection (:mod:`tidelog.broker.ingest.copies`);
+        False when it has none that can take it."""
+        return self.reader is not None and self.reader.publish(command)
+
     async def stop(self) -> None:
         """Unsubscribe, append what was already received, and wait for the appends."""
         if self.reader is not None:
@@ -200,27 +225,14 @@ class NatsIngest:
 
     def _on_read(self, messages: Sequence[Message], received_ns: int) -> None:
         """One read's messages: encode them now, and append them as soon as a slot is free."""
-        timestamp = max(received_ns, self._next_timestamp)
-        encoded = self._encoder.encode(messages, timestamp)
-        records = encoded.records
-        self._next_timestamp = timestamp + records
-        if encoded.duplicates:
-            self._on_duplicates(encoded.duplicates)
-        if encoded.refused:
-            self._on_refused(encoded.refused)
-        if encoded.too_large:
-            self.failed += len(encoded.too_large)
-            log.warning(
-                "NATS ingest %s: %d messages (up to %d bytes) are larger than this log's batch limit; not stored",
-                self._partition.name,
-                len(encoded.too_large),
-                max(encoded.too_large),
-            )
-        if not records:
-            return
-        self._pending_bytes += len(encoded.data)
-        self._pending.append(encoded)
-        self._start_appends()
+        while True:
+            stopped = self._encode(messages, received_ns)
+            if stopped is None:
+                break
+            # A message with expectations on the log: alone, in its own append, after everything before it.
+            i = next(i for i, m in enumerate(messages) if m is stopped)
+            self._encode([stopped], received_ns, single=True)
+            messages = messages[i + 1 :]
         reader = self.reader
         if reader is not None and self._pending_bytes > self._max_pending_bytes and not reader.paused:
             log.info(
@@ -230,6 +242,49 @@ class NatsIngest:
             )
             reader.pause_reading()
             self.pauses += 1
+
+    def _encode(self, messages: Sequence[Message], received_ns: int, *, single: bool = False) -> Message | None:
+        """Encode and queue ``messages``; the message with log expectations that stopped the encoding, if any."""
+        timestamp = max(received_ns, self._next_timestamp)
+        encoded = self._encoder.encode(messages, timestamp, single=single)
+        records = encoded.records
+        self._next_timestamp = timestamp + records
+        if encoded.duplicates:
+            self._on_duplicates(encoded.duplicates)
+        if encoded.refused:
+            self._on_refused(encoded.refused)
+        if encoded.unmet:
+            self._answer([(reply, error_reply(exc.err_code, exc.description)) for reply, exc in encoded.unmet])
+        self.copies += encoded.copies
+        if encoded.too_large:
+            self.failed += len(encoded.too_large)
+            log.warning(
+                "NATS ingest %s: %d messages (up to %d bytes) are larger than this log's batch limit; not stored",
+                self._partition.name,
+                len(encoded.too_large),
+                max(encoded.too_large),
+            )
+        if records:
+            self._pending_bytes += len(encoded.data)
+            self._pending.append(encoded)
+            self._start_appends()
+        return encoded.stopped_at
+
+    def _answer(self, replies: list[tuple[str, bytes]]) -> None:
+        """JetStream-style answers to publishers' reply subjects (those without one get none)."""
+        replies = [(subject, data) for subject, data in replies if subject]
+        if replies:
+            task = asyncio.get_running_loop().create_task(self._publish_replies(replies))
+            self._acking.add(task)  # stop() waits for it
+            task.add_done_callback(self._acking.discard)
+
+    async def _publish_replies(self, replies: list[tuple[str, bytes]]) -> None:
+        for subject, data in replies:
+            try:
+                await self._nc.publish(subject, data)
+            except Exception as exc:
+                self.ack_failures += 1
+                log.warning("NATS ingest %s: could not answer on %s: %r", self._partition.name, quote(subject), exc)
 
     def _on_duplicates(self, duplicates: list[tuple[Entry, AckRequest | None]]) -> None:
         self.duplicates += len(duplicates)
@@ -295,7 +350,13 @@ class NatsIngest:
         while pending and len(self._inflight) < self._max_inflight:
             group = [pending.popleft()]
             size = len(group[0].data)
-            while pending and size + len(pending[0].data) <= self._max_append_bytes:
+            alone = group[0].check is not None  # a message with expectations is appended on its own
+            while (
+                pending
+                and not alone
+                and pending[0].check is None
+                and size + len(pending[0].data) <= self._max_append_bytes
+            ):
                 size += len(pending[0].data)
                 group.append(pending.popleft())
             task = asyncio.get_running_loop().create_task(self._append(group))
@@ -314,14 +375,27 @@ class NatsIngest:
             # One read's buffer goes to the log as it is: read-only, so the log need not copy it (nothing writes
             # to it after encoding). Reads that waited for a slot are joined: one copy, one append.
             data = memoryview(group[0].data).toreadonly() if len(group) == 1 else b"".join(r.data for r in group)
+            check = group[0].check
             try:
+                expected = None if check is None else self._expected_offset(check)
                 appended: Appended | WriteRefused | TidelogError = await partition.write(
-                    data, Acks.LEADER, self._ack_timeout
+                    data, Acks.LEADER, self._ack_timeout, expected_offset=expected
                 )
             except TidelogError as exc:
                 appended = exc
+            except Unmet as exc:
+                assert check is not None
+                self._answer([(check.reply, error_reply(exc.err_code, exc.description))])
+                self._forget_ids(group)
+                return
             finally:
                 self._stored(size)
+            if check is not None and isinstance(appended, WriteRefused) and appended.code is ErrorCode.INCORRECT_OFFSET:
+                self._answer([(check.reply, error_reply(*_wrong_last(check, appended.log_end)))])
+                self._forget_ids(group)
+                return
+            if check is not None and isinstance(appended, Appended):
+                self._answer([(check.reply, ack_reply(partition.stream.name, appended.base_offset))])
             if not isinstance(appended, Appended):  # refused or failed: the one place either is reported
                 self.failed += count
                 log.warning("could not store %d NATS messages on %s: %s", count, partition.name, appended)
@@ -342,6 +416,19 @@ class NatsIngest:
         except Exception:
             self.failed += count
             log.exception("NATS ingest failed on %s", partition.name)
+
+    def _expected_offset(self, check: Check) -> int | None:
+        """Where the log must end for ``check`` to hold (sequence = offset + 1, so a last sequence is a log end;
+        None: anywhere); raises :class:`Unmet` when the last record's ``Nats-Msg-Id`` is not the one expected."""
+        if check.last_sequence is None and check.last_msg_id is None:
+            return None
+        log_end = self._partition.log_end
+        expected = log_end if check.last_sequence is None else check.last_sequence
+        if check.last_msg_id is not None and expected == log_end:
+            found = last_msg_id(self._partition.log, log_end)
+            if found != check.last_msg_id:
+                raise Unmet(WRONG_LAST_MSG_ID, f"wrong last msg ID: {(found or b'').decode(errors='replace')}")
+        return expected
 
     def _forget_ids(self, group: list[Encoded]) -> None:
         """Messages that were not stored leave the window: their retries are new messages, not duplicates."""
