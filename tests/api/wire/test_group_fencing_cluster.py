@@ -62,12 +62,12 @@ async def test_a_takeover_reads_the_offset_only_after_the_commit_under_way(clust
         await cluster.wait_until(
             lambda: cluster.partition_record(CURSORS_STREAM, 0), LONG_BOUND, "the __cursors stream to exist"
         )
-        await admin.set_cursor(stream, 0, group, 5)  # the offset before: what a takeover must not resume from
     record = await cluster.partition_record(CURSORS_STREAM, 0)
     assert record is not None and record.leader and len(record.isr) == 2
     leader = record.leader
     follower = next(b for b in record.replicas if b != leader)
     old_owner, new_owner = await _open(cluster, leader), await _open(cluster, leader)
+    coordinator: Connection | None = None
     try:
 
         async def known_there() -> bool:  # the stream was created through another broker: this one's mirror follows
@@ -75,9 +75,12 @@ async def test_a_takeover_reads_the_offset_only_after_the_commit_under_way(clust
             return isinstance(found, MetadataResponse) and any(s.name == stream for s in found.streams)
 
         await cluster.wait_until(known_there, LONG_BOUND, f"{leader} to know stream {stream}")
+        async with Admin(cluster.bootstrap()) as admin:
+            await admin.set_cursor(stream, 0, group, 5)  # the offset before: what a takeover must not resume from
         joined = (await old_owner.request(JoinGroupRequest(group, "a", (stream,)), timeout=BOUND)).header
         assert isinstance(joined, JoinGroupResponse)
-        owned = (await old_owner.request(GroupAssignmentsRequest(group, "a", joined.epoch), timeout=BOUND)).header
+        coordinator = await _open(cluster, joined.coordinator)  # the group's broker (maybe not the cursors' leader)
+        owned = (await coordinator.request(GroupAssignmentsRequest(group, "a", joined.epoch), timeout=BOUND)).header
         assert isinstance(owned, GroupAssignmentsResponse) and owned.assignments
         bounds = (await old_owner.request(ListOffsetsRequest(CURSORS_STREAM, 0), timeout=BOUND)).header
         assert isinstance(bounds, ListOffsetsResponse)
@@ -109,3 +112,5 @@ async def test_a_takeover_reads_the_offset_only_after_the_commit_under_way(clust
             await cluster.resume(follower)
         await old_owner.close()
         await new_owner.close()
+        if coordinator is not None:
+            await coordinator.close()
