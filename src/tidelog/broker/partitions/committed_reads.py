@@ -61,6 +61,7 @@ class CommittedReads:
     def at_readonly_end(self) -> bool:
         """Read-only, and everything in the log is committed: a reader at the high watermark has read it all."""
         return self.record.readonly and self.high_watermark >= self.log.end_offset
+
     tier: RemoteTier | None = None  # set by the manager on a broker with a tiered store
 
     @property
