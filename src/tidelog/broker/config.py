@@ -1,26 +1,9 @@
 """Broker configuration: one frozen :class:`BrokerConfig`, layered from four sources.
 
-Later layers win, key by key::
-
-    defaults  <  TOML file (--config)  <  TIDELOG_* environment variables  <  command-line flags
-
-A key has one name everywhere: ``wire_port`` in the TOML file, ``TIDELOG_WIRE_PORT`` in the environment, and
-``wire_port`` in the flags mapping (the CLI turns ``--wire-port`` into it). The TOML file is flat (no tables).
-In the environment, lists are comma-separated (``TIDELOG_NATS_SERVERS=nats://a:4222,nats://b:4222``) and
-booleans are ``true``/``false`` (or ``1``/``0``, ``yes``/``no``, ``on``/``off``). An empty value for an optional
-key (``id``, ``advertise_host``) means "unset".
-
-Mistakes are refused before the broker starts, because a typo that silently falls back to a default (a
-``retention_max_age`` that never applies) is found only when data is lost:
-
-- an unknown key, in the file or as a ``TIDELOG_*`` variable, raises :class:`UnknownConfigKeyError` naming it
-  and listing the allowed keys;
-- a bad value raises :class:`BadConfigValueError` naming the key, where it came from, the value and what is
-  allowed.
-
-Both are :class:`~tidelog.broker.config_values.ConfigError`, a :class:`ValueError` (the kinds of values and these
-errors are :mod:`tidelog.broker.config_values`). The environment variable ``TIDELOG_CONFIG`` names the TOML
-file when no ``--config`` is given; it is the only ``TIDELOG_*`` variable that is not a key.
+Later layers win, key by key: defaults < TOML file (``--config``) < ``TIDELOG_*`` environment variables <
+command-line flags (:func:`load_config`; how each layer is read and what it refuses is
+:mod:`tidelog.broker.config_loading`). Each value is checked by its key's kind (:mod:`tidelog.broker.config_values`),
+and values that contradict each other are refused (:mod:`tidelog.broker.config_checks`), before the broker starts.
 
 A broker's identity outlives its configuration: :func:`ensure_broker_id` fills in ``id`` from
 ``<data_dir>/broker-id``, creating that file with a new id on first start, and refuses an explicit id that
@@ -30,27 +13,27 @@ contradicts it (the data directory belongs to another broker).
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import secrets
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from tidelog.broker.config_security import check_security
+from tidelog.broker.config_checks import check_combined
+from tidelog.broker.config_loading import (
+    BROKER_ID_FILE,
+    CLIENT_ENV,
+    CONFIG_FILE_ENV,
+    ID_PATTERN,
+    layered_values,
+    settle_broker_id,
+)
 from tidelog.broker.config_values import (
-    ENV_PREFIX,
     NON_NEGATIVE,
     PORT,
     POSITIVE,
     Bad,
     BadConfigValueError,
-    BrokerIdMismatchError,
-    ConfigError,
     Kind,
-    UnknownConfigKeyError,
     auto_bool_kind,
     bool_kind,
     choice_kind,
@@ -65,12 +48,11 @@ from tidelog.broker.config_values import (
     setting,
     text_kind,
 )
-from tidelog.broker.encryption import MasterKeyError, load_master_key
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
-from tidelog.storage.atomic import write_atomically
 
 __all__ = [
     "BROKER_ID_FILE",
+    "CLIENT_ENV",
     "CONFIG_FILE_ENV",
     "BrokerConfig",
     "config_keys",
@@ -79,16 +61,8 @@ __all__ = [
     "load_config",
 ]
 
-CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
-CLIENT_ENV: Final = frozenset(
-    {"TIDELOG_BROKERS", "TIDELOG_CLIENT_TLS_CA", "TIDELOG_CLIENT_TLS_CERT", "TIDELOG_CLIENT_TLS_KEY"}
-)
-"""``TIDELOG_*`` variables read by the client commands, not the broker: the broker ignores them."""
-BROKER_ID_FILE: Final = "broker-id"
-
 _MIB = 1024 * 1024
 _DAY_MS = 24 * 60 * 60 * 1000
-_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 # ---- the configuration ----
@@ -110,7 +84,7 @@ class BrokerConfig:
     # -- identity and listeners --
     id: str | None = setting(
         None,
-        text_kind("1-64 letters, digits, '_' or '-'", lambda s: _ID_PATTERN.fullmatch(s) is not None, optional=True),
+        text_kind("1-64 letters, digits, '_' or '-'", lambda s: ID_PATTERN.fullmatch(s) is not None, optional=True),
         "Broker id, unique in the cluster; it appears in etcd keys and metadata. Unset: generated on first start "
         "and kept in <data_dir>/broker-id.",
     )
@@ -560,34 +534,7 @@ class BrokerConfig:
                 object.__setattr__(self, each.name, each.metadata["kind"].parse(value))
             except Bad as bad:
                 raise BadConfigValueError(each.name, "BrokerConfig arguments", value, bad.expected) from None
-        if self.max_message_bytes > self.segment_max_bytes:
-            raise BadConfigValueError(
-                "max_message_bytes",
-                "the combined configuration",
-                self.max_message_bytes,
-                f"at most segment_max_bytes ({self.segment_max_bytes})",
-            )
-        largest_append = min(self.max_append_bytes, self.segment_max_bytes)
-        if self.max_open_append_bytes_per_connection < largest_append:
-            raise BadConfigValueError(
-                "max_open_append_bytes_per_connection",
-                "the combined configuration",
-                self.max_open_append_bytes_per_connection,
-                f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
-            )
-        try:
-            load_master_key(self.encryption_key, self.encryption_key_file)
-        except MasterKeyError as exc:
-            raise ConfigError(str(exc)) from None
-        check_security(self)
-        if self.port and self.port == self.wire_port:
-            raise BadConfigValueError(
-                "wire_port", "the combined configuration", self.wire_port, "a port other than port"
-            )
-        if self.http_port and self.http_port in (self.port, self.wire_port):
-            raise BadConfigValueError(
-                "http_port", "the combined configuration", self.http_port, "a port other than port and wire_port"
-            )
+        check_combined(self)
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -670,86 +617,12 @@ def load_config(
 
     The broker id is not resolved here (that touches the data directory): see :func:`ensure_broker_id`.
     """
-    environment: Mapping[str, str] = os.environ if env is None else env
-    values: dict[str, object] = {}
-    if config_file is None and environment.get(CONFIG_FILE_ENV, "").strip():
-        config_file = Path(environment[CONFIG_FILE_ENV].strip()).expanduser()
-    if config_file is not None:
-        values.update(_from_toml(config_file))
-    values.update(_from_env(environment))
-    values.update({key: _coerce(key, raw, f"-s {key}={raw}") for key, raw in (settings or {}).items()})
-    values.update(_from_flags(flags or {}))
+    values = layered_values(_FIELDS, config_file, env=env, flags=flags, settings=settings)
     return BrokerConfig(**values)  # type: ignore[arg-type]  # each value was parsed by its key's kind
 
 
-def _coerce(key: str, raw: object, source: str) -> object:
-    each = _FIELDS.get(key)
-    if each is None:
-        raise UnknownConfigKeyError(key, source, config_keys())
-    try:
-        return each.metadata["kind"].parse(raw)
-    except Bad as bad:
-        raise BadConfigValueError(key, source, raw, bad.expected) from None
-
-
-def _from_toml(path: Path) -> dict[str, object]:
-    source = f"config file {path}"
-    try:
-        with path.open("rb") as file:
-            document: dict[str, Any] = tomllib.load(file)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
-    return {key: _coerce(key, raw, source) for key, raw in document.items()}
-
-
-def _from_env(environment: Mapping[str, str]) -> dict[str, object]:
-    values: dict[str, object] = {}
-    for name, raw in environment.items():
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV or name in CLIENT_ENV:
-            continue
-        key = name.removeprefix(ENV_PREFIX).lower()
-        if key not in _FIELDS:
-            allowed = (*(ENV_PREFIX + each.upper() for each in config_keys()), CONFIG_FILE_ENV)
-            raise UnknownConfigKeyError(name, "the environment", allowed, noun="variable")
-        values[key] = _coerce(key, raw, f"environment variable {name}")
-    return values
-
-
-def _from_flags(flags: Mapping[str, object]) -> dict[str, object]:
-    return {key: _coerce(key, raw, f"flag --{key.replace('_', '-')}") for key, raw in flags.items() if raw is not None}
-
-
-# ---- the persisted broker id ----
-
-
 def ensure_broker_id(config: BrokerConfig) -> BrokerConfig:
-    """Return ``config`` with its broker id settled against ``<data_dir>/broker-id``.
-
-    - no id configured: the stored id, or a new one that is stored now, so restarts keep the identity that etcd
-      metadata (replica lists, ISRs, leaders) refers to;
-    - an id configured and none stored: it is stored, so a later start without ``--id`` keeps it;
-    - an id configured that differs from the stored one: :class:`BrokerIdMismatchError`, since serving this
-      directory's replicas under another identity would make them count twice.
-    """
-    path = config.data_dir / BROKER_ID_FILE
-    stored = _read_broker_id(path)
-    if stored is not None:
-        if config.id is not None and config.id != stored:
-            raise BrokerIdMismatchError(config.id, stored, path)
-        return dataclasses.replace(config, id=stored)
-    broker_id = config.id if config.id is not None else secrets.token_hex(8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, (broker_id + "\n").encode())
-    return dataclasses.replace(config, id=broker_id)
-
-
-def _read_broker_id(path: Path) -> str | None:
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return None
-    if _ID_PATTERN.fullmatch(text) is None:
-        raise ConfigError(f"{path} does not hold a valid broker id: {text[:80]!r}")
-    return text
+    """Return ``config`` with its broker id settled against ``<data_dir>/broker-id``
+    (:func:`~tidelog.broker.config_loading.settle_broker_id`: stored on first start, refused when it contradicts
+    the stored one)."""
+    return dataclasses.replace(config, id=settle_broker_id(config.data_dir, config.id))
