@@ -14,8 +14,9 @@ the leaf modules of the top (:mod:`~tidelog.broker.peers`, :mod:`~tidelog.broker
 Here, at the top, the process-level pieces: the partition manager (:mod:`~tidelog.broker.manager`, which makes
 leaders, followers and ingests match the metadata, so it sits above all three sub-packages), the broker's context
 shared by the request handlers, configuration (:mod:`~tidelog.broker.config`, its value kinds and errors in
-:mod:`~tidelog.broker.config_values`) and its documentation, the links to the controller and to peer
-brokers, stream administration, RESET_HEAD, the embedded NATS and etcd of ``tidelog serve``
+:mod:`~tidelog.broker.config_values`, its layers and the broker id file in :mod:`~tidelog.broker.config_loading`,
+its cross-field checks in :mod:`~tidelog.broker.config_checks`) and its documentation, the links to the
+controller and to peer brokers, stream administration, RESET_HEAD, the embedded NATS and etcd of ``tidelog serve``
 (:mod:`~tidelog.broker.embedded`), how the broker's own links (to peers, NATS and etcd) are secured
 (:mod:`~tidelog.broker.secure_links`) and the one translation of lower layers' exceptions into domain errors
 (:mod:`~tidelog.broker.translate`).

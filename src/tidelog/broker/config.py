@@ -1,26 +1,9 @@
 """Broker configuration: one frozen :class:`BrokerConfig`, layered from four sources.
 
-Later layers win, key by key::
-
-    defaults  <  TOML file (--config)  <  TIDELOG_* environment variables  <  command-line flags
-
-A key has one name everywhere: ``wire_port`` in the TOML file, ``TIDELOG_WIRE_PORT`` in the environment, and
-``wire_port`` in the flags mapping (the CLI turns ``--wire-port`` into it). The TOML file is flat (no tables).
-In the environment, lists are comma-separated (``TIDELOG_NATS_SERVERS=nats://a:4222,nats://b:4222``) and
-booleans are ``true``/``false`` (or ``1``/``0``, ``yes``/``no``, ``on``/``off``). An empty value for an optional
-key (``id``, ``advertise_host``) means "unset".
-
-Mistakes are refused before the broker starts, because a typo that silently falls back to a default (a
-``retention_max_age`` that never applies) is found only when data is lost:
-
-- an unknown key, in the file or as a ``TIDELOG_*`` variable, raises :class:`UnknownConfigKeyError` naming it
-  and listing the allowed keys;
-- a bad value raises :class:`BadConfigValueError` naming the key, where it came from, the value and what is
-  allowed.
-
-Both are :class:`~tidelog.broker.config_values.ConfigError`, a :class:`ValueError` (the kinds of values and these
-errors are :mod:`tidelog.broker.config_values`). The environment variable ``TIDELOG_CONFIG`` names the TOML
-file when no ``--config`` is given; it is the only ``TIDELOG_*`` variable that is not a key.
+Later layers win, key by key: defaults < TOML file (``--config``) < ``TIDELOG_*`` environment variables <
+command-line flags (:func:`load_config`; how each layer is read and what it refuses is
+:mod:`tidelog.broker.config_loading`). Each value is checked by its key's kind (:mod:`tidelog.broker.config_values`),
+and values that contradict each other are refused (:mod:`tidelog.broker.config_checks`), before the broker starts.
 
 A broker's identity outlives its configuration: :func:`ensure_broker_id` fills in ``id`` from
 ``<data_dir>/broker-id``, creating that file with a new id on first start, and refuses an explicit id that
@@ -30,47 +13,37 @@ contradicts it (the data directory belongs to another broker).
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import secrets
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from tidelog.broker.config_security import check_security
+from tidelog.broker.config_checks import check_combined
+from tidelog.broker.config_connections import ConnectionSettings
+from tidelog.broker.config_loading import (
+    BROKER_ID_FILE,
+    CLIENT_ENV,
+    CONFIG_FILE_ENV,
+    layered_values,
+    settle_broker_id,
+)
 from tidelog.broker.config_values import (
-    ENV_PREFIX,
     NON_NEGATIVE,
-    PORT,
     POSITIVE,
     Bad,
     BadConfigValueError,
-    BrokerIdMismatchError,
-    ConfigError,
     Kind,
-    UnknownConfigKeyError,
-    auto_bool_kind,
     bool_kind,
     choice_kind,
     file_kind,
     int_kind,
-    is_etcd_endpoint,
-    is_host,
-    is_nats_url,
-    is_principal,
-    list_kind,
-    path_kind,
     setting,
     text_kind,
 )
-from tidelog.broker.encryption import MasterKeyError, load_master_key
-from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
-from tidelog.storage.atomic import write_atomically
 
 __all__ = [
     "BROKER_ID_FILE",
+    "CLIENT_ENV",
     "CONFIG_FILE_ENV",
     "BrokerConfig",
     "config_keys",
@@ -79,16 +52,8 @@ __all__ = [
     "load_config",
 ]
 
-CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
-CLIENT_ENV: Final = frozenset(
-    {"TIDELOG_BROKERS", "TIDELOG_CLIENT_TLS_CA", "TIDELOG_CLIENT_TLS_CERT", "TIDELOG_CLIENT_TLS_KEY"}
-)
-"""``TIDELOG_*`` variables read by the client commands, not the broker: the broker ignores them."""
-BROKER_ID_FILE: Final = "broker-id"
-
 _MIB = 1024 * 1024
 _DAY_MS = 24 * 60 * 60 * 1000
-_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 # ---- the configuration ----
@@ -99,170 +64,13 @@ def _is_store_url(text: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerConfig:
+class BrokerConfig(ConnectionSettings):
     """Everything one broker is configured with. Durations are milliseconds, sizes bytes. Immutable: a changed
     setting is a new object (``dataclasses.replace``), so components holding one never see it change under them.
 
     The ``segment_*``, ``retention_*``, ``compact_*`` and ``default_*`` keys are stream defaults: they apply to a
     stream that does not set its own value when it is created.
     """
-
-    # -- identity and listeners --
-    id: str | None = setting(
-        None,
-        text_kind("1-64 letters, digits, '_' or '-'", lambda s: _ID_PATTERN.fullmatch(s) is not None, optional=True),
-        "Broker id, unique in the cluster; it appears in etcd keys and metadata. Unset: generated on first start "
-        "and kept in <data_dir>/broker-id.",
-    )
-    host: str = setting("127.0.0.1", text_kind("a host name or IP address", is_host), "Address to listen on.")
-    advertise_host: str | None = setting(
-        None,
-        text_kind("a host name or IP address", is_host, optional=True),
-        "Address clients and other brokers are told to connect to. Unset: host (set it when host is 0.0.0.0).",
-    )
-    port: int = setting(9292, PORT, "gRPC port of the Liftbridge API and the health service (0: any free port).")
-    wire_port: int = setting(9293, PORT, "Port of the tidelog wire protocol (0: any free port).")
-    advertise_wire_port: int = setting(
-        0,
-        PORT,
-        "Wire port clients and other brokers are told to connect to (behind NAT or a proxy). 0: the wire port.",
-    )
-    http_port: int = setting(
-        9294,
-        PORT,
-        "HTTP port of /metrics (Prometheus), /healthz, /readyz and the web cluster view at / (0: any free port).",
-    )
-    data_dir: Path = setting(  # noqa: RUF009  (a Path is immutable, so one default object is safe to share)
-        Path("./tidelog-data"),
-        path_kind(),
-        "Directory of this broker's partitions, its id, and the embedded servers' data and logs.",
-    )
-    log_level: str = setting("info", choice_kind("debug", "info", "warning", "error"), "Logging threshold.")
-    log_format: str = setting(
-        "text",
-        choice_kind("text", "json"),
-        "How log lines are written to stderr: 'text' for people, 'json' for collectors (one object per line with "
-        "time, level, logger, message and context fields such as stream, partition and broker).",
-    )
-    metrics_enabled: bool = setting(
-        True,
-        bool_kind(),
-        "Serve Prometheus metrics on /metrics and time requests, fsyncs and etcd transactions for them. Off: /metrics "
-        "answers 404 and nothing is counted (/healthz and /readyz still answer).",
-    )
-    metrics_partition_level: bool = setting(
-        True,
-        bool_kind(),
-        "Export per-partition series (offsets, high watermark, ISR, lag per follower and per consumer group). "
-        "Off: only per-broker totals, for brokers with very many partitions.",
-    )
-
-    # -- TLS (docs/security.md) --
-    tls_cert: Path | None = setting(  # noqa: RUF009
-        None,
-        file_kind("a PEM certificate (chain)"),
-        "Certificate of this broker's listeners. Set (with tls_key): the gRPC API and the wire protocol speak TLS "
-        "only, and brokers dial each other with TLS. Reloaded when the file changes (no restart).",
-    )
-    tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of tls_cert.")  # noqa: RUF009
-    tls_client_ca: Path | None = setting(  # noqa: RUF009
-        None,
-        file_kind("a PEM CA bundle"),
-        "CA that client certificates must be signed by (needed unless tls_client_auth is 'none').",
-    )
-    tls_client_auth: str = setting(
-        "none",
-        choice_kind("none", "optional", "required"),
-        "Client certificates: 'none' not asked for; 'optional' asked for on the wire protocol and verified when "
-        "given; 'required' a client without a valid one is refused in the handshake (on both listeners). Brokers "
-        "present tls_cert to each other, so under 'required' tls_cert must also be valid as a client certificate.",
-    )
-    tls_ca: Path | None = setting(  # noqa: RUF009
-        None,
-        file_kind("a PEM CA bundle"),
-        "CA this broker verifies other brokers' certificates against when it dials them (replication, "
-        "forwarding). Unset: tls_client_ca, else the system's CAs.",
-    )
-
-    # -- principals and authorization (docs/security.md) --
-    tls_principal_from: str = setting(
-        "cn",
-        choice_kind("cn", "san"),
-        "What names a client with a verified certificate: 'cn' its subject common name; 'san' its first subject "
-        "alternative name (DNS name, else URI, else e-mail). Clients without one are the principal ANONYMOUS.",
-    )
-    broker_principals: tuple[str, ...] = setting(
-        (),
-        list_kind("principal names", is_principal),
-        "Principals that are brokers of this cluster (they may do everything, replication included). Empty: the "
-        "name this broker's own tls_cert gives by tls_principal_from.",
-    )
-    super_users: tuple[str, ...] = setting(
-        (),
-        list_kind("principal names", is_principal),
-        "Principals every ACL check allows (administrators), even while an ACL record cannot be decoded.",
-    )
-    authz_enabled: bool | None = setting(
-        None,
-        auto_bool_kind(),
-        "Check every gRPC call and wire request against the ACLs in etcd (tidelog acl) before it runs; nothing "
-        "allowed is denied. Auto: on exactly when tls_client_auth is 'required'. On needs tls_client_auth "
-        "other than 'none' (brokers are recognised by their certificates).",
-    )
-
-    # -- NATS and etcd --
-    nats_servers: tuple[str, ...] = setting(
-        (),
-        list_kind("NATS URLs (nats://host:port)", is_nats_url),
-        "NATS servers to use. Empty: the broker runs its own nats-server on loopback.",
-    )
-    etcd_endpoints: tuple[str, ...] = setting(
-        (),
-        list_kind("etcd endpoints (http://host:port)", is_etcd_endpoint),
-        "etcd endpoints to use, members of one etcd cluster: the broker connects to the first that answers and fails "
-        "over to the others in order. Empty: the broker runs its own etcd with data under <data_dir>/etcd.",
-    )
-    namespace: str = setting(
-        DEFAULT_NAMESPACE,
-        text_kind(NAMESPACE_RULE, is_namespace),
-        "The cluster's name in etcd and NATS (Liftbridge's clustering.namespace): every etcd key is under "
-        "/<namespace>/ and internal streams listen on _<namespace>.<name>, so clusters of different namespaces "
-        "share one etcd and one NATS without seeing each other. Every broker of a cluster sets the same one; "
-        "tools that read etcd take it as --namespace.",
-    )
-    nats_tls_ca: Path | None = setting(  # noqa: RUF009
-        None, file_kind("a PEM CA bundle"), "Dial nats_servers with TLS, verifying them against this CA."
-    )
-    nats_tls_cert: Path | None = setting(  # noqa: RUF009
-        None, file_kind("a PEM certificate"), "Client certificate for NATS (with nats_tls_key; implies TLS)."
-    )
-    nats_tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of nats_tls_cert.")  # noqa: RUF009
-    nats_user: str | None = setting(
-        None, text_kind("a NATS user name", bool, optional=True), "NATS user (with nats_password)."
-    )
-    nats_password: str | None = setting(None, text_kind("a password", bool, optional=True), "Password of nats_user.")
-    nats_token: str | None = setting(None, text_kind("a token", bool, optional=True), "NATS authentication token.")
-    nats_creds: Path | None = setting(  # noqa: RUF009
-        None, file_kind("a NATS credentials file (JWT and NKey seed)"), "NATS credentials file (needs nkeys)."
-    )
-    nats_nkey_seed: Path | None = setting(  # noqa: RUF009
-        None, file_kind("a file holding an NKey seed"), "NATS NKey seed file (needs nkeys)."
-    )
-    etcd_tls_ca: Path | None = setting(  # noqa: RUF009
-        None, file_kind("a PEM CA bundle"), "Dial etcd_endpoints with TLS, verifying them against this CA."
-    )
-    etcd_tls_cert: Path | None = setting(  # noqa: RUF009
-        None, file_kind("a PEM certificate"), "Client certificate for etcd (with etcd_tls_key; implies TLS)."
-    )
-    etcd_tls_key: Path | None = setting(None, file_kind("a PEM private key"), "Private key of etcd_tls_cert.")  # noqa: RUF009
-    etcd_user: str | None = setting(
-        None, text_kind("an etcd user name", bool, optional=True), "etcd user (with etcd_password)."
-    )
-    etcd_password: str | None = setting(None, text_kind("a password", bool, optional=True), "Password of etcd_user.")
-    embedded_nats_port: int = setting(
-        4222, PORT, "Client port of the embedded nats-server, so NATS tools reach it by default (0: any free port)."
-    )
-    embedded_etcd_port: int = setting(0, PORT, "Client port of the embedded etcd (0: any free port).")
 
     # -- writes and acks --
     default_flush_policy: str = setting(
@@ -560,34 +368,7 @@ class BrokerConfig:
                 object.__setattr__(self, each.name, each.metadata["kind"].parse(value))
             except Bad as bad:
                 raise BadConfigValueError(each.name, "BrokerConfig arguments", value, bad.expected) from None
-        if self.max_message_bytes > self.segment_max_bytes:
-            raise BadConfigValueError(
-                "max_message_bytes",
-                "the combined configuration",
-                self.max_message_bytes,
-                f"at most segment_max_bytes ({self.segment_max_bytes})",
-            )
-        largest_append = min(self.max_append_bytes, self.segment_max_bytes)
-        if self.max_open_append_bytes_per_connection < largest_append:
-            raise BadConfigValueError(
-                "max_open_append_bytes_per_connection",
-                "the combined configuration",
-                self.max_open_append_bytes_per_connection,
-                f"at least the largest append, min(max_append_bytes, segment_max_bytes) ({largest_append})",
-            )
-        try:
-            load_master_key(self.encryption_key, self.encryption_key_file)
-        except MasterKeyError as exc:
-            raise ConfigError(str(exc)) from None
-        check_security(self)
-        if self.port and self.port == self.wire_port:
-            raise BadConfigValueError(
-                "wire_port", "the combined configuration", self.wire_port, "a port other than port"
-            )
-        if self.http_port and self.http_port in (self.port, self.wire_port):
-            raise BadConfigValueError(
-                "http_port", "the combined configuration", self.http_port, "a port other than port and wire_port"
-            )
+        check_combined(self)
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -595,36 +376,6 @@ class BrokerConfig:
             for name, value in ((each.name, getattr(self, each.name)) for each in dataclasses.fields(self))
         )
         return f"BrokerConfig({shown})"  # the master key never reaches a log line or a traceback
-
-    @property
-    def tls(self) -> bool:
-        """Whether the listeners speak TLS (and brokers dial each other with it)."""
-        return self.tls_cert is not None
-
-    @property
-    def nats_tls(self) -> bool:
-        return (
-            self.nats_tls_ca is not None
-            or self.nats_tls_cert is not None
-            or any(u.strip().lower().startswith("tls://") for u in self.nats_servers)
-        )
-
-    @property
-    def etcd_tls(self) -> bool:
-        return self.etcd_tls_ca is not None or self.etcd_tls_cert is not None
-
-    @property
-    def advertised_host(self) -> str:
-        """The host put in metadata for others to connect to."""
-        return self.advertise_host or self.host
-
-    @property
-    def embedded_nats(self) -> bool:
-        return not self.nats_servers
-
-    @property
-    def embedded_etcd(self) -> bool:
-        return not self.etcd_endpoints
 
 
 _FIELDS: Final = {each.name: each for each in dataclasses.fields(BrokerConfig)}
@@ -670,86 +421,12 @@ def load_config(
 
     The broker id is not resolved here (that touches the data directory): see :func:`ensure_broker_id`.
     """
-    environment: Mapping[str, str] = os.environ if env is None else env
-    values: dict[str, object] = {}
-    if config_file is None and environment.get(CONFIG_FILE_ENV, "").strip():
-        config_file = Path(environment[CONFIG_FILE_ENV].strip()).expanduser()
-    if config_file is not None:
-        values.update(_from_toml(config_file))
-    values.update(_from_env(environment))
-    values.update({key: _coerce(key, raw, f"-s {key}={raw}") for key, raw in (settings or {}).items()})
-    values.update(_from_flags(flags or {}))
+    values = layered_values(_FIELDS, config_file, env=env, flags=flags, settings=settings)
     return BrokerConfig(**values)  # type: ignore[arg-type]  # each value was parsed by its key's kind
 
 
-def _coerce(key: str, raw: object, source: str) -> object:
-    each = _FIELDS.get(key)
-    if each is None:
-        raise UnknownConfigKeyError(key, source, config_keys())
-    try:
-        return each.metadata["kind"].parse(raw)
-    except Bad as bad:
-        raise BadConfigValueError(key, source, raw, bad.expected) from None
-
-
-def _from_toml(path: Path) -> dict[str, object]:
-    source = f"config file {path}"
-    try:
-        with path.open("rb") as file:
-            document: dict[str, Any] = tomllib.load(file)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
-    return {key: _coerce(key, raw, source) for key, raw in document.items()}
-
-
-def _from_env(environment: Mapping[str, str]) -> dict[str, object]:
-    values: dict[str, object] = {}
-    for name, raw in environment.items():
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV or name in CLIENT_ENV:
-            continue
-        key = name.removeprefix(ENV_PREFIX).lower()
-        if key not in _FIELDS:
-            allowed = (*(ENV_PREFIX + each.upper() for each in config_keys()), CONFIG_FILE_ENV)
-            raise UnknownConfigKeyError(name, "the environment", allowed, noun="variable")
-        values[key] = _coerce(key, raw, f"environment variable {name}")
-    return values
-
-
-def _from_flags(flags: Mapping[str, object]) -> dict[str, object]:
-    return {key: _coerce(key, raw, f"flag --{key.replace('_', '-')}") for key, raw in flags.items() if raw is not None}
-
-
-# ---- the persisted broker id ----
-
-
 def ensure_broker_id(config: BrokerConfig) -> BrokerConfig:
-    """Return ``config`` with its broker id settled against ``<data_dir>/broker-id``.
-
-    - no id configured: the stored id, or a new one that is stored now, so restarts keep the identity that etcd
-      metadata (replica lists, ISRs, leaders) refers to;
-    - an id configured and none stored: it is stored, so a later start without ``--id`` keeps it;
-    - an id configured that differs from the stored one: :class:`BrokerIdMismatchError`, since serving this
-      directory's replicas under another identity would make them count twice.
-    """
-    path = config.data_dir / BROKER_ID_FILE
-    stored = _read_broker_id(path)
-    if stored is not None:
-        if config.id is not None and config.id != stored:
-            raise BrokerIdMismatchError(config.id, stored, path)
-        return dataclasses.replace(config, id=stored)
-    broker_id = config.id if config.id is not None else secrets.token_hex(8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, (broker_id + "\n").encode())
-    return dataclasses.replace(config, id=broker_id)
-
-
-def _read_broker_id(path: Path) -> str | None:
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        return None
-    if _ID_PATTERN.fullmatch(text) is None:
-        raise ConfigError(f"{path} does not hold a valid broker id: {text[:80]!r}")
-    return text
+    """Return ``config`` with its broker id settled against ``<data_dir>/broker-id``
+    (:func:`~tidelog.broker.config_loading.settle_broker_id`: stored on first start, refused when it contradicts
+    the stored one)."""
+    return dataclasses.replace(config, id=settle_broker_id(config.data_dir, config.id))

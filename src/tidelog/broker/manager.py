@@ -46,6 +46,7 @@ from typing import Any
 
 from tidelog.broker.encryption import KeyVault
 from tidelog.broker.ingest.nats_ingest import NatsIngest
+from tidelog.broker.ingest.runs import IngestRuns
 from tidelog.broker.partitions.committed_reads import RemoteTier
 from tidelog.broker.partitions.damage_repair import DamageRepairs
 from tidelog.broker.partitions.damaged import DamagedPartitions
@@ -54,7 +55,7 @@ from tidelog.broker.partitions.partition import AlterIsr, Partition
 from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
 from tidelog.clock import Clock, SystemClock
-from tidelog.metadata.namespace import DEFAULT_NAMESPACE, queue_group
+from tidelog.metadata.namespace import DEFAULT_NAMESPACE
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, UnknownPartitionError, UnknownStreamError
@@ -71,8 +72,6 @@ from tidelog.storage.recovery_damage import DamagedLogError
 log = logging.getLogger(__name__)
 
 LogConfigFactory = Callable[[StreamRecord], LogConfig]
-_INGEST_RETRY_FIRST = 0.5  # seconds before the first retry of an ingest that failed to start; doubles each time
-_INGEST_RETRY_MAX = 30.0
 
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""
@@ -112,11 +111,8 @@ class PartitionManager:
         self.tier: RemoteTier | None = None  # the tiered store's catalog, given to every replica (broker.tiering)
         self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
         self._root = data_dir / "streams"
-        self._nc = nc
-        self._nats_urls = list(nats_urls)  # for each ingest's own NATS connection (see broker.ingest)
         self._log_config_for = log_config_for
         self._flush_shares = FlushShares()  # every log of this broker weighs its inline fsyncs against the others'
-        self._ack_timeout = ack_timeout
         self._alter_isr = alter_isr
         self._report_suspension = report_suspension
         self._on_leader_unreachable = on_leader_unreachable
@@ -124,17 +120,21 @@ class PartitionManager:
         self._fetch_wait_ms = replica_fetch_wait_max_ms
         self._copy_threshold = replica_copy_threshold_bytes
         self._ack_poll_us = replica_ack_poll_us
-        self._duplicate_window_ms = nats_duplicate_window_ms
-        self._max_msg_ids = nats_max_msg_ids
-        self._namespace = namespace  # names the NATS queue groups of stream groups (metadata.namespace)
         self._producer_expiry_ms = producer_expiry_ms
         self.damaged = DamagedPartitions(
             broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr, clock=self._clock
         )
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowedPartition] = {}
-        self._ingests: dict[PartitionKey, NatsIngest] = {}
-        self._ingest_retries: dict[PartitionKey, asyncio.Task[None]] = {}  # ingests that failed to start
+        self._ingests = IngestRuns(  # one per partition led here, retried until it subscribes
+            nc,
+            urls=nats_urls,
+            ack_timeout=ack_timeout,
+            duplicate_window_ms=nats_duplicate_window_ms,
+            max_msg_ids=nats_max_msg_ids,
+            namespace=namespace,
+            clock=self._clock,
+        )
         self._paused: dict[PartitionKey, Path] = {}  # replicas held here while paused (not open): their directory
         self._paused_bounds: dict[PartitionKey, tuple[int, int]] = {}  # (HW, log end) of those closed here
         self._snapshot = MetadataSnapshot()
@@ -188,11 +188,11 @@ class PartitionManager:
 
     def ingest_of(self, stream: str, partition: int) -> NatsIngest | None:
         """The NATS ingest of a partition led here, if it runs."""
-        return self._ingests.get((stream, partition))
+        return self._ingests.of((stream, partition))
 
     def ingests(self) -> list[NatsIngest]:
         """The NATS ingests running now, one per partition led here (their counters feed the metrics)."""
-        return list(self._ingests.values())
+        return self._ingests.running()
 
     def follower(self, stream: str, partition: int) -> FollowedPartition | None:
         """The partition if this broker follows it, else None."""
@@ -381,7 +381,7 @@ class PartitionManager:
         partition.tier = self.tier
         self._partitions[(stream.name, record.id)] = partition
         self._repairs.watch(log_, stream.name, record.id)
-        await self._start_ingest(partition)
+        await self._ingests.start(partition)  # on failure: logged as an error, retried until it subscribes
         log.info(
             "leading %s (epoch %d) on NATS subject %r (log %d..%d, HW %d)",
             partition.name,
@@ -394,71 +394,7 @@ class PartitionManager:
 
     def ingesting(self, stream: str, partition: int) -> bool:
         """Whether this broker leads the partition and its NATS ingest is subscribed."""
-        return (stream, partition) in self._ingests
-
-    async def _start_ingest(self, partition: Partition) -> None:
-        """Subscribe the partition to its subject; when that fails, log it and keep trying in the background.
-
-        A leader without its ingest would take gRPC publishes and lose every NATS message, so the failure is
-        an error in the log and :meth:`ingesting` answers False until a retry succeeds.
-        """
-        key = (partition.stream.name, partition.record.id)
-        try:
-            self._ingests[key] = await self._new_ingest(partition)
-        except Exception as exc:
-            log.exception(
-                "cannot subscribe %s to NATS subject %r; NATS messages on it are not stored until a retry "
-                "succeeds (next in %.1f s)",
-                partition.name,
-                partition.subject,
-                _INGEST_RETRY_FIRST,
-            )
-            task = asyncio.create_task(self._retry_ingest(partition, repr(exc)), name=f"ingest-{partition.name}")
-            self._ingest_retries[key] = task
-
-    async def _new_ingest(self, partition: Partition) -> NatsIngest:
-        ingest = NatsIngest(
-            self._nc,
-            partition,
-            urls=self._nats_urls,
-            ack_timeout=self._ack_timeout,
-            duplicate_window_ms=self._duplicate_window_ms,
-            max_msg_ids=self._max_msg_ids,
-            clock=self._clock,
-            queue=queue_group(self._namespace, partition.stream.group),
-        )
-        try:
-            await ingest.start()
-        except BaseException:
-            await ingest.stop()  # whatever part of it started (a cancelled retry, too)
-            raise
-        return ingest
-
-    async def _retry_ingest(self, partition: Partition, said: str) -> None:
-        """Start the ingest again and again, with backoff, until it works or the partition stops being led here.
-
-        Each new kind of failure is logged as an error; a repeat of the last one only at debug level."""
-        key = (partition.stream.name, partition.record.id)
-        wait = _INGEST_RETRY_FIRST
-        attempts = 1
-        while True:
-            await self._clock.sleep(wait)
-            wait = min(wait * 2, _INGEST_RETRY_MAX)
-            attempts += 1
-            try:
-                ingest = await self._new_ingest(partition)
-            except Exception as exc:
-                text = repr(exc)
-                if text == said:
-                    log.debug("NATS ingest of %s: attempt %d failed again: %s", partition.name, attempts, text)
-                else:
-                    log.error("cannot subscribe %s to NATS subject %r: %s", partition.name, partition.subject, text)
-                said = text
-                continue
-            break
-        self._ingest_retries.pop(key, None)
-        self._ingests[key] = ingest
-        log.warning("NATS ingest of %s subscribed to %r after %d attempts", partition.name, partition.subject, attempts)
+        return self._ingests.subscribed((stream, partition))
 
     async def _follow(self, stream: StreamRecord, record: PartitionRecord, snap: MetadataSnapshot) -> None:
         """Be a follower of ``record``'s leader: demote a local leader first, (re)start the fetcher when the
@@ -549,13 +485,7 @@ class PartitionManager:
                         )
 
     async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:
-        retry = self._ingest_retries.pop(key, None)
-        if retry is not None:
-            retry.cancel()
-            await asyncio.gather(retry, return_exceptions=True)
-        ingest = self._ingests.pop(key, None)
-        if ingest is not None:
-            await ingest.stop()
+        await self._ingests.stop(key)
         partition = self._partitions.pop(key, None)
         follower = self._followers.pop(key, None)
         log_: Log | None = None
@@ -592,14 +522,10 @@ class PartitionManager:
         async with self._lock:
             if self._checkpointer is not None:
                 self._checkpointer.cancel()
-            retries, self._ingest_retries = self._ingest_retries, {}
-            for task in retries.values():
-                task.cancel()
-            await asyncio.gather(*retries.values(), return_exceptions=True)
+            await self._ingests.cancel_retries()
             await self.damaged.close()
             await self._repairs.stop()
-            ingests, self._ingests = self._ingests, {}
-            await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
+            await self._ingests.stop_all()
             partitions, self._partitions = self._partitions, {}
             await asyncio.gather(*(p.close() for p in partitions.values()), return_exceptions=True)
             followers, self._followers = self._followers, {}

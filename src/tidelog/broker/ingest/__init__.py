@@ -8,6 +8,8 @@
 - :mod:`~tidelog.broker.ingest.nats_client` — nats-py, the way in for URLs the reader does not speak.
 - :mod:`~tidelog.broker.ingest.encoder` — a read's messages turned into record batches in one buffer.
 - :mod:`~tidelog.broker.ingest.msg_id_window` — ``Nats-Msg-Id`` deduplication.
+- :mod:`~tidelog.broker.ingest.runs` — the ingests of every partition led here: started, retried until they
+  subscribe, stopped (for the partition manager).
 
 Ingest writes through :meth:`tidelog.broker.partitions.partition.Partition.write`, as every producer does.
 """
