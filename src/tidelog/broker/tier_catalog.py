@@ -66,7 +66,7 @@ class TierCatalog:
             if event.kind == "DELETE":
                 self._lists.pop(key, None)
             else:
-                self._lists[key] = decode_list(bytes(event.kv.value))
+                self._keep_newer(key, decode_list(bytes(event.kv.value)))
         except Exception:
             log.exception("ignoring an undecodable remote segment list at %r", event.kv.key)
 
@@ -78,8 +78,16 @@ class TierCatalog:
         return [key for key in self._lists if self._created(key[0]) is None]
 
     def learn(self, stream: str, partition: int, segments: RemoteSegmentList) -> None:
-        """A list this broker just wrote (the watch brings it too, a moment later)."""
-        self._lists[(stream, partition)] = segments
+        """A list this broker just wrote or read (the watch brings it too, a moment later)."""
+        self._keep_newer((stream, partition), segments)
+
+    def _keep_newer(self, key: tuple[str, int], segments: RemoteSegmentList) -> None:
+        """Take ``segments`` unless the list known is newer. The watch may deliver a list this broker already
+        replaced (it learns its own writes at once): going back to it would lose the newest upload while local
+        retention, capped by the newer list, has already deleted those offsets from disk."""
+        known = self._lists.get(key)
+        if known is None or _age(segments) >= _age(known):
+            self._lists[key] = segments
 
     def list_of(self, stream: str, partition: int) -> RemoteSegmentList:
         found = self._lists.get((stream, partition))
@@ -113,3 +121,11 @@ class TierCatalog:
             if now == segments:
                 raise
             return await self.reader.read(now, offset, max_bytes, max_offset)
+
+
+def _age(segments: RemoteSegmentList) -> tuple[int, int, int]:
+    """Orders a partition's lists by when they were written: a list only changes by an upload (its end grows),
+    by retention (its start grows, its end stays), or by a new stream of the same name (a later creation)."""
+    end = segments.end_offset or 0
+    start = segments.start_offset if segments.start_offset is not None else end
+    return segments.stream_created_ns, end, start

@@ -20,7 +20,7 @@ import asyncio
 from typing import Protocol
 
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.protocol.errors import EncryptionError
+from tidelog.protocol.errors import EncryptionError, UnavailableError
 from tidelog.storage.encryption import open_batches
 from tidelog.storage.log import Log
 
@@ -29,6 +29,8 @@ class RemoteTier(Protocol):
     """Where a partition's offloaded history is (:class:`~tidelog.broker.tier_catalog.TierCatalog`)."""
 
     def remote_start(self, stream: str, partition: int) -> int | None: ...
+
+    def remote_end(self, stream: str, partition: int) -> int | None: ...
 
     def remote_offset_for_timestamp(self, stream: str, partition: int, timestamp_ns: int) -> int | None: ...
 
@@ -118,6 +120,12 @@ class CommittedReads:
         hw = min(self.high_watermark, self.log.end_offset)
         data = await self.tier.read(self.stream.name, self.record.id, offset, max_bytes, hw)
         if not data:
+            start, end = (
+                self.tier.remote_start(self.stream.name, self.record.id),
+                self.tier.remote_end(self.stream.name, self.record.id),
+            )
+            if start is not None and end is not None and start <= offset < end:  # listed, yet nothing: never skip it
+                raise UnavailableError(f"{self.name}: offset {offset} is in the tiered store but was not read; retry")
             return self.read_committed(max(offset, self.log.start_offset), max_bytes)
         return self.readable(data)
 
