@@ -87,8 +87,9 @@ TIDELOG_SETTINGS: dict[str, str] = {
 
 APPROACHES = {
     "tidelog": "tidelog serve (embedded NATS and etcd), flush always; 6-partition stream; 3 GroupConsumer processes "
-    "(auto-commit, earliest) iterating records; commits: GroupConsumer.commit of one offset at a time (fence "
-    "heartbeat + SET_CURSOR, acks ALL), and Admin.set_cursor alone; rebalance: SIGKILL a member process",
+    "(auto-commit, earliest) iterating records; commits: GroupConsumer.commit of one offset at a time "
+    "(SET_CURSOR with the group context, fenced by the broker, acks ALL), and Admin.set_cursor alone; "
+    "rebalance: SIGKILL a member process",
     "jetstream": "nats-server -js, file storage, sync_interval always; one durable pull consumer (explicit acks) "
     "shared by 3 worker processes, fetch batches, ack() each; commits: ack_sync of one message at a time",
 }
