@@ -30,8 +30,9 @@ from tidelog.protocol.errors import NotLeaderError, UnavailableError, from_error
 from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.protocol.records import NewRecord, build_batch
 
-ACTIVITY_CONFIG: Final = StreamConfig()
-"""The broker's stream defaults (retention included), as Liftbridge's activity stream has."""
+ACTIVITY_CONFIG: Final = StreamConfig(auto_pause_time_ms=0)
+"""The broker's stream defaults (retention included), as Liftbridge's activity stream has; never auto-paused, since
+the controller appends to it directly rather than through a publish that would resume it."""
 PUBLISH_TIMEOUT: Final = 5.0
 """Seconds one batch may take to commit; a batch that fails is published again (the feed resumes from etcd)."""
 

@@ -48,7 +48,6 @@ from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.streams import StreamAdmin
 from tidelog.clock import Clock, SystemClock
-from tidelog.metadata.activity import ACTIVITY_STREAM
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.records import StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
@@ -176,8 +175,6 @@ class Pauses:
         """The stream's auto-pause time in ms (0: never) and whether readers keep it from pausing."""
         if stream.name == CURSORS_STREAM:
             return self._cursors_auto_pause_ms, True
-        if stream.name == ACTIVITY_STREAM:
-            return 0, True  # the controller appends to it directly, not through a publish that would resume it
         config = stream.config
         ms = self._auto_pause_ms if config.auto_pause_time_ms is None else config.auto_pause_time_ms
         keep = config.auto_pause_disable_if_subscribers
