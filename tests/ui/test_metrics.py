@@ -127,3 +127,30 @@ async def test_per_partition_series_can_be_turned_off_and_metrics_too(tmp_path: 
     finally:
         await off.stop()
         telemetry.set_enabled(True)  # process-wide: the module's other brokers count again
+
+
+async def test_ingest_counts_survive_the_ingest_stopping(broker: Broker, stub: Stub) -> None:
+    """``tidelog_nats_messages_ingested_total`` is a counter: a partition's ingest stopping (a pause, a leader
+    moving away, a NATS reconnection) must not take its messages out of the broker's total."""
+    import nats
+
+    from tidelog.protocol._gen import api_pb2
+
+    await create_stream(stub, "counted")
+    client = await nats.connect(broker.nats_urls, connect_timeout=BOUND, allow_reconnect=False)
+    try:
+        for i in range(5):
+            await client.publish("counted", b"m%d" % i)
+        await client.flush()
+    finally:
+        await client.close()
+    for _ in range(200):  # bounded: the ingest stores them within a few loop turns
+        samples = await scrape(base_url(broker))
+        if value(samples, "tidelog_partition_log_end_offset", stream="counted", role="leader") == 5:
+            break
+    stored = value(samples, "tidelog_nats_messages_ingested_total") or 0
+    assert stored >= 5
+    await stub.PauseStream(api_pb2.PauseStreamRequest(name="counted"), timeout=BOUND)  # stops its ingest
+    assert broker.manager is not None
+    assert not broker.manager.ingesting("counted", 0)
+    assert (value(await scrape(base_url(broker)), "tidelog_nats_messages_ingested_total") or 0) >= stored

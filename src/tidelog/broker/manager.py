@@ -191,8 +191,12 @@ class PartitionManager:
         return self._ingests.of((stream, partition))
 
     def ingests(self) -> list[NatsIngest]:
-        """The NATS ingests running now, one per partition led here (their counters feed the metrics)."""
+        """The NATS ingests running now, one per partition led here."""
         return self._ingests.running()
+
+    def ingest_totals(self) -> dict[str, int]:
+        """The NATS ingests' counters summed over every ingest run here (see :meth:`IngestRuns.totals`)."""
+        return self._ingests.totals()
 
     def follower(self, stream: str, partition: int) -> FollowedPartition | None:
         """The partition if this broker follows it, else None."""

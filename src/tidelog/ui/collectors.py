@@ -185,19 +185,19 @@ class BrokerCollector(Collector):
             yield offline
 
     def _nats(self) -> Iterator[Metric]:
-        ingests = self._view.manager.ingests()
+        totals = self._view.manager.ingest_totals()
         ingested = _counter("tidelog_nats_messages_ingested", "NATS messages stored by this broker's ingests.")
-        ingested.add_metric([], sum(i.appended for i in ingests))
+        ingested.add_metric([], totals["appended"])
         dropped = _counter(
             "tidelog_nats_messages_dropped", "NATS messages received and not stored, by reason.", ["reason"]
         )
-        dropped.add_metric(["duplicate"], sum(i.duplicates for i in ingests))
-        dropped.add_metric(["refused"], sum(i.refused for i in ingests))
-        dropped.add_metric(["failed"], sum(i.failed for i in ingests))
+        dropped.add_metric(["duplicate"], totals["duplicates"])
+        dropped.add_metric(["refused"], totals["refused"])
+        dropped.add_metric(["failed"], totals["failed"])
         acks = _counter("tidelog_nats_acks_published", "Acks published to Liftbridge ack inboxes.")
-        acks.add_metric([], sum(i.acks_published for i in ingests))
+        acks.add_metric([], totals["acks_published"])
         ack_failures = _counter("tidelog_nats_ack_failures", "Acks that could not be published.")
-        ack_failures.add_metric([], sum(i.ack_failures for i in ingests))
+        ack_failures.add_metric([], totals["ack_failures"])
         yield from (ingested, dropped, acks, ack_failures)
 
     # -- consumer groups --

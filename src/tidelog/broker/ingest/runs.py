@@ -19,6 +19,9 @@ from tidelog.clock import Clock
 from tidelog.metadata.namespace import queue_group
 from tidelog.metadata.snapshot import PartitionKey
 
+COUNTERS = ("appended", "failed", "duplicates", "refused", "acks_published", "ack_failures")
+"""The counters each :class:`~tidelog.broker.ingest.nats_ingest.NatsIngest` keeps (read by the metrics)."""
+
 __all__ = ["IngestRuns"]
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class IngestRuns:
         self._clock = clock
         self._ingests: dict[PartitionKey, NatsIngest] = {}
         self._retries: dict[PartitionKey, asyncio.Task[None]] = {}  # ingests that failed to start
+        self._retired = dict.fromkeys(COUNTERS, 0)  # the counters of every ingest stopped so far
 
     def of(self, key: PartitionKey) -> NatsIngest | None:
         """The partition's ingest, if it runs."""
@@ -59,6 +63,19 @@ class IngestRuns:
     def running(self) -> list[NatsIngest]:
         """The ingests running now."""
         return list(self._ingests.values())
+
+    def totals(self) -> dict[str, int]:
+        """Each of :data:`COUNTERS` summed over every ingest this broker has run, stopped ones included: what the
+        metrics export, so a count never goes back when a partition's ingest is replaced or moves away."""
+        totals = dict(self._retired)
+        for ingest in self._ingests.values():
+            for name in COUNTERS:
+                totals[name] += getattr(ingest, name)
+        return totals
+
+    def _retire(self, ingest: NatsIngest) -> None:
+        for name in COUNTERS:
+            self._retired[name] += getattr(ingest, name)
 
     def subscribed(self, key: PartitionKey) -> bool:
         """Whether the partition's ingest is subscribed (it is led here and its start succeeded)."""
@@ -89,6 +106,7 @@ class IngestRuns:
         ingest = self._ingests.pop(key, None)
         if ingest is not None:
             await ingest.stop()
+            self._retire(ingest)
 
     async def cancel_retries(self) -> None:
         """Stop every retry (closing the broker): no ingest starts after this."""
@@ -101,6 +119,8 @@ class IngestRuns:
         """Stop every ingest (closing the broker), failures ignored."""
         ingests, self._ingests = self._ingests, {}
         await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
+        for ingest in ingests.values():
+            self._retire(ingest)
 
     async def _new_ingest(self, partition: Partition) -> NatsIngest:
         ingest = NatsIngest(
