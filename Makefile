@@ -26,10 +26,10 @@ $(STAMP): pyproject.toml
 # tests/ui scrape a local cluster with a real Prometheus: Debian's prometheus.
 # tests/ui/test_web_view.py drives Debian's chromium headless through Playwright (it cannot download browsers).
 system-deps:
-	@command -v etcd >/dev/null 2>&1 || { echo "==> installing etcd (Debian's etcd-server)"; scripts/install-etcd.sh; }
-	@command -v java >/dev/null 2>&1 || { echo "==> installing Java 17 for Spark"; scripts/install-java.sh; }
-	@command -v prometheus >/dev/null 2>&1 || { echo "==> installing Prometheus (Debian's prometheus)"; scripts/install-prometheus.sh; }
-	@command -v chromium >/dev/null 2>&1 || { echo "==> installing Chromium (Debian's chromium)"; scripts/install-chromium.sh; }
+	@command -v etcd >/dev/null 2>&1 || { echo "==> installing etcd (Debian's etcd-server)"; scripts/install-debian.sh etcd etcd-server; }
+	@command -v java >/dev/null 2>&1 || { echo "==> installing Java 17 for Spark"; scripts/install-debian.sh java openjdk-17-jre-headless; }
+	@command -v prometheus >/dev/null 2>&1 || { echo "==> installing Prometheus (Debian's prometheus)"; scripts/install-debian.sh prometheus prometheus; }
+	@command -v chromium >/dev/null 2>&1 || { echo "==> installing Chromium (Debian's chromium)"; scripts/install-debian.sh chromium chromium fonts-dejavu-core; }
 
 run: setup
 	$(BIN)/tidelog serve $(ARGS)

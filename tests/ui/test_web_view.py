@@ -66,7 +66,7 @@ async def under_load(broker: Broker, stub: Stub) -> AsyncIterator[str]:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def browser() -> AsyncIterator[object]:
     if CHROMIUM is None:
-        pytest.fail("Debian's chromium is not installed (scripts/install-chromium.sh, run by `make system-deps`)")
+        pytest.fail("Debian's chromium is not installed (installed by `make system-deps`)")
     from playwright.async_api import async_playwright
 
     async with async_playwright() as playwright:

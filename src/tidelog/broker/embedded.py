@@ -286,7 +286,7 @@ class EmbeddedEtcd(_EmbeddedServer):
 
     program = "etcd"
     install_hint = (
-        "Install it with `make setup` (runs scripts/install-etcd.sh), or on Debian/Ubuntu: "
+        "Install it with `make setup` (runs scripts/install-debian.sh), or on Debian/Ubuntu: "
         "`sudo apt-get install etcd-server`."
     )
     port_settings = (moved_by("embedded_etcd_port"), "the peer port is given by the code that started it")
