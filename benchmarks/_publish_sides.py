@@ -58,6 +58,25 @@ async def poll_until(read: Callable[[], Awaitable[int]], target: int, timeout: f
         await asyncio.sleep(POLL_INTERVAL)
 
 
+async def produce_all(producer: Producer, stream: str, payloads: Sequence[bytes]) -> float:
+    """msg/s: every payload sent through ``producer`` (started and closed here) into the new, empty ``stream``,
+    each acknowledged; raises if one was refused or the offsets are not 0..n-1."""
+    count = len(payloads)
+    await producer.start()
+    try:
+        send = producer.send
+        start = time.perf_counter()
+        futures = [await send(stream, payload) for payload in payloads]
+        await asyncio.wait_for(producer.flush(), deadline_for(count))
+        elapsed = time.perf_counter() - start
+    finally:
+        await producer.close()
+    offsets = [future.result().offset for future in futures]  # raises if any record was refused
+    if offsets[-1] != count - 1:
+        raise RuntimeError(f"tidelog {stream}: last offset {offsets[-1]}, expected {count - 1}")
+    return count / elapsed
+
+
 class PlainPublisher:
     """Core NATS publishes (no acks) on one subject, with a ``flush()`` every ``flush_every`` messages: the
     same code feeds both sides' NATS ingest."""
@@ -307,21 +326,7 @@ class TidelogSide:
 
     async def produce(self, stream: str, payloads: Sequence[bytes], *, encrypted: bool = False) -> float:
         await self._create(stream, encrypted=encrypted)
-        count = len(payloads)
-        producer = self._producer()
-        await producer.start()
-        try:
-            send = producer.send
-            start = time.perf_counter()
-            futures = [await send(stream, payload) for payload in payloads]
-            await asyncio.wait_for(producer.flush(), deadline_for(count))
-            elapsed = time.perf_counter() - start
-        finally:
-            await producer.close()
-        offsets = [future.result().offset for future in futures]  # raises if any record was refused
-        if offsets[-1] != count - 1:
-            raise RuntimeError(f"tidelog {stream}: last offset {offsets[-1]}, expected {count - 1}")
-        return count / elapsed
+        return await produce_all(self._producer(), stream, payloads)
 
     async def consume(self, stream: str, count: int, size: int, *, decode: bool = True) -> float:
         """Decode every record of every fetched batch (the values are what is read back); without ``decode``,

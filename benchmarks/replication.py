@@ -69,7 +69,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamCluster, publish_all, publish_one_at_a_time, pull_all
-from benchmarks._publish_sides import deadline_for, make_payloads, percentile
+from benchmarks._publish_sides import deadline_for, make_payloads, percentile, produce_all
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.probes import http_get
 from tidelog.local.cluster import LocalCluster
@@ -411,21 +411,7 @@ class TidelogSide:
 
     async def produce(self, stream: str, payloads: Sequence[bytes]) -> float:
         await self._create(stream)
-        count = len(payloads)
-        producer = self._producer()
-        await producer.start()
-        try:
-            send = producer.send
-            start = time.perf_counter()
-            futures = [await send(stream, payload) for payload in payloads]
-            await asyncio.wait_for(producer.flush(), deadline_for(count))
-            elapsed = time.perf_counter() - start
-        finally:
-            await producer.close()
-        offsets = [future.result().offset for future in futures]  # raises if any record was refused
-        if offsets[-1] != count - 1:
-            raise RuntimeError(f"tidelog {stream}: last offset {offsets[-1]}, expected {count - 1}")
-        return count / elapsed
+        return await produce_all(self._producer(), stream, payloads)
 
     async def consume(self, stream: str, count: int) -> float:
         got = received_bytes = 0
