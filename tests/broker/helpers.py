@@ -347,3 +347,29 @@ async def nats_subscriptions(monitor_url: str, subject: str) -> int:
 
     found = await asyncio.to_thread(get)
     return sum(1 for sub in found.get("subscriptions_list") or () if sub.get("subject") == subject)
+
+
+@asynccontextmanager
+async def producing(broker: Broker, stream: str, value: bytes, partitions: int = 2) -> AsyncIterator[None]:
+    """A producer writing ``value`` round-robin to ``partitions`` of ``stream`` until the block ends (with a short
+    pause every 50 records, so the loop also serves the broker's other clients)."""
+    assert broker.wire is not None
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        async with Producer(f"127.0.0.1:{broker.wire.port}") as producer:
+            i = 0
+            while not stop.is_set():
+                await producer.send(stream, value, partition=i % partitions)
+                i += 1
+                if i % 50 == 0:
+                    await producer.flush()
+                    await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(produce())
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, BOUND)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 from collections.abc import AsyncIterator
@@ -14,12 +13,11 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from tests.broker.conftest import broker, broker_settings, stub
-from tests.broker.helpers import Stub, create_stream
+from tests.broker.helpers import Stub, create_stream, producing
 from tests.helpers import BOUND
 from tidelog.cli.cluster import ClusterView
 from tidelog.cli.main import cli
 from tidelog.cli.top import frame_of, render
-from tidelog.client.producer import Producer
 from tidelog.local.serve_process import TIDELOG, clean_env
 from tidelog.metadata.records import BrokerRecord, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.protocol.messages import ListOffsetsResponse
@@ -74,24 +72,8 @@ def test_partitions_are_sorted_by_what_needs_attention() -> None:
 async def under_load(broker: Broker, stub: Stub) -> AsyncIterator[str]:
     """A stream of two partitions a producer keeps writing to while the module's tests run."""
     await create_stream(stub, STREAM, partitions=2)
-    assert broker.wire is not None
-    stop = asyncio.Event()
-
-    async def produce() -> None:
-        async with Producer(f"127.0.0.1:{broker.wire.port}") as producer:
-            i = 0
-            while not stop.is_set():
-                await producer.send(STREAM, b"y" * 50, partition=i % 2)
-                i += 1
-                if i % 50 == 0:
-                    await producer.flush()
-                    await asyncio.sleep(0.01)
-
-    task = asyncio.create_task(produce())
-    yield STREAM
-    stop.set()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, BOUND)
+    async with producing(broker, STREAM, b"y" * 50):
+        yield STREAM
 
 
 async def _top(broker: Broker, *args: str) -> tuple[int, str]:

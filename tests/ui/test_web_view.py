@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from tests.broker.conftest import broker, broker_settings, stub
-from tests.broker.helpers import Stub, create_stream
+from tests.broker.helpers import Stub, create_stream, producing
 from tests.helpers import BOUND, LONG_BOUND
 from tests.ui.helpers import get, get_json
 from tidelog.client.admin import Admin
@@ -43,24 +43,8 @@ def base_url(broker: Broker) -> str:
 async def under_load(broker: Broker, stub: Stub) -> AsyncIterator[str]:
     """A stream of two partitions with a producer writing to both until the module's tests end."""
     await create_stream(stub, STREAM, partitions=2)
-    assert broker.wire is not None
-    stop = asyncio.Event()
-
-    async def produce() -> None:
-        async with Producer(f"127.0.0.1:{broker.wire.port}") as producer:
-            i = 0
-            while not stop.is_set():
-                await producer.send(STREAM, b"x" * 100, partition=i % 2)
-                i += 1
-                if i % 50 == 0:
-                    await producer.flush()
-                    await asyncio.sleep(0.01)  # leave the loop to the HTTP server and the browser's requests
-
-    task = asyncio.create_task(produce())
-    yield STREAM
-    stop.set()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, BOUND)
+    async with producing(broker, STREAM, b"x" * 100):
+        yield STREAM
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
