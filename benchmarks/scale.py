@@ -192,24 +192,19 @@ class TidelogSingle:
     name = "tidelog"
     servers = 1
 
-    def __init__(self, server: TidelogServer, cluster: Cluster) -> None:
+    def __init__(self, server: TidelogServer, client: Cluster) -> None:
         self.server = server
-        self.admin = Admin(cluster=cluster)
-        self.producer = Producer(cluster=cluster, acks=Acks.ALL, compression=Codec.NONE, linger_ms=0, idempotent=False)
+        self.client = client
+        self.admin = Admin(cluster=client)
+        self.producer = Producer(cluster=client, acks=Acks.ALL, compression=Codec.NONE, linger_ms=0, idempotent=False)
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, data_dir: Path) -> AsyncIterator[Side]:
         async with TidelogServer(data_dir, flush_policy="always", ready_within=120) as server:
             log(f"tidelog pid {server.pid}")
-            cluster = Cluster(server.bootstrap)
-            side = cls(server, cluster)
-            await side.producer.start()
-            try:
+            async with _producing(cls(server, Cluster(server.bootstrap))) as side:
                 yield side
-            finally:
-                await side.producer.close()
-                await cluster.close()
 
     def pids(self) -> list[int]:
         return [self.server.pid] if self.server.pid is not None else []
@@ -247,14 +242,8 @@ class TidelogReplicated:
     async def open(cls, data_dir: Path) -> AsyncIterator[Side]:
         async with LocalCluster(data_dir, 3) as cluster:
             log(f"tidelog cluster: {', '.join(f'{b.id} pid {b.pid}' for b in cluster.brokers)}")
-            client = Cluster(cluster.bootstrap())
-            side = cls(cluster, client)
-            await side.producer.start()
-            try:
+            async with _producing(cls(cluster, Cluster(cluster.bootstrap()))) as side:
                 yield side
-            finally:
-                await side.producer.close()
-                await client.close()
 
     def pids(self) -> list[int]:
         shared = [self.cluster.nats.pid, self.cluster.etcd.pid]
@@ -285,6 +274,17 @@ class TidelogReplicated:
 
     async def kill(self, server: str) -> None:
         await self.cluster.kill(server)
+
+
+@contextlib.asynccontextmanager
+async def _producing(side: TidelogSingle | TidelogReplicated) -> AsyncIterator[Side]:
+    """``side`` with its producer started; the producer and the client closed afterwards."""
+    await side.producer.start()
+    try:
+        yield side
+    finally:
+        await side.producer.close()
+        await side.client.close()
 
 
 # ---- JetStream ----
