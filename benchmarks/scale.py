@@ -101,7 +101,9 @@ class Side(Protocol):
     async def write(self, stream: str) -> None: ...
     async def connections(self) -> int: ...
     async def leaders(self, streams: Sequence[str]) -> dict[str, str]: ...
-    async def kill(self, server: str) -> None: ...
+    async def kill(self, server: str) -> float:
+        """SIGKILL ``server``; returns ``perf_counter()`` just before the signal."""
+        ...
 
 
 async def measure(side: Side, count: int, args: argparse.Namespace, *, failover: bool) -> Sample:
@@ -175,8 +177,7 @@ async def measure_failover(side: Side, streams: Sequence[str]) -> float:
     victim, led = Counter(leaders.values()).most_common(1)[0]
     affected = [stream for stream, leader in leaders.items() if leader == victim]
     log(f"{side.name}: killing {victim}, leader of {led} of {len(streams)} streams")
-    started = time.perf_counter()
-    await side.kill(victim)
+    started = await side.kill(victim)
     await write_each(side, affected, limit=FAILOVER_LIMIT_S)
     seconds = time.perf_counter() - started
     log(f"{side.name}: {len(affected)} streams writable again after {seconds:.2f}s")
@@ -221,7 +222,7 @@ class TidelogSingle:
     async def leaders(self, streams: Sequence[str]) -> dict[str, str]:
         raise NotImplementedError("one broker has no failover")
 
-    async def kill(self, server: str) -> None:
+    async def kill(self, server: str) -> float:
         raise NotImplementedError("one broker has no failover")
 
 
@@ -272,8 +273,10 @@ class TidelogReplicated:
             out[stream] = record.leader
         return out
 
-    async def kill(self, server: str) -> None:
+    async def kill(self, server: str) -> float:
+        started = time.perf_counter()
         await self.cluster.kill(server)
+        return started
 
 
 @contextlib.asynccontextmanager
@@ -326,7 +329,7 @@ class JetStreamSide:
             try:
                 yield side
             finally:
-                await nc.close()
+                await side.nc.close()
 
     def pids(self) -> list[int]:
         return self._pids()
@@ -353,9 +356,17 @@ class JetStreamSide:
             out[stream] = info.cluster.leader
         return out
 
-    async def kill(self, server: str) -> None:
+    async def kill(self, server: str) -> float:
+        """Move the client to the other nodes first (so the failover is JetStream's election, not nats-py's
+        reconnection), then SIGKILL ``server``."""
         assert self.cluster is not None
+        others = [node.url for node in self.cluster.nodes if node.name != server]
+        await self.nc.close()
+        self.nc = await nats.connect(servers=others, reconnect_time_wait=0.1, name="bench-scale")
+        self.js = self.nc.jetstream(timeout=WRITE_TIMEOUT_S)
+        started = time.perf_counter()
         await self.cluster.kill(server)
+        return started
 
 
 # ---- the run ----
