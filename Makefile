@@ -30,6 +30,7 @@ system-deps:
 	@command -v java >/dev/null 2>&1 || { echo "==> installing Java 17 for Spark"; scripts/install-debian.sh java openjdk-17-jre-headless; }
 	@command -v prometheus >/dev/null 2>&1 || { echo "==> installing Prometheus (Debian's prometheus)"; scripts/install-debian.sh prometheus prometheus; }
 	@command -v chromium >/dev/null 2>&1 || { echo "==> installing Chromium (Debian's chromium)"; scripts/install-debian.sh chromium chromium fonts-dejavu-core; }
+	@command -v ip >/dev/null 2>&1 || { echo "==> installing iproute2 (network namespaces for partition tests)"; scripts/install-debian.sh ip iproute2; }
 
 run: setup
 	$(BIN)/tidelog serve $(ARGS)

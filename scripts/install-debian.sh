@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Usage: scripts/install-debian.sh COMMAND PACKAGE...
-# Installs Debian PACKAGEs when COMMAND is not on PATH (make system-deps runs it for etcd, Java, Prometheus and
-# Chromium, none of which PyPI ships). Services a package would start are not started: policy-rc.d forbids it
-# during the install, since the tests start etcd and Prometheus themselves on free ports.
+# Installs Debian PACKAGEs when COMMAND is not on PATH (make system-deps runs it for etcd, Java, Prometheus,
+# Chromium and iproute2, none of which PyPI ships). Services a package would start are not started: policy-rc.d
+# forbids it during the install, since the tests start etcd and Prometheus themselves on free ports.
 set -euo pipefail
 command_name=$1
 shift
