@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from tidelog.testing.fault_run import FaultProfile, FaultReport
-from tidelog.testing.faults import isolate_leader, kill_leader, pause_follower, pause_leader, restart_all
+from tidelog.testing.faults import (
+    isolate_leader,
+    kill_leader,
+    partition_leader,
+    pause_follower,
+    pause_leader,
+    restart_all,
+)
 from tidelog.testing.workload import DirectOutcome, ProduceStats, tally
 
 slow = pytest.mark.slow
@@ -51,6 +58,14 @@ async def test_isolated_leader_acknowledges_nothing_without_its_isr(
     tmp_path: Path, fault_profile: FaultProfile
 ) -> None:
     _passed(await isolate_leader(tmp_path, fault_profile))
+
+
+@slow
+async def test_leader_cut_off_from_etcd_and_followers_acknowledges_nothing(
+    tmp_path: Path, fault_profile: FaultProfile
+) -> None:
+    """A real network partition (network namespaces): clients still reach the leader, etcd and its ISR do not."""
+    _passed(await partition_leader(tmp_path, fault_profile))
 
 
 @slow

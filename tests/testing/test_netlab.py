@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tidelog.testing.netlab import NetLab, NetLabError, netlab_available
+from tidelog.testing.netlab import NetLab, netlab_available
 
 PORT = 7000
 ECHO_SERVER = f"""
@@ -35,9 +35,7 @@ except OSError:
 @pytest.fixture
 async def lab() -> AsyncIterator[NetLab]:
     assert netlab_available() is None, netlab_available()
-    async with NetLab() as built:
-        for name in ("a", "b", "c"):
-            await built.add_host(name)
+    async with NetLab(["a", "b", "c"]) as built:
         yield built
 
 
@@ -121,8 +119,8 @@ async def test_an_isolated_host_is_out_of_reach_of_the_owner_too(lab: NetLab) ->
 
 
 async def test_nothing_is_left_behind() -> None:
-    async with NetLab() as lab:
-        host = await lab.add_host("only")
+    async with NetLab(["only"]) as lab:
+        host = lab.host("only")
         await lab.cut("only", "gateway")
     namespaces = await output("ip", "netns", "list")
     links = await output("ip", "-o", "link", "show")
@@ -131,16 +129,17 @@ async def test_nothing_is_left_behind() -> None:
 
 
 async def test_bad_names_are_refused(lab: NetLab) -> None:
-    with pytest.raises(ValueError, match="already has a host 'a'"):
-        await lab.add_host("a")
+    with pytest.raises(ValueError, match="must differ: a, a"):
+        NetLab(["a", "a"])
     with pytest.raises(ValueError, match="letters, digits"):
-        await lab.add_host("no spaces")
+        NetLab(["no spaces"])
     with pytest.raises(KeyError, match="no host 'z'"):
         await lab.cut("a", "z")
     with pytest.raises(ValueError, match="lab tag"):
-        NetLab(tag="much-too-long-a-tag")
+        NetLab(["a"], tag="much-too-long-a-tag")
 
 
-async def test_an_unstarted_lab_says_so() -> None:
-    with pytest.raises(NetLabError, match="not started"):
-        await NetLab().add_host("a")
+async def test_addresses_are_known_before_the_lab_exists() -> None:
+    lab = NetLab(["a", "b"])
+    assert lab.host("a").address != lab.host("b").address
+    assert lab.host("a").address in [str(address) for address in lab.subnet.hosts()]

@@ -35,14 +35,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import os
 import signal
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import aetcd
 
@@ -66,7 +67,7 @@ from tidelog.metadata.records import (
 )
 from tidelog.protocol.tls import TlsFiles, client_context
 
-__all__ = ["ADVERTISE_WIRE_PORT_KEYS", "BrokerHandle", "LocalCluster"]
+__all__ = ["ADVERTISE_WIRE_PORT_KEYS", "BrokerHandle", "LocalCluster", "Placement"]
 
 START_WITHIN = 60.0  # Python start-up on a loaded 2-core machine, several brokers at once
 STOP_GRACE = 30.0  # SIGTERM → exit: a controlled shutdown hands leadership off first (shutdown_timeout_ms)
@@ -87,6 +88,7 @@ class BrokerHandle:
     process: ManagedProcess
     proxy: TcpProxy | None = None
     http_port: int = 0  # /metrics, /healthz, /readyz
+    host: str = "127.0.0.1"  # the address it listens on and advertises (its own with placements)
     paused: bool = field(default=False, init=False)
 
     @property
@@ -105,22 +107,48 @@ class BrokerHandle:
 
     @property
     def wire_address(self) -> str:
-        """``127.0.0.1:port`` of the wire protocol as advertised (through the proxy when proxied)."""
-        return f"127.0.0.1:{self.advertised_wire_port}"
+        """``host:port`` of the wire protocol as advertised (through the proxy when proxied)."""
+        return f"{self.host}:{self.advertised_wire_port}"
 
     @property
     def direct_wire_address(self) -> str:
         """The wire listener itself, bypassing any proxy."""
-        return f"127.0.0.1:{self.wire_port}"
+        return f"{self.host}:{self.wire_port}"
 
     @property
     def grpc_address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def http_url(self) -> str:
-        """``http://127.0.0.1:port`` of the broker's HTTP port (``/metrics``, ``/healthz``, ``/readyz``)."""
-        return f"http://127.0.0.1:{self.http_port}"
+        """``http://host:port`` of the broker's HTTP port (``/metrics``, ``/healthz``, ``/readyz``)."""
+        return f"http://{self.host}:{self.http_port}"
+
+
+class Placement(Protocol):
+    """Where one process of a cluster runs: an address of its own, and the command that runs a program there."""
+
+    @property
+    def address(self) -> str: ...
+
+    def command(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]: ...
+
+
+class _Placed:
+    """The cluster's placements, or loopback and the command itself for every process without them."""
+
+    def __init__(self, placements: Mapping[str, Placement] | None) -> None:
+        self._placements = placements
+
+    def address(self, name: str) -> str:
+        return "127.0.0.1" if self._placements is None else self._placements[name].address
+
+    def embedded(self, name: str) -> dict[str, Any]:
+        """``host`` and ``launcher`` for :class:`EmbeddedNats` / :class:`EmbeddedEtcd`."""
+        if self._placements is None:
+            return {}
+        placement = self._placements[name]
+        return {"host": placement.address, "launcher": placement.command}
 
 
 def _settings_env(settings: Mapping[str, str]) -> dict[str, str]:
@@ -159,6 +187,7 @@ class LocalCluster:
         base_port: int | None = None,
         start_within: float = START_WITHIN,
         tls: bool = False,
+        placements: Mapping[str, Placement] | None = None,
     ) -> None:
         """``settings`` are broker configuration keys (``replica_lag_time_max_ms``) given to every broker as
         ``TIDELOG_*`` variables. ``base_port`` makes ports predictable (``tidelog dev-cluster``): broker I gets
@@ -169,9 +198,20 @@ class LocalCluster:
         broker with TLS on both listeners, client certificates required, TLS between brokers, and so
         authorization on, with the principal ``admin`` a super user: :attr:`client_tls` holds the files a client
         connects with as ``admin``, :meth:`client_ssl` a context from them; :attr:`user_tls` the files of the
-        principal ``client``, which ACLs must grant what it does."""
+        principal ``client``, which ACLs must grant what it does.
+
+        ``placements`` run each process on a host of its own (``"nats"``, ``"etcd"``, ``"b0"``…, every one
+        needed): it listens on the placement's address and runs through its command, e.g. a
+        :class:`tidelog.testing.netlab.NetLab` host, so that tests can partition the network between them."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
+        if placements is not None:
+            needed = ["nats", "etcd", *(f"b{index}" for index in range(brokers))]
+            missing = [name for name in needed if name not in placements]
+            if missing:
+                raise ValueError(f"placements must name every process; missing: {', '.join(missing)}")
+            if proxied:
+                raise ValueError("proxied=True and placements do not go together: partition the network instead")
         advertise_key = _advertise_key()
         if proxied and advertise_key is None:
             raise NotImplementedError(
@@ -186,8 +226,13 @@ class LocalCluster:
         count = 2 * brokers + 4 + proxies + brokers
         ports = list(range(base_port, base_port + count)) if base_port is not None else free_ports(count)
         nats_port, monitor_port, etcd_port, peer_port = ports[2 * brokers : 2 * brokers + 4]
-        self._nats = EmbeddedNats(self.root / "nats", port=nats_port, monitor_port=monitor_port)
-        self._etcd = EmbeddedEtcd(self.root / "etcd", client_port=etcd_port, peer_port=peer_port)
+        placed = _Placed(placements)
+        self._nats = EmbeddedNats(
+            self.root / "nats", port=nats_port, monitor_port=monitor_port, **placed.embedded("nats")
+        )
+        self._etcd = EmbeddedEtcd(
+            self.root / "etcd", client_port=etcd_port, peer_port=peer_port, **placed.embedded("etcd")
+        )
         self.certificates: DevCertificates | None = None
         tls_settings: dict[str, str] = {}
         if tls:
@@ -222,8 +267,11 @@ class LocalCluster:
                 "--nats-servers", self.nats_url,
                 "--etcd-endpoints", ",".join(self.etcd_endpoints),
             ]  # fmt: skip
+            host = placed.address(broker_id)
+            if placements is not None:
+                argv = placements[broker_id].command([*argv, "--host", host])
             process = ManagedProcess(argv, log_path=self.root / broker_id / "serve.log", name=broker_id, env=env)
-            self.brokers.append(BrokerHandle(broker_id, port, wire_port, data_dir, process, proxy, http_port))
+            self.brokers.append(BrokerHandle(broker_id, port, wire_port, data_dir, process, proxy, http_port, host))
         self._etcd_client: Any = None
         self._stopping = False
 
@@ -387,7 +435,7 @@ class LocalCluster:
         since = time.time_ns()
         handle.paused = False
         await handle.process.start(
-            all_of(serving(handle.port, tls=self.client_tls), self._registered(handle, since)),
+            all_of(serving(handle.port, handle.host, tls=self.client_tls), self._registered(handle, since)),
             ready_within=self.start_within,
         )
 

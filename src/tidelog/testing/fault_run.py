@@ -10,9 +10,10 @@ Every scenario runs the same way, inside a :class:`FaultRun`:
    :class:`~tidelog.testing.history.History`;
 3. inject the scenario's fault ``rounds`` times, each time waiting (bounded) for what the cluster must do about
    it — a new leader, an ISR shrink, a rejoin — and timing it;
-4. settle: restart killed brokers, resume paused ones, heal cut ones, wait for every partition's ISR to be full
-   and its HW to reach its log end; read everything committed once more; stop the brokers gracefully
-   (followers first, so each checkpoints the final HW); read every replica at rest; run :meth:`History.check`.
+4. settle: heal the network, restart killed brokers, resume paused ones, heal cut ones, wait for every
+   partition's ISR to be full and its HW to reach its log end; read everything committed once more; stop the
+   brokers gracefully (followers first, so each checkpoints the final HW); read every replica at rest; run
+   :meth:`History.check`.
 
 A report separates **violations** (the history checker's: a safety guarantee broken) from **failures** (an
 expectation about liveness or fencing not met in time: no new leader, no rejoin, a deposed leader that
@@ -37,6 +38,7 @@ from tidelog.client import Admin
 from tidelog.local.cluster import LocalCluster
 from tidelog.metadata.records import PartitionRecord
 from tidelog.testing.history import CheckReport, History, read_cluster_replica
+from tidelog.testing.netlab import NetLab
 from tidelog.testing.workload import DirectOutcome, ProduceLoad, TailConsumer, produce_direct, read_all
 
 STREAM = "faults"
@@ -143,9 +145,15 @@ class FaultRun:
         *,
         settings: Mapping[str, str] = SETTINGS,
         proxied: bool = False,
+        network: bool = False,
     ) -> None:
+        """``network``: every process on a host of its own (:class:`~tidelog.testing.netlab.NetLab`, in
+        :attr:`lab`), so the scenario can partition the network between brokers, etcd and NATS."""
         self.profile = profile
-        self.cluster = LocalCluster(Path(root), 3, settings=settings, proxied=proxied)
+        names = ["nats", "etcd", *(f"b{index}" for index in range(3))]
+        self.lab = NetLab(names) if network else None
+        placements = self.lab.hosts if self.lab is not None else None
+        self.cluster = LocalCluster(Path(root), 3, settings=settings, proxied=proxied, placements=placements)
         self.history = History()
         self.report = FaultReport(scenario, Path(root))
         self.load = ProduceLoad(self.cluster.bootstrap, STREAM, self.history, window=profile.window, rate=profile.rate)
@@ -158,7 +166,14 @@ class FaultRun:
 
     async def __aenter__(self) -> FaultRun:
         self._started = time.monotonic()
-        await self.cluster.start()
+        if self.lab is not None:
+            await self.lab.start()
+        try:
+            await self.cluster.start()
+        except BaseException:
+            if self.lab is not None:
+                await self.lab.stop()
+            raise
         try:
             async with Admin(self.cluster.bootstrap()) as admin:
                 await admin.create_stream(STREAM, partitions=self.profile.partitions, replication_factor=3)
@@ -170,6 +185,8 @@ class FaultRun:
             ]
         except BaseException:
             await self.cluster.stop()
+            if self.lab is not None:
+                await self.lab.stop()
             raise
         return self
 
@@ -183,6 +200,8 @@ class FaultRun:
             await self._settle_and_verify()
         finally:
             await self.cluster.stop()
+            if self.lab is not None:
+                await self.lab.stop()
             self.report.seconds = time.monotonic() - self._started
             if not self.report.ok:
                 self.report.excerpts = log_excerpts(self.cluster)
@@ -209,6 +228,8 @@ class FaultRun:
     async def _settle_and_verify(self) -> None:
         """Bring every broker back, wait for full ISRs, read, stop gracefully, read replicas, check."""
         cluster = self.cluster
+        if self.lab is not None:
+            await self.lab.heal()
         for handle in cluster.brokers:
             if handle.proxy is not None:
                 await cluster.heal(handle.id)

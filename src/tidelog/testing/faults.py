@@ -10,8 +10,8 @@ Each scenario drives a :class:`~tidelog.testing.fault_run.FaultRun` (how a run s
 checked, and what its report says, is told there).
 
 The scenarios: :func:`kill_leader`, :func:`pause_follower`, :func:`pause_leader`, :func:`isolate_leader`,
-:func:`restart_all`; ``SCENARIOS`` names them. ``python -m tidelog.testing.faults NAME --repeat N`` runs one
-from the command line and prints each report.
+:func:`partition_leader` (a real network partition), :func:`restart_all`; ``SCENARIOS`` names them.
+``python -m tidelog.testing.faults NAME --repeat N`` runs one from the command line and prints each report.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ __all__ = [
     "isolate_leader",
     "kill_leader",
     "pause_follower",
+    "partition_leader",
     "pause_leader",
     "restart_all",
 ]
@@ -177,6 +178,46 @@ async def isolate_leader(root: Path, profile: FaultProfile | None = None) -> Fau
     return run.report
 
 
+async def partition_leader(root: Path, profile: FaultProfile | None = None) -> FaultReport:
+    """Kafka's 2013 Jepsen case on a real network: partition 0's leader cut off from etcd and from its followers
+    (:class:`~tidelog.testing.netlab.NetLab` partition) while clients, NATS and the run itself still reach it.
+    It loses its lease and the controller elects a follower. A client writing straight to the cut-off leader must
+    get no ack: it cannot reach its ISR, and cannot shrink the ISR without etcd. Heal: it rejoins as a follower,
+    truncating what it wrote alone (the final replica comparison checks that)."""
+    profile = profile or FaultProfile.short()
+    run = FaultRun(root, "partition-leader", profile, network=True)
+    assert run.lab is not None
+    async with run:
+        await run.hold(profile.warmup)
+        for round_ in range(profile.rounds):
+            victim = await run.leader()
+            others = [b.id for b in run.cluster.brokers if b.id != victim]
+            cut_at = time.monotonic()
+            await run.lab.partition([victim], ["etcd", *others])
+            cut = asyncio.Event()
+            inside = run.write_directly(victim, f"inside-{round_}", 1000, stop=cut)
+            await run.expect(run.leader_is_not(victim), ELECT_WITHIN, "a new leader", timing="leader_elected_s")
+            await run.expect_failover(cut_at)
+            await run.hold()
+            cut.set()
+            outcomes = await inside
+            run.report.notes.append(
+                f"round {round_}: leader {victim} cut off from etcd and {', '.join(others)}; writes to it: "
+                + format_counts(tally(outcomes))
+            )
+            acked = [o for o in outcomes if o.outcome == "acked"]
+            if acked:
+                run.report.failures.append(
+                    f"{victim}, cut off from etcd and its followers, acknowledged {len(acked)} acks-ALL write(s): "
+                    + ", ".join(f"{o} {o.at - cut_at:.2f}s after the cut" for o in acked)
+                )
+            await run.lab.heal()
+            await run.expect(run.in_isr(victim), REJOIN_WITHIN, f"{victim} to rejoin the ISR", timing="rejoin_s")
+            await run.hold()
+            run.report.rounds += 1
+    return run.report
+
+
 async def restart_all(root: Path, profile: FaultProfile | None = None) -> FaultReport:
     """Kill a follower (writes go on: the ISR still meets ``min_isr``), then the leader (the survivor leads
     alone and must refuse acks-ALL writes), then restart both: the ISR must be full again and writes resume."""
@@ -210,6 +251,7 @@ SCENARIOS: Mapping[str, Scenario] = {
     "pause-follower": pause_follower,
     "pause-leader": pause_leader,
     "isolate-leader": isolate_leader,
+    "partition-leader": partition_leader,
     "restart-all": restart_all,
 }
 

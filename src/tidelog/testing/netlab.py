@@ -29,6 +29,7 @@ import ipaddress
 import os
 import secrets
 import shutil
+import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -53,6 +54,10 @@ class Host:
     address: str
     veth: str  # the root namespace's end of the host's link
 
+    def command(self, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
+        """``argv`` run inside this host's namespace (the program keeps the PID ``ip netns exec`` started with)."""
+        return ["ip", "netns", "exec", self.namespace, *(str(each) for each in argv)]
+
 
 def netlab_available() -> str | None:
     """None when this machine can run a lab here; otherwise why not (for a test's skip reason or an error)."""
@@ -61,6 +66,17 @@ def netlab_available() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces need root"
     return None
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A random 10.200-254.x.0/24 that no interface of this machine is on (read once, when a lab is made)."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    used = [ipaddress.ip_interface(line.split()[3]).network for line in shown.splitlines() if len(line.split()) > 3]
+    for _ in range(_SUBNET_ATTEMPTS):
+        candidate = ipaddress.IPv4Network(f"10.{secrets.randbelow(55) + 200}.{secrets.randbelow(256)}.0/24")
+        if not any(candidate.overlaps(network) for network in used):
+            return candidate
+    raise NetLabError(f"no free 10.200-254.x.0/24 subnet after {_SUBNET_ATTEMPTS} tries")
 
 
 async def _ip(*args: str, check: bool = True) -> str:
@@ -75,84 +91,65 @@ async def _ip(*args: str, check: bool = True) -> str:
 
 
 class NetLab:
-    """A bridge and the hosts on it. ``async with NetLab() as lab:`` builds it and always tears it down."""
+    """A bridge and the hosts on it. ``async with NetLab(["a", "b"]) as lab:`` builds it and always tears it down.
 
-    def __init__(self, tag: str | None = None) -> None:
+    The hosts and their addresses are known from construction (so a cluster can be configured with them before
+    anything exists); :meth:`start` creates them."""
+
+    def __init__(self, names: Sequence[str], tag: str | None = None) -> None:
         self.tag = tag or secrets.token_hex(2)
         if not self.tag.isalnum() or len(f"tlb{self.tag}") > _IFNAME_MAX - 3:
             raise ValueError(f"lab tag {self.tag!r}: letters and digits, at most {_IFNAME_MAX - 6} of them")
+        if len(set(names)) != len(names):
+            raise ValueError(f"host names must differ: {', '.join(names)}")
+        if len(names) > 253:
+            raise ValueError(f"a lab holds at most 253 hosts, not {len(names)}")
+        for name in names:
+            if not name or not name.replace("-", "").isalnum():
+                raise ValueError(f"host name {name!r}: letters, digits and '-' only")
         self.bridge = f"tlb{self.tag}"
-        self.hosts: dict[str, Host] = {}
-        self._subnet: ipaddress.IPv4Network | None = None
+        self.subnet = _free_subnet()
+        self.gateway = str(self.subnet[1])
+        """The root namespace's address on the bridge: where every connection from the lab's owner comes from."""
+        self.hosts = {
+            name: Host(name, f"tl{self.tag}-{name}", str(self.subnet[index]), f"tlv{self.tag}{index}")
+            for index, name in enumerate(names, start=2)  # .1 is the gateway
+        }
         self._cuts: set[tuple[str, str]] = set()  # (host name, address it cannot send to)
 
     # ---- lifecycle ----
 
-    @property
-    def gateway(self) -> str:
-        """The root namespace's address on the bridge: where every connection from the lab's owner comes from."""
-        return str(self._network()[1])
-
-    def _network(self) -> ipaddress.IPv4Network:
-        if self._subnet is None:
-            raise NetLabError("the lab is not started")
-        return self._subnet
-
     async def start(self) -> None:
-        """Create the bridge on a /24 no interface of this machine uses."""
+        """Create the bridge, then each host: a namespace with loopback up, linked to the bridge."""
         reason = netlab_available()
         if reason is not None:
             raise NetLabError(f"cannot build a network lab: {reason}")
-        self._subnet = await self._free_subnet()
         try:
             await _ip("link", "add", self.bridge, "type", "bridge")
             await _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             await _ip("link", "set", self.bridge, "up")
+            for host in self.hosts.values():
+                await self._create(host)
         except BaseException:
             await self.stop()
             raise
 
-    async def _free_subnet(self) -> ipaddress.IPv4Network:
-        used = [
-            ipaddress.ip_interface(field).network
-            for line in (await _ip("-o", "-4", "addr", "show")).splitlines()
-            for field in line.split()[3:4]
-        ]
-        for _ in range(_SUBNET_ATTEMPTS):
-            candidate = ipaddress.IPv4Network(f"10.{secrets.randbelow(55) + 200}.{secrets.randbelow(256)}.0/24")
-            if not any(candidate.overlaps(network) for network in used):
-                return candidate
-        raise NetLabError(f"no free 10.200-254.x.0/24 subnet after {_SUBNET_ATTEMPTS} tries")
-
-    async def add_host(self, name: str) -> Host:
-        """A new namespace linked to the bridge, with loopback up and the next free address."""
-        if name in self.hosts:
-            raise ValueError(f"the lab already has a host {name!r}")
-        if not name.replace("-", "").isalnum():
-            raise ValueError(f"host name {name!r}: letters, digits and '-' only")
-        index = len(self.hosts) + 2  # .1 is the gateway
-        if index > 254:
-            raise NetLabError("a lab holds at most 253 hosts")
-        address = str(self._network()[index])
-        host = Host(name, f"tl{self.tag}-{name}", address, f"tlv{self.tag}{index}")
-        peer = f"tlp{self.tag}{index}"
-        self.hosts[name] = host
+    async def _create(self, host: Host) -> None:
+        peer = "tlp" + host.veth[3:]
         await _ip("netns", "add", host.namespace)
         await _ip("link", "add", host.veth, "type", "veth", "peer", "name", peer)
         await _ip("link", "set", peer, "netns", host.namespace)
         await _ip("link", "set", host.veth, "master", self.bridge)
         await _ip("link", "set", host.veth, "up")
         await _ip("-n", host.namespace, "link", "set", "lo", "up")
-        await _ip("-n", host.namespace, "addr", "add", f"{address}/24", "dev", peer)
+        await _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", peer)
         await _ip("-n", host.namespace, "link", "set", peer, "up")
-        return host
 
     async def stop(self) -> None:
         """Delete every namespace (their processes must be stopped first), link and the bridge; idempotent."""
-        for host in list(self.hosts.values()):
+        for host in self.hosts.values():
             await _ip("netns", "del", host.namespace, check=False)  # takes the host's end of the veth with it
             await _ip("link", "del", host.veth, check=False)
-        self.hosts.clear()
         self._cuts.clear()
         await _ip("link", "del", self.bridge, check=False)
 
@@ -168,8 +165,8 @@ class NetLab:
     # ---- processes ----
 
     def command(self, host: str, argv: Sequence[str | os.PathLike[str]]) -> list[str]:
-        """``argv`` run inside ``host``'s namespace (the program keeps the PID ``ip netns exec`` started with)."""
-        return ["ip", "netns", "exec", self.host(host).namespace, *(str(each) for each in argv)]
+        """``argv`` run inside ``host``'s namespace."""
+        return self.host(host).command(argv)
 
     def host(self, name: str) -> Host:
         try:
