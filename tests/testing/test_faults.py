@@ -16,7 +16,10 @@ from tidelog.testing.fault_run import FaultProfile, FaultReport
 from tidelog.testing.faults import (
     isolate_leader,
     kill_leader,
+    partition_etcd,
+    partition_follower,
     partition_leader,
+    partition_leader_from_etcd,
     pause_follower,
     pause_leader,
     restart_all,
@@ -66,6 +69,27 @@ async def test_leader_cut_off_from_etcd_and_followers_acknowledges_nothing(
 ) -> None:
     """A real network partition (network namespaces): clients still reach the leader, etcd and its ISR do not."""
     _passed(await partition_leader(tmp_path, fault_profile))
+
+
+@slow
+async def test_leader_cut_off_from_etcd_alone_loses_no_acknowledged_write(
+    tmp_path: Path, fault_profile: FaultProfile
+) -> None:
+    _passed(await partition_leader_from_etcd(tmp_path, fault_profile))
+
+
+@slow
+async def test_follower_cut_off_from_everyone_leaves_the_isr_and_rejoins(
+    tmp_path: Path, fault_profile: FaultProfile
+) -> None:
+    _passed(await partition_follower(tmp_path, fault_profile))
+
+
+@slow
+async def test_etcd_cut_off_from_every_broker_loses_no_acknowledged_write(
+    tmp_path: Path, fault_profile: FaultProfile
+) -> None:
+    _passed(await partition_etcd(tmp_path, fault_profile))
 
 
 @slow

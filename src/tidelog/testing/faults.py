@@ -10,7 +10,9 @@ Each scenario drives a :class:`~tidelog.testing.fault_run.FaultRun` (how a run s
 checked, and what its report says, is told there).
 
 The scenarios: :func:`kill_leader`, :func:`pause_follower`, :func:`pause_leader`, :func:`isolate_leader`,
-:func:`partition_leader` (a real network partition), :func:`restart_all`; ``SCENARIOS`` names them.
+:func:`restart_all`, and on real network partitions (:class:`~tidelog.testing.netlab.NetLab`)
+:func:`partition_leader`, :func:`partition_leader_from_etcd`, :func:`partition_follower` and
+:func:`partition_etcd`; ``SCENARIOS`` names them.
 ``python -m tidelog.testing.faults NAME --repeat N`` runs one from the command line and prints each report.
 """
 
@@ -41,7 +43,10 @@ __all__ = [
     "isolate_leader",
     "kill_leader",
     "pause_follower",
+    "partition_etcd",
+    "partition_follower",
     "partition_leader",
+    "partition_leader_from_etcd",
     "pause_leader",
     "restart_all",
 ]
@@ -218,6 +223,98 @@ async def partition_leader(root: Path, profile: FaultProfile | None = None) -> F
     return run.report
 
 
+async def partition_leader_from_etcd(root: Path, profile: FaultProfile | None = None) -> FaultReport:
+    """Partition 0's leader cut off from etcd alone: its followers, clients and NATS still reach it. Its lease
+    lapses and the controller elects a follower; until every follower has learnt that, they may still fetch
+    from the old leader, which must still acknowledge nothing the new leader lacks (the history check finds any
+    acknowledged write lost). A client writing straight to the old leader counts what it acknowledged after
+    the new leader was elected. Heal: it rejoins as a follower."""
+    profile = profile or FaultProfile.short()
+    run = FaultRun(root, "partition-leader-from-etcd", profile, network=True)
+    assert run.lab is not None
+    async with run:
+        await run.hold(profile.warmup)
+        for round_ in range(profile.rounds):
+            victim = await run.leader()
+            cut_at = time.monotonic()
+            await run.lab.partition([victim], ["etcd"])
+            cut = asyncio.Event()
+            inside = run.write_directly(victim, f"stale-{round_}", 1000, stop=cut)
+            await run.expect(run.leader_is_not(victim), ELECT_WITHIN, "a new leader", timing="leader_elected_s")
+            elected_at = time.monotonic()
+            await run.expect_failover(cut_at)
+            await run.hold()
+            cut.set()
+            outcomes = await inside
+            late = [o for o in outcomes if o.outcome == "acked" and o.at > elected_at]
+            run.report.notes.append(
+                f"round {round_}: leader {victim} cut off from etcd; writes to it: {format_counts(tally(outcomes))}"
+                f"; acknowledged after the new leader's election: {len(late)}"
+            )
+            await run.lab.heal()
+            await run.expect(run.in_isr(victim), REJOIN_WITHIN, f"{victim} to rejoin the ISR", timing="rejoin_s")
+            await run.hold()
+            run.report.rounds += 1
+    return run.report
+
+
+async def partition_follower(root: Path, profile: FaultProfile | None = None) -> FaultReport:
+    """A minority of one on a real network: a follower of partition 0 (not the controller) cut off from every
+    other broker, etcd and NATS. It must leave the ISR while acks go on (``min_isr`` 2 still met); healed, it
+    catches up and rejoins."""
+    profile = profile or FaultProfile.short()
+    run = FaultRun(root, "partition-follower", profile, network=True)
+    assert run.lab is not None
+    async with run:
+        await run.hold(profile.warmup)
+        for _ in range(profile.rounds):
+            record = await run.partition_record()
+            assert record is not None
+            controller = await run.cluster.controller_id()
+            followers = [b for b in record.replicas if b != record.leader]
+            victim = next((b for b in followers if b != controller), followers[0])
+            cut_at = time.monotonic()
+            await run.lab.partition([victim], [name for name in run.lab.hosts if name != victim])
+            if await run.expect(
+                run.not_in_isr(victim), ELECT_WITHIN, f"cut-off {victim} to leave the ISR", timing="isr_shrink_s"
+            ):
+                await run.expect_failover(cut_at, "acked_after_shrink_s")
+            await run.hold()
+            await run.lab.heal()
+            await run.expect(run.in_isr(victim), REJOIN_WITHIN, f"{victim} to rejoin the ISR", timing="rejoin_s")
+            await run.hold()
+            run.report.rounds += 1
+    return run.report
+
+
+async def partition_etcd(root: Path, profile: FaultProfile | None = None) -> FaultReport:
+    """etcd cut off from every broker for twice the lease TTL (every lease lapses, no controller can act), then
+    healed: the brokers register again, a controller is elected, every ISR is full again and writes go on. No
+    acknowledged write may be lost on the way, whatever the cluster did while it could not reach its metadata."""
+    profile = profile or FaultProfile.short()
+    run = FaultRun(root, "partition-etcd", profile, network=True)
+    assert run.lab is not None
+    lease_s = int(SETTINGS["broker_lease_ttl_ms"]) / 1000
+    async with run:
+        await run.hold(profile.warmup)
+        for round_ in range(profile.rounds):
+            brokers = [b.id for b in run.cluster.brokers]
+            await run.lab.partition(["etcd"], brokers)
+            acked_before = run.load.stats.acked
+            await asyncio.sleep(2 * lease_s)
+            run.report.notes.append(
+                f"round {round_}: etcd cut off for {2 * lease_s:g}s; "
+                f"{run.load.stats.acked - acked_before} writes acknowledged meanwhile"
+            )
+            healed_at = time.monotonic()
+            await run.lab.heal()
+            await run.expect(run._isr_full, REJOIN_WITHIN, "every ISR to be full after healing", timing="heal_s")
+            await run.expect_failover(healed_at, "acked_after_heal_s")
+            await run.hold()
+            run.report.rounds += 1
+    return run.report
+
+
 async def restart_all(root: Path, profile: FaultProfile | None = None) -> FaultReport:
     """Kill a follower (writes go on: the ISR still meets ``min_isr``), then the leader (the survivor leads
     alone and must refuse acks-ALL writes), then restart both: the ISR must be full again and writes resume."""
@@ -252,6 +349,9 @@ SCENARIOS: Mapping[str, Scenario] = {
     "pause-leader": pause_leader,
     "isolate-leader": isolate_leader,
     "partition-leader": partition_leader,
+    "partition-leader-from-etcd": partition_leader_from_etcd,
+    "partition-follower": partition_follower,
+    "partition-etcd": partition_etcd,
     "restart-all": restart_all,
 }
 
