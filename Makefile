@@ -2,13 +2,17 @@
 #   make run    set everything up and run one broker (embedded NATS and etcd)
 #   make test   set everything up and run ruff, mypy and pytest
 #   make bench  run the benchmarks (quick mode)
+#   make chaos  the long nemesis: RUNS runs of CHAOS_TIME seconds of mixed faults (tidelog.testing.nemesis)
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint typecheck pytest bench clean system-deps
+.PHONY: setup run test lint typecheck pytest bench chaos clean system-deps
+
+RUNS       ?= 20
+CHAOS_TIME ?= 300
 
 setup: $(STAMP) system-deps
 
@@ -25,6 +29,7 @@ $(STAMP): pyproject.toml
 # PySpark (the spark extra) needs a Java runtime: Debian's openjdk-17-jre-headless.
 # tests/ui scrape a local cluster with a real Prometheus: Debian's prometheus.
 # tests/ui/test_web_view.py drives Debian's chromium headless through Playwright (it cannot download browsers).
+# Partition tests (tidelog.testing.netlab) put processes in network namespaces with iproute2's `ip`.
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || { echo "==> installing etcd (Debian's etcd-server)"; scripts/install-debian.sh etcd etcd-server; }
 	@command -v java >/dev/null 2>&1 || { echo "==> installing Java 17 for Spark"; scripts/install-debian.sh java openjdk-17-jre-headless; }
@@ -50,6 +55,9 @@ test: setup lint typecheck pytest
 
 bench: setup
 	$(BIN)/python -m benchmarks.storage --quick
+
+chaos: setup
+	$(BIN)/python -m tidelog.testing.nemesis --time $(CHAOS_TIME) --runs $(RUNS) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache

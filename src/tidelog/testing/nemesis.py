@@ -1,0 +1,280 @@
+"""The nemesis: faults chosen at random from a menu, one after another, against a 3-broker cluster under an
+acks-ALL load on a real network (issue 23, item 1).
+
+A run is a :class:`~tidelog.testing.fault_run.FaultRun` with ``network=True`` (every process on a
+:class:`~tidelog.testing.netlab.NetLab` host of its own). A :class:`Plan`, made from a seed before the run
+starts, says when each fault comes, which one, how long it lasts and a number in [0, 1) that picks its target
+among the candidates of that moment (brokers sorted by id; "the leader" is whoever leads partition 0 then).
+The run applies the plan until its time is up, undoes the last fault, and the FaultRun settles (heals, restarts,
+resumes), reads everything back and checks the history. The same seed replays the same plan; targets chosen by
+role follow the cluster, so a replay meets the same faults at the same moments, not always the same broker.
+
+One fault is in force at a time, so at most one broker is down and the cluster can always make progress; what
+is checked is that nothing acknowledged is lost, duplicated or reordered whatever the faults did.
+
+::
+
+    python -m tidelog.testing.nemesis --time 300 --runs 20            # the long, mixed version (make chaos)
+    python -m tidelog.testing.nemesis --time 60 --seed 1234 --faults kill-leader,partition-one
+
+Each run prints its report, its seed and the schedule it applied; the exit status is 1 if any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidelog.testing.fault_run import ELECT_WITHIN, FaultProfile, FaultReport, FaultRun
+
+__all__ = ["FAULTS", "Plan", "PlannedFault", "run_nemesis"]
+
+MIN_GAP_S = 1.0  # quiet load between two faults
+MAX_GAP_S = 3.0
+MIN_LENGTH_S = 1.0  # how long a fault stays in force
+MAX_LENGTH_S = 5.0  # above the lease (2 s in the fault settings): leases lapse, leaders move
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedFault:
+    """One step of a plan: after ``gap`` seconds of quiet, ``fault`` for ``length`` seconds on target ``pick``."""
+
+    gap: float
+    fault: str
+    length: float
+    pick: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The faults of one run, made from its seed alone."""
+
+    seed: int
+    duration: float
+    faults: tuple[str, ...]
+    steps: tuple[PlannedFault, ...]
+
+    @property
+    def replay(self) -> str:
+        """The command line that replays this plan."""
+        return (
+            f"python -m tidelog.testing.nemesis --seed {self.seed} --time {self.duration:g} "
+            f"--faults {','.join(self.faults)}"
+        )
+
+    @classmethod
+    def make(cls, seed: int, duration: float, faults: Sequence[str]) -> Plan:
+        """Steps until their gaps and lengths add up to ``duration`` seconds."""
+        if not faults:
+            raise ValueError("a plan needs at least one fault")
+        unknown = sorted(set(faults) - set(FAULTS))
+        if unknown:
+            raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+        rng = random.Random(seed)
+        steps: list[PlannedFault] = []
+        total = 0.0
+        while True:
+            step = PlannedFault(
+                gap=round(rng.uniform(MIN_GAP_S, MAX_GAP_S), 2),
+                fault=rng.choice(list(faults)),
+                length=round(rng.uniform(MIN_LENGTH_S, MAX_LENGTH_S), 2),
+                pick=rng.random(),
+            )
+            if total + step.gap + step.length > duration and steps:
+                return cls(seed, duration, tuple(faults), tuple(steps))
+            steps.append(step)
+            total += step.gap + step.length
+
+
+@dataclass(slots=True)
+class Schedule:
+    """What a run applied: ``(seconds since the first fault's gap began, what, target)``, in order."""
+
+    started: float = field(default_factory=time.monotonic)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+
+    def add(self, what: str, target: str) -> None:
+        self.events.append((time.monotonic() - self.started, what, target))
+
+    def lines(self) -> list[str]:
+        return [f"{at:7.2f}s {what} {target}" for at, what, target in self.events]
+
+
+# ---- the faults: each applies itself to a target and returns how to undo it ----
+
+Undo = Callable[[], Awaitable[None]]
+
+
+def _pick(candidates: Sequence[str], pick: float) -> str:
+    ordered = sorted(candidates)
+    return ordered[min(int(pick * len(ordered)), len(ordered) - 1)]
+
+
+async def _leader(run: FaultRun) -> str:
+    """Partition 0's leader, waiting (bounded) for one while a leadership is moving after the previous fault."""
+
+    async def has_leader() -> bool:
+        record = await run.partition_record()
+        return record is not None and bool(record.leader)
+
+    await run.cluster.wait_until(has_leader, ELECT_WITHIN, "partition 0 to have a leader")
+    return await run.leader()
+
+
+def _brokers(run: FaultRun) -> list[str]:
+    return [b.id for b in run.cluster.brokers]
+
+
+async def kill_leader(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    victim = await _leader(run)
+    await run.cluster.kill(victim)
+    return victim, lambda: run.cluster.restart(victim)
+
+
+async def kill_one(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    victim = _pick(_brokers(run), pick)
+    await run.cluster.kill(victim)
+    return victim, lambda: run.cluster.restart(victim)
+
+
+async def pause_one(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    victim = _pick(_brokers(run), pick)
+    await run.cluster.pause(victim)
+    return victim, lambda: run.cluster.resume(victim)
+
+
+def _lab(run: FaultRun) -> Undo:
+    lab = run.lab
+    if lab is None:
+        raise RuntimeError("network faults need FaultRun(network=True)")
+    return lab.heal
+
+
+async def partition_one(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    """One broker cut off from every other host (brokers, etcd, NATS); clients still reach it."""
+    heal = _lab(run)
+    assert run.lab is not None
+    victim = _pick(_brokers(run), pick)
+    await run.lab.partition([victim], [name for name in run.lab.hosts if name != victim])
+    return victim, heal
+
+
+async def partition_leader_from_etcd(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    heal = _lab(run)
+    assert run.lab is not None
+    victim = await _leader(run)
+    await run.lab.partition([victim], ["etcd"])
+    return f"{victim} | etcd", heal
+
+
+async def partition_pair(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    """Two brokers cut off from each other, each still reaching the third (a bridge: no clean majority)."""
+    heal = _lab(run)
+    assert run.lab is not None
+    brokers = sorted(_brokers(run))
+    keep = _pick(brokers, pick)
+    a, b = (broker for broker in brokers if broker != keep)
+    await run.lab.partition([a], [b])
+    return f"{a} | {b}", heal
+
+
+async def partition_etcd(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    heal = _lab(run)
+    assert run.lab is not None
+    await run.lab.partition(["etcd"], _brokers(run))
+    return "etcd | all brokers", heal
+
+
+Fault = Callable[[FaultRun, float], Awaitable[tuple[str, Undo]]]
+FAULTS: Mapping[str, Fault] = {
+    "kill-leader": kill_leader,
+    "kill-one": kill_one,
+    "pause-one": pause_one,
+    "partition-one": partition_one,
+    "partition-leader-from-etcd": partition_leader_from_etcd,
+    "partition-pair": partition_pair,
+    "partition-etcd": partition_etcd,
+}
+
+
+# ---- a run ----
+
+
+@dataclass(slots=True)
+class NemesisReport:
+    """A FaultRun's report with the plan's seed and the schedule applied."""
+
+    plan: Plan
+    report: FaultReport
+    schedule: Schedule
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    def __str__(self) -> str:
+        lines = [str(self.report), f"  seed: {self.plan.seed}; replay: {self.plan.replay}", "  schedule:"]
+        lines += [f"    {line}" for line in self.schedule.lines()]
+        return "\n".join(lines)
+
+
+async def run_nemesis(root: Path, plan: Plan, *, partitions: int = 3) -> NemesisReport:
+    """Apply ``plan`` to a fresh cluster under load, then settle and check (see the module docstring)."""
+    profile = FaultProfile(warmup=1.0, hold=1.0, rounds=0, partitions=partitions)
+    run = FaultRun(root, f"nemesis seed {plan.seed}", profile, network=True)
+    schedule = Schedule()
+    async with run:
+        schedule.started = time.monotonic()
+        for step in plan.steps:
+            await asyncio.sleep(step.gap)
+            target, undo = await FAULTS[step.fault](run, step.pick)
+            schedule.add(f"start {step.fault}", target)
+            try:
+                await asyncio.sleep(step.length)
+            finally:
+                await undo()
+                schedule.add(f"stop {step.fault}", target)
+            run.report.rounds += 1
+    return NemesisReport(plan, run.report, schedule)
+
+
+async def _main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tidelog.testing.nemesis", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--time", type=float, default=60.0, help="seconds of faults per run (default 60)")
+    parser.add_argument("--runs", type=int, default=1, help="runs, each with a new seed after the first")
+    parser.add_argument("--seed", type=int, default=None, help="the first run's seed (default: random)")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, from: {', '.join(FAULTS)}")
+    parser.add_argument("--root", type=Path, default=None, help="where runs keep their clusters (a new temp dir)")
+    args = parser.parse_args(argv)
+    if args.time <= 0 or args.runs < 1:
+        parser.error("--time must be positive and --runs at least 1")
+    faults = [name.strip() for name in args.faults.split(",") if name.strip()]
+    root: Path = args.root or Path(tempfile.mkdtemp(prefix="tidelog-nemesis-"))
+    seed = args.seed if args.seed is not None else secrets.randbelow(1 << 31)
+    passed = 0
+    for index in range(args.runs):
+        try:
+            plan = Plan.make(seed + index, args.time, faults)
+        except ValueError as exc:
+            parser.error(str(exc))
+        try:
+            result = await run_nemesis(root / f"run-{index}", plan)
+        except Exception as exc:  # a cluster that did not start, a fault that could not be applied
+            print(f"run {index} (seed {plan.seed}): ERROR {exc!r}", flush=True)
+            continue
+        print(result, flush=True)
+        passed += result.ok
+    print(f"passed: {passed}/{args.runs} runs of {args.time:g}s ({', '.join(faults)})")
+    return 0 if passed == args.runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(_main(sys.argv[1:])))
