@@ -12,7 +12,8 @@ checked, and what its report says, is told there).
 The scenarios: :func:`kill_leader`, :func:`pause_follower`, :func:`pause_leader`, :func:`isolate_leader`,
 :func:`restart_all`, and on real network partitions (:class:`~tidelog.testing.netlab.NetLab`)
 :func:`partition_leader`, :func:`partition_leader_from_etcd`, :func:`partition_follower` and
-:func:`partition_etcd`; ``SCENARIOS`` names them.
+:func:`partition_etcd`, and :func:`corrupt_follower` (disk faults, :mod:`tidelog.testing.disk_faults`);
+``SCENARIOS`` names them.
 ``python -m tidelog.testing.faults NAME --repeat N`` runs one from the command line and prints each report.
 """
 
@@ -20,16 +21,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import random
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from tidelog.testing import disk_faults
+from tidelog.testing.disk_faults import partition_files
 from tidelog.testing.fault_run import (
     ELECT_WITHIN,
     REJOIN_WITHIN,
     SETTINGS,
+    STREAM,
     FaultProfile,
     FaultReport,
     FaultRun,
@@ -40,6 +46,7 @@ from tidelog.testing.workload import tally
 
 __all__ = [
     "SCENARIOS",
+    "corrupt_follower",
     "isolate_leader",
     "kill_leader",
     "pause_follower",
@@ -315,6 +322,57 @@ async def partition_etcd(root: Path, profile: FaultProfile | None = None) -> Fau
     return run.report
 
 
+CORRUPTIONS = ("bitflip", "truncate", "rollback", "checkpoint")
+
+
+async def corrupt_follower(root: Path, profile: FaultProfile | None = None, how: str = "bitflip") -> FaultReport:
+    """Crash a follower of partition 0 (not the controller), damage its files while it is down, start it again:
+    it must notice, repair from the leader (never serve or acknowledge what it lost) and rejoin the ISR, and
+    at rest every replica must hold the same records up to the high watermark (the history check compares
+    them). ``how``: ``bitflip`` (10 bits in the middle of the log), ``truncate`` (the log's last half cut at
+    random), ``rollback`` (a 4 KiB chunk of the log put back as it was a moment before), ``checkpoint`` (bits
+    flipped in its high-watermark and leader-epoch checkpoints)."""
+    if how not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {how!r}; known: {', '.join(CORRUPTIONS)}")
+    profile = profile or FaultProfile.short()
+    run = FaultRun(root, f"corrupt-follower-{how}", profile)
+    rng = random.Random(len(how))  # a fixed choice of bits per kind: a failure replays
+    async with run:
+        await run.hold(profile.warmup)
+        for _ in range(profile.rounds):
+            record = await run.partition_record()
+            assert record is not None
+            controller = await run.cluster.controller_id()
+            followers = [b for b in record.replicas if b != record.leader]
+            victim = next((b for b in followers if b != controller), followers[0])
+            data_dir = run.cluster.broker(victim).data_dir
+            logs = partition_files(data_dir, STREAM, 0)
+            older = {path: disk_faults.snapshot(path) for path in logs} if how == "rollback" else {}
+            if older:
+                await run.hold()
+            await run.cluster.kill(victim)
+            done = []
+            if how == "checkpoint":
+                for name in ("hw-checkpoint", "leader-epoch-checkpoint"):
+                    done += [disk_faults.flip_bits(p, rng, count=4) for p in partition_files(data_dir, STREAM, 0, name)]
+            for path in logs if how != "checkpoint" else []:
+                size = disk_faults.data_end(path)
+                if how == "bitflip":
+                    done.append(disk_faults.flip_bits(path, rng, count=10, start=size // 4, end=3 * size // 4))
+                elif how == "truncate":
+                    done.append(disk_faults.truncate_tail(path, rng))
+                else:
+                    done.append(disk_faults.roll_back(path, older.get(path, b""), rng))
+            run.report.notes.append(f"{victim}: " + "; ".join(done or ["no file found to damage"]))
+            await run.cluster.restart(victim)
+            await run.expect(
+                run.in_isr(victim), REJOIN_WITHIN, f"damaged {victim} to rejoin the ISR", timing="rejoin_s"
+            )
+            await run.hold()
+            run.report.rounds += 1
+    return run.report
+
+
 async def restart_all(root: Path, profile: FaultProfile | None = None) -> FaultReport:
     """Kill a follower (writes go on: the ISR still meets ``min_isr``), then the leader (the survivor leads
     alone and must refuse acks-ALL writes), then restart both: the ISR must be full again and writes resume."""
@@ -353,6 +411,7 @@ SCENARIOS: Mapping[str, Scenario] = {
     "partition-follower": partition_follower,
     "partition-etcd": partition_etcd,
     "restart-all": restart_all,
+    **{f"corrupt-follower-{how}": functools.partial(corrupt_follower, how=how) for how in CORRUPTIONS},
 }
 
 
