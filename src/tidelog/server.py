@@ -359,6 +359,11 @@ class Broker:
                 authorizer=self.authorizer,
                 principals=principals,
                 users=self._user_lookup(keys),
+                max_in_flight=cfg.wire_max_in_flight,
+                max_in_flight_bytes=cfg.wire_max_in_flight_bytes,
+                max_connections=cfg.wire_max_connections,
+                max_connections_per_ip=cfg.wire_max_connections_per_ip,
+                idle_timeout=cfg.wire_idle_timeout_ms / 1000,
             )
             if self.tls is not None:
                 self.tls.start()

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from tidelog.broker.config_loading import ID_PATTERN
 from tidelog.broker.config_values import (
+    NON_NEGATIVE,
     PORT,
+    POSITIVE,
     auto_bool_kind,
     bool_kind,
     choice_kind,
@@ -84,6 +86,56 @@ class ConnectionSettings:
         bool_kind(),
         "Export per-partition series (offsets, high watermark, ISR, lag per follower and per consumer group). "
         "Off: only per-broker totals, for brokers with very many partitions.",
+    )
+
+    # -- limits per client (docs/operations.md, "Limits under abuse") --
+    wire_max_connections: int = setting(
+        4096,
+        POSITIVE,
+        "Most wire protocol connections open at once, clients and other brokers together. One more is answered "
+        "with one UNAVAILABLE error frame and closed. The broker raises its open-file limit (ulimit -n) to fit "
+        "these and the gRPC ones, and refuses to start when the hard limit is too low.",
+    )
+    wire_max_connections_per_ip: int = setting(
+        1024,
+        POSITIVE,
+        "Most wire protocol connections open at once from one client address (brokers on one host share one): "
+        "one more is refused like one over wire_max_connections, so one host cannot take every connection.",
+    )
+    wire_max_in_flight: int = setting(
+        256,
+        POSITIVE,
+        "Requests one wire connection may have unanswered (pipelined); the connection is not read while it has "
+        "this many, so a client that pipelines without limit, or never reads its replies, holds at most this "
+        "many requests and replies in the broker.",
+    )
+    wire_max_in_flight_bytes: int = setting(
+        64 * 1024 * 1024,
+        POSITIVE,
+        "Request bytes one wire connection may have unanswered (one request alone always goes through).",
+    )
+    wire_idle_timeout_ms: int = setting(
+        600_000,
+        NON_NEGATIVE,
+        "A wire connection with nothing in flight that sends no request for this long is closed (clients dial "
+        "again when they next need it). 0: never.",
+    )
+    grpc_max_concurrent_streams: int = setting(
+        100,
+        POSITIVE,
+        "Calls one gRPC connection may have open at once (HTTP/2 concurrent streams); a client's further calls "
+        "wait until one ends.",
+    )
+    grpc_max_concurrent_rpcs: int = setting(
+        10_000,
+        POSITIVE,
+        "gRPC calls open at once over all connections (Subscribe streams included); one more is refused with "
+        "RESOURCE_EXHAUSTED.",
+    )
+    grpc_idle_timeout_ms: int = setting(
+        600_000,
+        NON_NEGATIVE,
+        "A gRPC connection with no call open for this long is closed (GOAWAY; clients reconnect). 0: never.",
     )
 
     # -- TLS (docs/security.md) --
