@@ -27,6 +27,7 @@ from tidelog.api.authorizer import Authorizer
 from tidelog.api.principals import PrincipalResolver, UserLookup
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
+from tidelog.api.wire.connection_limits import ensure_descriptors
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.activity_stream import ACTIVITY_CONFIG, ActivityPublisher
 from tidelog.broker.config import BrokerConfig, ensure_broker_id
@@ -218,6 +219,7 @@ class Broker:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         _refuse_taken_ports(cfg)
+        ensure_descriptors(cfg.wire_max_connections)  # an open-file limit too low refuses now, in one line
         telemetry.set_enabled(cfg.metrics_enabled)
         # TLS files and NATS credentials are checked before anything starts: a typo refuses at once, in one line.
         self.tls = server_tls(cfg)
