@@ -14,6 +14,7 @@ import os
 import resource
 import socket
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -125,6 +126,7 @@ async def test_a_client_pipelining_fetches_it_never_reads_holds_at_most_its_in_f
         client = await Peer.connect(served.port)
         await produce_answered(client, 1)
         before = open_descriptors()
+        tracemalloc.start()
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read from it
         sock.setblocking(False)
@@ -140,8 +142,11 @@ async def test_a_client_pipelining_fetches_it_never_reads_holds_at_most_its_in_f
                     await greedy.writer.drain()
         assert sent > 1000
         await produce_answered(client, 2)  # served meanwhile
+        grown, _ = tracemalloc.get_traced_memory()  # the greedy client's unsent requests included
+        tracemalloc.stop()
         held = open_descriptors() - before
         assert held <= 16 + 8, f"{held} descriptors held for a client that reads nothing"
+        assert grown < 8 * 1024 * 1024, f"{grown:,} bytes allocated for {sent:,} requests never read"
         greedy.close()
         client.close()
 
