@@ -90,17 +90,20 @@ class ConnectionSettings:
 
     # -- limits per client (docs/operations.md, "Limits under abuse") --
     wire_max_connections: int = setting(
-        4096,
-        POSITIVE,
-        "Most wire protocol connections open at once, clients and other brokers together. One more is answered "
-        "with one UNAVAILABLE error frame and closed. The broker raises its open-file limit (ulimit -n) to fit "
-        "these and the gRPC ones, and refuses to start when the hard limit is too low.",
+        0,
+        NON_NEGATIVE,
+        "Most wire protocol connections open at once, clients and other brokers together (a follower opens one per "
+        "partition it follows from this broker). One more is answered with one UNAVAILABLE error frame and "
+        "closed. Set, the broker raises its open-file limit (ulimit -n) to fit them and refuses to start when the "
+        "hard limit is too low. 0: no limit but the open-file limit.",
     )
     wire_max_connections_per_ip: int = setting(
-        1024,
-        POSITIVE,
-        "Most wire protocol connections open at once from one client address (brokers on one host share one): "
-        "one more is refused like one over wire_max_connections, so one host cannot take every connection.",
+        0,
+        NON_NEGATIVE,
+        "Most wire protocol connections open at once from one client address, refused like those over "
+        "wire_max_connections, so that one host cannot take every connection. Brokers on one host share one "
+        "address, and a follower opens one connection per partition it follows from this broker: set it above "
+        "that. 0: no limit.",
     )
     wire_max_in_flight: int = setting(
         256,

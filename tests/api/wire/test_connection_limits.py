@@ -160,6 +160,8 @@ def test_the_limits_count_by_address_and_release() -> None:
     limits.release("a")
     assert limits.admit("c") is None
     assert limits.open == 3
+    unlimited = ConnectionLimits(0, 0)  # the default: no limit
+    assert all(unlimited.admit("a") is None for _ in range(10_000))
 
 
 def test_the_open_file_limit_is_raised_to_fit_or_the_broker_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,3 +173,5 @@ def test_the_open_file_limit_is_raised_to_fit_or_the_broker_refuses(monkeypatch:
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 4096))
     with pytest.raises(ConfigError, match=r"needs an open-file limit of 5120; .* at most 4096 \(ulimit -Hn\)"):
         ensure_descriptors(4096, reserve=1024)
+    assert ensure_descriptors(0) == 1024  # no limit set: nothing to fit, nothing changed
+    assert len(raised) == 1

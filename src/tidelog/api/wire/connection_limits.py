@@ -4,10 +4,14 @@ A client that opens thousands of connections and sends nothing on them costs the
 session each; with no bound it ends in ``EMFILE``, and then the broker can open neither a segment file nor a
 connection for anyone else. :class:`ConnectionLimits` counts the open connections, in all
 (``wire_max_connections``) and per peer address (``wire_max_connections_per_ip``, so one host cannot take every
-connection); the server answers one over either limit with a single UNAVAILABLE error frame (correlation id 0,
+connection). The server answers one over either limit with a single UNAVAILABLE error frame (correlation id 0,
 the message naming the setting) and closes it before any request of it is read.
 
-:func:`ensure_descriptors` makes the limits honest: at start it raises the process's soft ``RLIMIT_NOFILE`` to
+Both are off (0) by default, as Kafka's and Redpanda's are: replication counts too (a follower opens one
+connection per partition it follows from a leader, and the brokers of a development cluster share 127.0.0.1),
+so a right value depends on the cluster's size and on who can connect.
+
+:func:`ensure_descriptors` makes a set limit honest: at start it raises the process's soft ``RLIMIT_NOFILE`` to
 fit the wire connections plus a reserve for the broker's own files, and refuses to start (one clear line) when the
 hard limit does not allow it, rather than failing later with ``EMFILE`` under load.
 
@@ -36,8 +40,9 @@ class ConnectionLimits:
     __slots__ = ("_by_address", "_open", "max_connections", "max_per_address")
 
     def __init__(self, max_connections: int, max_per_address: int) -> None:
-        if max_connections < 1 or max_per_address < 1:
-            raise ValueError(f"connection limits must be at least 1, not {max_connections} and {max_per_address}")
+        """A limit of 0 is no limit."""
+        if max_connections < 0 or max_per_address < 0:
+            raise ValueError(f"connection limits are 0 (none) or more, not {max_connections} and {max_per_address}")
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self._open = 0
@@ -50,12 +55,12 @@ class ConnectionLimits:
     def admit(self, address: str) -> str | None:
         """Count a new connection from ``address`` and return None, or return why it is refused (then it is not
         counted): one line naming the limit and its setting."""
-        if self._open >= self.max_connections:
+        if self.max_connections and self._open >= self.max_connections:
             return (
                 f"this broker serves at most {self.max_connections} wire connections at once (wire_max_connections) "
                 "and has that many open: try again later or another broker"
             )
-        if self._by_address[address] >= self.max_per_address:
+        if self.max_per_address and self._by_address[address] >= self.max_per_address:
             return (
                 f"this broker serves at most {self.max_per_address} wire connections at once from one address "
                 f"(wire_max_connections_per_ip), and {address} has that many open"
@@ -77,9 +82,11 @@ class ConnectionLimits:
 def ensure_descriptors(connections: int, reserve: int = DESCRIPTOR_RESERVE) -> int:
     """Make sure this process may open ``connections`` sockets plus ``reserve`` other files: raise the soft
     ``RLIMIT_NOFILE`` as far as needed (never lower it); raise :class:`ConfigError` when the hard limit is too
-    low. Returns the soft limit in force."""
-    needed = connections + reserve
+    low. ``connections`` 0 (no limit) changes nothing. Returns the soft limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if not connections:
+        return soft
+    needed = connections + reserve
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return needed if soft == resource.RLIM_INFINITY else soft
     if hard != resource.RLIM_INFINITY and hard < needed:

@@ -17,7 +17,7 @@ backpressure, error frames) is :mod:`tidelog.api.wire.session`; what each op doe
     await wire.stop(grace=5.0)
 
 Limits (:mod:`tidelog.api.wire.connection_limits`): at most ``max_connections`` connections in all and
-``max_connections_per_ip`` from one address (one more gets one UNAVAILABLE error frame and is closed); each
+``max_connections_per_ip`` from one address, when set (one more gets one UNAVAILABLE error frame and is closed); each
 connection has at most ``max_in_flight`` requests (``max_in_flight_bytes`` of them) unanswered, which bounds
 what a client that pipelines without limit or never reads its replies holds in the broker; a connection idle
 for ``idle_timeout`` seconds is closed.
@@ -90,8 +90,8 @@ class WireServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_in_flight: int = 256,
         max_in_flight_bytes: int = 64 * 1024 * 1024,
-        max_connections: int = 4096,
-        max_connections_per_ip: int = 1024,
+        max_connections: int = 0,
+        max_connections_per_ip: int = 0,
         idle_timeout: float = 600.0,
         zero_copy: bool = True,
         authorizer: Authorizer | None = None,
@@ -101,9 +101,9 @@ class WireServer:
         """``max_in_flight`` requests or ``max_in_flight_bytes`` of request bytes unanswered on one connection
         make it stop reading until replies go out; what all connections together start in one turn of the loop
         is bounded too (:mod:`tidelog.api.wire.admission`). ``max_connections`` (in all) and
-        ``max_connections_per_ip`` bound the open connections; one with nothing in flight that sends nothing for
-        ``idle_timeout`` seconds (0: never) is closed. ``zero_copy`` allows ``os.sendfile`` for fetches on
-        connections without TLS (it is always off with TLS, whose bytes must pass through Python).
+        ``max_connections_per_ip`` bound the open connections (0: no limit); one with nothing in flight that
+        sends nothing for ``idle_timeout`` seconds (0: never) is closed. ``zero_copy`` allows ``os.sendfile`` for
+        fetches on connections without TLS (it is always off with TLS, whose bytes must pass through Python).
 
         With ``authorizer``, each connection's principal is resolved once when it is accepted (by
         ``principals``) and every request is checked against :data:`~tidelog.api.access_table.WIRE_ACCESS`
