@@ -124,16 +124,17 @@ class ConnectionSettings:
         "again when they next need it). 0: never.",
     )
     grpc_max_concurrent_streams: int = setting(
-        100,
-        POSITIVE,
+        0,
+        NON_NEGATIVE,
         "Calls one gRPC connection may have open at once (HTTP/2 concurrent streams); a client's further calls "
-        "wait until one ends.",
+        "wait until one ends. Liftbridge clients open every subscription of a broker on one connection: set it "
+        "above the partitions one client subscribes to. 0: gRPC's default (no limit).",
     )
     grpc_max_concurrent_rpcs: int = setting(
-        10_000,
-        POSITIVE,
-        "gRPC calls open at once over all connections (Subscribe streams included); one more is refused with "
-        "RESOURCE_EXHAUSTED.",
+        0,
+        NON_NEGATIVE,
+        "gRPC calls open at once over all connections (each Subscribe is one while it lasts); one more is refused "
+        "with RESOURCE_EXHAUSTED. 0: no limit.",
     )
     grpc_idle_timeout_ms: int = setting(
         600_000,
