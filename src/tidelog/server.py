@@ -27,6 +27,7 @@ from tidelog.api.authorizer import Authorizer
 from tidelog.api.principals import PrincipalResolver, UserLookup
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
+from tidelog.api.wire.connection_limits import ensure_descriptors
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.activity_stream import ACTIVITY_CONFIG, ActivityPublisher
 from tidelog.broker.config import BrokerConfig, ensure_broker_id
@@ -218,6 +219,7 @@ class Broker:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         _refuse_taken_ports(cfg)
+        ensure_descriptors(cfg.wire_max_connections)  # an open-file limit too low refuses now, in one line
         telemetry.set_enabled(cfg.metrics_enabled)
         # TLS files and NATS credentials are checked before anything starts: a typo refuses at once, in one line.
         self.tls = server_tls(cfg)
@@ -359,6 +361,11 @@ class Broker:
                 authorizer=self.authorizer,
                 principals=principals,
                 users=self._user_lookup(keys),
+                max_in_flight=cfg.wire_max_in_flight,
+                max_in_flight_bytes=cfg.wire_max_in_flight_bytes,
+                max_connections=cfg.wire_max_connections,
+                max_connections_per_ip=cfg.wire_max_connections_per_ip,
+                idle_timeout=cfg.wire_idle_timeout_ms / 1000,
             )
             if self.tls is not None:
                 self.tls.start()

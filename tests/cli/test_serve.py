@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import resource
 import signal
 import socket
 from collections.abc import Iterator
@@ -224,6 +225,19 @@ async def test_a_taken_port_is_one_line_naming_it_and_its_setting(
     assert line.startswith("Error: cannot start the broker: ")
     assert f"{what} cannot listen on 127.0.0.1:{taken_port}" in line
     assert f"{flag} PORT" in line and setting in line
+
+
+async def test_more_connections_than_the_open_file_limit_allows_is_one_line_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit on open files here")
+    output = await refused(serve(tmp_path, "--port=0", "--wire-port=0", "-s", f"wire_max_connections={hard}"))
+    assert "Traceback" not in output
+    (line,) = output.strip().splitlines()
+    assert line.startswith("Error: wire_max_connections allows ")
+    assert f"may open at most {hard} (ulimit -Hn)" in line
 
 
 async def test_a_start_that_failed_on_a_taken_nats_port_leaves_a_usable_data_directory(

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from tidelog.broker.config_loading import ID_PATTERN
 from tidelog.broker.config_values import (
+    NON_NEGATIVE,
     PORT,
+    POSITIVE,
     auto_bool_kind,
     bool_kind,
     choice_kind,
@@ -84,6 +86,60 @@ class ConnectionSettings:
         bool_kind(),
         "Export per-partition series (offsets, high watermark, ISR, lag per follower and per consumer group). "
         "Off: only per-broker totals, for brokers with very many partitions.",
+    )
+
+    # -- limits per client (docs/operations.md, "Limits under abuse") --
+    wire_max_connections: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Most wire protocol connections open at once, clients and other brokers together (a follower opens one per "
+        "partition it follows from this broker). One more is answered with one UNAVAILABLE error frame and "
+        "closed. Set, the broker raises its open-file limit (ulimit -n) to fit them and refuses to start when the "
+        "hard limit is too low. 0: no limit but the open-file limit.",
+    )
+    wire_max_connections_per_ip: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Most wire protocol connections open at once from one client address, refused like those over "
+        "wire_max_connections, so that one host cannot take every connection. Brokers on one host share one "
+        "address, and a follower opens one connection per partition it follows from this broker: set it above "
+        "that. 0: no limit.",
+    )
+    wire_max_in_flight: int = setting(
+        256,
+        POSITIVE,
+        "Requests one wire connection may have unanswered (pipelined); the connection is not read while it has "
+        "this many, so a client that pipelines without limit, or never reads its replies, holds at most this "
+        "many requests and replies in the broker.",
+    )
+    wire_max_in_flight_bytes: int = setting(
+        64 * 1024 * 1024,
+        POSITIVE,
+        "Request bytes one wire connection may have unanswered (one request alone always goes through).",
+    )
+    wire_idle_timeout_ms: int = setting(
+        600_000,
+        NON_NEGATIVE,
+        "A wire connection with nothing in flight that sends no request for this long is closed (clients dial "
+        "again when they next need it). 0: never.",
+    )
+    grpc_max_concurrent_streams: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Calls one gRPC connection may have open at once (HTTP/2 concurrent streams); a client's further calls "
+        "wait until one ends. Liftbridge clients open every subscription of a broker on one connection: set it "
+        "above the partitions one client subscribes to. 0: gRPC's default (no limit).",
+    )
+    grpc_max_concurrent_rpcs: int = setting(
+        0,
+        NON_NEGATIVE,
+        "gRPC calls open at once over all connections (each Subscribe is one while it lasts); one more is refused "
+        "with RESOURCE_EXHAUSTED. 0: no limit.",
+    )
+    grpc_idle_timeout_ms: int = setting(
+        600_000,
+        NON_NEGATIVE,
+        "A gRPC connection with no call open for this long is closed (GOAWAY; clients reconnect). 0: never.",
     )
 
     # -- TLS (docs/security.md) --

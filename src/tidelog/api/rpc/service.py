@@ -185,12 +185,20 @@ class GrpcServer:
         interceptors: list[Any] = [_RequestTiming()]
         if authorizer is not None:
             interceptors.insert(0, AuthorizationInterceptor(authorizer, principals or PrincipalResolver("cn", ())))
+        cfg = ctx.config
         self._server = grpc.aio.server(
             interceptors=interceptors,
             options=[
-                ("grpc.max_receive_message_length", ctx.config.max_message_bytes + 64 * 1024),
+                ("grpc.max_receive_message_length", cfg.max_message_bytes + 64 * 1024),
                 ("grpc.so_reuseport", 0),
+                *(
+                    [("grpc.max_concurrent_streams", cfg.grpc_max_concurrent_streams)]
+                    if cfg.grpc_max_concurrent_streams
+                    else []
+                ),
+                *([("grpc.max_connection_idle_ms", cfg.grpc_idle_timeout_ms)] if cfg.grpc_idle_timeout_ms else []),
             ],
+            maximum_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs or None,  # 0: no limit
         )
         api_pb2_grpc.add_APIServicer_to_server(LiftbridgeService(ctx), self._server)
         self.appends = GrpcAppends(ctx)

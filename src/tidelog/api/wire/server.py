@@ -16,6 +16,12 @@ backpressure, error frames) is :mod:`tidelog.api.wire.session`; what each op doe
     ...
     await wire.stop(grace=5.0)
 
+Limits (:mod:`tidelog.api.wire.connection_limits`): at most ``max_connections`` connections in all and
+``max_connections_per_ip`` from one address, when set (one more gets one UNAVAILABLE error frame and is closed); each
+connection has at most ``max_in_flight`` requests (``max_in_flight_bytes`` of them) unanswered, which bounds
+what a client that pipelines without limit or never reads its replies holds in the broker; a connection idle
+for ``idle_timeout`` seconds is closed.
+
 Stopping: the listener closes first (no new connections); every session stops reading, wakes its long-polling
 fetches to answer at once, and writes the replies it still owes. Whatever is unfinished after ``grace``
 seconds is cancelled and its connection closed. Appends started for ``acks=NONE`` produces are awaited within
@@ -39,10 +45,13 @@ from tidelog.api.principals import ConnectionIdentity, PrincipalResolver, UserLo
 from tidelog.api.wire import admin, append, control, cursors, fetch, handlers, producers, replica, sasl
 from tidelog.api.wire import groups as group_ops
 from tidelog.api.wire.admission import TurnBudget
+from tidelog.api.wire.connection_limits import ConnectionLimits, ensure_descriptors
 from tidelog.api.wire.handlers import Route
 from tidelog.api.wire.session import Session
 from tidelog.broker.context import BrokerContext
+from tidelog.protocol.errors import UnavailableError
 from tidelog.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Op
+from tidelog.protocol.message_codec import encode_error
 from tidelog.protocol.tls import following_context
 
 log = logging.getLogger(__name__)
@@ -61,6 +70,12 @@ ROUTES: dict[int, Route] = {
 }
 """Every op this server answers, by family; anything else gets an UNSUPPORTED error frame."""
 
+REFUSED_LINGER = 1.0
+"""Seconds a refused connection stays half-open so that its client reads the reason (:meth:`WireServer._refuse`)."""
+
+REFUSED_LINGERING = 256
+"""Refused connections that may linger at once; more are closed at once."""
+
 
 class WireServer:
     """Serves the tidelog wire protocol for one broker."""
@@ -75,6 +90,9 @@ class WireServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_in_flight: int = 256,
         max_in_flight_bytes: int = 64 * 1024 * 1024,
+        max_connections: int = 0,
+        max_connections_per_ip: int = 0,
+        idle_timeout: float = 600.0,
         zero_copy: bool = True,
         authorizer: Authorizer | None = None,
         principals: PrincipalResolver | None = None,
@@ -82,8 +100,10 @@ class WireServer:
     ) -> None:
         """``max_in_flight`` requests or ``max_in_flight_bytes`` of request bytes unanswered on one connection
         make it stop reading until replies go out; what all connections together start in one turn of the loop
-        is bounded too (:mod:`tidelog.api.wire.admission`). ``zero_copy`` allows ``os.sendfile`` for fetches on
-        connections without TLS (it is always off with TLS, whose bytes must pass through Python).
+        is bounded too (:mod:`tidelog.api.wire.admission`). ``max_connections`` (in all) and
+        ``max_connections_per_ip`` bound the open connections (0: no limit); one with nothing in flight that
+        sends nothing for ``idle_timeout`` seconds (0: never) is closed. ``zero_copy`` allows ``os.sendfile`` for
+        fetches on connections without TLS (it is always off with TLS, whose bytes must pass through Python).
 
         With ``authorizer``, each connection's principal is resolved once when it is accepted (by
         ``principals``) and every request is checked against :data:`~tidelog.api.access_table.WIRE_ACCESS`
@@ -97,6 +117,10 @@ class WireServer:
         self._max_in_flight = max_in_flight
         self._max_in_flight_bytes = max_in_flight_bytes
         self._budget = TurnBudget()
+        self._limits = ConnectionLimits(max_connections, max_connections_per_ip)
+        self._idle_timeout = idle_timeout
+        self._sweeper: asyncio.Task[None] | None = None
+        self._lingering = 0  # refused connections waiting for their client to read the reason
         self._authorizer = authorizer
         self._principals = principals or PrincipalResolver("cn", ())
         self._users = users
@@ -116,7 +140,14 @@ class WireServer:
     def connections(self) -> int:
         return len(self._sessions)
 
+    @property
+    def limits(self) -> ConnectionLimits:
+        return self._limits
+
     async def start(self) -> None:
+        """Listen; :class:`~tidelog.broker.config_values.ConfigError` when the process cannot open as many files
+        as ``max_connections`` needs (:func:`ensure_descriptors`)."""
+        ensure_descriptors(self._limits.max_connections)
         loop = asyncio.get_running_loop()
         self._stopping = loop.create_future()
         self._server = await loop.create_server(
@@ -126,6 +157,8 @@ class WireServer:
             ssl=self._listener_context(),
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
+        if self._idle_timeout > 0:
+            self._sweeper = loop.create_task(self._sweep_idle(), name="wire-idle-sweep")
         log.debug("wire server listening on %s:%d", self._host, self._port)
 
     def _listener_context(self) -> ssl_.SSLContext | None:
@@ -140,6 +173,54 @@ class WireServer:
         if self._stopping.done():
             writer.close()
             return
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        refused = self._limits.admit(address)
+        if refused is not None:
+            self._refuse(protocol, writer, address, refused)
+            return
+        try:
+            await self._serve(protocol, writer)
+        finally:
+            self._limits.release(address)
+
+    def _refuse(self, protocol: _WireProtocol, writer: asyncio.StreamWriter, address: str, why: str) -> None:
+        """Answer a connection over a limit with one UNAVAILABLE error frame and close it; nothing of it is read.
+
+        The reply is followed by our end of the stream, and what the client sends meanwhile is read and dropped
+        for up to :data:`REFUSED_LINGER` seconds (or until it closes): closing a socket with unread bytes would
+        reset it, and the client would lose the reason. At most :data:`REFUSED_LINGERING` refused connections
+        linger at once (a flood of them must not hold descriptors); past that they are closed at once."""
+        log.warning("wire connection from %s refused: %s", address, why)
+        protocol.discard_input()
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            writer.writelines(encode_error(0, 0, UnavailableError(why).to_error_body()))
+            if self._lingering < REFUSED_LINGERING and writer.can_write_eof():
+                writer.write_eof()
+                self._lingering += 1
+                asyncio.get_running_loop().call_later(REFUSED_LINGER, self._end_linger, writer)
+                return
+        writer.close()
+
+    def _end_linger(self, writer: asyncio.StreamWriter) -> None:
+        self._lingering -= 1
+        writer.close()
+
+    async def _sweep_idle(self) -> None:
+        """Close the connections that have had nothing in flight and sent nothing for ``idle_timeout`` seconds,
+        checking a few times per timeout."""
+        period = min(max(self._idle_timeout / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for session in list(self._sessions):
+                since = session.idle_since()
+                if since is not None and now - since >= self._idle_timeout:
+                    idle = now - since
+                    log.info("wire connection %s idle %.0f s (wire_idle_timeout_ms): closing it", session.peer, idle)
+                    session.stop_reading()
+
+    async def _serve(self, protocol: _WireProtocol, writer: asyncio.StreamWriter) -> None:
         identity = ConnectionIdentity(self._principals.of_wire(writer), self._ssl is not None, self._users)
         session = Session(
             self._ctx,
@@ -186,6 +267,8 @@ class WireServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         deadline = time.monotonic() + grace
         assert self._stopping is not None
         if not self._stopping.done():
@@ -235,6 +318,7 @@ class _WireProtocol(asyncio.StreamReaderProtocol):
         self._tls = tls  # over TLS a half-close cannot be kept open (the TLS layer warns when asked to)
         self._session: Session | None = None
         self._early: list[bytes] = []
+        self._discarding = False
         self._ended: tuple[BaseException | None] | None = None  # input ended before the session was attached
 
     def attach(self, session: Session) -> None:
@@ -245,13 +329,23 @@ class _WireProtocol(asyncio.StreamReaderProtocol):
         if self._ended is not None:
             session.end_of_input(self._ended[0])
 
+    def discard_input(self) -> None:
+        """Read and drop whatever the peer sends from here on (a refused connection, closing)."""
+        self._early = []
+        self._session = None
+        self._discarding = True
+
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
         if self._session is not None:
             self._session.feed(data)
         else:
             self._early.append(data)
 
     def eof_received(self) -> bool | None:
+        if self._discarding:
+            return False  # a refused connection: the client has read the reason and left; close
         self._end(None)
         keep_open = super().eof_received()
         return False if self._tls else keep_open

@@ -43,6 +43,9 @@ Winding down. When the peer closes its side (EOF), the stream breaks, or the ser
 will come: long-polling fetches in progress answer at once (empty) instead of holding the connection open
 until their deadline, the replies still owed are written, and the connection closes.
 
+Idleness. :meth:`Session.idle_since` tells the server's idle sweep when the connection last read or replied,
+while it has nothing in flight; the server closes it (:meth:`Session.stop_reading`) past ``wire_idle_timeout_ms``.
+
 Authorization. With ACLs on, the server gives the session an ``authorize`` check: each request is checked, by
 the connection's principal at that moment (:class:`~tidelog.api.principals.ConnectionIdentity`, which a SCRAM
 login changes), right after its header decodes and before its ``admit`` hook or handler; a refusal is the
@@ -150,6 +153,7 @@ class Session:
         self._reading_paused = False  # by backpressure
         self._sending = False  # the writer is writing or draining: the fast path must not interleave
         self._writer_task: asyncio.Task[None] | None = None
+        self._last_active = time.monotonic()  # a read or a reply leaving: the idle timeout counts from here
         sock = writer.get_extra_info("socket")
         self._socket_fd: int = sock.fileno() if sock is not None else -1
         self.peer = writer.get_extra_info("peername")
@@ -162,6 +166,13 @@ class Session:
             await asyncio.wait((self._writer_task,))
         finally:
             self.abort()
+
+    def idle_since(self) -> float | None:
+        """When (``time.monotonic()``) this connection last read bytes or sent a reply, if it has nothing in
+        flight or waiting now; None while it has (a long-poll in progress is not idleness)."""
+        if self._slots or self._waiting or self._no_more_slots:
+            return None
+        return self._last_active
 
     def stop_reading(self) -> None:
         """Take no further requests; the ones already admitted are answered, then the connection closes."""
@@ -192,6 +203,7 @@ class Session:
         limits and the turn's budget allow; the rest wait, and reading pauses (the module docstring)."""
         if self._no_more_slots or self._input_over is not None:
             return  # stopped reading, or the stream broke: nothing more is answered
+        self._last_active = time.monotonic()
         try:
             self._waiting.extend(self._decoder.feed(data))
         except FrameError as exc:
@@ -301,6 +313,7 @@ class Session:
         """Take the first slot off the FIFO as its reply goes out; resume reading once there is room again."""
         slot = self._slots.popleft()
         self._held_bytes -= slot.nbytes
+        self._last_active = time.monotonic()
         self._want_writer_if_due()
         if self._reading_paused and not self._no_more_slots and not self._admit_scheduled:
             if self._waiting:
