@@ -24,6 +24,7 @@ from typing import Any
 
 from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
+from tidelog.api.password_check import PasswordCheck
 from tidelog.api.principals import PrincipalResolver, UserLookup
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
@@ -348,8 +349,15 @@ class Broker:
                     ", ".join(sorted(principals.broker_names)) or "(none)",
                     ", ".join(sorted(cfg.super_users)) or "(none)",
                 )
+            users = self._user_lookup(keys)
             self.grpc = GrpcServer(
-                self.context, cfg.host, cfg.port, tls=self.tls, authorizer=self.authorizer, principals=principals
+                self.context,
+                cfg.host,
+                cfg.port,
+                tls=self.tls,
+                authorizer=self.authorizer,
+                principals=principals,
+                passwords=PasswordCheck(users),
             )
             self.wire = WireServer(
                 self.context,
@@ -358,7 +366,7 @@ class Broker:
                 ssl=self.tls.context if self.tls is not None else None,
                 authorizer=self.authorizer,
                 principals=principals,
-                users=self._user_lookup(keys),
+                users=users,
             )
             if self.tls is not None:
                 self.tls.start()
