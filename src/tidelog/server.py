@@ -24,8 +24,9 @@ from typing import Any
 
 from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
-from tidelog.api.password_check import PasswordCheck
-from tidelog.api.principals import PrincipalResolver, UserLookup
+from tidelog.api.http_access import HttpAccess
+from tidelog.api.password_check import PasswordCheck, etcd_users
+from tidelog.api.principals import PrincipalResolver
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
 from tidelog.api.wire.server import WireServer
@@ -61,10 +62,9 @@ from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
-from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
+from tidelog.metadata.records import BrokerRecord, StreamRecord
 from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.metadata.store import MetadataStore
-from tidelog.metadata.user_records import get_user
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.tiered_store import (
@@ -349,7 +349,8 @@ class Broker:
                     ", ".join(sorted(principals.broker_names)) or "(none)",
                     ", ".join(sorted(cfg.super_users)) or "(none)",
                 )
-            users = self._user_lookup(keys)
+            users = etcd_users(self.etcd, keys)
+            passwords = PasswordCheck(users)
             self.grpc = GrpcServer(
                 self.context,
                 cfg.host,
@@ -357,7 +358,7 @@ class Broker:
                 tls=self.tls,
                 authorizer=self.authorizer,
                 principals=principals,
-                passwords=PasswordCheck(users),
+                passwords=passwords,
             )
             self.wire = WireServer(
                 self.context,
@@ -371,7 +372,7 @@ class Broker:
             if self.tls is not None:
                 self.tls.start()
             await self.wire.start()
-            await self._start_http()
+            await self._start_http(HttpAccess(self.authorizer, principals, passwords) if self.authorizer else None)
             wire_port = cfg.advertise_wire_port or self.wire.port
             record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns())
             await self.store.register_broker(record, ttl)
@@ -447,8 +448,8 @@ class Broker:
         await self.etcd.connect()
         await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
 
-    async def _start_http(self) -> None:
-        """The HTTP port, reading the parts started so far (see :mod:`tidelog.ui`)."""
+    async def _start_http(self, guard: HttpAccess | None = None) -> None:
+        """The HTTP port, reading the parts started so far (see :mod:`tidelog.ui`), checked by ``guard`` if any."""
         assert self.manager is not None and self.mirror is not None and self.election is not None
         assert self.groups is not None
         view = BrokerView(
@@ -465,7 +466,7 @@ class Broker:
         )
         try:
             tls = following_context(self.tls.context) if self.tls is not None else None  # no plaintext with TLS on
-            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port, tls=tls)
+            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port, tls=tls, guard=guard)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
@@ -495,16 +496,6 @@ class Broker:
     def _controller(self) -> Controller:
         assert self.controller is not None
         return self.controller
-
-    def _user_lookup(self, keys: Keys) -> UserLookup:
-        """SCRAM logins' credentials, read from etcd at each login (users change rarely; logins are per
-        connection)."""
-
-        async def lookup(name: str) -> tuple[bytes, bytes, bytes, int] | None:
-            record = await get_user(self.etcd, keys, name)
-            return record.auth_info() if record is not None else None
-
-        return lookup
 
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""

@@ -23,13 +23,16 @@ import hashlib
 import hmac
 import secrets
 import time
+from typing import Any
 
 from scramp import ScramClient, ScramException, ScramMechanism
 
 from tidelog.api.principals import Principal, UserLookup
+from tidelog.metadata.records import Keys
+from tidelog.metadata.user_records import get_user
 from tidelog.protocol.auth_messages import SCRAM_SHA_256
 
-__all__ = ["CONCURRENT_CHECKS", "REMEMBER_SECONDS", "LoginFailed", "PasswordCheck", "password_matches"]
+__all__ = ["CONCURRENT_CHECKS", "REMEMBER_SECONDS", "LoginFailed", "PasswordCheck", "etcd_users", "password_matches"]
 
 REMEMBER_SECONDS = 10.0
 """How long a checked (user, password) stays valid without another PBKDF2 run and etcd read."""
@@ -48,6 +51,17 @@ def _decoy() -> tuple[bytes, bytes, bytes, int]:
     """Credentials no password matches, for users that do not exist."""
     salt, stored_key, server_key, count = _MECHANISM.make_auth_info(secrets.token_hex(32), iteration_count=4096)
     return salt, stored_key, server_key, count
+
+
+def etcd_users(client: Any, keys: Keys) -> UserLookup:
+    """The users ``tidelog user add`` keeps in etcd, read at each lookup (a wire login, or a gRPC or HTTP password
+    not checked in the last :data:`REMEMBER_SECONDS`): a deleted user logs in no more."""
+
+    async def lookup(name: str) -> tuple[bytes, bytes, bytes, int] | None:
+        record = await get_user(client, keys, name)
+        return record.auth_info() if record is not None else None
+
+    return lookup
 
 
 def password_matches(user: str, password: str, info: tuple[bytes, bytes, bytes, int]) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 from tidelog.api.password_check import LoginFailed, PasswordCheck
 from tidelog.api.principals import Principal, PrincipalResolver
 
-__all__ = ["AUTHORIZATION_KEY", "CallPrincipals", "CallRefused", "basic_authorization"]
+__all__ = ["AUTHORIZATION_KEY", "CallPrincipals", "CallRefused", "basic_authorization", "user_and_password"]
 
 AUTHORIZATION_KEY = "authorization"
 _BASIC = "basic "
@@ -42,7 +42,9 @@ def basic_authorization(user: str, password: str) -> tuple[str, str]:
     return AUTHORIZATION_KEY, f"Basic {token}"
 
 
-def _user_and_password(value: str) -> tuple[str, str]:
+def user_and_password(value: str) -> tuple[str, str]:
+    """The user and password of an ``authorization`` value (``Basic`` and base64 ``user:password``); raises
+    :class:`CallRefused` naming what is wrong (shared by the HTTP port's check)."""
     if not value[: len(_BASIC)].lower() == _BASIC:
         raise CallRefused(f"authorization metadata of an unknown scheme: {_FORM}")
     try:
@@ -70,7 +72,7 @@ class CallPrincipals:
         if len(values) > 1:
             raise CallRefused(f"authorization metadata given {len(values)} times: give it once")
         value = values[0]
-        user, password = _user_and_password(value if isinstance(value, str) else value.decode("latin-1"))
+        user, password = user_and_password(value if isinstance(value, str) else value.decode("latin-1"))
         if context.auth_context().get("transport_security_type") != [b"ssl"]:
             raise CallRefused(
                 "password logins are served only over TLS: this broker's gRPC port has no TLS (the password "
