@@ -5,6 +5,7 @@ line, and login options that cannot work are refused before anything is sent."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,11 @@ from click.testing import CliRunner, Result
 from tests.broker.conftest import broker_config
 from tests.helpers import BOUND
 from tidelog.cli.main import cli
+from tidelog.cli.top import Access, scrape_metrics
 from tidelog.metadata.acl_records import CLUSTER_NAME, AclEntry, Operation, Pattern, Permission, ResourceType, add_acl
 from tidelog.metadata.namespace import namespace_keys
 from tidelog.metadata.user_records import make_user, put_user
+from tidelog.protocol.tls import TlsFiles, client_context
 from tidelog.server import Broker
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -137,3 +140,18 @@ async def test_login_options_that_cannot_work_are_refused(
     result = await setup.tidelog("stream", "list", *(swap.get(arg, arg) for arg in args))
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+async def test_top_reads_the_leaders_and_metrics_as_the_user(setup: Setup) -> None:
+    login = ("--tls-ca", str(setup.ca), "--user", "app", "--password-file", str(setup.password_file))
+    created = await setup.tidelog("stream", "create", "login-top", *login)
+    assert created.exit_code == 0, created.output
+    etcd = ",".join(setup.broker.etcd_endpoints)
+    result = await setup.tidelog("top", "--once", "--interval", "0.2", "-o", "json", "-e", etcd, *login)
+    assert result.exit_code == 0, result.output
+    ours = [p for p in json.loads(result.output)["partitions"] if p["stream"] == "login-top"]
+    assert [p["high_watermark"] for p in ours] == [0]  # the leader answered (None: it was not reached)
+    assert setup.broker.http is not None
+    url = f"https://127.0.0.1:{setup.broker.http.port}/metrics"
+    access = Access(client_context(TlsFiles(ca=setup.ca)), ("app", "s3cret pass"))
+    assert "tidelog_" in await asyncio.to_thread(scrape_metrics, url, access)
