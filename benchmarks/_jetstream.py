@@ -172,7 +172,10 @@ class JetStreamCluster:
         cluster_name: str = "bench",
         max_payload: int = 8 * 1024 * 1024,
         ready_within: float = 30.0,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
+        """``tls``: a certificate, its key and the CA: client ports require TLS, and routes are mutual TLS
+        verified against the CA (as tidelog's brokers replicate over TLS)."""
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         self.data_dir = data_dir
@@ -180,6 +183,7 @@ class JetStreamCluster:
         self.cluster_name = cluster_name
         self.max_payload = max_payload
         self.ready_within = ready_within
+        self.tls = tls
         ports = free_ports(3 * nodes, _HOST)
         self.nodes = [
             JetStreamNode(f"n{i}", data_dir / f"n{i}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
@@ -200,12 +204,17 @@ class JetStreamCluster:
         store = json.dumps(str(node.data_dir / "jetstream"))
         sync = "\n  sync_interval: always" if self.sync_always else ""
         routes = ", ".join(json.dumps(f"nats-route://{_HOST}:{each.cluster_port}") for each in self.nodes)
+        client_tls = route_tls = ""
+        if self.tls is not None:
+            cert, key, ca = (json.dumps(str(path)) for path in self.tls)
+            client_tls = f"tls {{\n  cert_file: {cert}\n  key_file: {key}\n}}\n"
+            route_tls = f"  tls {{\n    cert_file: {cert}\n    key_file: {key}\n    ca_file: {ca}\n  }}\n"
         return (
             f"server_name: {node.name}\nhost: {_HOST}\nport: {node.port}\nhttp_port: {node.monitor_port}\n"
-            f"max_payload: {self.max_payload}\n"
+            f"max_payload: {self.max_payload}\n{client_tls}"
             f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
             f"cluster {{\n  name: {self.cluster_name}\n  host: {_HOST}\n  port: {node.cluster_port}\n"
-            f"  routes: [{routes}]\n}}\n"
+            f"  routes: [{routes}]\n{route_tls}}}\n"
         )
 
     async def _start_node(self, node: JetStreamNode) -> None:

@@ -44,6 +44,9 @@ Metrics (``ratio`` = tidelog ÷ JetStream):
   benchmark steers the next stream's leader with single-replica "ballast" streams; JetStream places stream
   leaders at random, so new streams are tried until one fits. Each run measures ``failovers`` of each case.
 
+- ``produce_1k_tls``, ``consume_1k_tls`` msg/s and ``*_tls_vs_plaintext``: the same produce and one read on
+  fresh clusters with TLS on every link, each run (:mod:`benchmarks._replication_tls`).
+
 Each value is the median over all samples of all runs. The last line is the summary with the targets, the
 machine's core count and the load average before and after (the machine may be shared).
 """
@@ -70,9 +73,12 @@ from nats.js.api import StorageType, StreamConfig
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._jetstream import JS_PUBLISH_WINDOW, JetStreamCluster, publish_all, publish_one_at_a_time, pull_all
 from benchmarks._publish_sides import deadline_for, make_payloads, percentile, produce_all
+from benchmarks._replication_tls import TLS_APPROACH, TLS_METRICS, measure_tls, tls_rows
 from tidelog.client import Acks, Admin, Cluster, Codec, Consumer, Producer
 from tidelog.launch.probes import http_get
+from tidelog.local.certificates import make_dev_certificates
 from tidelog.local.cluster import LocalCluster
+from tidelog.protocol.tls import TlsFiles, client_context
 
 BENCH = "replication"
 SIZE = 1024
@@ -99,6 +105,7 @@ APPROACHES = {
     "Producer (codec none, default batching, max_in_flight 8); Consumer.fetch_batches() decoding records; "
     "latency: one send_and_wait at a time (linger 0); failover: SIGKILL the partition leader's broker while one "
     "writer sends acks-ALL writes (0.5 s timeout, retry after 10 ms, metadata refreshed after each failure)",
+    "tls": TLS_APPROACH,
     "jetstream": "3 nats-server -js clustered on loopback routes, own store each, sync_interval always; R3 file "
     "stream; js.publish_async (4000 outstanding); pull consumer (AckNone) with pipelined 10k pulls into a "
     "callback; latency: one js.publish at a time; failover: SIGKILL the stream leader's nats-server while one "
@@ -238,7 +245,7 @@ class Side(Protocol):
         ...
 
 
-SideFactory = Callable[[Path, Mapping[str, str]], contextlib.AbstractAsyncContextManager[Side]]
+SideFactory = Callable[..., contextlib.AbstractAsyncContextManager[Side]]  # (data_dir, settings, tls=False)
 
 
 def _trial_log(side: str, victim: str, trial: FailoverTrial, extra: str = "") -> float:
@@ -266,9 +273,11 @@ class JetStreamSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, data_dir: Path, settings: Mapping[str, str]) -> AsyncIterator[Side]:
+    async def open(cls, data_dir: Path, settings: Mapping[str, str], tls: bool = False) -> AsyncIterator[Side]:
         """``settings`` are tidelog's: JetStream's configuration is fixed (R3 streams, ``sync_interval: always``)."""
-        async with JetStreamCluster(data_dir, REPLICAS, sync_always=True) as cluster:
+        files = make_dev_certificates(data_dir / "tls") if tls else None
+        server_tls = (files.broker_cert, files.broker_key, files.ca) if files else None
+        async with JetStreamCluster(data_dir, REPLICAS, sync_always=True, tls=server_tls) as cluster:
             pids = ", ".join(f"{node.name} pid {node.pid}" for node in cluster.nodes)
             log(f"jetstream cluster up: {pids}")
             nc = await nats.connect(
@@ -276,6 +285,7 @@ class JetStreamSide:
                 name="bench-jetstream",
                 pending_size=32 * 1024 * 1024,
                 error_cb=_ignore_nats_error,  # its server may be the one a failover kills
+                tls=client_context(TlsFiles(ca=files.ca)) if files else None,
             )
             try:
                 yield cls(cluster, nc)
@@ -387,11 +397,11 @@ class TidelogSide:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, data_dir: Path, settings: Mapping[str, str]) -> AsyncIterator[Side]:
-        async with LocalCluster(data_dir, REPLICAS, settings=settings) as cluster:
+    async def open(cls, data_dir: Path, settings: Mapping[str, str], tls: bool = False) -> AsyncIterator[Side]:
+        async with LocalCluster(data_dir, REPLICAS, settings=settings, tls=tls) as cluster:
             pids = ", ".join(f"{b.id} pid {b.pid}" for b in cluster.brokers)
             log(f"tidelog cluster up: {pids}; controller {await cluster.controller_id()}")
-            client = Cluster(cluster.bootstrap())
+            client = Cluster(cluster.bootstrap(), ssl=cluster.client_ssl())
             try:
                 yield cls(cluster, client)
             finally:
@@ -524,6 +534,10 @@ async def run(plan: Plan, sides: Sequence[str], root: Path, settings: Mapping[st
             log(f"run {run_no + 1}/{plan.runs}: {name} (load average {os.getloadavg()[0]:.2f})")
             async with SIDES[name](root / f"run{run_no}-{name}", settings) as side:
                 await measure_side(side, plan, payloads, samples)
+        for name in order:  # the TLS rows (benchmarks._replication_tls)
+            log(f"run {run_no + 1}/{plan.runs}: {name} with TLS")
+            async with SIDES[name](root / f"run{run_no}-{name}-tls", settings, tls=True) as side:
+                await measure_tls(side, payloads[: plan.messages], samples)
     return samples
 
 
@@ -534,6 +548,7 @@ METRICS: tuple[tuple[str, str, int], ...] = (
     ("latency_p99", "µs", 1),
     ("failover_s", "s", 3),
     ("failover_controller_s", "s", 3),
+    *TLS_METRICS,
 )
 
 
@@ -545,7 +560,7 @@ def rows_from(samples: Samples, sides: Sequence[str]) -> list[Row]:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None, digits))
         elif theirs and "tidelog" not in sides:  # peer-only run (development): report the peer as the value
             rows.append(Row(BENCH, metric, median(theirs), unit, digits=digits))
-    return rows
+    return rows + tls_rows(BENCH, samples)
 
 
 def run_loop(kind: str, main: Coroutine[Any, Any, Samples]) -> Samples:

@@ -24,7 +24,9 @@ from typing import Any
 
 from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
-from tidelog.api.principals import PrincipalResolver, UserLookup
+from tidelog.api.http_access import HttpAccess
+from tidelog.api.password_check import PasswordCheck, etcd_users
+from tidelog.api.principals import PrincipalResolver
 from tidelog.api.rpc.service import GrpcServer
 from tidelog.api.server_tls import ServerTls
 from tidelog.api.wire.connection_limits import ensure_descriptors
@@ -41,6 +43,7 @@ from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats, start_embedded
 from tidelog.broker.encryption import KeyVault, load_master_key
 from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
+from tidelog.broker.log_settings import log_config_for
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.pausing import Pauses
@@ -61,12 +64,10 @@ from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
-from tidelog.metadata.records import BrokerRecord, Keys, StreamRecord
+from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.metadata.store import MetadataStore
-from tidelog.metadata.user_records import get_user
 from tidelog.protocol.tls import ClientAuth, following_context
-from tidelog.storage.config import FlushPolicy, LogConfig
 from tidelog.storage.tiered_store import (
     StoreSettings,
     TieredStore,
@@ -81,36 +82,6 @@ from tidelog.ui.view import BrokerView
 log = logging.getLogger(__name__)
 
 _ETCD_GONE_BUDGET = 2.0  # seconds for each etcd step of a stop when etcd did not answer a status request
-
-
-def log_config_for(config: BrokerConfig, stream: StreamRecord) -> LogConfig:
-    """A stream's log settings: its own overrides over the broker's defaults (0 in a limit means none)."""
-    o = stream.config
-
-    def pick(override: int | None, default: int) -> int:
-        return default if override is None else override
-
-    def limit(override: int | None, default: int) -> int | None:
-        value = pick(override, default)
-        return value or None
-
-    segment_max_bytes = pick(o.segment_max_bytes, config.segment_max_bytes)
-    return LogConfig(
-        segment_max_bytes=segment_max_bytes,
-        segment_max_age_ms=pick(o.segment_max_age_ms, config.segment_max_age_ms) or 2**62 // 1_000_000,
-        flush_policy=FlushPolicy(o.flush_policy or config.default_flush_policy),
-        flush_interval_ms=pick(o.flush_interval_ms, config.default_flush_interval_ms),
-        preallocate_bytes=min(config.segment_preallocate_bytes, segment_max_bytes),
-        max_batch_bytes=min(segment_max_bytes, max(4 * 1024 * 1024, config.max_message_bytes * 2)),
-        retention_max_bytes=limit(o.retention_max_bytes, config.retention_max_bytes),
-        retention_max_age_ms=limit(o.retention_max_age_ms, config.retention_max_age_ms),
-        retention_max_messages=limit(o.retention_max_messages, config.retention_max_messages),
-        compact=bool(config.compact_enabled if o.compact_enabled is None else o.compact_enabled),
-        delete_retention_ms=config.compact_delete_retention_ms,
-        compact_min_lag_ms=pick(o.compact_min_lag_ms, config.compact_min_lag_ms),
-        compact_workers=pick(o.compact_max_goroutines, config.compact_max_goroutines),
-        cleaner_interval_ms=o.cleaner_interval_ms,
-    )
 
 
 def _refuse_taken_ports(cfg: BrokerConfig) -> None:
@@ -350,8 +321,16 @@ class Broker:
                     ", ".join(sorted(principals.broker_names)) or "(none)",
                     ", ".join(sorted(cfg.super_users)) or "(none)",
                 )
+            users = etcd_users(self.etcd, keys)
+            passwords = PasswordCheck(users)
             self.grpc = GrpcServer(
-                self.context, cfg.host, cfg.port, tls=self.tls, authorizer=self.authorizer, principals=principals
+                self.context,
+                cfg.host,
+                cfg.port,
+                tls=self.tls,
+                authorizer=self.authorizer,
+                principals=principals,
+                passwords=passwords,
             )
             self.wire = WireServer(
                 self.context,
@@ -360,7 +339,7 @@ class Broker:
                 ssl=self.tls.context if self.tls is not None else None,
                 authorizer=self.authorizer,
                 principals=principals,
-                users=self._user_lookup(keys),
+                users=users,
                 max_in_flight=cfg.wire_max_in_flight,
                 max_in_flight_bytes=cfg.wire_max_in_flight_bytes,
                 max_connections=cfg.wire_max_connections,
@@ -370,7 +349,7 @@ class Broker:
             if self.tls is not None:
                 self.tls.start()
             await self.wire.start()
-            await self._start_http()
+            await self._start_http(HttpAccess(self.authorizer, principals, passwords) if self.authorizer else None)
             wire_port = cfg.advertise_wire_port or self.wire.port
             record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns())
             await self.store.register_broker(record, ttl)
@@ -446,8 +425,8 @@ class Broker:
         await self.etcd.connect()
         await wait_for_etcd(self.etcd, ",".join(self.etcd_endpoints))
 
-    async def _start_http(self) -> None:
-        """The HTTP port, reading the parts started so far (see :mod:`tidelog.ui`)."""
+    async def _start_http(self, guard: HttpAccess | None = None) -> None:
+        """The HTTP port, reading the parts started so far (see :mod:`tidelog.ui`), checked by ``guard`` if any."""
         assert self.manager is not None and self.mirror is not None and self.election is not None
         assert self.groups is not None
         view = BrokerView(
@@ -464,7 +443,7 @@ class Broker:
         )
         try:
             tls = following_context(self.tls.context) if self.tls is not None else None  # no plaintext with TLS on
-            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port, tls=tls)
+            self.http = HttpServer(build_app(view), self.config.host, self.config.http_port, tls=tls, guard=guard)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
@@ -494,16 +473,6 @@ class Broker:
     def _controller(self) -> Controller:
         assert self.controller is not None
         return self.controller
-
-    def _user_lookup(self, keys: Keys) -> UserLookup:
-        """SCRAM logins' credentials, read from etcd at each login (users change rarely; logins are per
-        connection)."""
-
-        async def lookup(name: str) -> tuple[bytes, bytes, bytes, int] | None:
-            record = await get_user(self.etcd, keys, name)
-            return record.auth_info() if record is not None else None
-
-        return lookup
 
     async def stop(self) -> None:
         """Graceful shutdown; safe to call more than once and after a failed start."""

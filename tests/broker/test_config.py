@@ -330,3 +330,9 @@ def test_tls_settings_are_paths_and_turn_tls_on(tmp_path: Path) -> None:
     config = load_config(env={**env, "TIDELOG_DATA_DIR": str(tmp_path)})
     assert config.tls and config.tls_cert == Path("~/c.pem").expanduser() and config.tls_ca is None
     assert not BrokerConfig(data_dir=tmp_path).tls
+
+
+def test_the_cli_login_variables_are_not_broker_settings() -> None:
+    """A shell that exported them for the CLI can still start a broker (unknown TIDELOG_* are refused)."""
+    env = {"TIDELOG_CLIENT_USER": "app", "TIDELOG_CLIENT_PASSWORD": "pw", "TIDELOG_CLIENT_PASSWORD_FILE": "f"}
+    assert load_config(env=env).data_dir is not None

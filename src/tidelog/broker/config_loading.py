@@ -59,7 +59,15 @@ __all__ = [
 
 CONFIG_FILE_ENV: Final = "TIDELOG_CONFIG"
 CLIENT_ENV: Final = frozenset(
-    {"TIDELOG_BROKERS", "TIDELOG_CLIENT_TLS_CA", "TIDELOG_CLIENT_TLS_CERT", "TIDELOG_CLIENT_TLS_KEY"}
+    {
+        "TIDELOG_BROKERS",
+        "TIDELOG_CLIENT_TLS_CA",
+        "TIDELOG_CLIENT_TLS_CERT",
+        "TIDELOG_CLIENT_TLS_KEY",
+        "TIDELOG_CLIENT_USER",
+        "TIDELOG_CLIENT_PASSWORD",
+        "TIDELOG_CLIENT_PASSWORD_FILE",
+    }
 )
 """``TIDELOG_*`` variables read by the client commands, not the broker: the broker ignores them."""
 BROKER_ID_FILE: Final = "broker-id"

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from tidelog.cli.common import OUTPUT_CHOICES, async_command, bootstrap, brokers_option
+from tidelog.cli.common import OUTPUT_CHOICES, async_command, bootstrap, brokers_option, client_credentials, client_tls
 from tidelog.client import Consumer, ConsumerRecord, StartPosition
 from tidelog.metadata.activity import ACTIVITY_STREAM, describe, revision_of
 from tidelog.protocol._gen import api_pb2 as pb
@@ -75,7 +75,14 @@ async def activity(start: str, stop_at_end: bool, max_events: int | None, output
     out = sys.stdout
     shown, newest = 0, -1
     try:
-        async with Consumer(bootstrap(brokers), ACTIVITY_STREAM, start=position, stop_at_end=stop_at_end) as consumer:
+        async with Consumer(
+            bootstrap(brokers),
+            ACTIVITY_STREAM,
+            ssl=client_tls(),
+            credentials=client_credentials(),
+            start=position,
+            stop_at_end=stop_at_end,
+        ) as consumer:
             if output == "table":
                 out.write(_HEADER)
                 out.flush()

@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option, client_tls, parse_headers
+from tidelog.cli.common import async_command, bootstrap, brokers_option, client_credentials, client_tls, parse_headers
 from tidelog.client import Appender, AppendOutcome, refusal_details
 from tidelog.protocol.errors import IncorrectOffsetError, RegisterMismatchError
 from tidelog.protocol.labels import EMPTY, Label, LabelSelector, LabelSet, RegisterError, encode_selector
@@ -180,7 +180,7 @@ async def append(
     subtract = parse_labels(subtract_registers, "--subtract-registers") if subtract_registers is not None else EMPTY
     lines = iter([value.encode() for value in values]) if values else _lines(source or sys.stdin.buffer)
     records = _records(lines, key.encode() if key is not None else None, parse_headers(headers))
-    async with Appender(bootstrap(brokers), ssl=client_tls()) as appender:
+    async with Appender(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as appender:
         try:
             outcome = await appender.append(
                 stream,

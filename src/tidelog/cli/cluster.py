@@ -27,6 +27,7 @@ from rich.console import Console
 
 from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.cli.common import (
+    client_credentials,
     client_tls,
     data_dir_option,
     local_etcd_endpoints,
@@ -51,6 +52,7 @@ from tidelog.metadata.records import (
 )
 from tidelog.protocol.connection import Connection
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
+from tidelog.protocol.scram_login import scram_login
 
 if TYPE_CHECKING:
     from tidelog.local.cluster import BrokerHandle, LocalCluster
@@ -94,10 +96,14 @@ class ClusterView:
 
 
 async def read_cluster(
-    endpoints: Sequence[str], namespace: str = DEFAULT_NAMESPACE, *, ssl: ssl_.SSLContext | None = None
+    endpoints: Sequence[str],
+    namespace: str = DEFAULT_NAMESPACE,
+    *,
+    ssl: ssl_.SSLContext | None = None,
+    credentials: tuple[str, str] | None = None,
 ) -> ClusterView:
     """Read brokers, controller and partitions of the cluster ``namespace`` from etcd (the first of ``endpoints``
-    that answers), then ask leaders for bounds (over TLS with ``ssl``)."""
+    that answers), then ask leaders for bounds (over TLS with ``ssl``, logged in with ``credentials``)."""
     keys = namespace_keys(namespace)
     client: Any = open_etcd([parse_etcd_endpoint(e) for e in endpoints], timeout=int(ETCD_TIMEOUT))
     try:
@@ -128,24 +134,32 @@ async def read_cluster(
                 stream = decode_stream(value)
                 view.streams[stream.name] = stream
     view.partitions.sort(key=lambda p: (p.stream, p.id))
-    await _fetch_bounds(view, ssl)
+    await _fetch_bounds(view, ssl, credentials)
     return view
 
 
-async def _fetch_bounds(view: ClusterView, ssl: ssl_.SSLContext | None) -> None:
+async def _fetch_bounds(
+    view: ClusterView, ssl: ssl_.SSLContext | None, credentials: tuple[str, str] | None = None
+) -> None:
     by_leader: dict[str, list[PartitionRecord]] = defaultdict(list)
     for partition in view.partitions:
         if partition.leader in view.brokers:
             by_leader[partition.leader].append(partition)
     results = await asyncio.gather(
-        *(_leader_bounds(view.brokers[leader], partitions, ssl) for leader, partitions in by_leader.items())
+        *(
+            _leader_bounds(view.brokers[leader], partitions, ssl, credentials)
+            for leader, partitions in by_leader.items()
+        )
     )
     for each in results:
         view.bounds.update(each)
 
 
 async def _leader_bounds(
-    broker: BrokerRecord, partitions: list[PartitionRecord], ssl: ssl_.SSLContext | None
+    broker: BrokerRecord,
+    partitions: list[PartitionRecord],
+    ssl: ssl_.SSLContext | None,
+    credentials: tuple[str, str] | None = None,
 ) -> dict[tuple[str, int], ListOffsetsResponse]:
     """What ``broker`` reports for the partitions it leads; nothing for those it does not answer about."""
     bounds: dict[tuple[str, int], ListOffsetsResponse] = {}
@@ -153,6 +167,8 @@ async def _leader_bounds(
         async with asyncio.timeout(LEADER_TIMEOUT):
             connection = await Connection.open(broker.host, broker.wire_port, ssl=ssl, connect_timeout=LEADER_TIMEOUT)
             try:
+                if credentials is not None:
+                    await scram_login(connection, *credentials, timeout=LEADER_TIMEOUT)
                 answers = await asyncio.gather(
                     *(connection.request(ListOffsetsRequest(p.stream, p.id)) for p in partitions),
                     return_exceptions=True,
@@ -300,7 +316,7 @@ def status(etcd_endpoints: str, namespace: str, output: str, wide: bool) -> None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        view = asyncio.run(read_cluster(endpoints, namespace, ssl=client_tls()))
+        view = asyncio.run(read_cluster(endpoints, namespace, ssl=client_tls(), credentials=client_credentials()))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:  # the etcd client's errors have no common base worth naming

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import ssl
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -140,7 +141,7 @@ TLS_OPTIONS = {
 """The client's TLS options and their environment variables (not broker settings: the broker ignores them)."""
 
 
-def _remember_tls(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+def _remember_tls(ctx: click.Context, param: click.Parameter, value: Path | str | None) -> None:
     assert param.name is not None
     ctx.meta[param.name] = value
 
@@ -174,8 +175,98 @@ def client_tls() -> ssl.SSLContext | None:
         raise click.BadParameter(str(exc), param_hint="--tls-ca/--tls-cert/--tls-key") from None
 
 
+LOGIN_OPTIONS = {
+    "user": "TIDELOG_CLIENT_USER",
+    "password": "TIDELOG_CLIENT_PASSWORD",
+    "password_file": "TIDELOG_CLIENT_PASSWORD_FILE",
+}
+"""The client's password login options and their environment variables (read by the commands, not the broker)."""
+
+
+def _login_option(name: str, help_: str, **kwargs: Any) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        name,
+        envvar=LOGIN_OPTIONS[name],
+        show_envvar=True,
+        expose_value=False,
+        callback=_remember_tls,
+        help=help_,
+        **kwargs,
+    )
+
+
+def client_credentials() -> tuple[str, str] | None:
+    """The (user, password) the command's ``--user`` options ask to log in with (None: no login, the client is
+    its certificate or anonymous). The password comes from ``--password-file``, else ``--password`` (or their
+    environment variables), else a hidden prompt when standard input is a terminal. Logins go only over TLS."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    if "login" not in meta:  # asked once per command, however many clients it opens
+        meta["login"] = _login(meta)
+    found: tuple[str, str] | None = meta["login"]
+    return found
+
+
+def _login(meta: dict[str, Any]) -> tuple[str, str] | None:
+    user: str | None = meta.get("user")
+    password: str | None = meta.get("password")
+    password_file: Path | None = meta.get("password_file")
+    if user is None:
+        if password is not None or password_file is not None:
+            raise click.BadParameter("a password needs --user (or $TIDELOG_CLIENT_USER)", param_hint="--user")
+        return None
+    if not user:
+        raise click.BadParameter("the user name is empty", param_hint="--user")
+    if password is not None and password_file is not None:
+        raise click.BadParameter("give one of --password and --password-file", param_hint="--password")
+    if not any(meta.get(name) is not None for name in TLS_OPTIONS):
+        raise click.BadParameter(
+            "a password login needs TLS (--tls-ca): brokers refuse logins on connections without it",
+            param_hint="--user",
+        )
+    if password_file is not None:
+        try:
+            lines = password_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {password_file}: {exc}", param_hint="--password-file") from None
+        if not lines or not lines[0]:
+            raise click.BadParameter(
+                f"{password_file} is empty: its first line is the password", param_hint="--password-file"
+            )
+        password = lines[0]
+    elif password is None:
+        if not sys.stdin.isatty():
+            raise click.BadParameter(
+                f"no password for user {user!r}: give --password-file FILE, or $TIDELOG_CLIENT_PASSWORD, or run "
+                "from a terminal to be asked",
+                param_hint="--user",
+            )
+        password = str(click.prompt(f"password for {user}", hide_input=True, err=True))
+    return user, password
+
+
+def login_options(command: Callable[P, T]) -> Callable[P, T]:
+    """``--user``, ``--password`` and ``--password-file`` (read them with :func:`client_credentials`)."""
+    command = _login_option(
+        "password_file",
+        "Read the --user password from the first line of this file (kept out of shell history and ps).",
+        type=click.Path(path_type=Path, dir_okay=False),
+    )(command)
+    command = _login_option(
+        "password",
+        "The --user password. On the command line it is seen by ps and kept in shell history: prefer "
+        "--password-file, the environment variable, or the prompt (asked when neither is given).",
+    )(command)
+    return _login_option(
+        "user", "Log in as this user (SCRAM-SHA-256, over TLS only), for clients without a certificate."
+    )(command)
+
+
 def tls_options(command: Callable[P, T]) -> Callable[P, T]:
-    """``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (read them with :func:`client_tls`)."""
+    """``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (read them with :func:`client_tls`), and the password login
+    options (:func:`login_options`)."""
+    command = login_options(command)
     command = _tls_option("tls_key", "Private key of --tls-cert.")(command)
     command = _tls_option("tls_cert", "Client certificate (PEM) for brokers that require one.")(command)
     return _tls_option(

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import click
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option, client_tls, output_option
+from tidelog.cli.common import async_command, bootstrap, brokers_option, client_credentials, client_tls, output_option
 from tidelog.cli.groups import console, group_id, live_record, refusal, stream_infos
 from tidelog.cli.render import print_json, table
 from tidelog.client import Admin
@@ -148,7 +148,7 @@ async def reset_offsets(
     target, value = _target(to_earliest, to_latest, to_offset, to_datetime, shift_by)
     if partitions and len(set(streams)) != 1:
         raise click.UsageError("--partition needs exactly one --stream: the stream the partitions belong to")
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         record = await live_record(admin, group_name)
         if record is not None:
             raise click.ClickException(refusal(group_name, record, "resetting its offsets"))

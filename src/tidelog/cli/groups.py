@@ -20,7 +20,15 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option, client_tls, output_option, wide_option
+from tidelog.cli.common import (
+    async_command,
+    bootstrap,
+    brokers_option,
+    client_credentials,
+    client_tls,
+    output_option,
+    wide_option,
+)
 from tidelog.cli.render import print_json, short_ids, table
 from tidelog.client import Admin
 from tidelog.metadata.group_records import check_id
@@ -52,7 +60,7 @@ def group() -> None:
 @async_command
 async def list_(output: str, wide: bool, brokers: list[str]) -> None:
     """List the consumer groups that have members: coordinator, epoch, member count."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         groups = await admin.list_groups()
     if output == "json":
         print_json(groups)
@@ -149,7 +157,7 @@ def _shown(value: int | None) -> str:
 async def describe(group_name: str, output: str, wide: bool, brokers: list[str]) -> None:
     """Show GROUP's members and, per partition of its streams: the member consuming it, the committed offset,
     the log end and the lag."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         view = await view_group(admin, group_name)
     if output == "json":
         print_json(_as_json(view))
@@ -204,7 +212,7 @@ async def delete(group_name: str, yes: bool, brokers: list[str]) -> None:
     """Delete GROUP's committed offsets; refused while the group has members."""
     if not yes:
         click.confirm(f"Delete consumer group {group_name!r} and its committed offsets?", abort=True)
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         record = await live_record(admin, group_name)
         if record is not None:
             raise click.ClickException(refusal(group_name, record, "deleting it"))

@@ -12,7 +12,15 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option, client_tls, output_option, stream_name
+from tidelog.cli.common import (
+    async_command,
+    bootstrap,
+    brokers_option,
+    client_credentials,
+    client_tls,
+    output_option,
+    stream_name,
+)
 from tidelog.cli.render import print_json, table
 from tidelog.client import Admin
 from tidelog.protocol.messages import PartitionInfo, SkipDamagedResponse
@@ -44,7 +52,7 @@ async def reset_head(stream: str, partition_id: int, offset: int | None, yes: bo
     Diagnose first: the suspension names its evidence ('tidelog cluster status' and 'tidelog stream describe'
     show it), and records beyond the confirmed head that only some replica holds are given up for good.
     """
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         if not yes:
             info = await admin.describe_stream(stream)
             found = next((p for p in info.partitions if p.id == partition_id), None)
@@ -102,7 +110,7 @@ async def skip_damaged(
     """
     if (first is None) != (last is None):
         raise click.UsageError("give both --from and --to, or neither (to list the damaged ranges)")
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         listed = await admin.skip_damaged(stream, partition_id)
         if first is None or last is None:
             _show_damage(stream, partition_id, listed, output)

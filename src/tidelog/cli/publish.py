@@ -25,6 +25,7 @@ from tidelog.cli.common import (
     async_command,
     bootstrap,
     brokers_option,
+    client_credentials,
     client_tls,
     local_broker,
     parse_headers,
@@ -155,6 +156,7 @@ async def publish(
     async with Producer(
         bootstrap(brokers),
         ssl=client_tls(),
+        credentials=client_credentials(),
         acks=Acks[acks.upper()],
         idempotent=idempotent,
         producer_name=producer_name,
@@ -228,7 +230,7 @@ async def _publish_nats(
     from nats.errors import NoServersError
 
     if subject is None:
-        async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+        async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
             info = await admin.describe_stream(stream)
         count = len(info.partitions)
         if partition is not None and partition >= count:

@@ -18,6 +18,7 @@ from tidelog.cli.common import (
     async_command,
     bootstrap,
     brokers_option,
+    client_credentials,
     client_tls,
     output_option,
     stream_name,
@@ -156,7 +157,7 @@ async def create(
         config["encryption"] = encryption
     if tiered is not None:
         config["tiered"] = tiered
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         existed = any(s.name == name for s in await admin.list_streams(name))
         await admin.create_stream(
             name, subject, partitions=partitions, replication_factor=replication_factor, group=group, config=config
@@ -176,7 +177,7 @@ async def create(
 @async_command
 async def list_(prefix: str, output: str, brokers: list[str]) -> None:
     """List streams."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         streams = await admin.list_streams(prefix)
     if output == "json":
         print_json(streams)
@@ -195,7 +196,7 @@ async def list_(prefix: str, output: str, brokers: list[str]) -> None:
 @async_command
 async def describe(name: str, output: str, wide: bool, brokers: list[str]) -> None:
     """Show a stream's partitions: leader, replicas, ISR, offsets (log start, high watermark, log end), state."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         info = await admin.describe_stream(name)
     if output == "json":
         print_json(info)
@@ -241,7 +242,7 @@ async def delete(name: str, yes: bool, brokers: list[str]) -> None:
     """Delete stream NAME and all its data."""
     if not yes:
         click.confirm(f"Delete stream {name!r} and all its data?", abort=True)
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         await admin.delete_stream(name)
     console.print(f"deleted stream [bold]{name}[/]")
 
@@ -268,7 +269,7 @@ def _partitions_option() -> Callable[[F], F]:
 async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
     """Pause partitions: their logs close on every replica and NATS messages on their subjects are not stored
     until a publish, a subscribe with resume, or `stream resume` resumes them."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         await admin.set_stream_state(name, partitions, paused=True)
     console.print(f"paused {_which(name, partitions)}")
 
@@ -280,7 +281,7 @@ async def pause(name: str, partitions: tuple[int, ...], brokers: list[str]) -> N
 @async_command
 async def resume(name: str, partitions: tuple[int, ...], brokers: list[str]) -> None:
     """Resume paused partitions: every replica opens them again, and their leader subscribes to NATS."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         await admin.set_stream_state(name, partitions, paused=False)
     console.print(f"resumed {_which(name, partitions)}")
 
@@ -293,7 +294,7 @@ async def resume(name: str, partitions: tuple[int, ...], brokers: list[str]) -> 
 @async_command
 async def readonly(name: str, partitions: tuple[int, ...], off: bool, brokers: list[str]) -> None:
     """Make partitions read-only (writes are refused) or, with --off, writable."""
-    async with Admin(bootstrap(brokers), ssl=client_tls()) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         await admin.set_stream_state(name, partitions, readonly=not off)
     console.print(f"{'writable' if off else 'read-only'}: {_which(name, partitions)}")
 
@@ -305,7 +306,7 @@ async def readonly(name: str, partitions: tuple[int, ...], off: bool, brokers: l
 async def rotate_key(name: str, brokers: list[str]) -> None:
     """Give encrypted stream NAME's partitions a new data key: new data is encrypted with it, older data stays
     readable with the keys it was written with (docs/durability.md, "Encryption at rest")."""
-    async with Admin(bootstrap(brokers)) as admin:
+    async with Admin(bootstrap(brokers), ssl=client_tls(), credentials=client_credentials()) as admin:
         await admin.rotate_key(name)
     console.print(f"new data key for every partition of [bold]{name}[/]")
 

@@ -25,7 +25,7 @@ from typing import Literal
 import click
 from click.core import ParameterSource
 
-from tidelog.cli.common import async_command, bootstrap, brokers_option, client_tls, stream_name
+from tidelog.cli.common import async_command, bootstrap, brokers_option, client_credentials, client_tls, stream_name
 from tidelog.cli.signals import stop_on_signals
 from tidelog.client import AtTimestamp, Consumer, ConsumerRecord, GroupConsumer, StartPosition, StreamPartition
 from tidelog.protocol.errors import OffsetOutOfRangeError
@@ -206,6 +206,7 @@ async def subscribe(
             bootstrap(brokers),
             stream,
             ssl=client_tls(),
+            credentials=client_credentials(),
             partitions=list(partitions) or None,
             start=position,
             stop_at_end=stop_at_end,
@@ -259,6 +260,7 @@ async def _consume_as_member(
         brokers,
         stream,
         ssl=client_tls(),
+        credentials=client_credentials(),
         group_id=group_id,
         consumer_id=consumer_id,
         auto_offset_reset=reset,

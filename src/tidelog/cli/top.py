@@ -16,8 +16,11 @@ ports, so they are given).
 from __future__ import annotations
 
 import asyncio
+import base64
 import enum
+import functools
 import json
+import ssl as ssl_
 import time
 import urllib.parse
 import urllib.request
@@ -33,10 +36,11 @@ from rich.text import Text
 
 from tidelog.broker.config_values import parse_etcd_endpoint
 from tidelog.cli.cluster import ETCD_ENV, ClusterView, read_cluster, status
+from tidelog.cli.common import client_credentials, client_tls
 from tidelog.metadata.etcd_client import etcd_target
 from tidelog.metadata.records import PartitionRecord
 
-__all__ = ["Attention", "Frame", "Row", "frame_of", "top"]
+__all__ = ["Access", "Attention", "Frame", "Row", "frame_of", "scrape_metrics", "top"]
 
 console = Console()
 
@@ -230,17 +234,32 @@ def as_json(frame: Frame) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT) as response:
+@dataclass(frozen=True, slots=True)
+class Access:
+    """How the brokers are reached: the ``--tls-*`` context and the ``--user`` login (both None: in clear)."""
+
+    ssl: ssl_.SSLContext | None = None
+    credentials: tuple[str, str] | None = None
+
+
+def scrape_metrics(url: str, access: Access) -> str:
+    """One broker's ``/metrics`` text (HTTPS verified with ``access.ssl``; ``access.credentials`` as Basic)."""
+    request = urllib.request.Request(url)
+    if access.credentials is not None:
+        token = base64.b64encode(":".join(access.credentials).encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=METRICS_TIMEOUT, context=access.ssl) as response:
         return bytes(response.read()).decode()
 
 
-async def follower_lag_seconds(urls: Sequence[str]) -> dict[tuple[str, int], float] | None:
+async def follower_lag_seconds(urls: Sequence[str], access: Access = Access()) -> dict[tuple[str, int], float] | None:
     """The largest ``tidelog_follower_lag_seconds`` of each partition over the brokers' ``/metrics`` at ``urls``
     (each leader exports its followers'); a broker that does not answer adds nothing. None without ``urls``."""
     if not urls:
         return None
-    bodies = await asyncio.gather(*(asyncio.to_thread(_scrape, url) for url in urls), return_exceptions=True)
+    bodies = await asyncio.gather(
+        *(asyncio.to_thread(scrape_metrics, url, access) for url in urls), return_exceptions=True
+    )
     found: dict[tuple[str, int], float] = {}
     for body in bodies:
         if isinstance(body, BaseException):
@@ -254,24 +273,33 @@ async def follower_lag_seconds(urls: Sequence[str]) -> dict[tuple[str, int], flo
     return found
 
 
-async def _read_pair(endpoints: Sequence[str], namespace: str, interval: float, metrics: Sequence[str]) -> Frame:
-    first = await read_cluster(endpoints, namespace)
+async def _read_pair(
+    endpoints: Sequence[str], namespace: str, interval: float, metrics: Sequence[str], access: Access = Access()
+) -> Frame:
+    read = functools.partial(read_cluster, endpoints, namespace, ssl=access.ssl, credentials=access.credentials)
+    first = await read()
     started = time.monotonic()
     await asyncio.sleep(interval)
-    second, lag_seconds = await asyncio.gather(read_cluster(endpoints, namespace), follower_lag_seconds(metrics))
+    second, lag_seconds = await asyncio.gather(read(), follower_lag_seconds(metrics, access))
     return frame_of(second, first, time.monotonic() - started, time.time(), lag_seconds)
 
 
-async def _live(endpoints: Sequence[str], namespace: str, interval: float, output: str, metrics: Sequence[str]) -> None:
+async def _live(
+    endpoints: Sequence[str],
+    namespace: str,
+    interval: float,
+    output: str,
+    metrics: Sequence[str],
+    access: Access = Access(),
+) -> None:
     """Frames every ``interval`` seconds until cancelled (Ctrl-C); a failed read shows as a line, then retries."""
+    read = functools.partial(read_cluster, endpoints, namespace, ssl=access.ssl, credentials=access.credentials)
     before: ClusterView | None = None
     read_at = time.monotonic()
     with Live(Text("reading the cluster ..."), console=console, auto_refresh=False, transient=False) as live:
         while True:
             try:
-                view, lag_seconds = await asyncio.gather(
-                    read_cluster(endpoints, namespace), follower_lag_seconds(metrics)
-                )
+                view, lag_seconds = await asyncio.gather(read(), follower_lag_seconds(metrics, access))
             except Exception as exc:  # etcd away for a moment: say so and try again
                 live.update(Text(f"cannot read the cluster from etcd: {exc!r}; retrying", style="bold red"))
                 live.refresh()
@@ -321,15 +349,16 @@ def top(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     urls = [_metrics_url(m) for m in metrics]
+    access = Access(client_tls(), client_credentials())
     try:
         if once:
-            frame = asyncio.run(_read_pair(endpoints, namespace, interval, urls))
+            frame = asyncio.run(_read_pair(endpoints, namespace, interval, urls, access))
             if output == "json":
                 click.echo(as_json(frame))
             else:
                 console.print(render(frame))
             return
-        asyncio.run(_live(endpoints, namespace, interval, output, urls))
+        asyncio.run(_live(endpoints, namespace, interval, output, urls, access))
     except KeyboardInterrupt:
         return  # Ctrl-C is how a live view ends
     except Exception as exc:
@@ -347,6 +376,7 @@ def _metrics_url(address: str) -> str:
     return f"{parsed.scheme}://{parsed.netloc}/metrics"
 
 
-for _param in status.params:  # the same --data-dir, --etcd-endpoints, --namespace and --output as cluster status
-    if _param.name in {"data_dir", "etcd_endpoints", "namespace", "output"}:
+_SHARED = {"data_dir", "etcd_endpoints", "namespace", "output", "tls_ca", "tls_cert", "tls_key"}
+for _param in status.params:  # the same --data-dir, --etcd-endpoints, --namespace, --output, TLS and login flags
+    if _param.name in _SHARED | {"user", "password", "password_file"}:
         top.params.append(_param)

@@ -3,7 +3,8 @@
 Only salted, hashed credentials are written (:mod:`tidelog.metadata.user_records`): the password is read from a
 prompt (hidden, asked twice) or from ``--password-stdin``, never from the command line, where other users of
 the host could read it in the process list. A client logs in with the user's name and password over TLS
-(``Cluster(credentials=...)``); what it may then do is what the ACLs allow the principal of that name.
+(``Cluster(credentials=...)``, the commands' ``--user``, Spark's ``sasl.*``, or ``authorization: Basic`` on gRPC
+calls and the HTTP port); what it may then do is what the ACLs allow the principal of that name.
 """
 
 from __future__ import annotations

@@ -94,10 +94,11 @@ class Admin:
         *,
         cluster: Cluster | None = None,
         ssl: ssl_.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         """``cluster`` shares connections and metadata with other client objects (``close`` leaves it open)."""
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl, credentials=credentials) if cluster is None else cluster
 
     @property
     def cluster(self) -> Cluster:

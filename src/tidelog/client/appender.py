@@ -102,6 +102,7 @@ class Appender:
         *,
         cluster: Cluster | None = None,
         ssl: ssl_.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
         acks: Acks = Acks.ALL,
         timeout_ms: int = 10_000,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -111,7 +112,7 @@ class Appender:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl, credentials=credentials) if cluster is None else cluster
         self._acks = acks
         self._timeout_ms = timeout_ms
         self._chunk_bytes = chunk_bytes

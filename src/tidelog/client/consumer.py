@@ -106,6 +106,7 @@ class Consumer:
         start: StartPosition = "earliest",
         cluster: Cluster | None = None,
         ssl: ssl_.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
         max_bytes: int = 1024 * 1024,
         max_wait_ms: int = 500,
         auto_offset_reset: OffsetReset = "earliest",
@@ -125,7 +126,7 @@ class Consumer:
         self.stream = stream
         self._group = group  # fetches as this consumer group member (fenced by its epoch on the broker)
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl, credentials=credentials) if cluster is None else cluster
         self._wanted = None if partitions is None else list(partitions)
         self._start = start
         self._max_bytes = max_bytes

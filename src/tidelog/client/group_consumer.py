@@ -78,6 +78,7 @@ class GroupConsumer:
         consumer_id: str | None = None,
         cluster: Cluster | None = None,
         ssl: ssl_.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
         enable_auto_commit: bool = True,
         auto_commit_interval_ms: int = 5_000,
         auto_offset_reset: Literal["earliest", "latest"] = "latest",
@@ -102,7 +103,7 @@ class GroupConsumer:
         self.group_id = group_id
         self.consumer_id = consumer_id if consumer_id is not None else f"tidelog-{uuid.uuid4().hex}"
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl, credentials=credentials) if cluster is None else cluster
         self._membership = GroupMembership(
             self._cluster, group_id, self.consumer_id, names, heartbeat_interval_ms=heartbeat_interval_ms
         )

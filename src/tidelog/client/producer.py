@@ -73,6 +73,7 @@ class Producer:
         *,
         cluster: Cluster | None = None,
         ssl: ssl_.SSLContext | None = None,
+        credentials: tuple[str, str] | None = None,
         acks: Acks = Acks.ALL,
         compression: Codec = Codec.ZSTD,
         batch_size: int = 512 * 1024,
@@ -101,7 +102,7 @@ class Producer:
         if producer_name is not None and (not idempotent or Acks(acks) is Acks.NONE or not producer_name):
             raise ValueError("producer_name needs a non-empty name, idempotent=True and acks other than NONE")
         self._owns_cluster = cluster is None
-        self._cluster = Cluster(bootstrap, ssl=ssl) if cluster is None else cluster
+        self._cluster = Cluster(bootstrap, ssl=ssl, credentials=credentials) if cluster is None else cluster
         self._acks = Acks(acks)
         self._codec = Codec(compression)
         self._batch_size = batch_size

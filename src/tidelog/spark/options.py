@@ -28,6 +28,9 @@ option                     meaning
 ``tls.ca``                 connect with TLS, verifying the brokers against this CA file (PEM)
 ``tls.cert``, ``tls.key``  a client certificate and its key (PEM), for brokers that require one (implies TLS).
                            The files are read where each task runs: the same paths on every executor
+``sasl.username``,         log in as this tidelog user (SCRAM-SHA-256, ``tidelog user add``), for clients without a
+``sasl.password``          certificate; TLS only (``tls.ca``). Spark hides options named ``*password*`` in its UI
+                           and logs (``spark.redaction.regex``)
 =========================  ==========================================================================================
 
 Anything else, a malformed value, or an option that does not apply to the kind of query (``endingOffsets`` in a
@@ -41,7 +44,7 @@ import json
 import re
 import ssl as ssl_
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -74,6 +77,8 @@ _NAMES = (
     "tls.ca",
     "tls.cert",
     "tls.key",
+    "sasl.username",
+    "sasl.password",
 )
 _CANONICAL = {name.lower(): name for name in _NAMES}
 _STREAM_ONLY = ("maxOffsetsPerTrigger",)
@@ -105,6 +110,7 @@ class SourceOptions:
     include_headers: bool
     given: frozenset[str]  # the options the query set, by canonical name
     tls: TlsFiles | None = None  # None: plaintext (paths, not a context: options travel to the executors)
+    credentials: tuple[str, str] | None = field(default=None, repr=False)  # sasl.*: never in a repr
 
     def ssl(self) -> ssl_.SSLContext | None:
         """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
@@ -156,6 +162,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         include_headers=_boolean(values, "includeHeaders", default=False),
         given=frozenset(values),
         tls=tls_files(values, SourceOptionError),
+        credentials=sasl_credentials(values, SourceOptionError),
     )
 
 
@@ -173,6 +180,20 @@ def tls_files(values: Mapping[str, str], error: Callable[[str, str], Exception])
     if ("tls.cert" in paths) != ("tls.key" in paths):
         raise error("tls.cert" if "tls.cert" not in paths else "tls.key", "tls.cert and tls.key go together")
     return TlsFiles(ca=paths.get("tls.ca"), cert=paths.get("tls.cert"), key=paths.get("tls.key"))
+
+
+def sasl_credentials(values: Mapping[str, str], error: Callable[[str, str], Exception]) -> tuple[str, str] | None:
+    """``sasl.username`` and ``sasl.password`` (both or neither, over TLS only), or None."""
+    user, password = values.get("sasl.username"), values.get("sasl.password")
+    if user is None and password is None:
+        return None
+    if user is None or not user.strip():
+        raise error("sasl.username", "names no user (sasl.username and sasl.password go together)")
+    if password is None or not password:
+        raise error("sasl.password", "is missing or empty (sasl.username and sasl.password go together)")
+    if not any(option in values for option in ("tls.ca", "tls.cert")):
+        raise error("sasl.username", "a password login needs TLS (tls.ca): brokers refuse it without")
+    return user.strip(), password
 
 
 def _subscription(values: Mapping[str, str]) -> tuple[tuple[str, ...] | None, str | None]:

@@ -54,6 +54,7 @@ def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordB
         max_bytes=FETCH_MAX_BYTES,
         auto_offset_reset="error" if options.fail_on_data_loss else "earliest",
         ssl=options.ssl(),
+        credentials=options.credentials,
     )
     builder = ColumnBuilder(task.stream, task.partition, task.subject, include_headers=options.include_headers)
     try:

@@ -111,7 +111,7 @@ def _check_stream(options: SinkOptions) -> None:
     stream = options.stream
 
     async def exists() -> bool:
-        cluster = Cluster(list(options.brokers), ssl=options.ssl())
+        cluster = Cluster(list(options.brokers), ssl=options.ssl(), credentials=options.credentials)
         try:
             meta = await cluster.metadata([stream])
         finally:

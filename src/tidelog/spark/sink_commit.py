@@ -195,7 +195,7 @@ async def _commit(
             tables.setdefault((part.stream, part.partition), []).append(part.rows)
     if not tables:
         return []
-    cluster = Cluster(list(options.brokers), ssl=options.ssl())
+    cluster = Cluster(list(options.brokers), ssl=options.ssl(), credentials=options.credentials)
     committer = _Committer(cluster, Appender(cluster=cluster), name, batch_id)
     try:
         await committer.check_targets(sorted(tables))

@@ -13,6 +13,8 @@ option                     meaning
                            option says, never back to where it came from
 ``tls.ca``, ``tls.cert``,  TLS to the brokers, as the source takes them (:mod:`tidelog.spark.options`)
 ``tls.key``
+``sasl.username``,         a password login (SCRAM-SHA-256, over TLS only), as the source takes it
+``sasl.password``
 ``checkpointLocation``,    Spark's own (it passes them to the sink): accepted, not used — the sink identifies a
 ``queryName``              streaming query by the id Spark keeps in its checkpoint (:mod:`~tidelog.spark.sink_commit`)
 =========================  ==========================================================================================
@@ -40,6 +42,7 @@ wrong, before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import ssl as ssl_
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -60,9 +63,9 @@ from pyspark.sql.types import (
 
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, parse_address
 from tidelog.protocol.tls import TlsFiles, client_context
-from tidelog.spark.options import tls_files
+from tidelog.spark.options import sasl_credentials, tls_files
 
-_NAMES = ("brokers", "stream", "tls.ca", "tls.cert", "tls.key")
+_NAMES = ("brokers", "stream", "tls.ca", "tls.cert", "tls.key", "sasl.username", "sasl.password")
 _SPARKS_OWN = ("checkpointLocation", "queryName")  # set by Spark's DataStreamWriter itself
 _CANONICAL = {name.lower(): name for name in (*_NAMES, *_SPARKS_OWN)}
 
@@ -96,6 +99,7 @@ class SinkOptions:
     brokers: tuple[str, ...]
     stream: str | None  # None: every row names its stream in the ``stream`` column
     tls: TlsFiles | None = None  # None: plaintext
+    credentials: tuple[str, str] | None = dataclasses.field(default=None, repr=False)  # sasl.*: never in a repr
 
     def ssl(self) -> ssl_.SSLContext | None:
         """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
@@ -131,6 +135,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         brokers=_brokers(values.get("brokers", DEFAULT_BOOTSTRAP)),
         stream=stream and stream.strip(),
         tls=tls_files(values, SinkOptionError),
+        credentials=sasl_credentials(values, SinkOptionError),
     )
 
 

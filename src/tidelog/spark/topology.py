@@ -30,7 +30,7 @@ class Topology:
         self._runner = LoopThread("tidelog-spark-planner")
 
         async def build() -> Cluster:
-            return Cluster(list(options.brokers), ssl=options.ssl())
+            return Cluster(list(options.brokers), ssl=options.ssl(), credentials=options.credentials)
 
         self._cluster = self._runner.run(build())
 

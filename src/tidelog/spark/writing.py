@@ -203,7 +203,9 @@ class _Router:
 
     async def _stream(self, stream: str) -> StreamInfo:
         if self._cluster is None:
-            self._cluster = Cluster(list(self.options.brokers), ssl=self.options.ssl())
+            self._cluster = Cluster(
+                list(self.options.brokers), ssl=self.options.ssl(), credentials=self.options.credentials
+            )
         return await self._cluster.stream(stream)
 
     def close(self) -> None:

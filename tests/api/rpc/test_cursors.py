@@ -19,10 +19,11 @@ from tests.broker.conftest import broker_config
 from tests.broker.helpers import Stub, bounded, create_stream, expect_code
 from tests.helpers import BOUND
 from tidelog.broker.cursors import CursorValue
+from tidelog.broker.log_settings import log_config_for
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 from tidelog.protocol.cursors import CURSORS_STREAM
 from tidelog.protocol.records import decode_records, iter_batches
-from tidelog.server import Broker, log_config_for
+from tidelog.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -2,7 +2,7 @@
 
 :class:`AuthorizationInterceptor` wraps each method's handler with the rule
 :data:`~tidelog.api.access_table.GRPC_ACCESS` gives for it, checked against the caller's principal
-(:meth:`~tidelog.api.principals.PrincipalResolver.of_grpc`):
+(:meth:`~tidelog.api.rpc.call_principal.CallPrincipals.of`):
 
 - unary and server-streaming calls (``Subscribe``): the request is checked before the handler is called, so a
   refused ``Subscribe`` never creates a subscription (Liftbridge checks after creating it);
@@ -13,6 +13,11 @@
   (Liftbridge's keeps publishing).
 
 A method missing from the table is refused to everyone but brokers and super users.
+
+The caller's principal comes from :class:`~tidelog.api.rpc.call_principal.CallPrincipals`: its certificate, or the
+user name and password sent with the call; credentials it refuses end the call with UNAUTHENTICATED first. On a
+broker without authorization the interceptor still checks credentials (a wrong password is refused, never
+ignored) and nothing else: request streams are then handed on unchecked.
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ import grpc
 
 from tidelog.api.access_table import GRPC_ACCESS, Rule
 from tidelog.api.authorizer import Authorizer
-from tidelog.api.principals import Principal, PrincipalResolver
+from tidelog.api.principals import Principal
+from tidelog.api.rpc.call_principal import AUTHORIZATION_KEY, CallPrincipals, CallRefused
 from tidelog.protocol.errors import PermissionDeniedError, status_details
 
 _Behavior = Callable[[Any, Any], Any]
 
 
 class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Checks every call against the ACLs before its handler runs (module docstring)."""
+    """Checks every call's credentials, and against the ACLs (``authorizer``), before its handler runs (module
+    docstring)."""
 
-    def __init__(self, authorizer: Authorizer, principals: PrincipalResolver) -> None:
+    def __init__(self, authorizer: Authorizer | None, principals: CallPrincipals) -> None:
         self._authorizer = authorizer
         self._principals = principals
 
@@ -41,6 +48,8 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
         handler = await continuation(details)
         if handler is None:
             return None
+        if self._authorizer is None and not _has_credentials(details):
+            return handler  # nothing to check: no ACLs, no password
         method = details.method
         rule = GRPC_ACCESS.get(method)
         check = _Check(self._authorizer, self._principals, rule, method)
@@ -65,17 +74,31 @@ class AuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
         )
 
 
+def _has_credentials(details: Any) -> bool:
+    return any(key == AUTHORIZATION_KEY for key, _value in details.invocation_metadata or ())
+
+
 class _Check:
     """One method's rule, applied to its calls."""
 
-    def __init__(self, authorizer: Authorizer, principals: PrincipalResolver, rule: Rule | None, method: str):
+    def __init__(self, authorizer: Authorizer | None, principals: CallPrincipals, rule: Rule | None, method: str):
         self._authorizer = authorizer
         self._principals = principals
         self._rule = rule
         self._method = method
         self._name = method.rsplit("/", 1)[-1]
 
+    async def _principal(self, context: Any) -> Principal:
+        """The call's principal; a call whose credentials are refused is ended with UNAUTHENTICATED."""
+        try:
+            return await self._principals.of(context)
+        except CallRefused as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, status_details(str(exc)))
+            raise  # abort raises; not reached
+
     def _check(self, principal: Principal, request: Any) -> None:
+        if self._authorizer is None:
+            return
         if self._rule is None:
             self._authorizer.check_unknown(principal, "grpc", self._name)
         else:
@@ -89,14 +112,14 @@ class _Check:
 
     def unary(self, behavior: _Behavior) -> _Behavior:
         async def checked(request: Any, context: Any) -> Any:
-            await self._check_or_abort(context, self._principals.of_grpc(context), request)
+            await self._check_or_abort(context, await self._principal(context), request)
             return await behavior(request, context)
 
         return checked
 
     def server_streaming(self, behavior: _Behavior) -> _Behavior:
         async def checked(request: Any, context: Any) -> AsyncIterator[Any]:
-            await self._check_or_abort(context, self._principals.of_grpc(context), request)
+            await self._check_or_abort(context, await self._principal(context), request)
             async for response in behavior(request, context):
                 yield response
 
@@ -104,7 +127,9 @@ class _Check:
 
     def client_streaming(self, behavior: _Behavior) -> _Behavior:
         async def checked(requests: AsyncIterator[Any], context: Any) -> Any:
-            principal = self._principals.of_grpc(context)
+            principal = await self._principal(context)
+            if self._authorizer is None:
+                return await behavior(requests, context)
             gate = _Gate(self, principal, requests)
             await gate.first()
             if gate.refused is not None:
@@ -118,7 +143,12 @@ class _Check:
 
     def bidirectional(self, behavior: _Behavior) -> _Behavior:
         async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            gate = _Gate(self, self._principals.of_grpc(context), requests)
+            principal = await self._principal(context)
+            if self._authorizer is None:
+                async for response in behavior(requests, context):
+                    yield response
+                return
+            gate = _Gate(self, principal, requests)
             async for response in behavior(gate, context):
                 yield response
             if gate.refused is not None:

@@ -19,10 +19,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
+from tidelog.api.password_check import PasswordCheck
 from tidelog.api.principals import PrincipalResolver
 from tidelog.api.rpc import cursors, groups, metadata, publish, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.api.rpc.authorization import AuthorizationInterceptor
+from tidelog.api.rpc.call_principal import CallPrincipals
 from tidelog.api.server_tls import ServerTls
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
@@ -178,13 +180,14 @@ class GrpcServer:
         tls: ServerTls | None = None,
         authorizer: Authorizer | None = None,
         principals: PrincipalResolver | None = None,
+        passwords: PasswordCheck | None = None,
     ) -> None:
         """With ``tls``, the port speaks TLS only (its certificate follows ``tls``'s reloads); without, plaintext.
         With ``authorizer``, every call is checked before its handler runs
-        (:mod:`tidelog.api.rpc.authorization`)."""
-        interceptors: list[Any] = [_RequestTiming()]
-        if authorizer is not None:
-            interceptors.insert(0, AuthorizationInterceptor(authorizer, principals or PrincipalResolver("cn", ())))
+        (:mod:`tidelog.api.rpc.authorization`); with or without it, a call that sends a password is logged in
+        through ``passwords`` (or refused) first (:mod:`tidelog.api.rpc.call_principal`)."""
+        calls = CallPrincipals(principals or PrincipalResolver("cn", ()), passwords)
+        interceptors: list[Any] = [AuthorizationInterceptor(authorizer, calls), _RequestTiming()]
         cfg = ctx.config
         self._server = grpc.aio.server(
             interceptors=interceptors,
