@@ -4,7 +4,8 @@ to the subject and every plain NATS subscriber, and its target stores it exactly
 How each test knows it waited long enough, with no timed wait: the broker publishes a message's copy before it
 answers, and the test publishes a plain ``end`` message after the answer. The other stream bound to the subject
 stores the copies and ``end`` in the order the one NATS server handled them; once it holds ``end``, so did the
-target's ingest see every copy before ``end``, and a copy it failed to leave out would be stored before ``end``.
+target's ingest see every copy before ``end``, and a copy it failed to leave out would be stored before ``end``;
+once the target holds as many records as were sent (``end`` included), a read to its end shows any extra.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ async def stored_once(stub: Stub, nc: Any, target: str, other: str, expected: li
     await nc.publish(target, b"end")
     everything = [*expected, b"end"]
     assert sorted(values(await receive(stub, other, len(everything)))) == sorted(everything)
+    # The target's ingest has seen "end" by now, but may not have stored it yet: wait for as many records (a
+    # copy stored twice would come before "end", so the read to the end below still finds it).
+    await receive(stub, target, len(everything))
     held = await read_until_stop(stub, target)
     assert sorted(values(held)) == sorted(everything)  # every offset counted: nothing twice
     assert [m.offset for m in held] == list(range(len(everything)))
