@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -94,8 +95,11 @@ async def test_nats_messages_are_counted_as_ingested(broker: Broker, stub: Stub)
         await client.close()
     for _ in range(200):  # bounded: the ingest stores them within a few loop turns
         samples = await scrape(base_url(broker))
-        if value(samples, "tidelog_partition_log_end_offset", stream="ingested", role="leader") == 10:
+        counted = (value(samples, "tidelog_nats_messages_ingested_total") or 0) - before
+        # The log end moves when the batch is appended; the counter once the write returns (after its flush).
+        if value(samples, "tidelog_partition_log_end_offset", stream="ingested", role="leader") == 10 and counted >= 10:
             break
+        await asyncio.sleep(0.01)
     assert value(samples, "tidelog_partition_log_end_offset", stream="ingested", role="leader") == 10
     assert (value(samples, "tidelog_nats_messages_ingested_total") or 0) - before == 10
 

@@ -70,11 +70,18 @@ async def test_a_takeover_reads_the_offset_only_after_the_commit_under_way(clust
     coordinator: Connection | None = None
     try:
 
-        async def known_there() -> bool:  # the stream was created through another broker: this one's mirror follows
-            found = (await old_owner.request(MetadataRequest((stream,)), timeout=BOUND)).header
-            return isinstance(found, MetadataResponse) and any(s.name == stream for s in found.streams)
+        async def known_everywhere() -> bool:  # each broker's mirror follows etcd; the Admin below may ask either
+            for handle in cluster.brokers:
+                connection = await _open(cluster, handle.id)
+                try:
+                    found = (await connection.request(MetadataRequest((stream,)), timeout=BOUND)).header
+                finally:
+                    await connection.close()
+                if not (isinstance(found, MetadataResponse) and any(s.name == stream for s in found.streams)):
+                    return False
+            return True
 
-        await cluster.wait_until(known_there, LONG_BOUND, f"{leader} to know stream {stream}")
+        await cluster.wait_until(known_everywhere, LONG_BOUND, f"every broker to know stream {stream}")
         async with Admin(cluster.bootstrap()) as admin:
             await admin.set_cursor(stream, 0, group, 5)  # the offset before: what a takeover must not resume from
         joined = (await old_owner.request(JoinGroupRequest(group, "a", (stream,)), timeout=BOUND)).header
