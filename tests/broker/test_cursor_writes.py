@@ -1,6 +1,7 @@
-"""Cursor writes are grouped per ``__cursors`` partition: a lone write is appended at once, writes arriving while
-an append is under way share the next one, each gets its own record's offset, a fence refuses only its own write,
-and a write counts as under way from its fence to the end of its append (:mod:`tidelog.broker.cursor_writes`)."""
+"""Cursor writes are coalesced per ``__cursors`` partition: the first write of a turn of the loop is appended at
+once, alone; the later writes of the turn share one append; each gets its own record's offset; writes reach the
+log in arrival order; a fence refuses only its own write; and a write counts as under way from its fence to the
+end of its append (:mod:`tidelog.broker.cursor_writes`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Leader:
 
     def __init__(self) -> None:
         self.appends: list[list[bytes]] = []
+        self.values: list[bytes] = []  # every record's value, in log order
         self.release = asyncio.Event()
         self.release.set()
         self.fail: Exception | None = None
@@ -29,8 +31,10 @@ class Leader:
 
     async def write(self, data: bytes, acks: Acks, timeout: float) -> Appended | WriteRefused:
         assert acks is Acks.ALL
-        keys = [r.key or b"" for pos, header in iter_batches(data) for r in decode_records(data, pos, header=header)]
+        records = [r for pos, header in iter_batches(data) for r in decode_records(data, pos, header=header)]
+        keys = [r.key or b"" for r in records]
         self.appends.append(keys)
+        self.values += [r.value or b"" for r in records]
         await asyncio.wait_for(self.release.wait(), BOUND)
         if self.fail is not None:
             raise self.fail
@@ -55,16 +59,16 @@ async def test_a_lone_write_is_appended_at_once_alone() -> None:
     assert leader.appends == [[b"a"], [b"b"]]
 
 
-async def test_writes_arriving_during_an_append_share_the_next_one() -> None:
+def started(store: CursorWrites, leader: Leader, keys: list[bytes], pid: int = 0) -> list[asyncio.Task[int]]:
+    """Writes whose handlers start in one turn of the loop, as the wire server starts those of one read."""
+    return [asyncio.create_task(store.write(pid, leader, key, b"v", BOUND)) for key in keys]
+
+
+async def test_the_later_writes_of_a_turn_share_one_append() -> None:
     store, _ = writes()
     leader = Leader()
-    leader.release.clear()
-    first = asyncio.create_task(store.write(0, leader, b"k0", b"v", BOUND))
-    await asyncio.sleep(0)  # the lone write is being appended
-    rest = [asyncio.create_task(store.write(0, leader, f"k{i}".encode(), b"v", BOUND)) for i in range(1, 6)]
-    await asyncio.sleep(0)
-    leader.release.set()
-    offsets = await asyncio.wait_for(asyncio.gather(first, *rest), BOUND)
+    keys = [f"k{i}".encode() for i in range(6)]
+    offsets = await asyncio.wait_for(asyncio.gather(*started(store, leader, keys)), BOUND)
     assert leader.appends == [[b"k0"], [b"k1", b"k2", b"k3", b"k4", b"k5"]]  # two appends for six writes, in order
     assert offsets == [0, 1, 2, 3, 4, 5]  # each its own record's offset
 
@@ -72,30 +76,49 @@ async def test_writes_arriving_during_an_append_share_the_next_one() -> None:
 async def test_a_batch_holds_at_most_max_batch_records() -> None:
     store, _ = writes()
     leader = Leader()
+    await asyncio.wait_for(asyncio.gather(*started(store, leader, [b"k"] * (MAX_BATCH_RECORDS + 2))), BOUND)
+    assert [len(keys) for keys in leader.appends] == [1, MAX_BATCH_RECORDS, 1]
+
+
+async def test_pipelined_writes_of_one_cursor_reach_the_log_in_the_order_sent() -> None:
+    store, _ = writes()
+    leader = Leader()
+    pattern = [0, 1, 0, 2, 0, 0, 1, 3, 1, 0] * 5  # turns of the loop between one write and the next
+    tasks = []
+    for i, gap in enumerate(pattern):
+        tasks.append(asyncio.create_task(store.write(0, leader, b"k", str(i).encode(), BOUND)))
+        for _ in range(gap):
+            await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*tasks), BOUND)
+    assert [int(v) for v in leader.values] == list(range(len(pattern)))
+    assert len(leader.appends) < len(pattern)  # and some of them shared an append
+
+
+async def test_a_write_does_not_wait_for_an_append_under_way() -> None:
+    store, _ = writes()
+    leader = Leader()
     leader.release.clear()
     first = asyncio.create_task(store.write(0, leader, b"first", b"v", BOUND))
-    await asyncio.sleep(0)
-    rest = [asyncio.create_task(store.write(0, leader, b"k", b"v", BOUND)) for _ in range(MAX_BATCH_RECORDS + 1)]
-    await asyncio.sleep(0)
+    for _ in range(3):
+        await asyncio.sleep(0)  # the first append is under way (not acknowledged), its turn is over
+    second = asyncio.create_task(store.write(0, leader, b"second", b"v", BOUND))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert leader.appends == [[b"first"], [b"second"]]  # issued at once: the log's group commit overlaps them
     leader.release.set()
-    await asyncio.wait_for(asyncio.gather(first, *rest), BOUND)
-    assert [len(keys) for keys in leader.appends] == [1, MAX_BATCH_RECORDS, 1]
+    assert await asyncio.wait_for(asyncio.gather(first, second), BOUND) == [0, 1]
 
 
 async def test_a_fence_refuses_its_own_write_only() -> None:
     store, _ = writes()
     leader = Leader()
-    leader.release.clear()
-    first = asyncio.create_task(store.write(0, leader, b"first", b"v", BOUND))
-    await asyncio.sleep(0)
 
     def refuse() -> None:
         raise StaleGroupEpochError("the partition moved")
 
+    first = asyncio.create_task(store.write(0, leader, b"first", b"v", BOUND))
     fenced = asyncio.create_task(store.write(0, leader, b"stale", b"v", BOUND, refuse))
     kept = asyncio.create_task(store.write(0, leader, b"owner", b"v", BOUND, lambda: None))
-    await asyncio.sleep(0)
-    leader.release.set()
     assert await asyncio.wait_for(kept, BOUND) == 1
     with pytest.raises(StaleGroupEpochError):
         await fenced
@@ -106,16 +129,12 @@ async def test_a_fence_refuses_its_own_write_only() -> None:
 async def test_a_failed_append_fails_every_write_it_carried() -> None:
     store, failed = writes()
     leader = Leader()
-    leader.release.clear()
-    first = asyncio.create_task(store.write(0, leader, b"first", b"v", BOUND))
-    await asyncio.sleep(0)
-    carried = [asyncio.create_task(store.write(3, leader, b"k", b"v", BOUND)) for _ in range(3)]
-    await asyncio.sleep(0)
     leader.fail = RequestTimeoutError("no acknowledgement in time")
-    leader.release.set()
-    results = await asyncio.wait_for(asyncio.gather(first, *carried, return_exceptions=True), BOUND)
+    results = await asyncio.wait_for(
+        asyncio.gather(*started(store, leader, [b"k"] * 4, pid=3), return_exceptions=True), BOUND
+    )
     assert all(isinstance(r, RequestTimeoutError) for r in results)
-    assert failed  # the store is told: it reads its cache again from the log
+    assert len(leader.appends) == 2 and failed == [3, 3]  # the store reads its cache again from the log
 
 
 async def test_a_refused_append_is_the_error_of_its_code() -> None:
@@ -146,16 +165,11 @@ async def test_a_write_is_under_way_from_its_fence_to_the_end_of_its_append() ->
     assert all(f.done() for f in waiting) and store.under_way(b"k") == []
 
 
-async def test_a_caller_that_goes_away_while_waiting_is_not_written() -> None:
+async def test_a_caller_that_goes_away_before_its_batch_is_appended_is_not_written() -> None:
     store, _ = writes()
     leader = Leader()
-    leader.release.clear()
-    first = asyncio.create_task(store.write(0, leader, b"first", b"v", BOUND))
-    await asyncio.sleep(0)
-    gone = asyncio.create_task(store.write(0, leader, b"gone", b"v", BOUND))
-    kept = asyncio.create_task(store.write(0, leader, b"kept", b"v", BOUND))
-    await asyncio.sleep(0)
+    first, gone, kept = started(store, leader, [b"first", b"gone", b"kept"])
+    await asyncio.sleep(0)  # all three ran: the last two wait for their batch, appended next turn
     gone.cancel()
-    leader.release.set()
     await asyncio.wait_for(asyncio.gather(first, kept), BOUND)
     assert leader.appends == [[b"first"], [b"kept"]]

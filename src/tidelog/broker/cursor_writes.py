@@ -1,36 +1,39 @@
-"""Cursor writes of one ``__cursors`` partition, grouped: commits that arrive while one is being written share the
-next append (one batch, one fsync round, one acknowledgement round from the ISR).
+"""Cursor writes of one ``__cursors`` partition, coalesced: commits that arrive in the same turn of the event loop
+share one append (one batch of records, one fsync round, one acknowledgement round from the ISR).
 
 :class:`~tidelog.broker.cursors.CursorStore` hands every cursor record it stores to :meth:`CursorWrites.write`.
 Per ``__cursors`` partition (per leadership of it, a :class:`~tidelog.broker.partitions.partition.Partition`):
 
-- a write that finds nothing being written is written **at once, alone**, in its caller's task: a lone commit
-  waits for nobody and pays for no extra task or turn of the loop;
-- writes that arrive while an append is under way wait in arrival order; when it ends, one task writes *all* of
-  them as one batch of records (at most :data:`MAX_BATCH_RECORDS`), and so on while more keep arriving. Each
+- the first write of a turn of the loop is appended **at once, alone**, in its caller's task: a commit awaited
+  one at a time waits for nobody and pays for no extra task or turn of the loop;
+- a write arriving later in the same turn (the wire server starts the handlers of every request one read
+  delivered in one turn: a member committing all its partitions at once, a client pipelining its commits,
+  several members) opens a batch that every further write of the turn joins; the batch is appended at the start
+  of the next turn, by a task of its own, as one batch of records (at most :data:`MAX_BATCH_RECORDS`). Each
   caller gets the offset of its own record in ``__cursors``.
 
-This is group commit one level above the log's (:mod:`tidelog.storage.flush`, which shares an fsync among
-concurrent appends): concurrent commits (a member committing all its partitions at once, many members, a client
-that pipelines its commits) cost one append, not one each: the write path, the log's checks and write and the
-followers' fetches run once per batch (``docs/performance.md`` has the numbers). A commit awaited one at a time
-costs what it did.
+Appends are never held back waiting for one another: one arriving while another is being fsynced or replicated
+goes to the log at once, and the log's group commit (:mod:`tidelog.storage.flush`) shares the fsync between
+them. Grouping appends one level above that log saves the rest, which is most of a commit's cost on the broker:
+the write path, the log's checks and write, and the followers' fetches run once per batch instead of once per
+commit (``docs/performance.md`` has the numbers). An earlier version that queued every write arriving while an
+append was under way, and appended them when it ended, made concurrent commits slower: it serialized what the
+log's group commit overlaps.
 
 **Fencing and takeovers** keep their rule (:mod:`tidelog.broker.groups.fencing`): a write's ``fence`` (a group
-member's ownership check) runs just before the append that carries it is issued, when its batch is formed, and
-the write counts as under way on its cursor from that same moment, with no await between
-(:meth:`CursorWrites.under_way`): a member taking a partition over waits for it. A write refused by its fence
-gets its error alone; the others of its batch are written. A failed append fails every write it carried.
+member's ownership check) runs just before the append that carries it is issued, and the write counts as under
+way on its cursor from that same moment, with no await between (:meth:`CursorWrites.under_way`): a member taking
+a partition over waits for it. A write refused by its fence gets its error alone; the others of its batch are
+written. A failed append fails every write it carried.
 
-**Order**: writes reach the log in the order they arrived, so commits of one cursor pipelined by one client are
-stored in the order sent (the newest last, which is what compaction and the cache keep).
+**Order**: writes reach the log in the order they arrived (a batch in its writes' order, the first write of the
+turn before it), so commits of one cursor pipelined by one client are stored in the order sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -63,24 +66,25 @@ class _Write:
 
 
 @dataclass(eq=False, slots=True)
-class _Queue:
-    """The writes of one leadership of one ``__cursors`` partition."""
+class _Turn:
+    """What one ``__cursors`` partition has seen of the current turn of the loop."""
 
     leader: CursorLeader
-    busy: bool = False  # an append is under way (a lone write, or a task writing a batch)
-    waiting: deque[_Write] = field(default_factory=deque)
+    issued: bool = False  # a write was appended at once in this turn: later ones batch
+    batches: list[list[_Write]] = field(default_factory=list)  # this turn's later writes, appended next turn
 
 
 class CursorWrites:
-    """Groups the cursor writes of each ``__cursors`` partition (see the module docstring)."""
+    """Coalesces the cursor writes of each ``__cursors`` partition (see the module docstring)."""
 
     def __init__(self, on_failed: Callable[[int, CursorLeader], None]) -> None:
         """``on_failed(pid, leader)``: an append failed (it may be in the log all the same): the store forgets
         its cache of that partition, to read it again from the log."""
         self._on_failed = on_failed
-        self._queues: dict[int, _Queue] = {}
+        self._turns: dict[int, _Turn] = {}  # __cursors partition -> this turn's state (absent: nothing this turn)
         self._under_way: dict[bytes, set[asyncio.Future[None]]] = {}  # cursor key -> writes past their fence
-        self._rounds: set[asyncio.Task[None]] = set()
+        self._batches: set[asyncio.Task[None]] = set()
+        self._unplaced: dict[int, int] = {}  # __cursors partition -> its batches not yet handed to the log
 
     async def write(
         self,
@@ -93,18 +97,21 @@ class CursorWrites:
     ) -> int:
         """Store one cursor record in ``__cursors`` partition ``pid`` (acks ALL); its offset there once committed.
         Raises what ``fence`` raises (nothing stored), a refusal's error, or the append's failure."""
-        queue = self._queues.get(pid)
-        if queue is None or queue.leader is not leader:
-            queue = self._queues[pid] = _Queue(leader)
-        write = _Write(key, value, timeout, fence, asyncio.get_running_loop().create_future())
-        if queue.busy:
-            queue.waiting.append(write)
+        loop = asyncio.get_running_loop()
+        write = _Write(key, value, timeout, fence, loop.create_future())
+        turn = self._turns.get(pid)
+        if turn is None or turn.leader is not leader:
+            turn = self._turns[pid] = _Turn(leader)
+            loop.call_soon(self._end_turn, pid, turn)  # runs after every handler already started this turn
+        if turn.issued or self._unplaced.get(pid):  # joins the turn's batch (never overtakes an earlier one)
+            batches = turn.batches
+            if batches and len(batches[-1]) < MAX_BATCH_RECORDS:
+                batches[-1].append(write)
+            else:
+                batches.append([write])
             return await write.done
-        queue.busy = True
-        try:
-            await self._append(pid, leader, [write])
-        finally:
-            self._next(pid, queue)
+        turn.issued = True
+        await self._append(pid, leader, [write])
         return write.done.result()
 
     def under_way(self, key: bytes) -> list[asyncio.Future[None]]:
@@ -114,27 +121,31 @@ class CursorWrites:
 
     async def close(self) -> None:
         """Wait for the batches being written (the broker is stopping: their partitions fail them when closing)."""
-        await asyncio.gather(*self._rounds, return_exceptions=True)
+        await asyncio.gather(*self._batches, return_exceptions=True)
 
     # ---- appends ----
 
-    def _next(self, pid: int, queue: _Queue) -> None:
-        """An append ended: write what waits, in one task, or go idle."""
-        while queue.waiting and queue.waiting[0].done.done():
-            queue.waiting.popleft()  # its caller went away before it was written
-        if not queue.waiting:
-            queue.busy = False
-            return
-        batch = [queue.waiting.popleft() for _ in range(min(len(queue.waiting), MAX_BATCH_RECORDS))]
-        task = asyncio.get_running_loop().create_task(self._round(pid, queue, batch), name=f"cursor-writes-{pid}")
-        self._rounds.add(task)
-        task.add_done_callback(self._rounds.discard)
+    def _end_turn(self, pid: int, turn: _Turn) -> None:
+        """The turn is over: append its batches, in order, each in a task of its own (no caller's cancellation
+        stops one)."""
+        if self._turns.get(pid) is turn:
+            del self._turns[pid]
+        loop = asyncio.get_running_loop()
+        for batch in turn.batches:
+            self._unplaced[pid] = self._unplaced.get(pid, 0) + 1
+            task = loop.create_task(self._append_batch(pid, turn.leader, batch), name=f"cursor-writes-{pid}")
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
 
-    async def _round(self, pid: int, queue: _Queue, batch: list[_Write]) -> None:
-        try:
-            await self._append(pid, queue.leader, batch)
-        finally:
-            self._next(pid, queue)
+    async def _append_batch(self, pid: int, leader: CursorLeader, batch: list[_Write]) -> None:
+        """A batch's task. Tasks start in the order they were made, and each hands its batch to the log (where
+        the log's lock orders appends) before it first waits: from here on, a write may go at once again."""
+        left = self._unplaced[pid] - 1
+        if left:
+            self._unplaced[pid] = left
+        else:
+            del self._unplaced[pid]
+        await self._append(pid, leader, batch)
 
     async def _append(self, pid: int, leader: CursorLeader, writes: list[_Write]) -> None:
         """Fence, then append ``writes`` as one batch; settle each one (its record offset, or an error)."""
