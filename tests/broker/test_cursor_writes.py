@@ -173,3 +173,17 @@ async def test_a_caller_that_goes_away_before_its_batch_is_appended_is_not_writt
     gone.cancel()
     await asyncio.wait_for(asyncio.gather(first, kept), BOUND)
     assert leader.appends == [[b"first"], [b"kept"]]
+
+
+async def test_a_delete_is_one_append_in_order_with_the_commits_before_it() -> None:
+    store, _ = writes()
+    leader = Leader()
+    first, second = started(store, leader, [b"a", b"b"])  # the first goes at once, the second waits for its batch
+    delete = asyncio.create_task(store.write_all(0, leader, [b"a", b"b", b"c"], BOUND))
+    assert await asyncio.wait_for(asyncio.gather(first, second, delete), BOUND) == [0, 1, [2, 3, 4]]
+    assert leader.appends == [[b"a"], [b"b", b"a", b"b", b"c"]]  # the tombstones after the commit of b
+    assert leader.values[2:] == [b"", b"", b""]  # tombstones: no value
+    lone = await store.write_all(0, leader, [b"x", b"y"], BOUND)
+    assert lone == [5, 6] and leader.appends[-1] == [b"x", b"y"]  # all in one append
+    with pytest.raises(ValueError, match="at most"):
+        await store.write_all(0, leader, [b"k"] * (MAX_BATCH_RECORDS + 1), BOUND)

@@ -1,7 +1,8 @@
 """Cursor writes of one ``__cursors`` partition, coalesced: commits that arrive in the same turn of the event loop
 share one append (one batch of records, one fsync round, one acknowledgement round from the ISR).
 
-:class:`~tidelog.broker.cursors.CursorStore` hands every cursor record it stores to :meth:`CursorWrites.write`.
+:class:`~tidelog.broker.cursors.CursorStore` hands every cursor record it stores to :meth:`CursorWrites.write`
+(and the tombstones of a group's deletion, all in one append, to :meth:`CursorWrites.write_all`).
 Per ``__cursors`` partition (per leadership of it, a :class:`~tidelog.broker.partitions.partition.Partition`):
 
 - the first write of a turn of the loop is appended **at once, alone**, in its caller's task: a commit awaited
@@ -97,22 +98,37 @@ class CursorWrites:
     ) -> int:
         """Store one cursor record in ``__cursors`` partition ``pid`` (acks ALL); its offset there once committed.
         Raises what ``fence`` raises (nothing stored), a refusal's error, or the append's failure."""
+        write = _Write(key, value, timeout, fence, asyncio.get_running_loop().create_future())
+        await self._submit(pid, leader, [write])
+        return await write.done
+
+    async def write_all(self, pid: int, leader: CursorLeader, keys: list[bytes], timeout: float) -> list[int]:
+        """Store a tombstone (a cursor deleted) for each of ``keys`` (at most :data:`MAX_BATCH_RECORDS`) in one
+        append, all or none; their offsets in ``__cursors`` partition ``pid``."""
+        if len(keys) > MAX_BATCH_RECORDS:
+            raise ValueError(f"{len(keys)} cursor records: one append carries at most {MAX_BATCH_RECORDS}")
         loop = asyncio.get_running_loop()
-        write = _Write(key, value, timeout, fence, loop.create_future())
+        writes = [_Write(key, None, timeout, None, loop.create_future()) for key in keys]
+        await self._submit(pid, leader, writes)
+        return [await write.done for write in writes]
+
+    async def _submit(self, pid: int, leader: CursorLeader, writes: list[_Write]) -> None:
+        """Append ``writes`` (one append for all of them) at once when they are the first of this turn, else
+        put them in the turn's batch; return once they are settled or waiting there."""
+        loop = asyncio.get_running_loop()
         turn = self._turns.get(pid)
         if turn is None or turn.leader is not leader:
             turn = self._turns[pid] = _Turn(leader)
             loop.call_soon(self._end_turn, pid, turn)  # runs after every handler already started this turn
         if turn.issued or self._unplaced.get(pid):  # joins the turn's batch (never overtakes an earlier one)
             batches = turn.batches
-            if batches and len(batches[-1]) < MAX_BATCH_RECORDS:
-                batches[-1].append(write)
+            if batches and len(batches[-1]) + len(writes) <= MAX_BATCH_RECORDS:
+                batches[-1].extend(writes)
             else:
-                batches.append([write])
-            return await write.done
+                batches.append(list(writes))
+            return
         turn.issued = True
-        await self._append(pid, leader, [write])
-        return write.done.result()
+        await self._append(pid, leader, writes)
 
     def under_way(self, key: bytes) -> list[asyncio.Future[None]]:
         """The writes of cursor ``key`` that passed their fence and whose append has not ended (stored or

@@ -31,10 +31,11 @@ partition over therefore reads an offset no older than any commit that passed th
 
 **Deleting** (a consumer group's committed offsets, ``tidelog group delete``):
 :meth:`CursorStore.delete_cursors_of` writes a tombstone (the key with no value) for every cursor of one id that
-one ``__cursors`` partition holds, acks ALL; the cache and a rebuild take a tombstone as "never set" (-1), and
-compaction drops it once it is older than the stream's ``delete_retention``. :meth:`CursorStore.cursors_of` lists
-what a partition holds of one id. Both work per ``__cursors`` partition, on its leader: a cursor's partition
-follows from its whole key, so a client asks each.
+one ``__cursors`` partition holds, acks ALL, in one append ordered with the commits around it
+(:meth:`CursorWrites.write_all <tidelog.broker.cursor_writes.CursorWrites.write_all>`); the cache and a rebuild
+take a tombstone as "never set" (-1), and compaction drops it once it is older than the stream's
+``delete_retention``. :meth:`CursorStore.cursors_of` lists what a partition holds of one id. Both work per
+``__cursors`` partition, on its leader: a cursor's partition follows from its whole key, so a client asks each.
 
 **Pausing**: ``__cursors`` partitions auto-pause when idle, as Liftbridge's do (:mod:`tidelog.broker.pausing`);
 every request resumes the partition it needs first (``resume``), and the cache is read again from the log.
@@ -48,30 +49,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
-from tidelog.broker.cursor_writes import CursorLeader, CursorWrites
+from tidelog.broker.cursor_writes import MAX_BATCH_RECORDS, CursorLeader, CursorWrites
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.partition import Partition
-from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.cursors import CURSORS_STREAM, MAX_CURSOR_ID_BYTES, cursor_key, cursors_partition
 from tidelog.protocol.errors import (
     InvalidArgumentError,
     NotLeaderError,
-    TidelogError,
     UnavailableError,
     UnknownPartitionError,
     UnknownStreamError,
     UnsupportedError,
 )
-from tidelog.protocol.messages import Acks
-from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import decode_records, iter_batches
 
 log = logging.getLogger(__name__)
 
@@ -189,18 +186,12 @@ class CursorStore:
                       if offset is not None and _parse_key(key, cursor_id) is not None)  # fmt: skip
         if not keys:
             return 0
-        now = time.time_ns()
-        batch = build_batch([NewRecord(None, key, timestamp=now) for key in keys], timestamp=now)
-        try:
-            written = await leader.write(batch, Acks.ALL, timeout)
-        except TidelogError:
-            self._drop(pid, leader)
-            raise
-        if isinstance(written, WriteRefused):
-            raise written.error()
+        offsets = []
+        for start in range(0, len(keys), MAX_BATCH_RECORDS):  # in order with the commits (cursor_writes)
+            offsets += await self._writes.write_all(pid, leader, keys[start : start + MAX_BATCH_RECORDS], timeout)
         if self._caches.get(pid) is cache:
-            for i, key in enumerate(keys):
-                cache.put(key, written.base_offset + i, None)
+            for key, record_offset in zip(keys, offsets, strict=True):
+                cache.put(key, record_offset, None)
         return len(keys)
 
     async def on_metadata(self, _old: MetadataSnapshot, new: MetadataSnapshot) -> None:
