@@ -31,11 +31,25 @@ Metrics (``ratio`` = tidelog ÷ JetStream unless said otherwise):
   one; afterwards the consumer's ack floor is checked to be the last message. A rebalance during the
   measurement is logged (it would re-deliver records: counted twice).
 - ``offset_commit`` positions/s, one commit awaited at a time. tidelog: ``GroupConsumer.commit({partition:
-  offset})`` by the only member of a group: each commit asks the coordinator whether the partition is still the
-  member's (the fence of ``tidelog.client.group_commits``) and then stores the cursor with acks ALL. JetStream:
-  ``msg.ack_sync()`` of one message at a time (messages fetched beforehand, outside the timing).
+  offset})`` by the only member of a group: one SET_CURSOR carrying the member's group context, fenced by the
+  broker leading the cursor (``tidelog.client.group_commits``), stored with acks ALL and (flush ``always``)
+  fsynced before it is acknowledged. JetStream: ``msg.ack_sync()`` of one message at a time (messages fetched
+  beforehand, outside the timing). **The two sides do not promise the same thing**: JetStream acknowledges an
+  ack before its consumer state reaches the disk (the state is written behind; under strace, 1,000
+  ``ack_sync`` made 7 fsyncs), tidelog after the fsync (1,000 commits, 1,000 ``fdatasync``).
 - ``offset_commit_cursor`` (informational, no target) positions/s: tidelog's ``Admin.set_cursor`` (SET_CURSOR
   over the wire protocol, acks ALL) one at a time, without the group's fence; the peer is the same ``ack_sync``.
+- ``offset_commit_unsynced`` (informational, no target) positions/s: ``offset_commit`` on a second tidelog broker
+  whose flush policy is ``interval`` (``UNSYNCED_SETTINGS``): commits acknowledged once written and replicated,
+  fsynced behind, as JetStream's acks are; the comparable durability, beside the same ``ack_sync``.
+- ``offset_commit_6`` (informational, no target) positions/s with six commits in flight: tidelog's member of a
+  6-partition stream commits all six partitions in one ``commit(offsets)`` (six SET_CURSOR at once, which the
+  broker writes as one append: ``tidelog.broker.cursor_writes``); JetStream ``ack_sync``-s six messages at once.
+- ``fsync_bound`` (informational) fsyncs/s: a 120-byte write and ``fdatasync`` of a file in the scratch directory,
+  one at a time, ``commits`` times: the most commits per second that anything fsyncing each commit before
+  acknowledging it, one at a time, can reach on this disk. Beside ``ack_sync``: an ``offset_commit`` ratio of 2
+  needs a commit, round trip included, in half an ``ack_sync``; where ``fsync_bound``'s ratio is under 2 the
+  disk alone rules it out under flush ``always``.
 - ``rebalance_s`` seconds, from the SIGKILL (by PID) of a member process to the first record of each of its
   partitions handed out by the surviving members, while a producer in the parent keeps writing one record per
   partition every ``TRICKLE_EVERY`` seconds. The peer is the configured group consumer timeout (``ratio`` =
@@ -84,14 +98,19 @@ TIDELOG_SETTINGS: dict[str, str] = {
     "group_consumer_timeout_ms": "5000",  # --consumer-timeout-ms
     "log_level": "warning",
 }
+UNSYNCED_SETTINGS: dict[str, str] = {"default_flush_policy": "interval"}  # offset_commit_unsynced: fsynced behind
+FSYNC_PROBE_BYTES = 120  # about one cursor record's batch
+COMMIT_FAN = 6  # offset_commit_6: commits in flight (tidelog: partitions per commit(offsets))
 
 APPROACHES = {
     "tidelog": "tidelog serve (embedded NATS and etcd), flush always; 6-partition stream; 3 GroupConsumer processes "
     "(auto-commit, earliest) iterating records; commits: GroupConsumer.commit of one offset at a time "
-    "(SET_CURSOR with the group context, fenced by the broker, acks ALL), and Admin.set_cursor alone; "
-    "rebalance: SIGKILL a member process",
+    "(SET_CURSOR with the group context, fenced by the broker, acks ALL), six partitions per commit, and "
+    "Admin.set_cursor alone; the same commits on a broker with flush interval (unsynced); rebalance: SIGKILL a "
+    "member process",
     "jetstream": "nats-server -js, file storage, sync_interval always; one durable pull consumer (explicit acks) "
-    "shared by 3 worker processes, fetch batches, ack() each; commits: ack_sync of one message at a time",
+    "shared by 3 worker processes, fetch batches, ack() each; commits: ack_sync of one message at a time, and of "
+    "six at once",
 }
 
 MEMBER_READY = 60.0  # seconds for a member process to start and join
@@ -266,7 +285,7 @@ class JetStreamSide:
     async def commits(self, count: int, run_no: int) -> dict[str, float]:
         stream, durable = f"commits{run_no}", f"committer{run_no}"
         await self._stream(stream, durable)
-        await publish_all(self.js, stream, make_payloads(16, count), deadline_for(count))
+        await publish_all(self.js, stream, make_payloads(16, 2 * count), deadline_for(2 * count))
         sub = await self.js.pull_subscribe(stream, durable=durable, stream=stream)
         messages: list[Any] = []
         while len(messages) < count:  # bounded: every fetch returns at least one message or raises
@@ -275,8 +294,16 @@ class JetStreamSide:
         for message in messages:
             await message.ack_sync(timeout=5)
         rate = count / (time.perf_counter() - start)
+        messages = []
+        while len(messages) < count:  # bounded as above
+            messages += await sub.fetch(min(1000, count - len(messages)), timeout=10)
+        rounds = count // COMMIT_FAN
+        start = time.perf_counter()
+        for i in range(0, rounds * COMMIT_FAN, COMMIT_FAN):
+            await asyncio.gather(*(message.ack_sync(timeout=5) for message in messages[i : i + COMMIT_FAN]))
+        fan = rounds * COMMIT_FAN / (time.perf_counter() - start)
         await sub.unsubscribe()
-        return {"offset_commit": rate}
+        return {"offset_commit": rate, "offset_commit_6": fan}
 
     async def rebalances(self, plan: Plan, payload: bytes, run_no: int) -> list[float]:
         return []
@@ -378,16 +405,21 @@ class TidelogSide:
 
     async def commits(self, count: int, run_no: int) -> dict[str, float]:
         stream = f"commits{run_no}"
-        await self.admin.create_stream(stream)
-        tp = StreamPartition(stream, 0)
+        await self.admin.create_stream(stream, partitions=COMMIT_FAN)
+        tps = [StreamPartition(stream, p) for p in range(COMMIT_FAN)]
         rates: dict[str, float] = {}
         async with GroupConsumer(
             streams=stream, group_id=f"committer{run_no}", cluster=self.cluster, enable_auto_commit=False
         ) as consumer:
             start = time.perf_counter()
             for offset in range(1, count + 1):
-                await consumer.commit({tp: offset})
+                await consumer.commit({tps[0]: offset})
             rates["offset_commit"] = count / (time.perf_counter() - start)
+            rounds = count // COMMIT_FAN
+            start = time.perf_counter()
+            for offset in range(1, rounds + 1):
+                await consumer.commit(dict.fromkeys(tps, offset))
+            rates["offset_commit_6"] = rounds * COMMIT_FAN / (time.perf_counter() - start)
         start = time.perf_counter()
         for offset in range(1, count + 1):
             await self.admin.set_cursor(stream, 0, f"cursor{run_no}", offset)
@@ -481,6 +513,31 @@ async def measure_side(side: Side, plan: Plan, payloads: Sequence[bytes], run_no
         samples[side.name, "rebalance_s"].append(seconds)
 
 
+async def unsynced_commits(plan: Plan, root: Path, settings: Mapping[str, str], run_no: int, samples: Samples) -> None:
+    """``offset_commit_unsynced``: ``offset_commit`` on a fresh tidelog broker that fsyncs behind."""
+    log(f"run {run_no + 1}/{plan.runs}: tidelog, flush interval (load average {os.getloadavg()[0]:.2f})")
+    async with TidelogSide.open(root / f"run{run_no}-tidelog-unsynced", {**settings, **UNSYNCED_SETTINGS}) as side:
+        rate = (await side.commits(plan.commits, run_no))["offset_commit"]
+    samples["tidelog", "offset_commit_unsynced"].append(rate)
+    log(f"  tidelog offset_commit_unsynced: {rate:,.0f} positions/s ({plan.commits} one at a time)")
+
+
+def fsync_bound(directory: Path, count: int) -> float:
+    """fsyncs/s: ``count`` small writes to one file, each followed by ``fdatasync`` (see ``fsync_bound`` above)."""
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        record = os.urandom(FSYNC_PROBE_BYTES)
+        start = time.perf_counter()
+        for _ in range(count):
+            os.write(fd, record)
+            os.fdatasync(fd)
+        return count / (time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 async def run(plan: Plan, sides: Sequence[str], root: Path, settings: Mapping[str, str]) -> Samples:
     samples: Samples = defaultdict(list)
     payloads = make_payloads(SIZE, plan.messages)
@@ -491,6 +548,11 @@ async def run(plan: Plan, sides: Sequence[str], root: Path, settings: Mapping[st
             log(f"run {run_no + 1}/{plan.runs}: {name} (load average {os.getloadavg()[0]:.2f})")
             async with SIDES[name](root / f"run{run_no}-{name}", settings) as side:
                 await measure_side(side, plan, payloads, run_no, samples)
+            if name == "tidelog":
+                await unsynced_commits(plan, root, settings, run_no, samples)
+        bound = fsync_bound(root, plan.commits)
+        samples["tidelog", "fsync_bound"].append(bound)
+        log(f"  fsync_bound: {bound:,.0f} write+fdatasync/s ({plan.commits} one at a time)")
     return samples
 
 
@@ -500,11 +562,17 @@ def rows_from(samples: Samples, consumer_timeout: float) -> list[Row]:
         ours, theirs = samples.get(("tidelog", metric)), samples.get(("jetstream", metric))
         if ours:
             rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
-    if cursor := samples.get(("tidelog", "offset_commit_cursor")):
-        theirs = samples.get(("jetstream", "offset_commit"))
-        rows.append(
-            Row(BENCH, "offset_commit_cursor", median(cursor), "positions/s", median(theirs) if theirs else None)
-        )
+    theirs = samples.get(("jetstream", "offset_commit"))
+    for metric, unit in (
+        ("offset_commit_cursor", "positions/s"),
+        ("offset_commit_unsynced", "positions/s"),
+        ("fsync_bound", "fsyncs/s"),
+    ):  # informational, beside the same ack_sync
+        if ours := samples.get(("tidelog", metric)):
+            rows.append(Row(BENCH, metric, median(ours), unit, median(theirs) if theirs else None))
+    if fan := samples.get(("tidelog", "offset_commit_6")):
+        peer = samples.get(("jetstream", "offset_commit_6"))
+        rows.append(Row(BENCH, "offset_commit_6", median(fan), "positions/s", median(peer) if peer else None))
     if rebalance := samples.get(("tidelog", "rebalance_s")):
         rows.append(Row(BENCH, "rebalance_s", median(rebalance), "s", consumer_timeout, digits=3))
     return rows

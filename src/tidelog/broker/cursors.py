@@ -9,8 +9,9 @@ of that partition answers; any other broker answers NOT_LEADER (gRPC ``FAILED_PR
 does): it never forwards, because the answer must come from the one broker whose log orders the writes.
 
 **Writes** are acks ``ALL``: :meth:`CursorStore.set` returns once the record is committed to the ISR of its
-``__cursors`` partition (and, under the default flush policy, fsynced on each of them). Compaction keeps the
-newest record per key.
+``__cursors`` partition (and, under the default flush policy, fsynced on each of them). Writes that arrive while
+one is being written share the next append (:mod:`tidelog.broker.cursor_writes`). Compaction keeps the newest
+record per key.
 
 **Reads** come from a cache on the leader: every cursor of a ``__cursors`` partition, key → (offset of its
 record in ``__cursors``, cursor offset). The cache belongs to one leadership (one
@@ -30,10 +31,11 @@ partition over therefore reads an offset no older than any commit that passed th
 
 **Deleting** (a consumer group's committed offsets, ``tidelog group delete``):
 :meth:`CursorStore.delete_cursors_of` writes a tombstone (the key with no value) for every cursor of one id that
-one ``__cursors`` partition holds, acks ALL; the cache and a rebuild take a tombstone as "never set" (-1), and
-compaction drops it once it is older than the stream's ``delete_retention``. :meth:`CursorStore.cursors_of` lists
-what a partition holds of one id. Both work per ``__cursors`` partition, on its leader: a cursor's partition
-follows from its whole key, so a client asks each.
+one ``__cursors`` partition holds, acks ALL, in one append ordered with the commits around it
+(:meth:`CursorWrites.write_all <tidelog.broker.cursor_writes.CursorWrites.write_all>`); the cache and a rebuild
+take a tombstone as "never set" (-1), and compaction drops it once it is older than the stream's
+``delete_retention``. :meth:`CursorStore.cursors_of` lists what a partition holds of one id. Both work per
+``__cursors`` partition, on its leader: a cursor's partition follows from its whole key, so a client asks each.
 
 **Pausing**: ``__cursors`` partitions auto-pause when idle, as Liftbridge's do (:mod:`tidelog.broker.pausing`);
 every request resumes the partition it needs first (``resume``), and the cache is read again from the log.
@@ -47,29 +49,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
+from tidelog.broker.cursor_writes import MAX_BATCH_RECORDS, CursorLeader, CursorWrites
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.partition import Partition
-from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.cursors import CURSORS_STREAM, MAX_CURSOR_ID_BYTES, cursor_key, cursors_partition
 from tidelog.protocol.errors import (
     InvalidArgumentError,
     NotLeaderError,
-    TidelogError,
     UnavailableError,
     UnknownPartitionError,
     UnknownStreamError,
     UnsupportedError,
 )
-from tidelog.protocol.messages import Acks
-from tidelog.protocol.records import NewRecord, build_batch, decode_records, iter_batches
+from tidelog.protocol.records import decode_records, iter_batches
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ class CursorStore:
         self._enabled = enabled
         self._caches: dict[int, _Positions] = {}  # __cursors partition id -> its cache
         self._rebuilds: set[asyncio.Task[None]] = set()
-        self._under_way: dict[bytes, set[asyncio.Future[None]]] = {}  # cursor key -> its writes being made
+        self._writes = CursorWrites(self._drop)  # every cursor record stored, grouped per __cursors partition
 
     # ---- the two operations ----
 
@@ -143,35 +142,16 @@ class CursorStore:
         """Store ``offset`` as the cursor's position; returns once it is committed (acks ALL).
 
         ``fence`` (a group member's commit) runs just before the write is issued and refuses it by raising; the
-        write counts as under way on the cursor from that same moment (no await between), for :meth:`fetch`."""
+        write counts as under way on the cursor from that same moment (no await between), for :meth:`fetch`.
+        Concurrent writes share one append (:mod:`tidelog.broker.cursor_writes`)."""
         key = self.check(stream, partition, cursor_id, offset)
         await self._awake_for(key)
         pid, leader = self._leader_for(key)
         value = _ENCODE(CursorValue(stream, partition, cursor_id, offset))
-        now = time.time_ns()
-        batch = build_batch([NewRecord(value, key, timestamp=now)], timestamp=now)
-        if fence is not None:
-            fence()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._under_way.setdefault(key, set()).add(done)
-        try:
-            try:
-                written = await leader.write(batch, Acks.ALL, timeout)
-            except TidelogError:
-                self._drop(pid, leader)  # the record may be in the log all the same: rebuild from it next time
-                raise
-            if isinstance(written, WriteRefused):
-                raise written.error()
-            cache = self._caches.get(pid)
-            if cache is not None and cache.partition is leader:  # also while it is rebuilt: put keeps the newest
-                cache.put(key, written.base_offset, offset)
-        finally:
-            done.set_result(None)
-            writes = self._under_way.get(key)
-            if writes is not None:
-                writes.discard(done)
-                if not writes:
-                    del self._under_way[key]
+        record_offset = await self._writes.write(pid, leader, key, value, timeout, fence)
+        cache = self._caches.get(pid)
+        if cache is not None and cache.partition is leader:  # also while it is rebuilt: put keeps the newest
+            cache.put(key, record_offset, offset)
 
     async def fetch(self, stream: str, partition: int, cursor_id: str, timeout: float) -> int:
         """The cursor's stored position; -1 for a cursor never set. Answered once the writes of the cursor under
@@ -179,9 +159,9 @@ class CursorStore:
         key = self.check(stream, partition, cursor_id)
         await self._awake_for(key)
         pid, leader = self._leader_for(key)
-        under_way = self._under_way.get(key)
+        under_way = self._writes.under_way(key)
         if under_way:
-            await asyncio.wait(list(under_way), timeout=timeout)
+            await asyncio.wait(under_way, timeout=timeout)
         cache = await self._positions(pid, leader, timeout)
         known = cache.by_key.get(key)
         return -1 if known is None or known[1] is None else known[1]
@@ -206,18 +186,12 @@ class CursorStore:
                       if offset is not None and _parse_key(key, cursor_id) is not None)  # fmt: skip
         if not keys:
             return 0
-        now = time.time_ns()
-        batch = build_batch([NewRecord(None, key, timestamp=now) for key in keys], timestamp=now)
-        try:
-            written = await leader.write(batch, Acks.ALL, timeout)
-        except TidelogError:
-            self._drop(pid, leader)
-            raise
-        if isinstance(written, WriteRefused):
-            raise written.error()
+        offsets = []
+        for start in range(0, len(keys), MAX_BATCH_RECORDS):  # in order with the commits (cursor_writes)
+            offsets += await self._writes.write_all(pid, leader, keys[start : start + MAX_BATCH_RECORDS], timeout)
         if self._caches.get(pid) is cache:
-            for i, key in enumerate(keys):
-                cache.put(key, written.base_offset + i, None)
+            for key, record_offset in zip(keys, offsets, strict=True):
+                cache.put(key, record_offset, None)
         return len(keys)
 
     async def on_metadata(self, _old: MetadataSnapshot, new: MetadataSnapshot) -> None:
@@ -239,6 +213,7 @@ class CursorStore:
         for task in list(self._rebuilds):
             task.cancel()
         await asyncio.gather(*self._rebuilds, return_exceptions=True)
+        await self._writes.close()
         self._caches.clear()
 
     # ---- input ----
@@ -324,7 +299,7 @@ class CursorStore:
 
     # ---- the cache ----
 
-    def _drop(self, pid: int, leader: Partition) -> None:
+    def _drop(self, pid: int, leader: Partition | CursorLeader) -> None:
         cache = self._caches.get(pid)
         if cache is not None and cache.partition is leader:
             del self._caches[pid]

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from tidelog.client.admin import Admin
 from tidelog.client.group_membership import GroupMembership, StreamPartition
 from tidelog.protocol.errors import StaleGroupEpochError
+from tidelog.protocol.messages import GroupContext
 
 
 class GroupCommits:
@@ -71,12 +72,11 @@ class GroupCommits:
                 await self._membership.confirm()
             self._check_owned(pending)
             group = self._membership.context()
-            results = await asyncio.gather(
-                *(self._admin.set_cursor(tp.stream, tp.partition, self.cursor_id, offset, group=group)
-                  for tp, offset in pending.items()),
-                return_exceptions=True,
-            )  # fmt: skip
-            failures: list[BaseException] = []
+            sets = [self._set(tp, offset, group) for tp, offset in pending.items()]
+            # One partition (a commit after each record, or of the only partition held): awaited in this task, not
+            # in one gather starts for it, which costs a task and a turn of the loop per commit.
+            results = [await sets[0]] if len(sets) == 1 else await asyncio.gather(*sets)
+            failures: list[Exception] = []
             for (tp, offset), result in zip(list(pending.items()), results, strict=True):
                 if result is None:
                     self.committed[tp] = offset
@@ -88,6 +88,14 @@ class GroupCommits:
             stale = all(isinstance(f, StaleGroupEpochError) for f in failures)
             if attempt or not stale:
                 raise next((f for f in failures if not isinstance(f, StaleGroupEpochError)), failures[0])
+
+    async def _set(self, tp: StreamPartition, offset: int, group: GroupContext) -> Exception | None:
+        """Store one committed offset; its failure as a value (None: stored), as ``gather`` would return it."""
+        try:
+            await self._admin.set_cursor(tp.stream, tp.partition, self.cursor_id, offset, group=group)
+        except Exception as exc:
+            return exc
+        return None
 
     def _check_owned(self, offsets: Mapping[StreamPartition, int]) -> None:
         foreign = sorted(tp for tp in offsets if tp not in self._membership.assigned)
