@@ -49,6 +49,7 @@ from tidelog.metadata.records import StreamRecord
 from tidelog.metadata.remote_segments import ListedSegments, RemoteSegmentList, RemoteSegmentLists
 from tidelog.protocol.records import iter_batches
 from tidelog.storage.log import Log
+from tidelog.storage.remote_read import RemoteReader
 from tidelog.storage.remote_segment import (
     RemoteSegment,
     SegmentUploadError,
@@ -226,6 +227,25 @@ class Tiering:
                     "tiering: removing what deleted stream %s/%d left in the store failed: %s", stream, pid, exc
                 )
                 return
+
+    @property
+    def reader(self) -> RemoteReader:
+        """The broker's one reader of the store (its counters feed the metrics)."""
+        return self._catalog.reader
+
+    def upload_backlog(self, partition: Partition) -> tuple[int, float]:
+        """How far the upload frontier lags (for the metrics): the offsets in sealed segments below the high
+        watermark not in the store yet, and the age in seconds of the newest record of the oldest such segment
+        (0 when none waits)."""
+        remote_end = self._catalog.remote_end(partition.stream.name, partition.record.id)
+        pending = self._pending(partition, remote_end)
+        if not pending:
+            return 0, 0.0
+        floor = remote_end or 0
+        records = sum(s.next_offset - max(s.base_offset, floor) for s in pending)
+        newest = pending[0].max_timestamp
+        age = 0.0 if newest is None else max(0, self._clock.now_ns() - newest) / 1e9
+        return records, age
 
     # -- offload ----------------------------------------------------------------------------------------------
 

@@ -64,6 +64,7 @@ class RemoteReader:
         self._chunks: OrderedDict[tuple[str, int], asyncio.Task[bytes]] = OrderedDict()
         self._manifests: OrderedDict[str, RemoteSegment] = OrderedDict()
         self.remote_reads = 0  # ranged GETs made (read-ahead included), for metrics and tests
+        self.read_bytes = 0  # batch bytes served from the store (after their checks), for metrics
 
     async def read(
         self, segments: Sequence[RemoteSegment], offset: int, max_bytes: int, max_offset: int | None = None
@@ -112,6 +113,7 @@ class RemoteReader:
             served += header.size
             cursor = batch_end
         self._read_ahead(entry, last_chunk + 1, following)
+        self.read_bytes += served
         return b"".join(out)
 
     async def _extend(
