@@ -135,14 +135,15 @@ async def produce_measuring_lag(bootstrap: str, records: int, per_segment: int) 
     return lags
 
 
-async def wait_offloaded(bootstrap: str, within: float = 300.0) -> tuple[int, int]:
-    """Wait until the tiered stream's sealed segments are offloaded and gone from the broker's disk; return the
-    offloaded end and the high watermark."""
+async def wait_offloaded(bootstrap: str, per_segment: int, within: float = 300.0) -> tuple[int, int]:
+    """Wait until the tiered stream's sealed segments are offloaded (all but the last two segments' worth of
+    records, ``per_segment`` each) and gone from the broker's disk; return the offloaded end and the high
+    watermark."""
     deadline = time.monotonic() + within
     async with Admin(bootstrap) as admin:
         while True:
             hw, local_start, end = await bounds(admin, TIERED)
-            if end > 0 and local_start >= end:
+            if end > 0 and local_start >= end and hw - end <= 2 * per_segment:
                 return end, hw
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not offloaded within {within:.0f} s: local start {local_start}, end {end}")
@@ -301,7 +302,7 @@ async def write_and_read(plan: Plan, server: S3Server, broker: ServedBroker) -> 
     lags = await produce_measuring_lag(broker.wire_address, records, plan.segment_bytes // VALUE_SIZE)
     log(f"produced {records} records to {TIERED} in {time.monotonic() - started:.1f} s; upload lags {lags}")
     await produce(broker.wire_address, LOCAL, records)
-    end, hw = await wait_offloaded(broker.wire_address)
+    end, hw = await wait_offloaded(broker.wire_address, plan.segment_bytes // VALUE_SIZE)
     log(f"offloaded offsets 0..{end - 1} of {hw}")
     store = s3_client(server)
     put_s = await raw_put_seconds(store, plan.segment_bytes, 3)
