@@ -19,8 +19,10 @@ Metrics:
   another, from this process (what the store gives a client that knows the names). ``ratio`` = tidelog ÷ raw.
   Target ≥ 0.7.
 - ``spark_remote_scan`` rows/s: a batch Spark query (``local[2]``, ``spark.read.format("tidelog")``, count by
-  partition) over the offloaded offsets of ``tiered`` ÷ the same query over the same offsets of ``local`` (read
-  from the broker's segments). Wall time of ``collect()``, planning included. Target ≥ 0.8.
+  partition) over the offloaded offsets of ``tiered``, its tasks reading the segments from the bucket themselves
+  (``tieredStore`` and ``etcd`` options: :mod:`tidelog.spark.remote`), ÷ the same query over the same offsets of
+  ``local`` (read through the broker from its segments). Wall time of ``collect()``, planning included.
+  ``maxOffsetsPerSplit`` is a quarter of the range on both sides, so both run as several tasks. Target ≥ 0.8.
   ``--no-spark`` leaves it out.
 
 Runs alternate which side goes first, after one uncounted warm-up round; values are medians. The machine is
@@ -47,6 +49,7 @@ from obstore.store import S3Store
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from tidelog.client import Admin, Codec, Consumer, LoopThread, Producer
 from tidelog.launch.object_store import S3Server
+from tidelog.launch.ports import free_ports
 from tidelog.local.serve_process import ServedBroker, start_served_broker
 
 if TYPE_CHECKING:
@@ -64,8 +67,9 @@ APPROACHES = {
     "under a 1 KiB acks-ALL produce load; list offsets polled every POLL_S",
     "remote_read": "tidelog Consumer reading only offloaded offsets through the broker (ranged GETs with "
     "read-ahead, every batch CRC-checked) vs obstore GETs of the same objects whole, one after another",
-    "spark_remote_scan": "spark.read.format('tidelog') count by partition over the offloaded offsets vs the same "
-    "query over the same offsets of a stream kept on the broker's disk",
+    "spark_remote_scan": "spark.read.format('tidelog') count by partition over the offloaded offsets, tasks reading "
+    "the bucket directly (tieredStore, etcd) vs the same query over the same offsets of a stream kept on the "
+    "broker's disk, read through the broker",
 }
 
 
@@ -245,6 +249,7 @@ def spark_session() -> SparkSession:
 def scan(spark: SparkSession, options: dict[str, str], stream: str, end: int) -> float:
     """Rows/s of a batch count over offsets [0, end) of ``stream``."""
     reader = spark.read.format("tidelog").options(**options).option("streams", stream)
+    reader = reader.option("maxOffsetsPerSplit", max(1, end // 4))
     reader = reader.option("startingOffsets", "earliest").option("endingOffsets", json.dumps({stream: {"0": end}}))
     started = time.monotonic()
     rows = reader.load().groupBy("partition").count().collect()
@@ -273,15 +278,18 @@ def measure_spark(options: dict[str, str], end: int, runs: int) -> Row:
 # -- the run -----------------------------------------------------------------------------------------------------
 
 
-async def start(plan: Plan, root: Path) -> tuple[S3Server, ServedBroker]:
+async def start(plan: Plan, root: Path) -> tuple[S3Server, ServedBroker, int]:
+    """The S3 server, the broker, and the port of the broker's embedded etcd (Spark plans from it)."""
     server = S3Server(root / "s3")
     await server.start()
     log(f"weed mini at {server.endpoint}")
     (root / "broker").mkdir()
+    (etcd_port,) = free_ports(1)
     try:
         broker = await start_served_broker(
             root / "broker",
             log_level="warning",
+            embedded_etcd_port=str(etcd_port),
             tiered_interval_ms=str(TIER_INTERVAL_MS),
             **server.settings(),
         )
@@ -293,7 +301,7 @@ async def start(plan: Plan, root: Path) -> tuple[S3Server, ServedBroker]:
         tiering = {"segment_max_bytes": plan.segment_bytes}
         await admin.create_stream(TIERED, config={**tiering, "local_retention_bytes": 1})
         await admin.create_stream(LOCAL, config={**tiering, "tiered": False})
-    return server, broker
+    return server, broker, etcd_port
 
 
 async def write_and_read(plan: Plan, server: S3Server, broker: ServedBroker) -> tuple[list[Row], dict[str, Any]]:
@@ -325,12 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = LoopThread("bench-tiered")  # one loop owns the child processes from start to stop
     try:
         with scratch_dir("tidelog-bench-tiered-") as root:
-            server, broker = runner.run(start(plan, root))
+            server, broker, etcd_port = runner.run(start(plan, root))
             try:
                 rows, extra = runner.run(write_and_read(plan, server, broker))
                 if not args.no_spark:
                     end = int(extra["offloaded_end"])
-                    rows.append(measure_spark(spark_options(server, broker), end, plan.runs))
+                    rows.append(measure_spark(spark_options(server, broker, etcd_port), end, plan.runs))
             finally:
                 runner.run(stop(server, broker))
     finally:
@@ -339,9 +347,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def spark_options(server: S3Server, broker: ServedBroker) -> dict[str, str]:
-    """The source's options: the broker (and, once the source reads the bucket itself, the store)."""
-    return {"brokers": broker.wire_address}
+def spark_options(server: S3Server, broker: ServedBroker, etcd_port: int) -> dict[str, str]:
+    """The source's options: the broker, and the store and etcd, so that the tasks read offloaded segments from
+    the bucket themselves (the ``local`` stream does not tier: its ranges go to the broker either way)."""
+    return {
+        "brokers": broker.wire_address,
+        "tieredStore": server.url,
+        "tieredStore.endpoint": server.endpoint,
+        "tieredStore.accessKeyId": server.access_key_id,
+        "tieredStore.secretAccessKey": server.secret_access_key,
+        "etcd": f"127.0.0.1:{etcd_port}",
+    }
 
 
 async def stop(server: S3Server, broker: ServedBroker) -> None:
