@@ -126,6 +126,32 @@ async def test_describe_and_metrics_show_the_remote_and_local_ranges(
     assert (metric(after, "tidelog_tiered_remote_read_bytes_total") or 0) > read_bytes
 
 
+async def test_a_new_leadership_sweeps_objects_no_list_names_below_its_end(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, store_dir: Path
+) -> None:
+    await fill(stub, stream_name)
+    assert broker.manager is not None and broker.tier_catalog is not None and broker.tiering is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: partition.local_log_start > 0 and partition.log_start == 0, "offload")
+    directory = store_dir / partition_prefix(broker.config.namespace, stream_name, 0)
+    listed = {Path(s.log_name).name for s in broker.tier_catalog.list_of(stream_name, 0).segments}
+    end = broker.tier_catalog.remote_end(stream_name, 0)
+    assert end is not None
+    below = f"{0:020d}-{7:020d}-{'ab' * 16}"  # an upload never recorded, cut where the list does not cut
+    beyond = f"{end:020d}-{end + 9:020d}-{'cd' * 16}"  # may still be adopted by the next upload
+    for stem in (below, beyond):
+        for kind in ("log", "manifest"):
+            (directory / f"{stem}.{kind}").write_bytes(b"orphan")
+    assert await broker.tiering.sweep_orphans(partition) == 2
+    left = set(os.listdir(directory))
+    assert f"{below}.log" not in left and f"{below}.manifest" not in left
+    assert {f"{beyond}.log", f"{beyond}.manifest"} <= left and listed <= left
+    messages = await read_until_stop(
+        stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
+    )
+    assert [m.offset for m in messages] == list(range(COUNT))
+
+
 async def test_retention_deletes_from_the_store_too(
     broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, store_dir: Path
 ) -> None:

@@ -21,6 +21,10 @@ does, for each partition of a tiered stream (:func:`tier_policy`),
    (:meth:`Tiering.retention_cap`).
 4. **deleted streams** (the controller only): the objects of a deleted stream's partitions go, then their lists.
 
+Orphans: an object in the store that the list does not name (an upload that a leader could not record before it
+failed or was deposed) is never read. A new leadership sweeps them first (:meth:`Tiering.sweep_orphans`): those
+that begin below the end of the list can never be adopted, and are deleted.
+
 Failures (the store unreachable or slow, etcd refusing): the partition is retried with exponential backoff
 (:data:`BACKOFF_MIN` doubling to :data:`BACKOFF_MAX`), nothing is deleted locally meanwhile (the list does not move)
 and the broker serves as before. Compacted streams do not tier: a stream that asks for both is refused when it is
@@ -126,6 +130,7 @@ class Tiering:
         self._task: asyncio.Task[None] | None = None
         self._backoff: dict[tuple[str, int], _Backoff] = {}
         self._doomed: list[str] = []  # objects retention took out of a list, not deleted yet (the store failed)
+        self._swept: dict[tuple[str, int], int] = {}  # the leader epoch whose orphans were swept, per partition
         self._passes = 0
         self._passed = asyncio.Condition()
         self.uploaded = 0  # segments uploaded (adopted ones included), for metrics and tests
@@ -258,6 +263,9 @@ class Tiering:
 
     async def _offload(self, partition: Partition) -> None:
         stream, pid = partition.stream.name, partition.record.id
+        if self._swept.get((stream, pid)) != partition.record.leader_epoch:
+            await self.sweep_orphans(partition)
+            self._swept[(stream, pid)] = partition.record.leader_epoch
         if not self._pending(partition, self._catalog.remote_end(stream, pid)):
             await self._retain_remotely(partition)
             return
@@ -277,6 +285,30 @@ class Tiering:
             )
             listed = await self._listed(partition)
         await self._retain_remotely(partition)
+
+    async def sweep_orphans(self, partition: Partition) -> int:
+        """Delete the partition's objects that the list does not name and never will: those beginning below its
+        end (the next upload starts there, so none of them can be adopted). They are uploads a leader made and
+        could not record (it failed or lost the leadership first), or segments retention dropped from the list
+        whose deletion did not happen. Run once per leadership, before its first upload; returns how many
+        objects went."""
+        listed = await self._listed(partition)
+        end = listed.segments.end_offset
+        if end is None:
+            return 0  # nothing recorded yet: any object there may still be adopted
+        known = {segment.stem for segment in listed.segments.segments}
+        store = self._catalog.store
+        prefix = partition_prefix(self._config.namespace, partition.stream.name, partition.record.id)
+        removed = 0
+        for name in await store.list_names(prefix):
+            stem, _, kind = name.rpartition(".")
+            base = stem.rpartition("/")[2][:20]
+            if kind in ("log", "manifest") and stem not in known and base.isdigit() and int(base) < end:
+                await store.delete(name)
+                removed += 1
+        if removed:
+            log.info("tiering %s: removed %d object(s) no segment list names", partition.name, removed)
+        return removed
 
     async def _listed(self, partition: Partition) -> ListedSegments:
         stream, pid = partition.stream.name, partition.record.id
