@@ -346,7 +346,7 @@ class Tiering:
         prefix = partition_prefix(self._config.namespace, partition.stream.name, partition.record.id)
         epochs = partition.log.epoch_entries
 
-        def read() -> tuple[bytes, RemoteSegment]:
+        def read() -> tuple[memoryview, RemoteSegment]:
             try:
                 data = _read_all(file.fd, size)
             finally:
@@ -440,25 +440,26 @@ def _as_info(segment: RemoteSegment) -> SegmentInfo:
     return SegmentInfo(segment.base_offset, segment.end_offset, segment.size, timestamp, Path(segment.log_name), False)
 
 
-def _from_offset(data: bytes, offset: int) -> bytes:
-    """The batches of a segment's bytes from the one at ``offset`` on. Replicas hold the same batches, so the end
-    of the list (a batch boundary of the leader that uploaded it) is a batch boundary here too."""
+def _from_offset(data: memoryview, offset: int) -> memoryview:
+    """The batches of a segment's bytes from the one at ``offset`` on (a view: not copied). Replicas hold the
+    same batches, so the end of the list (a batch boundary of the leader that uploaded it) is a batch boundary
+    here too."""
     for position, header in iter_batches(data, verify=False):
         if header.base_offset >= offset:
             if header.base_offset != offset:
                 raise TieredStoreError(f"no batch starts at offset {offset}, the end of the remote segment list")
             return data[position:]
-    return b""
+    return data[len(data) :]
 
 
-def _read_all(fd: int, size: int) -> bytes:
-    """The first ``size`` bytes of the file (a sealed segment does not change). Blocking."""
-    parts: list[bytes] = []
+def _read_all(fd: int, size: int) -> memoryview:
+    """The first ``size`` bytes of the file (a sealed segment does not change), read straight into one buffer:
+    the segment is in memory once, not in pieces and then joined. Blocking."""
+    buffer = memoryview(bytearray(size))
     position = 0
     while position < size:
-        chunk = os.pread(fd, min(size - position, 8 * 1024 * 1024), position)
-        if not chunk:
+        got = os.preadv(fd, [buffer[position : position + 8 * 1024 * 1024]], position)
+        if not got:
             raise TieredStoreError(f"segment file ended at byte {position} of {size}")
-        parts.append(chunk)
-        position += len(chunk)
-    return b"".join(parts)
+        position += got
+    return buffer
