@@ -440,6 +440,7 @@ class Broker:
             cursors=self.cursors,
             groups=self.groups.mirror,
             registered=lambda: self._registered,
+            tiering=self.tiering,
         )
         try:
             tls = following_context(self.tls.context) if self.tls is not None else None  # no plaintext with TLS on

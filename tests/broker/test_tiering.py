@@ -16,6 +16,8 @@ import grpc
 import pytest
 
 from tests.helpers import BOUND
+from tests.ui.helpers import scrape
+from tests.ui.helpers import value as metric
 from tidelog.client.admin import Admin
 from tidelog.client.consumer import Consumer
 from tidelog.metadata.namespace import namespace_keys
@@ -96,6 +98,58 @@ async def test_sealed_segments_are_offloaded_then_deleted_locally_and_read_back_
         stub, stream_name, startPosition=api_pb2.TIMESTAMP, startTimestamp=1, stopPosition=api_pb2.STOP_LATEST
     )
     assert by_time[0].offset == 0  # a timestamp in the store's range starts there, not at the local log start
+
+
+async def test_describe_and_metrics_show_the_remote_and_local_ranges(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, address: str
+) -> None:
+    await fill(stub, stream_name)
+    assert broker.manager is not None and broker.http is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: partition.local_log_start > 0 and partition.log_start == 0, "offload")
+    async with Admin(address) as admin:
+        shown = (await admin.describe_stream(stream_name)).partitions[0]
+    assert (shown.log_start, shown.remote_start) == (0, 0)
+    assert 0 < shown.local_log_start <= shown.remote_end <= shown.high_watermark == COUNT
+    samples = await scrape(f"http://127.0.0.1:{broker.http.port}")
+    labels = {"stream": stream_name, "partition": "0"}
+    assert metric(samples, "tidelog_partition_remote_start_offset", **labels) == 0
+    assert (metric(samples, "tidelog_partition_remote_end_offset", **labels) or 0) >= shown.remote_end
+    assert metric(samples, "tidelog_partition_upload_lag_records", **labels) is not None
+    assert (metric(samples, "tidelog_tiered_uploads_total") or 0) >= 1
+    assert (metric(samples, "tidelog_tiered_upload_bytes_total") or 0) > 0
+    assert metric(samples, "tidelog_tiered_upload_failures_total") is not None
+    reads, read_bytes = (metric(samples, f"tidelog_tiered_remote_{n}_total") or 0 for n in ("reads", "read_bytes"))
+    await read_until_stop(stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST)
+    after = await scrape(f"http://127.0.0.1:{broker.http.port}")
+    assert (metric(after, "tidelog_tiered_remote_reads_total") or 0) > reads
+    assert (metric(after, "tidelog_tiered_remote_read_bytes_total") or 0) > read_bytes
+
+
+async def test_a_new_leadership_sweeps_objects_no_list_names_below_its_end(
+    broker: Broker, stub: api_pb2_grpc.APIStub, stream_name: str, store_dir: Path
+) -> None:
+    await fill(stub, stream_name)
+    assert broker.manager is not None and broker.tier_catalog is not None and broker.tiering is not None
+    partition = broker.manager.leader_of(stream_name, 0)
+    await until(lambda: partition.local_log_start > 0 and partition.log_start == 0, "offload")
+    directory = store_dir / partition_prefix(broker.config.namespace, stream_name, 0)
+    listed = {Path(s.log_name).name for s in broker.tier_catalog.list_of(stream_name, 0).segments}
+    end = broker.tier_catalog.remote_end(stream_name, 0)
+    assert end is not None
+    below = f"{0:020d}-{7:020d}-{'ab' * 16}"  # an upload never recorded, cut where the list does not cut
+    beyond = f"{end:020d}-{end + 9:020d}-{'cd' * 16}"  # may still be adopted by the next upload
+    for stem in (below, beyond):
+        for kind in ("log", "manifest"):
+            (directory / f"{stem}.{kind}").write_bytes(b"orphan")
+    assert await broker.tiering.sweep_orphans(partition) == 2
+    left = set(os.listdir(directory))
+    assert f"{below}.log" not in left and f"{below}.manifest" not in left
+    assert {f"{beyond}.log", f"{beyond}.manifest"} <= left and listed <= left
+    messages = await read_until_stop(
+        stub, stream_name, startPosition=api_pb2.EARLIEST, stopPosition=api_pb2.STOP_LATEST
+    )
+    assert [m.offset for m in messages] == list(range(COUNT))
 
 
 async def test_retention_deletes_from_the_store_too(

@@ -10,7 +10,7 @@ from rich.table import Table
 import tidelog.cli.cluster as cluster_module
 from tidelog.cli.cluster import ClusterView, render
 from tidelog.cli.render import plain, short_ids
-from tidelog.cli.streams import partitions_table
+from tidelog.cli.streams import partitions_table, tiered_table
 from tidelog.metadata.records import BrokerRecord, ControllerRecord, PartitionRecord
 from tidelog.protocol.messages import ListOffsetsResponse, PartitionInfo, StreamInfo
 
@@ -53,6 +53,35 @@ def test_describe_fits_80_columns_and_cuts_nothing() -> None:
 def test_wide_shows_full_ids() -> None:
     text = "\n".join(lines(partitions_table(stream_info(), wide=True), width=250))
     assert all(i in text for i in IDS) and "start" in text and str(BIG - 100) in text
+
+
+def test_a_tiered_stream_shows_its_remote_and_local_ranges_in_80_columns() -> None:
+    partitions = (
+        PartitionInfo(
+            0,
+            IDS[0],
+            IDS,
+            IDS,
+            7,
+            BIG,
+            BIG + 5,
+            log_start=0,
+            local_log_start=BIG - 9,
+            remote_start=0,
+            remote_end=BIG - 9,
+        ),
+        PartitionInfo(1, IDS[1], IDS, IDS, 7, 40, 40, log_start=0, local_log_start=0),  # nothing offloaded yet
+    )
+    info = StreamInfo("a-rather-long-stream-name", "orders.created", partitions)
+    assert max(map(len, lines(partitions_table(info)))) <= 80
+    ranges = tiered_table(info)
+    assert ranges is not None and tiered_table(stream_info()) is None  # only a stream with offsets in the store
+    shown = lines(ranges)
+    assert max(map(len, shown)) <= 80, "\n".join(shown)
+    assert "remote" in shown[0] and "local" in shown[0] and "…" not in "\n".join(shown)
+    first, second = (line.split() for line in shown[2:4])
+    assert f"0..{BIG - 10}" in first and f"{BIG - 9}..{BIG + 4}" in first
+    assert "-" in second and "0..39" in second
 
 
 def test_cluster_status_fits_80_columns() -> None:

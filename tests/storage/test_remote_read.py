@@ -133,9 +133,9 @@ async def test_a_sequential_scan_fetches_each_chunk_once_and_reads_ahead(store: 
     data = segment_bytes(0, 40)
     segment = await upload(store, data, 0)
     chunk = 4096
-    reader = RemoteReader(store, chunk_bytes=chunk)
+    reader = RemoteReader(store, chunk_bytes=chunk, read_ahead=3)
     await reader.read([segment], 0, 1)
-    assert reader.remote_reads == 2  # the chunk holding offset 0, and the next one requested ahead
+    assert reader.remote_reads == 4  # the chunk holding offset 0, and the three requested ahead
     offset = 0
     for _ in range(1000):
         got = await reader.read([segment], offset, 3000)
@@ -144,3 +144,16 @@ async def test_a_sequential_scan_fetches_each_chunk_once_and_reads_ahead(store: 
         offset = [h for _, h in iter_batches(got)][-1].next_offset
     assert offset == 400
     assert reader.remote_reads == -(-len(data) // chunk)  # every chunk once, none twice
+
+
+async def test_read_ahead_runs_on_into_the_next_segment(store: TieredStore) -> None:
+    chunk = 4096
+    first = await upload(store, segment_bytes(0, 1), 0)  # one batch of ten records: within one chunk
+    second = await upload(store, segment_bytes(10, 5), 10)  # five: in four chunks
+    assert first.size <= chunk < second.size
+    reader = RemoteReader(store, chunk_bytes=chunk, read_ahead=2)
+    await reader.read([first, second], 0, 1)
+    assert reader.remote_reads == 3  # the first segment's one chunk, then the second's first two
+    got = await reader.read([first, second], 10, 2 * chunk)
+    assert next(h.base_offset for _, h in iter_batches(got)) == 10
+    assert reader.remote_reads == 3 + 2  # what it needed had arrived: it asked only for the two after it

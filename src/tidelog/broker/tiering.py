@@ -21,6 +21,10 @@ does, for each partition of a tiered stream (:func:`tier_policy`),
    (:meth:`Tiering.retention_cap`).
 4. **deleted streams** (the controller only): the objects of a deleted stream's partitions go, then their lists.
 
+Orphans: an object in the store that the list does not name (an upload that a leader could not record before it
+failed or was deposed) is never read. A new leadership sweeps them first (:meth:`Tiering.sweep_orphans`): those
+that begin below the end of the list can never be adopted, and are deleted.
+
 Failures (the store unreachable or slow, etcd refusing): the partition is retried with exponential backoff
 (:data:`BACKOFF_MIN` doubling to :data:`BACKOFF_MAX`), nothing is deleted locally meanwhile (the list does not move)
 and the broker serves as before. Compacted streams do not tier: a stream that asks for both is refused when it is
@@ -49,6 +53,7 @@ from tidelog.metadata.records import StreamRecord
 from tidelog.metadata.remote_segments import ListedSegments, RemoteSegmentList, RemoteSegmentLists
 from tidelog.protocol.records import iter_batches
 from tidelog.storage.log import Log
+from tidelog.storage.remote_read import RemoteReader
 from tidelog.storage.remote_segment import (
     RemoteSegment,
     SegmentUploadError,
@@ -125,6 +130,7 @@ class Tiering:
         self._task: asyncio.Task[None] | None = None
         self._backoff: dict[tuple[str, int], _Backoff] = {}
         self._doomed: list[str] = []  # objects retention took out of a list, not deleted yet (the store failed)
+        self._swept: dict[tuple[str, int], int] = {}  # the leader epoch whose orphans were swept, per partition
         self._passes = 0
         self._passed = asyncio.Condition()
         self.uploaded = 0  # segments uploaded (adopted ones included), for metrics and tests
@@ -227,6 +233,25 @@ class Tiering:
                 )
                 return
 
+    @property
+    def reader(self) -> RemoteReader:
+        """The broker's one reader of the store (its counters feed the metrics)."""
+        return self._catalog.reader
+
+    def upload_backlog(self, partition: Partition) -> tuple[int, float]:
+        """How far the upload frontier lags (for the metrics): the offsets in sealed segments below the high
+        watermark not in the store yet, and the age in seconds of the newest record of the oldest such segment
+        (0 when none waits)."""
+        remote_end = self._catalog.remote_end(partition.stream.name, partition.record.id)
+        pending = self._pending(partition, remote_end)
+        if not pending:
+            return 0, 0.0
+        floor = remote_end or 0
+        records = sum(s.next_offset - max(s.base_offset, floor) for s in pending)
+        newest = pending[0].max_timestamp
+        age = 0.0 if newest is None else max(0, self._clock.now_ns() - newest) / 1e9
+        return records, age
+
     # -- offload ----------------------------------------------------------------------------------------------
 
     def _pending(self, partition: Partition, remote_end: int | None) -> list[SegmentInfo]:
@@ -238,6 +263,9 @@ class Tiering:
 
     async def _offload(self, partition: Partition) -> None:
         stream, pid = partition.stream.name, partition.record.id
+        if self._swept.get((stream, pid)) != partition.record.leader_epoch:
+            await self.sweep_orphans(partition)
+            self._swept[(stream, pid)] = partition.record.leader_epoch
         if not self._pending(partition, self._catalog.remote_end(stream, pid)):
             await self._retain_remotely(partition)
             return
@@ -257,6 +285,30 @@ class Tiering:
             )
             listed = await self._listed(partition)
         await self._retain_remotely(partition)
+
+    async def sweep_orphans(self, partition: Partition) -> int:
+        """Delete the partition's objects that the list does not name and never will: those beginning below its
+        end (the next upload starts there, so none of them can be adopted). They are uploads a leader made and
+        could not record (it failed or lost the leadership first), or segments retention dropped from the list
+        whose deletion did not happen. Run once per leadership, before its first upload; returns how many
+        objects went."""
+        listed = await self._listed(partition)
+        end = listed.segments.end_offset
+        if end is None:
+            return 0  # nothing recorded yet: any object there may still be adopted
+        known = {segment.stem for segment in listed.segments.segments}
+        store = self._catalog.store
+        prefix = partition_prefix(self._config.namespace, partition.stream.name, partition.record.id)
+        removed = 0
+        for name in await store.list_names(prefix):
+            stem, _, kind = name.rpartition(".")
+            base = stem.rpartition("/")[2][:20]
+            if kind in ("log", "manifest") and stem not in known and base.isdigit() and int(base) < end:
+                await store.delete(name)
+                removed += 1
+        if removed:
+            log.info("tiering %s: removed %d object(s) no segment list names", partition.name, removed)
+        return removed
 
     async def _listed(self, partition: Partition) -> ListedSegments:
         stream, pid = partition.stream.name, partition.record.id
@@ -294,7 +346,7 @@ class Tiering:
         prefix = partition_prefix(self._config.namespace, partition.stream.name, partition.record.id)
         epochs = partition.log.epoch_entries
 
-        def read() -> tuple[bytes, RemoteSegment]:
+        def read() -> tuple[memoryview, RemoteSegment]:
             try:
                 data = _read_all(file.fd, size)
             finally:
@@ -388,25 +440,26 @@ def _as_info(segment: RemoteSegment) -> SegmentInfo:
     return SegmentInfo(segment.base_offset, segment.end_offset, segment.size, timestamp, Path(segment.log_name), False)
 
 
-def _from_offset(data: bytes, offset: int) -> bytes:
-    """The batches of a segment's bytes from the one at ``offset`` on. Replicas hold the same batches, so the end
-    of the list (a batch boundary of the leader that uploaded it) is a batch boundary here too."""
+def _from_offset(data: memoryview, offset: int) -> memoryview:
+    """The batches of a segment's bytes from the one at ``offset`` on (a view: not copied). Replicas hold the
+    same batches, so the end of the list (a batch boundary of the leader that uploaded it) is a batch boundary
+    here too."""
     for position, header in iter_batches(data, verify=False):
         if header.base_offset >= offset:
             if header.base_offset != offset:
                 raise TieredStoreError(f"no batch starts at offset {offset}, the end of the remote segment list")
             return data[position:]
-    return b""
+    return data[len(data) :]
 
 
-def _read_all(fd: int, size: int) -> bytes:
-    """The first ``size`` bytes of the file (a sealed segment does not change). Blocking."""
-    parts: list[bytes] = []
+def _read_all(fd: int, size: int) -> memoryview:
+    """The first ``size`` bytes of the file (a sealed segment does not change), read straight into one buffer:
+    the segment is in memory once, not in pieces and then joined. Blocking."""
+    buffer = memoryview(bytearray(size))
     position = 0
     while position < size:
-        chunk = os.pread(fd, min(size - position, 8 * 1024 * 1024), position)
-        if not chunk:
+        got = os.preadv(fd, [buffer[position : position + 8 * 1024 * 1024]], position)
+        if not got:
             raise TieredStoreError(f"segment file ended at byte {position} of {size}")
-        parts.append(chunk)
-        position += len(chunk)
-    return b"".join(parts)
+        position += got
+    return buffer

@@ -26,7 +26,7 @@ from tidelog.cli.common import (
 )
 from tidelog.cli.render import id_list, print_json, short_ids, table
 from tidelog.client import Admin
-from tidelog.protocol.messages import StreamInfo
+from tidelog.protocol.messages import PartitionInfo, StreamInfo
 
 console = Console()
 MAX_PARTITIONS = 10_000  # the broker's limit (tidelog.broker.streams)
@@ -204,6 +204,9 @@ async def describe(name: str, output: str, wide: bool, brokers: list[str]) -> No
     console.print(f"stream [bold]{info.name}[/] on subject [bold]{info.subject}[/]")
     console.print(partitions_table(info, wide))
     console.print("HW: high watermark (records below it are committed); end: the next offset")
+    if tiered_table(info) is not None:
+        console.print(tiered_table(info))
+        console.print("remote: offsets in the tiered store; local: on the leader's disk (first..last, - for none)")
     for p in info.partitions:
         if p.suspended:
             console.print(f"[bold red]partition {p.id} suspended[/]: {p.suspended}", soft_wrap=True)
@@ -231,6 +234,25 @@ def partitions_table(info: StreamInfo, wide: bool = False) -> Table:
             style="bold red" if p.suspended else None,
         )
     return rows
+
+
+def tiered_table(info: StreamInfo) -> Table | None:
+    """Where each partition's offsets are, when some partition's leader reported offsets in the tiered store:
+    a table of its own, so that the partitions table keeps to 80 columns. None for a stream with none there."""
+    if not any(p.remote_start >= 0 for p in info.partitions):
+        return None
+    rows = table("part", "remote", "local", numeric=("part",))
+    for p in info.partitions:
+        rows.add_row(str(p.id), *_ranges(p))
+    return rows
+
+
+def _ranges(p: PartitionInfo) -> tuple[str, str]:
+    """The partition's offsets in the tiered store and on its leader's disk, first..last ("-": none)."""
+    remote = f"{p.remote_start}..{p.remote_end - 1}" if 0 <= p.remote_start < p.remote_end else "-"
+    local_start = p.local_log_start if p.local_log_start >= 0 else p.log_start
+    local = f"{local_start}..{p.log_end - 1}" if local_start < p.log_end else "-"
+    return remote, local
 
 
 @stream.command("delete")

@@ -269,7 +269,10 @@ class Admin:
             high_watermark=bounds.high_watermark,
             log_end=bounds.log_end,
             log_start=bounds.log_start,
-            suspended=bounds.suspended or partition.suspended,  # the leader's own finding may not be recorded yet
+            suspended=bounds.suspended or partition.suspended,
+            local_log_start=bounds.local_log_start,
+            remote_start=bounds.remote_start,
+            remote_end=bounds.remote_end,  # the leader's own finding may not be recorded yet
         )
 
     # -- cursors: a consumer's position, stored on the leader of its __cursors partition ------------------------

@@ -159,6 +159,9 @@ class PartitionInfo(Header, frozen=True):
     paused: bool = False
     log_start: Offset = 0  # the oldest offset the log may hold (appended after the first release)
     suspended: str = ""  # why appends are refused (fail to safety); empty while they are not
+    local_log_start: OffsetOrNone = -1  # the oldest offset on the leader's disk; -1: not asked (metadata answers)
+    remote_start: OffsetOrNone = -1  # the tiered store's offsets [remote_start, remote_end); -1: none there
+    remote_end: OffsetOrNone = -1
 
 
 class StreamInfo(Header, frozen=True):
@@ -314,6 +317,9 @@ class ListOffsetsResponse(Header, frozen=True):
     offset: OffsetOrNone = -1
     leader_epoch: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1  # the leadership that answered
     suspended: str = ""  # why the leader refuses appends (fail to safety); empty while it does not
+    local_log_start: OffsetOrNone = -1  # the oldest offset on the leader's disk (log_start is below it when tiered)
+    remote_start: OffsetOrNone = -1  # the tiered store's offsets [remote_start, remote_end); -1: none there
+    remote_end: OffsetOrNone = -1
 
 
 # -- idempotent producers ------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ Modules (all but this one are the implementation):
 - :mod:`~tidelog.spark.topology` — what the driver asks the brokers;
 - :mod:`~tidelog.spark.reading` and :mod:`~tidelog.spark.columns` — what a task does: fetch, and turn record
   batches into Arrow record batches without a Python object per record.
+- :mod:`~tidelog.spark.remote` — offloaded segments planned from etcd and read by the tasks straight from the
+  tiered store (the ``tieredStore`` option).
 - :mod:`~tidelog.spark.sink` — the sink's writers; :mod:`~tidelog.spark.sink_options` its options and columns;
   :mod:`~tidelog.spark.writing` what its tasks do (group rows by partition, append nothing);
   :mod:`~tidelog.spark.sink_commit` what its driver does (one transactional append per partition per

@@ -31,6 +31,16 @@ option                     meaning
 ``sasl.username``,         log in as this tidelog user (SCRAM-SHA-256, ``tidelog user add``), for clients without a
 ``sasl.password``          certificate; TLS only (``tls.ca``). Spark hides options named ``*password*`` in its UI
                            and logs (``spark.redaction.regex``)
+``tieredStore``            the brokers' ``tiered_store`` (``s3://bucket[/prefix]`` or ``file:///path``): offsets
+                           offloaded there are read by the executors straight from it, not through a broker
+                           (:mod:`tidelog.spark.remote`); needs ``etcd``
+``tieredStore.endpoint``,  as the brokers' ``tiered_store_endpoint``, ``_region``, ``_access_key_id`` and
+``tieredStore.region``,    ``_secret_access_key``
+``tieredStore.accessKeyId``,
+``tieredStore.secretAccessKey``
+``etcd``                   the cluster's etcd endpoints (``host:port``, comma-separated; plaintext): where the
+                           driver reads the lists of offloaded segments
+``namespace``              the cluster's namespace in etcd (default ``tidelog``, the brokers' default)
 =========================  ==========================================================================================
 
 Anything else, a malformed value, or an option that does not apply to the kind of query (``endingOffsets`` in a
@@ -79,7 +89,15 @@ _NAMES = (
     "tls.key",
     "sasl.username",
     "sasl.password",
+    "tieredStore",
+    "tieredStore.endpoint",
+    "tieredStore.region",
+    "tieredStore.accessKeyId",
+    "tieredStore.secretAccessKey",
+    "etcd",
+    "namespace",
 )
+_TIERED = ("tieredStore.endpoint", "tieredStore.region", "tieredStore.accessKeyId", "tieredStore.secretAccessKey")
 _CANONICAL = {name.lower(): name for name in _NAMES}
 _STREAM_ONLY = ("maxOffsetsPerTrigger",)
 _BATCH_ONLY = ("endingOffsets",)
@@ -91,6 +109,20 @@ class SourceOptionError(ValueError):
     def __init__(self, option: str, problem: str) -> None:
         super().__init__(f"tidelog source option {option!r}: {problem}")
         self.option = option
+
+
+@dataclass(frozen=True, slots=True)
+class TieredSource:
+    """Where the tiered store is, and where the lists of what is in it are (the ``tieredStore*`` and ``etcd``
+    options): what lets the executors read offloaded segments themselves."""
+
+    url: str
+    etcd: tuple[tuple[str, int], ...]
+    namespace: str = "tidelog"
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +143,7 @@ class SourceOptions:
     given: frozenset[str]  # the options the query set, by canonical name
     tls: TlsFiles | None = None  # None: plaintext (paths, not a context: options travel to the executors)
     credentials: tuple[str, str] | None = field(default=None, repr=False)  # sasl.*: never in a repr
+    tiered: TieredSource | None = None  # None: every offset is read through the brokers
 
     def ssl(self) -> ssl_.SSLContext | None:
         """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
@@ -163,6 +196,43 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         given=frozenset(values),
         tls=tls_files(values, SourceOptionError),
         credentials=sasl_credentials(values, SourceOptionError),
+        tiered=_tiered(values),
+    )
+
+
+def _tiered(values: Mapping[str, str]) -> TieredSource | None:
+    """The ``tieredStore*``, ``etcd`` and ``namespace`` options; None without ``tieredStore``."""
+    if "tieredStore" not in values:
+        for option in (*_TIERED, "etcd", "namespace"):
+            if option in values:
+                raise SourceOptionError(option, "applies with tieredStore only")
+        return None
+    url = values["tieredStore"].strip()
+    if not url.startswith(("s3://", "file:///")):
+        raise SourceOptionError("tieredStore", f"{url!r} is not s3://bucket[/prefix] or file:///absolute/path")
+    if "etcd" not in values:
+        raise SourceOptionError("etcd", "tieredStore needs the cluster's etcd endpoints (host:port[,host:port…])")
+    endpoints = []
+    for address in (a.strip() for a in values["etcd"].split(",")):
+        try:
+            endpoints.append(parse_address(address))
+        except ValueError:
+            raise SourceOptionError("etcd", f"{address!r} is not host:port") from None
+    if ("tieredStore.accessKeyId" in values) != ("tieredStore.secretAccessKey" in values):
+        raise SourceOptionError("tieredStore.accessKeyId", "goes with tieredStore.secretAccessKey: set both or neither")
+    namespace = values.get("namespace", "tidelog").strip()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", namespace):
+        raise SourceOptionError(
+            "namespace", f"{namespace!r} is not a namespace (1-64 letters, digits, _ or -, the first not _ or -)"
+        )
+    return TieredSource(
+        url,
+        tuple(endpoints),
+        namespace,
+        values.get("tieredStore.endpoint"),
+        values.get("tieredStore.region", "us-east-1"),
+        values.get("tieredStore.accessKeyId"),
+        values.get("tieredStore.secretAccessKey"),
     )
 
 

@@ -14,7 +14,8 @@ with any lag gets its turn. Offsets after compaction may have gaps, so a range o
 Tasks. Each partition's range ``[start, end)`` becomes one :class:`OffsetRange`, a Spark input partition, or
 several when :func:`split` cuts it: into pieces of at most ``maxOffsetsPerSplit`` offsets, and, when
 ``minPartitions`` asks for more tasks than that gives, the largest ranges into more pieces, in proportion to
-their size. A task reads its range with one consumer fetching from the partition's leader.
+their size. A task reads its range with one consumer fetching from the partition's leader, or, for offsets in the
+tiered store, from the store itself (:func:`tidelog.spark.remote.plan_remote` plans those tasks).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from pyspark.sql.datasource import InputPartition
 
 from tidelog.spark.options import SourceOptionError
+from tidelog.storage.remote_segment import RemoteSegment
 
 TopicPartition = tuple[str, int]
 Offsets = dict[TopicPartition, int]
@@ -44,13 +46,16 @@ class Bounds:
 @dataclass(frozen=True)
 class OffsetRange(InputPartition):
     """One Spark task's work: the offsets ``[start, end)`` of one partition. ``subject`` is the partition's own
-    NATS subject (the ``subject`` column of records that carry none)."""
+    NATS subject (the ``subject`` column of records that carry none). ``segments``: the offloaded segments holding
+    the range, which the task reads straight from the tiered store (:mod:`tidelog.spark.remote`); empty: it
+    reads through the partition's leader."""
 
     stream: str
     partition: int
     start: int
     end: int
     subject: str
+    segments: tuple[RemoteSegment, ...] = ()
 
     @property
     def size(self) -> int:

@@ -9,6 +9,9 @@ batch's CRC; :class:`~tidelog.spark.columns.ColumnBuilder` turns the batches int
 :data:`TARGET_BYTES` is yielded at a time: large enough that Spark's per-batch costs vanish, small enough to
 stream.
 
+A task of offloaded segments (planned with the ``tieredStore`` option) reads them from the tiered store instead,
+through :class:`~tidelog.spark.remote.SegmentScan`: no broker is involved, and many such tasks read in parallel.
+
 Lost data. Offsets the plan counted on may be gone when the task runs: retention deleted them (the fetch is out
 of range), or an unclean leader election truncated the log (the high watermark stays below the range's end).
 With ``failOnDataLoss`` (the default) the task fails with :class:`DataLossError`, naming the offsets; without,
@@ -27,8 +30,9 @@ import pyarrow as pa
 from tidelog.client import Consumer
 from tidelog.protocol.errors import OffsetOutOfRangeError
 from tidelog.spark.columns import ColumnBuilder
-from tidelog.spark.options import SourceOptions
+from tidelog.spark.options import SourceOptions, TieredSource
 from tidelog.spark.planning import OffsetRange
+from tidelog.spark.remote import SegmentLost, SegmentScan
 
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 TARGET_BYTES = 8 * 1024 * 1024
@@ -44,6 +48,9 @@ class DataLossError(RuntimeError):
 def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordBatch]:
     """The records of ``task`` (``[start, end)`` of one partition) as Arrow batches of the source's schema."""
     if task.end <= task.start:
+        return
+    if task.segments and options.tiered is not None:
+        yield from _read_segments(options, options.tiered, task)
         return
     loop = _new_loop()
     consumer = Consumer(
@@ -92,6 +99,34 @@ def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordB
             loop.run_until_complete(consumer.close())
         finally:
             loop.close()
+
+
+def _read_segments(options: SourceOptions, tiered: TieredSource, task: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """:func:`read_range` for a task of offloaded segments: read from the tiered store, no broker involved.
+    Offsets the store no longer has (retention dropped their segment after the plan) are lost data."""
+    loop = _new_loop()
+    scan = SegmentScan(tiered, task, FETCH_MAX_BYTES)
+    builder = ColumnBuilder(task.stream, task.partition, task.subject, include_headers=options.include_headers)
+    try:
+        while scan.position < task.end:
+            try:
+                batches = loop.run_until_complete(scan.next())
+            except SegmentLost as exc:
+                if options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{task.stream}/{task.partition}: {exc}; set failOnDataLoss=false to skip lost offsets"
+                    ) from exc
+                scan.skip(exc.last + 1)
+                continue
+            for batch in batches:
+                builder.add(batch, task.end)
+            if builder.size >= TARGET_BYTES:
+                yield builder.build()
+        if builder.rows:
+            yield builder.build()
+    finally:
+        scan.close()
+        loop.close()
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

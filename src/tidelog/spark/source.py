@@ -55,6 +55,7 @@ from tidelog.spark.planning import (
     to_json,
 )
 from tidelog.spark.reading import DataLossError, read_range
+from tidelog.spark.remote import plan_remote
 from tidelog.spark.schema import SPARK_SCHEMA, partition_subject
 from tidelog.spark.sink import batch_writer, stream_writer
 from tidelog.spark.topology import Topology
@@ -279,8 +280,9 @@ def _subject(streams: Mapping[str, StreamInfo], stream: str, partition: int) -> 
 
 
 def _split(options: SourceOptions, ranges: list[OffsetRange]) -> list[OffsetRange]:
-    return split(
+    tasks = split(
         [r for r in ranges if r.size > 0],
         max_offsets=options.max_offsets_per_split,
         min_partitions=options.min_partitions,
     )
+    return plan_remote(options, tasks)  # with tieredStore: offloaded offsets read from the store by the tasks

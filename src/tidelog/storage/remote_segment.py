@@ -85,7 +85,9 @@ def object_stem(prefix: str, base_offset: int, end_offset: int, sha256: str) -> 
     return f"{prefix}/{base_offset:020d}-{end_offset:020d}-{sha256[:CHECKSUM_CHARS]}"
 
 
-def describe_segment(prefix: str, data: bytes, base_offset: int, epochs: tuple[tuple[int, int], ...]) -> RemoteSegment:
+def describe_segment(
+    prefix: str, data: bytes | memoryview, base_offset: int, epochs: tuple[tuple[int, int], ...]
+) -> RemoteSegment:
     """The manifest of a sealed segment's bytes: every batch CRC-checked, the index built, the checksum taken.
     Blocking (run it off the event loop). ``epochs``: the log's epoch entries, filtered here to the segment."""
     index: list[tuple[int, int]] = []

@@ -10,7 +10,8 @@ errors:
   (:func:`~tidelog.storage.remote_segment.object_stem`), so an object of the same name is the same bytes, which
   is how a new leader adopts what a deposed one uploaded instead of duplicating it.
 - :meth:`get_range`, :meth:`get` read; a missing object is :class:`RemoteObjectMissingError`.
-- :meth:`delete` removes an object (retention); one already gone is fine.
+- :meth:`delete` removes an object (retention); one already gone is fine. :meth:`list_names` lists a prefix
+  (a new leader's sweep of orphans).
 - :meth:`check` proves, at start, that the credentials are accepted: a broker configured with a store that
   refuses it does not start (:class:`TieredStoreConfigError`, one line); a store that does not answer at all is
   an outage, not a mistake, and the broker starts anyway (uploads wait for it).
@@ -113,6 +114,17 @@ class TieredStore:
         except Exception as exc:
             raise self._failed("head", name, exc) from None
         return int(meta["size"])
+
+    async def list_names(self, prefix: str) -> list[str]:
+        """The names of the objects under ``prefix/`` (as given to :meth:`put_new`), in no particular order."""
+        try:
+            listed = await obstore.list(self._store, prefix=self.key(prefix) + "/", chunk_size=1000).collect_async()
+        except (NotFoundError, FileNotFoundError):
+            return []
+        except Exception as exc:
+            raise self._failed("list", prefix, exc) from None
+        cut = len(self.key(""))  # the store's own prefix and its slash, or nothing
+        return [str(meta["path"])[cut:] for meta in listed]
 
     async def delete(self, name: str) -> None:
         try:

@@ -29,6 +29,15 @@ per broker
     ``tidelog_nats_messages_ingested_total``, ``tidelog_nats_messages_dropped_total{reason}``,
     ``tidelog_nats_acks_published_total``, ``tidelog_nats_ack_failures_total`` (summed over the ingests running
     now: they restart from 0 when leadership moves, which ``rate()`` reads as a counter reset)
+tiered storage (a broker with ``tiered_store`` set)
+    ``tidelog_tiered_uploads_total``, ``tidelog_tiered_upload_bytes_total`` (segments this broker uploaded, adopted
+    ones included), ``tidelog_tiered_upload_failures_total`` (partition passes that failed and backed off),
+    ``tidelog_tiered_remote_reads_total`` (ranged GETs to the store, read-ahead included),
+    ``tidelog_tiered_remote_read_bytes_total`` (batch bytes served from the store); per partition led here
+    ``{stream, partition}``: ``tidelog_partition_remote_start_offset`` and ``tidelog_partition_remote_end_offset``
+    (the range in the store; absent while it holds nothing), ``tidelog_partition_upload_lag_records`` (offsets
+    of sealed segments below the high watermark not uploaded yet) and ``tidelog_partition_upload_lag_seconds``
+    (the age of the newest record of the oldest such segment; 0 when none waits)
 consumer groups
     ``tidelog_consumer_group_members{group}`` (the group's coordinator exports it),
     ``tidelog_consumer_committed_offset{group, stream, partition}`` (the leader of the ``__cursors`` partition
@@ -48,6 +57,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.tiering import Tiering
 from tidelog.ui.view import BrokerView
 
 __all__ = ["BrokerCollector"]
@@ -81,6 +91,8 @@ class BrokerCollector(Collector):
         yield from self._partitions(per_partition)
         yield from self._broker()
         yield from self._nats()
+        if view.tiering is not None:
+            yield from self._tiering(view.tiering, per_partition)
         yield from self._groups(per_partition)
 
     # -- partitions --
@@ -199,6 +211,41 @@ class BrokerCollector(Collector):
         ack_failures = _counter("tidelog_nats_ack_failures", "Acks that could not be published.")
         ack_failures.add_metric([], totals["ack_failures"])
         yield from (ingested, dropped, acks, ack_failures)
+
+    # -- tiered storage --
+
+    def _tiering(self, tiering: Tiering, per_partition: bool) -> Iterator[Metric]:
+        reader = tiering.reader
+        for name, doc, amount in (
+            ("uploads", "Segments uploaded to the tiered store (adopted ones included).", tiering.uploaded),
+            ("upload_bytes", "Bytes of the segments uploaded to the tiered store.", tiering.uploaded_bytes),
+            ("upload_failures", "Tiering passes over a partition that failed and backed off.", tiering.failures),
+            ("remote_reads", "Ranged GETs made to the tiered store (read-ahead included).", reader.remote_reads),
+            ("remote_read_bytes", "Batch bytes served to readers from the tiered store.", reader.read_bytes),
+        ):
+            family = _counter(f"tidelog_tiered_{name}", doc)
+            family.add_metric([], amount)
+            yield family
+        if not per_partition:
+            return
+        start = _gauge("tidelog_partition_remote_start_offset", "First offset in the tiered store.", _P)
+        end = _gauge("tidelog_partition_remote_end_offset", "Offset after the last one in the tiered store.", _P)
+        lag = _gauge("tidelog_partition_upload_lag_records", "Committed offsets in sealed segments not uploaded.", _P)
+        age = _gauge(
+            "tidelog_partition_upload_lag_seconds", "Age of the newest record of the oldest segment not uploaded.", _P
+        )
+        for partition in self._view.manager.partitions():
+            if tiering.policy(partition.stream) is None or partition.log.closed:
+                continue
+            labels = [partition.stream.name, str(partition.record.id)]
+            remote = partition.remote_range
+            if remote is not None:
+                start.add_metric(labels, remote[0])
+                end.add_metric(labels, remote[1])
+            records, seconds = tiering.upload_backlog(partition)
+            lag.add_metric(labels, records)
+            age.add_metric(labels, seconds)
+        yield from (start, end, lag, age)
 
     # -- consumer groups --
 

@@ -16,6 +16,7 @@ from typing import Any
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.cursors import CursorStore
 from tidelog.broker.manager import PartitionManager
+from tidelog.broker.tiering import Tiering
 from tidelog.metadata.controller_election import ControllerElection
 from tidelog.metadata.group_mirror import GroupMirror
 from tidelog.metadata.mirror import MetadataMirror
@@ -35,3 +36,4 @@ class BrokerView:
     cursors: CursorStore | None = None
     groups: GroupMirror | None = None
     registered: Callable[[], bool] = lambda: True  # the broker wrote its registration in etcd (this run)
+    tiering: Tiering | None = None  # the offload task, on a broker with a tiered store

@@ -188,6 +188,7 @@ async def list_offsets(
     offset = -1
     if request.timestamp >= 0:
         offset = max(partition.log_start, partition.offset_for_timestamp(request.timestamp))
+    remote_start, remote_end = partition.remote_range or (-1, -1)
     response = ListOffsetsResponse(
         partition.log_start,
         partition.high_watermark,
@@ -195,6 +196,9 @@ async def list_offsets(
         offset,
         partition.record.leader_epoch,
         partition.safety.reason,
+        partition.local_log_start,
+        remote_start,
+        remote_end,
     )
     return Reply(encode_message(correlation_id, response))
 

@@ -97,6 +97,15 @@ class CommittedReads:
         return self.log.start_offset
 
     @property
+    def remote_range(self) -> tuple[int, int] | None:
+        """``[start, end)`` of the offsets in the tiered store; None when it holds none of this partition's."""
+        if self.tier is None:
+            return None
+        start = self.tier.remote_start(self.stream.name, self.record.id)
+        end = self.tier.remote_end(self.stream.name, self.record.id)
+        return None if start is None or end is None else (start, end)
+
+    @property
     def log_end(self) -> int:
         return self.log.end_offset
 
