@@ -45,6 +45,7 @@ from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.pausing import Pauses
 from tidelog.broker.peers import Peers
 from tidelog.broker.secure_links import PeerTls, etcd_tls, nats_security
+from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.broker.streams import StreamAdmin
 from tidelog.broker.tier_catalog import TierCatalog
 from tidelog.broker.tiering import Tiering
@@ -333,6 +334,15 @@ class Broker:
                 cursors=self.cursors,
                 groups=self.groups.service,
                 pauses=self.pauses,
+                reshape=StreamReshape(
+                    self.id,
+                    self.store,
+                    mirror,
+                    link=self.link,
+                    vault=self.vault,
+                    tiered_store=bool(cfg.tiered_store),
+                    segment_max_bytes=cfg.segment_max_bytes,
+                ),
             )
             if cfg.activity_stream_enabled:
                 publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)

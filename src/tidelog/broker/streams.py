@@ -20,7 +20,7 @@ from tidelog.broker.encryption import KeyVault
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.activity import ACTIVITY_STREAM
 from tidelog.metadata.mirror import MetadataMirror
-from tidelog.metadata.placement import place_replicas, resolve_replication_factor
+from tidelog.metadata.placement import place_replicas, placement_load, resolve_replication_factor
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
@@ -218,12 +218,7 @@ class StreamAdmin:
         rf = resolve_replication_factor(replication_factor, len(brokers))
         if config.min_isr is not None and config.min_isr > rf:
             raise InvalidArgumentError(f"minIsr {config.min_isr} is above the replication factor {rf}")
-        load: dict[str, int] = {}
-        leaders: dict[str, int] = {}
-        for p in snap.partitions.values():
-            leaders[p.replicas[0]] = leaders.get(p.replicas[0], 0) + 1
-            for r in p.replicas:
-                load[r] = load.get(r, 0) + 1
+        load, leaders = placement_load(snap.partitions.values())
         if config.encryption is None:
             config = msgspec.structs.replace(config, encryption=self._default_encryption and not internal)
         record = StreamRecord(name, subject, group, partitions, rf, self._clock.now_ns(), config)

@@ -9,8 +9,9 @@ broker holds every partition, and only the leader count tells them apart).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol.errors import InvalidArgumentError
 
 
@@ -52,3 +53,16 @@ def place_replicas(
         first = (start + p) % len(ordered)
         placements.append(tuple(ordered[(first + r) % len(ordered)] for r in range(replication_factor)))
     return placements
+
+
+def placement_load(partitions: Iterable[PartitionRecord]) -> tuple[dict[str, int], dict[str, int]]:
+    """What :func:`place_replicas` weighs: the replicas each broker holds, and the partitions it is the preferred
+    leader (first replica) of."""
+    load: dict[str, int] = {}
+    leaders: dict[str, int] = {}
+    for p in partitions:
+        if p.replicas:
+            leaders[p.replicas[0]] = leaders.get(p.replicas[0], 0) + 1
+        for r in p.replicas:
+            load[r] = load.get(r, 0) + 1
+    return load, leaders
