@@ -342,6 +342,7 @@ class Broker:
                     vault=self.vault,
                     tiered_store=bool(cfg.tiered_store),
                     segment_max_bytes=cfg.segment_max_bytes,
+                    placements=admin.placements,
                 ),
             )
             if cfg.activity_stream_enabled:
@@ -375,7 +376,9 @@ class Broker:
             await self.wire.start()
             await self._start_http()
             wire_port = cfg.advertise_wire_port or self.wire.port
-            record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns())
+            record = BrokerRecord(
+                self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns(), rack=cfg.rack
+            )
             await self.store.register_broker(record, ttl)
             self._registered = True
             await mirror.wait_for(lambda s: self.id in s.brokers, 10)

@@ -4,9 +4,13 @@ electing preferred leaders."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.broker.helpers import until
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.config_values import ConfigError
 from tidelog.client import Admin
 from tidelog.protocol.errors import InvalidArgumentError, UnknownStreamError
 from tidelog.server import Broker
@@ -124,3 +128,18 @@ async def test_preferred_leaders_on_one_broker_move_nothing(address: str, stream
         await admin.create_stream(stream_name)
         answer = await admin.elect_leaders()
     assert (answer.moved, answer.not_preferred) == (0, 0)
+
+
+@pytest.fixture(scope="module")
+def broker_settings() -> dict[str, object]:
+    return {"rack": "rack-1"}
+
+
+async def test_the_broker_registers_its_rack(broker: Broker) -> None:
+    assert broker.mirror is not None
+    assert broker.mirror.snapshot.brokers[broker.id].rack == "rack-1"
+
+
+async def test_a_bad_rack_is_refused_naming_what_is_allowed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"rack.*up to 64 letters"):
+        BrokerConfig(data_dir=tmp_path, rack="rack 1/2")

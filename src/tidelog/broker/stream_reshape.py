@@ -29,7 +29,7 @@ from tidelog.broker.controller_link import call_controller
 from tidelog.broker.encryption import KeyVault
 from tidelog.broker.streams import MAX_PARTITIONS, RESERVED_STREAMS, validate_config, validate_subject
 from tidelog.metadata.mirror import MetadataMirror
-from tidelog.metadata.placement import place_replicas, placement_load, resolve_replication_factor
+from tidelog.metadata.placement import PendingPlacements, place_replicas, resolve_replication_factor
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.stream_changes import ChangeOutcome
@@ -96,10 +96,12 @@ class StreamReshape:
         vault: KeyVault | None = None,
         tiered_store: bool = False,
         segment_max_bytes: int = 128 * 1024 * 1024,
+        placements: PendingPlacements | None = None,
     ) -> None:
         """``store``: the plain metadata store, written to when there is no ``link`` (tests, tools).
         ``tiered_store``: whether the brokers have a tiered store; ``segment_max_bytes``: the brokers' default,
-        what a stream without its own value has."""
+        what a stream without its own value has. ``placements``: the placements not yet in the snapshot, shared
+        with :class:`~tidelog.broker.streams.StreamAdmin` (``admin.placements``)."""
         self._broker_id = broker_id
         self._store = store
         self._mirror = mirror
@@ -107,6 +109,7 @@ class StreamReshape:
         self._vault = vault or KeyVault(None)
         self._tiered_store = tiered_store
         self._segment_default = segment_max_bytes
+        self._placements = placements or PendingPlacements()
 
     # ---- add partitions ----
 
@@ -138,9 +141,11 @@ class StreamReshape:
                 return AddPartitionsResponse(before, stream.partitions)
             grown = msgspec.structs.replace(stream, partitions=to)
             parts = self._place(stream, to)
-            outcome = await call_controller(writer.add_partitions(stream, grown, parts))
+            with self._placements.hold(name, stream.partitions, [p.replicas for p in parts]):
+                outcome = await call_controller(writer.add_partitions(stream, grown, parts))
+                if outcome is ChangeOutcome.CHANGED:
+                    await self._wait(lambda s: _grown(s, name, to), f"stream {name!r} to have {to} partitions", timeout)
             if outcome is ChangeOutcome.CHANGED:
-                await self._wait(lambda s: _grown(s, name, to), f"stream {name!r} to have {to} partitions", timeout)
                 log.info("stream %s: %d → %d partitions", name, stream.partitions, to)
                 return AddPartitionsResponse(before, to)
             await self._wait(_stream_changed(stream), "metadata to catch up")
@@ -151,8 +156,9 @@ class StreamReshape:
         snap = self._mirror.snapshot
         brokers = sorted(snap.brokers) or [self._broker_id]
         rf = resolve_replication_factor(stream.replication_factor, len(brokers))
-        load, leaders = placement_load(snap.partitions.values())
-        placed = place_replicas(brokers, to - stream.partitions, rf, load, leaders)
+        load, leaders = self._placements.load(snap)
+        racks = {b: r.rack for b, r in snap.brokers.items()}
+        placed = place_replicas(brokers, to - stream.partitions, rf, load, leaders, racks)
         encrypted = bool(stream.config.encryption)
         return [
             PartitionRecord(
