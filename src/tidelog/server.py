@@ -49,6 +49,7 @@ from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.pausing import Pauses
 from tidelog.broker.peers import Peers
 from tidelog.broker.secure_links import PeerTls, etcd_tls, nats_security
+from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.broker.streams import StreamAdmin
 from tidelog.broker.tier_catalog import TierCatalog
 from tidelog.broker.tiering import Tiering
@@ -306,6 +307,16 @@ class Broker:
                 cursors=self.cursors,
                 groups=self.groups.service,
                 pauses=self.pauses,
+                reshape=StreamReshape(
+                    self.id,
+                    self.store,
+                    mirror,
+                    link=self.link,
+                    vault=self.vault,
+                    tiered_store=bool(cfg.tiered_store),
+                    segment_max_bytes=cfg.segment_max_bytes,
+                    placements=admin.placements,
+                ),
             )
             if cfg.activity_stream_enabled:
                 publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)
@@ -351,7 +362,9 @@ class Broker:
             await self.wire.start()
             await self._start_http(HttpAccess(self.authorizer, principals, passwords) if self.authorizer else None)
             wire_port = cfg.advertise_wire_port or self.wire.port
-            record = BrokerRecord(self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns())
+            record = BrokerRecord(
+                self.id, cfg.advertised_host, self.grpc.port, wire_port, time.time_ns(), rack=cfg.rack
+            )
             await self.store.register_broker(record, ttl)
             self._registered = True
             await mirror.wait_for(lambda s: self.id in s.brokers, 10)

@@ -48,6 +48,7 @@ from tidelog.protocol.peer_messages import (
     SegmentListRequest,
     SuspendPartitionRequest,
 )
+from tidelog.protocol.reshape_messages import AddPartitionsRequest, AlterStreamRequest, ElectLeadersRequest
 
 S = "absent-stream"
 G = "absent-group"
@@ -68,6 +69,9 @@ WIRE_SAMPLES: dict[int, Any] = {
     Op.SET_STREAM_STATE: SetStreamStateRequest(S, paused=True, timeout_ms=2_000),
     Op.RESET_HEAD: ResetHeadRequest(S, 0, timeout_ms=2_000),
     Op.SKIP_DAMAGED: SkipDamagedRequest(S, 0),
+    Op.ADD_PARTITIONS: AddPartitionsRequest(S, 2, timeout_ms=2_000),
+    Op.ALTER_STREAM: AlterStreamRequest(S, {"retention_max_age_ms": "1000"}, timeout_ms=2_000),
+    Op.ELECT_LEADERS: ElectLeadersRequest(timeout_ms=2_000),
     Op.REPLICA_FETCH: ReplicaFetchRequest(S, 0, "absent-broker", 0, 0),
     Op.EPOCH_END_OFFSET: EpochEndOffsetRequest(S, 0, "absent-broker", 0),
     Op.SEGMENT_LIST: SegmentListRequest(S, 0, "absent-broker", 0, 0),

@@ -72,9 +72,9 @@ class Cluster:
 
     # ---- simulated brokers ----
 
-    async def up(self, broker_id: str, *, wire_port: int = 1, started_ns: int = 0) -> BrokerRecord:
+    async def up(self, broker_id: str, *, wire_port: int = 1, started_ns: int = 0, rack: str = "") -> BrokerRecord:
         """Register ``broker_id`` under a fresh lease of the test's."""
-        record = BrokerRecord(broker_id, "127.0.0.1", 1, wire_port, started_ns)
+        record = BrokerRecord(broker_id, "127.0.0.1", 1, wire_port, started_ns, rack)
         lease = await self.admin.lease(60)
         self.leases[broker_id] = lease
         await self.admin.put(self.keys.broker(broker_id), encode(record), lease=lease)

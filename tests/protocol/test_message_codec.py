@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tidelog.protocol import auth_messages as am
 from tidelog.protocol import group_messages as gm
+from tidelog.protocol import reshape_messages as rm
 from tidelog.protocol.cursor_messages import (
     CursorPosition,
     FetchCursorRequest,
@@ -164,6 +165,18 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
         st.booleans(),
     ),
     SetStreamStateResponse: st.just(SetStreamStateResponse()),
+    rm.AddPartitionsRequest: st.builds(
+        rm.AddPartitionsRequest, names, st.integers(1, INT32_MAX), millis, st.booleans()
+    ),
+    rm.AddPartitionsResponse: st.builds(rm.AddPartitionsResponse, st.integers(1, INT32_MAX), st.integers(1, INT32_MAX)),
+    rm.AlterStreamRequest: st.builds(
+        rm.AlterStreamRequest, names, st.dictionaries(names, text, max_size=3), millis, st.booleans()
+    ),
+    rm.AlterStreamResponse: st.builds(
+        rm.AlterStreamResponse, st.lists(st.builds(rm.SettingChange, text, text, text), max_size=3).map(tuple)
+    ),
+    rm.ElectLeadersRequest: st.builds(rm.ElectLeadersRequest, millis, st.booleans()),
+    rm.ElectLeadersResponse: st.builds(rm.ElectLeadersResponse, st.integers(0, INT32_MAX), st.integers(0, INT32_MAX)),
     ResetHeadRequest: st.builds(ResetHeadRequest, names, partition, offset_or_none, millis, st.booleans()),
     ResetHeadResponse: st.builds(ResetHeadResponse, text, epoch, offset, offset, offset, text),
     SkipDamagedRequest: st.builds(SkipDamagedRequest, names, partition, offset_or_none, offset_or_none),

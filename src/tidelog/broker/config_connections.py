@@ -8,6 +8,7 @@ is built; this class exists so that one module holds one group of keys.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from tidelog.broker.config_values import (
 )
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, NAMESPACE_RULE, is_namespace
 
+RACK_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{0,64}")
+
 __all__ = ["ConnectionSettings"]
 
 
@@ -44,6 +47,13 @@ class ConnectionSettings:
         text_kind("1-64 letters, digits, '_' or '-'", lambda s: ID_PATTERN.fullmatch(s) is not None, optional=True),
         "Broker id, unique in the cluster; it appears in etcd keys and metadata. Unset: generated on first start "
         "and kept in <data_dir>/broker-id.",
+    )
+    rack: str = setting(
+        "",
+        text_kind("up to 64 letters, digits, '_', '-' or '.'", lambda s: RACK_PATTERN.fullmatch(s) is not None),
+        "The rack (or zone) this broker runs in. New partitions' replicas are spread across racks, so that a "
+        "partition survives the loss of a rack when its replication factor is at most the number of racks. "
+        "Empty: no rack.",
     )
     host: str = setting("127.0.0.1", text_kind("a host name or IP address", is_host), "Address to listen on.")
     advertise_host: str | None = setting(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.manager import PartitionManager
+from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.broker.streams import StreamAdmin
 from tidelog.metadata.mirror import MetadataMirror
 
@@ -40,6 +41,7 @@ class BrokerContext:
     cursors: CursorStore | None = None  # SetCursor / FetchCursor (None: a broker assembled without them)
     groups: GroupService | None = None  # consumer groups (None: a broker assembled without etcd)
     pauses: Pauses | None = None  # resume and auto-pause (None: a broker assembled without them)
+    reshape: StreamReshape | None = None  # add partitions, alter settings, elect leaders (None: not assembled)
 
     @property
     def ack_timeout(self) -> float:

@@ -275,6 +275,18 @@ class PartitionManager:
                 replica = self._partitions.get(key) or self._followers.get(key)
                 if replica is not None:  # a rotated key: new writes seal with it
                     replica.log.keyring = self.vault.keyring(record)
+                if replica is not None and replica.stream != stream:  # settings changed: `tidelog stream alter`
+                    self._restream(replica, stream)
+
+    def _restream(self, replica: Partition | FollowedPartition, stream: StreamRecord) -> None:
+        """Apply a stream's changed settings to a running replica: its log's roll, retention and compaction, a
+        leader's ``min_isr``; what reads the stream record (auto-pause, tiering, concurrency control) sees it."""
+        replica.log.reconfigure(self._log_config_for(stream))
+        if isinstance(replica, Partition):
+            replica.update_stream(stream, stream.config.min_isr or max(1, stream.replication_factor - 1))
+        else:
+            replica.stream = stream
+        log.info("%s/%d: stream settings changed", stream.name, replica.record.id)
 
     async def _pause(self, key: PartitionKey, stream: StreamRecord, record: PartitionRecord) -> None:
         """Close a replica that is paused (its ingest or fetcher first), or keep one closed."""

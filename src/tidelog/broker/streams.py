@@ -20,7 +20,7 @@ from tidelog.broker.encryption import KeyVault
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.activity import ACTIVITY_STREAM
 from tidelog.metadata.mirror import MetadataMirror
-from tidelog.metadata.placement import place_replicas, resolve_replication_factor
+from tidelog.metadata.placement import PendingPlacements, place_replicas, resolve_replication_factor
 from tidelog.metadata.records import STREAM_NAME_RE, PartitionRecord, StreamConfig, StreamRecord
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import CreateOutcome
@@ -153,6 +153,7 @@ class StreamAdmin:
         self._store = store
         self._mirror = mirror
         self._link = link
+        self.placements = PendingPlacements()  # decided, not yet in the snapshot (shared with StreamReshape)
 
     def _writer(self, forwarded: bool) -> MetadataWriter | None:
         """Who writes here: the local controller (or the plain store when there is no election), or None when
@@ -218,29 +219,27 @@ class StreamAdmin:
         rf = resolve_replication_factor(replication_factor, len(brokers))
         if config.min_isr is not None and config.min_isr > rf:
             raise InvalidArgumentError(f"minIsr {config.min_isr} is above the replication factor {rf}")
-        load: dict[str, int] = {}
-        leaders: dict[str, int] = {}
-        for p in snap.partitions.values():
-            leaders[p.replicas[0]] = leaders.get(p.replicas[0], 0) + 1
-            for r in p.replicas:
-                load[r] = load.get(r, 0) + 1
+        load, leaders = self.placements.load(snap)
+        racks = {b: r.rack for b, r in snap.brokers.items()}
         if config.encryption is None:
             config = msgspec.structs.replace(config, encryption=self._default_encryption and not internal)
         record = StreamRecord(name, subject, group, partitions, rf, self._clock.now_ns(), config)
         existing = snap.stream(name)
         keys = config.encryption and (existing is None or existing.config != config)  # no keys for a repeat
+        placed = place_replicas(brokers, partitions, rf, load, leaders, racks)
         parts = [
             PartitionRecord(
                 name, i, replicas, replicas[0], replicas, data_keys=self._vault.first_keys(name, i) if keys else ()
             )
-            for i, replicas in enumerate(place_replicas(brokers, partitions, rf, load, leaders))
+            for i, replicas in enumerate(placed)
         ]
-        outcome = await call_controller(writer.create_stream(record, parts))
-        if outcome is CreateOutcome.IN_PROGRESS:
-            raise UnavailableError(f"stream {name!r} is being created by another request; retry")
-        snap = await self._wait(
-            lambda s: _stream_ready(s, name), f"stream {name!r} to be created", _apply_timeout(partitions)
-        )
+        with self.placements.hold(name, 0, placed):
+            outcome = await call_controller(writer.create_stream(record, parts))
+            if outcome is CreateOutcome.IN_PROGRESS:
+                raise UnavailableError(f"stream {name!r} is being created by another request; retry")
+            snap = await self._wait(
+                lambda s: _stream_ready(s, name), f"stream {name!r} to be created", _apply_timeout(partitions)
+            )
         created = snap.streams[name]
         if outcome is CreateOutcome.CONFLICT:
             differing = "; ".join(differences(created, record)) or "settings changed while it was created"

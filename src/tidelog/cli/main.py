@@ -16,12 +16,14 @@ from tidelog import __version__
 from tidelog.cli.acl import acl
 from tidelog.cli.activity import activity
 from tidelog.cli.append import append
+from tidelog.cli.cluster import cluster
 from tidelog.cli.cluster import register as register_cluster_commands
 from tidelog.cli.common import DEBUG_ENV
 from tidelog.cli.group_reset import reset_offsets
 from tidelog.cli.groups import group
 from tidelog.cli.partition import partition
 from tidelog.cli.publish import publish
+from tidelog.cli.reshape import add_partitions, alter, rebalance
 from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
 from tidelog.cli.subscribe import subscribe
@@ -44,6 +46,8 @@ def cli(debug: bool) -> None:
 
 
 cli.add_command(serve)
+stream.add_command(add_partitions)
+stream.add_command(alter)
 cli.add_command(stream)
 cli.add_command(publish)
 cli.add_command(append)
@@ -55,6 +59,7 @@ cli.add_command(acl)
 cli.add_command(user)
 group.add_command(reset_offsets)
 cli.add_command(group)
+cluster.add_command(rebalance)
 register_cluster_commands(cli)
 
 

@@ -73,6 +73,15 @@ from tidelog.protocol.messages import (
     StreamInfo,
     StreamSummary,
 )
+from tidelog.protocol.reshape_messages import (
+    RESET,
+    AddPartitionsRequest,
+    AddPartitionsResponse,
+    AlterStreamRequest,
+    AlterStreamResponse,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+)
 
 ConfigValue = str | int | bool
 CURSOR_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
@@ -168,6 +177,42 @@ class Admin:
         request = SetStreamStateRequest(name, (), timeout_ms=timeout_ms, rotate_key=True)
         connection = await self._cluster.any_connection()
         await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+
+    async def add_partitions(self, name: str, partitions: int, *, timeout_ms: int = 30_000) -> AddPartitionsResponse:
+        """Grow stream ``name`` to ``partitions`` partitions; partition ``i`` listens on ``subject.i``
+        (Liftbridge's rule). ``InvalidArgumentError`` for fewer than it has; the same count changes nothing."""
+        request = AddPartitionsRequest(name, partitions, timeout_ms)
+        connection = await self._cluster.any_connection()
+        response = await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+        self._cluster.forget(name)
+        answer = response.header
+        assert isinstance(answer, AddPartitionsResponse)
+        return answer
+
+    async def alter_stream(
+        self, name: str, settings: Mapping[str, ConfigValue | None], *, timeout_ms: int = 10_000
+    ) -> AlterStreamResponse:
+        """Change stream settings at run time, by name as in :meth:`create_stream`'s ``config``; None takes a
+        setting back to the broker default. A setting that cannot change at run time is refused by name
+        (``InvalidArgumentError``) and nothing changes. Returns the settings whose value changed."""
+        values = {key: RESET if value is None else _setting(value) for key, value in settings.items()}
+        connection = await self._cluster.any_connection()
+        response = await connection.request(
+            AlterStreamRequest(name, values, timeout_ms), timeout=timeout_ms / 1000 + self._cluster.request_timeout
+        )
+        answer = response.header
+        assert isinstance(answer, AlterStreamResponse)
+        return answer
+
+    async def elect_leaders(self, *, timeout_ms: int = 30_000) -> ElectLeadersResponse:
+        """Move every partition's leadership to its preferred replica where it is alive and in the ISR."""
+        connection = await self._cluster.any_connection()
+        response = await connection.request(
+            ElectLeadersRequest(timeout_ms), timeout=timeout_ms / 1000 + self._cluster.request_timeout
+        )
+        answer = response.header
+        assert isinstance(answer, ElectLeadersResponse)
+        return answer
 
     async def reset_head(
         self, stream: str, partition: int, *, offset: int | None = None, timeout_ms: int = 10_000

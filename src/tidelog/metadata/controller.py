@@ -14,7 +14,9 @@ and answers the broker's requests (each raises :class:`NotControllerError` unles
 controller, so that the caller forwards them): :meth:`Controller.alter_isr`,
 :meth:`Controller.controlled_shutdown`, :meth:`Controller.report_unreachable`, the fail-to-safety pair
 :meth:`Controller.suspend_partition` and :meth:`Controller.reset_head`, and the stream writes
-:meth:`Controller.create_stream`, :meth:`Controller.delete_stream`, :meth:`Controller.update_partition`.
+:meth:`Controller.create_stream`, :meth:`Controller.delete_stream`, :meth:`Controller.update_partition`,
+:meth:`Controller.add_partitions` and :meth:`Controller.alter_stream`; :meth:`Controller.balance_now` runs the
+balance at once (``tidelog cluster rebalance``).
 
 **Every write is fenced and a compare-and-swap.** Each partition is written in its own
 :class:`~tidelog.metadata.fenced_writer.FencedWriter` transaction that also compares the partition key with the
@@ -75,6 +77,7 @@ from tidelog.metadata.records import (
     StreamRecord,
 )
 from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.stream_changes import ChangeOutcome, StreamChanges
 from tidelog.metadata.stream_creation import CHUNK_PARTITIONS, CreateOutcome, StreamCreation
 from tidelog.metadata.suspension import (
     HeadRejection,
@@ -346,6 +349,17 @@ class Controller:
         written, _ = await self._writes.cas(self._current_writer(), self._keys.partition(old.stream, old.id), old, new)
         return written
 
+    async def add_partitions(
+        self, old: StreamRecord, new: StreamRecord, partitions: Sequence[PartitionRecord]
+    ) -> ChangeOutcome:
+        """Give stream ``old`` the new ``partitions`` and its record ``new``, fenced, while etcd holds ``old``
+        (:mod:`tidelog.metadata.stream_changes`: the new partitions show all at once)."""
+        return await self._changes(self._current_writer()).add_partitions(old, new, partitions)
+
+    async def alter_stream(self, old: StreamRecord, new: StreamRecord) -> ChangeOutcome:
+        """Replace stream record ``old`` with ``new`` (other settings), fenced, while etcd holds ``old``."""
+        return await self._changes(self._current_writer()).alter(old, new)
+
     async def report_unreachable(self, reporter_id: str, broker_id: str) -> ProbeOutcome:
         """A follower could not connect to ``broker_id`` (its leader): check, and if it is gone, say so at once.
 
@@ -375,7 +389,8 @@ class Controller:
         return outcome
 
     async def balance_now(self) -> int:
-        """Run the leadership balance once, now; returns how many leaderships moved."""
+        """Run the leadership balance once, now (preferred-leader election, ``tidelog cluster rebalance``);
+        returns how many leaderships moved."""
         writer = self._current_writer()
         changes = plan_balance(self._latest, self._shutting_down)
         return sum(await self._writes.apply(writer, changes))
@@ -457,6 +472,9 @@ class Controller:
 
     def _creation(self, writer: FencedWriter) -> StreamCreation:
         return StreamCreation(self._client, self._keys, writer.transaction, writer.term.epoch, chunk=self._create_chunk)
+
+    def _changes(self, writer: FencedWriter) -> StreamChanges:
+        return StreamChanges(self._client, self._keys, writer.transaction, chunk=self._create_chunk)
 
     def _current_writer(self) -> FencedWriter:
         """The writer of the current term, or :class:`NotControllerError` naming the controller to forward to."""

@@ -10,7 +10,9 @@ its record, in several transactions when there are many (:mod:`tidelog.metadata.
 holds them back (``_hidden``, no snapshot is published for them) and publishes them with the stream record, in
 one snapshot. A deleted stream takes its partitions out of the snapshot with it, in the same way. So no listener
 or reader ever sees a stream without all its partitions, or acts on the partitions of a stream half created,
-abandoned or being deleted.
+abandoned or being deleted. Partitions added to an existing stream (:mod:`tidelog.metadata.stream_changes`) are
+held back the same way while their id is at or above the stream record's partition count, and show together
+when the record with the new count arrives.
 
 The prefix is followed through broken watches (:mod:`~tidelog.metadata.prefix_follower`), so the mirror never
 freezes on a change it has not seen.
@@ -116,7 +118,8 @@ class MetadataMirror:
         if not text.startswith(self._keys.partitions):
             return False
         stream, _, pid = text[len(self._keys.partitions) :].rpartition("/")
-        if stream in self._snapshot.streams:
+        record = self._snapshot.streams.get(stream)
+        if record is not None and int(pid) < record.partitions:
             return False
         if event.kind == "DELETE":
             held = self._hidden.get(stream)
@@ -149,13 +152,17 @@ class MetadataMirror:
         try:
             if text.startswith(self._keys.streams):
                 record = decode_stream(value)
-                if record.name not in streams:  # created: its partitions, written first, show with it
-                    for p in self._hidden.pop(record.name, {}).values():
-                        partitions[(p.stream, p.id)] = p
+                held = self._hidden.get(record.name, {})
+                for pid in [pid for pid in held if pid < record.partitions]:  # written first, they show with it
+                    p = held.pop(pid)
+                    partitions[(p.stream, p.id)] = p
+                if not held:
+                    self._hidden.pop(record.name, None)
                 streams[record.name] = record
             elif text.startswith(self._keys.partitions):
                 p = decode_partition(value)
-                if p.stream not in streams:
+                stream = streams.get(p.stream)
+                if stream is None or p.id >= stream.partitions:
                     self._hidden.setdefault(p.stream, {})[p.id] = p
                     return
                 partitions[(p.stream, p.id)] = p

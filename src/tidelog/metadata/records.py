@@ -124,6 +124,8 @@ class BrokerRecord(msgspec.Struct, frozen=True):
     port: int
     wire_port: int
     started_ns: int
+    rack: str = ""
+    """The broker's rack (its ``rack`` setting; empty: none): placement spreads replicas across racks."""
 
 
 class Keys:

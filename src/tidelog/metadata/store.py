@@ -22,6 +22,7 @@ from tidelog.metadata.records import (
     StreamRecord,
     encode,
 )
+from tidelog.metadata.stream_changes import ChangeOutcome, StreamChanges
 from tidelog.metadata.stream_creation import CreateOutcome, StreamCreation, plain_transact, prefix_end
 
 __all__ = ["CreateOutcome", "MetadataStore"]
@@ -68,6 +69,19 @@ class MetadataStore:
             failure=[],
         )
         return bool(ok)
+
+    async def add_partitions(
+        self, old: StreamRecord, new: StreamRecord, partitions: Sequence[PartitionRecord]
+    ) -> ChangeOutcome:
+        """Give stream ``old`` the new ``partitions`` and its record ``new`` while etcd holds ``old``
+        (:mod:`tidelog.metadata.stream_changes`)."""
+        return await StreamChanges(self._client, self._keys, plain_transact(self._client)).add_partitions(
+            old, new, partitions
+        )
+
+    async def alter_stream(self, old: StreamRecord, new: StreamRecord) -> ChangeOutcome:
+        """Replace stream record ``old`` with ``new`` while etcd holds ``old``."""
+        return await StreamChanges(self._client, self._keys, plain_transact(self._client)).alter(old, new)
 
     async def register_broker(self, record: BrokerRecord, ttl_seconds: int) -> None:
         """Publish this broker under a lease that a background task keeps alive.

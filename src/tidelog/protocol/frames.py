@@ -85,6 +85,9 @@ class Op(enum.IntEnum):
     SET_STREAM_STATE = 20  # pause, resume, read-only
     RESET_HEAD = 21  # an operator confirms the head of a suspended partition (fail to safety)
     SKIP_DAMAGED = 22  # an operator confirms skipping offsets found damaged on disk (bit rot)
+    ADD_PARTITIONS = 23  # grow a stream's partition count (through the controller)
+    ALTER_STREAM = 24  # change a stream's settings at run time (through the controller)
+    ELECT_LEADERS = 25  # preferred-leader election now (``tidelog cluster rebalance``)
     REPLICA_FETCH = 32  # broker-to-broker pull replication: a follower copies the leader's log
     EPOCH_END_OFFSET = 33  # where a leader epoch ends on the leader (KIP-279): followers truncate to it
     SEGMENT_LIST = 34  # far-horizon catch-up: the leader's sealed segments from an offset

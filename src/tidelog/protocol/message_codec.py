@@ -116,6 +116,14 @@ from tidelog.protocol.peer_messages import (
     SuspendPartitionRequest,
     SuspendPartitionResponse,
 )
+from tidelog.protocol.reshape_messages import (
+    AddPartitionsRequest,
+    AddPartitionsResponse,
+    AlterStreamRequest,
+    AlterStreamResponse,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+)
 
 # -- the table ----------------------------------------------------------------------------------------------------
 
@@ -140,6 +148,12 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.RESET_HEAD): ResetHeadResponse,
     (Kind.REQUEST, Op.SKIP_DAMAGED): SkipDamagedRequest,
     (Kind.RESPONSE, Op.SKIP_DAMAGED): SkipDamagedResponse,
+    (Kind.REQUEST, Op.ADD_PARTITIONS): AddPartitionsRequest,
+    (Kind.RESPONSE, Op.ADD_PARTITIONS): AddPartitionsResponse,
+    (Kind.REQUEST, Op.ALTER_STREAM): AlterStreamRequest,
+    (Kind.RESPONSE, Op.ALTER_STREAM): AlterStreamResponse,
+    (Kind.REQUEST, Op.ELECT_LEADERS): ElectLeadersRequest,
+    (Kind.RESPONSE, Op.ELECT_LEADERS): ElectLeadersResponse,
     (Kind.REQUEST, Op.SET_CURSOR): SetCursorRequest,
     (Kind.RESPONSE, Op.SET_CURSOR): SetCursorResponse,
     (Kind.REQUEST, Op.FETCH_CURSOR): FetchCursorRequest,

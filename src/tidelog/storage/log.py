@@ -147,6 +147,16 @@ class Log(AppendingLog, MaintainedLog, ReadingLog):
         """
         self._flusher.set_mode(mode)
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """Take new roll, retention and compaction settings at run time (``tidelog stream alter``): the next
+        append, roll and cleaner pass follow them. Settings fixed when the log opened (the flush policy and
+        interval, the index interval) must not change: ``ValueError``."""
+        fixed = ("flush_policy", "flush_interval_ms", "index_interval_bytes")
+        changed = [name for name in fixed if getattr(config, name) != getattr(self._config, name)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} cannot change while the log is open")
+        self._config = config
+
     # ------------------------------------------------------------------------------------------ flushing
 
     async def flush(self) -> None:

@@ -1,7 +1,8 @@
 """The administration family of the wire protocol: METADATA, CREATE_STREAM, DELETE_STREAM, LIST_STREAMS,
 SET_STREAM_STATE (pause, resume, read-only), RESET_HEAD (fail to safety, :mod:`tidelog.broker.head_reset`) and
 SKIP_DAMAGED (an operator confirms skipping offsets damaged on the leader's disk, :mod:`tidelog.storage.damage`;
-answered by the partition's leader, whose disk it is).
+answered by the partition's leader, whose disk it is), and the reshaping ops ADD_PARTITIONS, ALTER_STREAM and
+ELECT_LEADERS (:mod:`tidelog.broker.stream_reshape`).
 
 Metadata comes from this broker's mirror of the etcd keyspace (:class:`~tidelog.metadata.mirror.MetadataMirror`),
 so any broker answers it; watermarks are only known to a partition's leader, so a partition led elsewhere reports
@@ -21,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.head_reset import reset_head as confirm_head
+from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
-from tidelog.protocol.errors import InvalidArgumentError, UnknownStreamError
+from tidelog.protocol.errors import InvalidArgumentError, UnavailableError, UnknownStreamError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.messages import (
@@ -51,23 +54,45 @@ from tidelog.protocol.messages import (
     StreamInfo,
     StreamSummary,
 )
+from tidelog.protocol.reshape_messages import (
+    RESET,
+    AddPartitionsRequest,
+    AlterStreamRequest,
+    ElectLeadersRequest,
+)
 
 _CONFIG_FIELDS = frozenset(StreamConfig.__struct_fields__)
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+def _field(name: str) -> str:
+    """The :class:`StreamConfig` field a setting's name means, in any of its spellings (module docstring)."""
+    field = _CAMEL_BOUNDARY.sub("_", name).replace(".", "_").replace("-", "_").lower()
+    if field not in _CONFIG_FIELDS:
+        raise InvalidArgumentError(f"unknown stream setting {name!r}; known: {', '.join(sorted(_CONFIG_FIELDS))}")
+    return field
+
+
 def stream_config(overrides: Mapping[str, str]) -> StreamConfig:
     """Parse ``name → string value`` overrides into a :class:`StreamConfig` (see the module docstring)."""
-    values: dict[str, str] = {}
-    for name, value in overrides.items():
-        field = _CAMEL_BOUNDARY.sub("_", name).replace(".", "_").replace("-", "_").lower()
-        if field not in _CONFIG_FIELDS:
-            raise InvalidArgumentError(f"unknown stream setting {name!r}; known: {', '.join(sorted(_CONFIG_FIELDS))}")
-        values[field] = value
+    values = {_field(name): value for name, value in overrides.items()}
     try:
         return msgspec.convert(values, StreamConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise InvalidArgumentError(f"bad stream setting: {exc}") from None
+
+
+def setting_changes(settings: Mapping[str, str]) -> dict[str, Any]:
+    """Parse ``name → string value`` changes of ALTER_STREAM into field → typed value (None for
+    :data:`~tidelog.protocol.reshape_messages.RESET`: the broker default)."""
+    reset = {_field(name) for name, value in settings.items() if value == RESET}
+    config = stream_config({name: value for name, value in settings.items() if value != RESET})
+    changes: dict[str, Any] = {field: None for field in reset}
+    for name in settings:
+        field = _field(name)
+        if field not in reset:
+            changes[field] = getattr(config, field)
+    return changes
 
 
 async def create_stream(env: HandlerEnv, correlation_id: int, request: CreateStreamRequest, _: memoryview) -> Reply:
@@ -110,6 +135,32 @@ async def set_stream_state(
         if request.rotate_key:
             await env.broker.admin.rotate_key(request.name, forwarded=request.forwarded)
     return Reply(encode_message(correlation_id, SetStreamStateResponse()))
+
+
+def _reshape(env: HandlerEnv) -> StreamReshape:
+    reshape = env.broker.reshape
+    if reshape is None:
+        raise UnavailableError("this broker cannot reshape streams (it runs without metadata)")
+    return reshape
+
+
+async def add_partitions(env: HandlerEnv, correlation_id: int, request: AddPartitionsRequest, _: memoryview) -> Reply:
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        answer = await _reshape(env).add_partitions(request.name, request.partitions, forwarded=request.forwarded)
+    return Reply(encode_message(correlation_id, answer))
+
+
+async def alter_stream(env: HandlerEnv, correlation_id: int, request: AlterStreamRequest, _: memoryview) -> Reply:
+    changes = setting_changes(request.settings)
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        answer = await _reshape(env).alter(request.name, changes, forwarded=request.forwarded)
+    return Reply(encode_message(correlation_id, answer))
+
+
+async def elect_leaders(env: HandlerEnv, correlation_id: int, request: ElectLeadersRequest, _: memoryview) -> Reply:
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        answer = await _reshape(env).elect_leaders(forwarded=request.forwarded)
+    return Reply(encode_message(correlation_id, answer))
 
 
 async def reset_head(env: HandlerEnv, correlation_id: int, request: ResetHeadRequest, _: memoryview) -> Reply:
@@ -188,4 +239,7 @@ ROUTES: dict[int, Route] = {
     Op.SET_STREAM_STATE: route(SetStreamStateRequest, set_stream_state),
     Op.RESET_HEAD: route(ResetHeadRequest, reset_head),
     Op.SKIP_DAMAGED: route(SkipDamagedRequest, skip_damaged),
+    Op.ADD_PARTITIONS: route(AddPartitionsRequest, add_partitions),
+    Op.ALTER_STREAM: route(AlterStreamRequest, alter_stream),
+    Op.ELECT_LEADERS: route(ElectLeadersRequest, elect_leaders),
 }

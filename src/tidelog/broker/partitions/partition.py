@@ -192,6 +192,12 @@ class Partition(CommittedReads):
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
         self._hw.set_isr(record.isr or (self.broker_id,))
 
+    def update_stream(self, stream: StreamRecord, min_isr: int) -> None:
+        """Take a newer stream record (settings changed at run time: ``tidelog stream alter``)."""
+        self.stream = stream
+        self.min_isr = min_isr
+        self._hw.set_min_isr(min_isr)
+
     # ------------------------------------------------------------------------------------------ replication
 
     def replica_fetched(self, replica: str, offset: int) -> bool:

@@ -48,6 +48,11 @@ class HighWatermark:
         self._ends = {r: self._ends.get(r, self._hw) for r in members}
         self._recompute()
 
+    def set_min_isr(self, min_isr: int) -> None:
+        """Take a new ``min_isr`` (a stream's setting changed at run time); a lower one may commit at once."""
+        self._min_isr = min_isr
+        self._recompute()
+
     def replica_caught_up_to(self, replica: str, log_end: int) -> None:
         """Record that ``replica`` has everything below ``log_end`` (the leader itself included)."""
         if replica in self._ends and log_end > self._ends[replica]:
