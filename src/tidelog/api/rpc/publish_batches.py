@@ -1,0 +1,285 @@
+"""PublishAsync in batches: the requests that arrive together become one log append, behind the per-message API.
+
+A Liftbridge client sends one ``PublishRequest`` per message and expects one ``PublishResponse`` per message
+(none for ack policy NONE). Appending each alone costs a write, a flush round (an fsync under the ``always``
+policy) and a commit wait per message. Here one task reads the requests into a bounded queue; another takes
+everything that has arrived (up to :data:`MAX_GROUP` requests) and cuts it into runs of consecutive requests
+for the same partition and the same write acks (ALL, or LEADER for LEADER and NONE); a run becomes one batch,
+appended with one :meth:`~tidelog.broker.partitions.partition.Partition.write`. While that write waits for its
+flush and commit, the next requests pile up and form the next, larger, batch: the batch size follows the load
+without a timer. Runs are written one after another, so messages of one stream are stored in the order they were
+sent, and the responses go back in that order too, each with its correlation id, once its run is committed.
+
+What stays per message, exactly as :func:`tidelog.api.rpc.publish.publish` does it: the checks (the ack inbox and
+policy first, then the partition, then the headers and the size; a failed check is that message's
+``asyncError`` and the run goes on without it), the ack with the message's own offset, the ack published on its
+ack inbox, and its copy on the partition's NATS subject. A refused or failed write fails every message of its run,
+each with its own ``asyncError`` (nothing of a refused run is stored). A run that cannot be batched goes through
+the per-message path: a partition this broker does not lead (its publishes are forwarded to the leader), or a
+stream with optimistic concurrency control (every message carries its own expected offset).
+
+Backpressure: both queues are bounded (:data:`MAX_PENDING`). When the client stops reading its responses, the
+response queue fills, the batcher stops, the request queue fills, the reader stops reading requests, and gRPC's
+flow control stops the client. Nothing buffers without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from tidelog.api.rpc.publish import ack_to_inbox, check_size, copy_to_nats, partition_ack, publish
+from tidelog.broker.context import BrokerContext
+from tidelog.broker.partitions.partition import Partition
+from tidelog.broker.partitions.write_path import WriteRefused
+from tidelog.broker.translate import as_tidelog_error
+from tidelog.protocol._gen import api_pb2
+from tidelog.protocol.errors import NotLeaderError
+from tidelog.protocol.liftbridge import check_user_headers, record_for_publish
+from tidelog.protocol.messages import Acks
+from tidelog.protocol.records import NewRecord, build_batch
+from tidelog.protocol.subjects import check_ack
+
+MAX_GROUP = 1024
+"""Requests taken together at most: one batch holds at most this many messages."""
+
+MAX_PENDING = 2048
+"""Requests read but not yet taken, and responses made but not yet sent, at most (each)."""
+
+RECORD_OVERHEAD = 64
+"""Bytes a record adds to its key, value and headers in a batch, at most (lengths, offsets, Liftbridge headers)."""
+
+Request = api_pb2.PublishRequest
+Response = api_pb2.PublishResponse
+Place = Request | Response | None
+"""A message's place in a run: its request until it is answered, then its response (``None``: it has none)."""
+
+
+def async_error(request: api_pb2.PublishRequest, exc: BaseException) -> api_pb2.PublishResponse:
+    """The in-band error of one message: ``PublishAsync`` goes on after it."""
+    err = as_tidelog_error(exc)
+    return api_pb2.PublishResponse(
+        correlationId=request.correlationId,
+        asyncError=api_pb2.PublishAsyncError(code=int(err.spec.async_code), message=err.message),  # type: ignore[arg-type]
+    )
+
+
+def write_acks(request: api_pb2.PublishRequest) -> Acks:
+    """The acks a message is written with: ALL for ALL, LEADER for LEADER and NONE (NONE still stores it)."""
+    return Acks.ALL if int(request.ackPolicy) == Acks.ALL else Acks.LEADER
+
+
+def runs(group: Sequence[api_pb2.PublishRequest]) -> list[list[api_pb2.PublishRequest]]:
+    """``group`` cut into runs of consecutive requests for one partition with the same write acks, in order."""
+    cut: list[list[api_pb2.PublishRequest]] = []
+    key: tuple[str, int, Acks] | None = None
+    for request in group:
+        this = (request.stream, request.partition, write_acks(request))
+        if this != key:
+            cut.append([])
+            key = this
+        cut[-1].append(request)
+    return cut
+
+
+class PublishBatches:
+    """One ``PublishAsync`` call: its requests in, its responses out (see the module docstring)."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+        self._requests: asyncio.Queue[Request | None] = asyncio.Queue(MAX_PENDING)
+        self._responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue(MAX_PENDING)
+
+    async def serve(self, requests: AsyncIterator[api_pb2.PublishRequest]) -> AsyncIterator[api_pb2.PublishResponse]:
+        """Every response in request order; ends once the client has closed its side and every request is answered."""
+        reader = asyncio.create_task(self._read(requests))
+        batcher = asyncio.create_task(self._batch())
+        try:
+            while (response := await self._responses.get()) is not None:
+                yield response
+            await batcher  # done: its last put was the end; raises what failed it
+            await reader
+        finally:
+            for task in (reader, batcher):
+                task.cancel()
+            for task in (reader, batcher):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def saturated(self) -> bool:
+        """Both queues are full: no request is read until the client takes answers."""
+        return self._requests.full() and self._responses.full()
+
+    async def _read(self, requests: AsyncIterator[api_pb2.PublishRequest]) -> None:
+        """Every request into the queue, then the end; a failure reading (the client's stream broke, or the
+        authorization interceptor refused a message) ends the queue too and is raised by :meth:`serve` once every
+        request before it is answered. Cancelled, it puts nothing: the call is over."""
+        try:
+            async for request in requests:
+                await self._requests.put(request)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            await self._requests.put(None)
+            raise
+        await self._requests.put(None)
+
+    async def _batch(self) -> None:
+        """Groups of what has arrived, run by run, each run's responses in order, then the end (also after an
+        unexpected failure, which :meth:`serve` then raises)."""
+        try:
+            await self._answer_all()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            await self._responses.put(None)
+            raise
+        await self._responses.put(None)
+
+    async def _answer_all(self) -> None:
+        ended = False
+        while not ended:
+            first = await self._requests.get()
+            if first is None:
+                break
+            group = [first]
+            while len(group) < MAX_GROUP and not self._requests.empty():
+                item = self._requests.get_nowait()
+                if item is None:
+                    ended = True
+                    break
+                group.append(item)
+            for run in runs(group):
+                for response in await self._run(run):
+                    await self._responses.put(response)
+
+    async def _run(self, run: list[Request]) -> list[Response]:
+        """The responses of one run (for one partition, one write acks), in its order."""
+        places: list[Place] = []
+        for request in run:
+            try:
+                check_ack(request.ackInbox, int(request.ackPolicy))
+                places.append(request)
+            except Exception as exc:
+                places.append(async_error(request, exc))
+        waiting = [index for index, each in enumerate(places) if isinstance(each, Request)]
+        if waiting:
+            first = run[waiting[0]]
+            try:
+                partition: Partition | None = await self._ctx.writable(first.stream, first.partition)
+            except NotLeaderError:
+                partition = None  # forwarded to the leader by the per-message path
+            except Exception as exc:
+                partition = None
+                for index in waiting:
+                    places[index] = async_error(run[index], exc)
+                waiting = []
+            if partition is None or partition.stream.config.optimistic_concurrency_control:
+                answers = await asyncio.gather(*(self._one(run[index]) for index in waiting))
+                for index, answer in zip(waiting, answers, strict=True):
+                    places[index] = answer
+            else:
+                await self._append(partition, places)
+        return [each for each in places if isinstance(each, Response)]
+
+    async def _one(self, request: api_pb2.PublishRequest) -> api_pb2.PublishResponse | None:
+        """One message through the per-message path; ``None`` for ack policy NONE (no response)."""
+        try:
+            response = await publish(self._ctx, request, self._ctx.ack_timeout)
+        except Exception as exc:
+            return async_error(request, exc)
+        return None if int(request.ackPolicy) == Acks.NONE else response
+
+    async def _append(self, partition: Partition, places: list[Place]) -> None:
+        """The run's messages that pass their checks, as whole batches in one write; each one's answer in its
+        place."""
+        ctx = self._ctx
+        now = time.time_ns()
+        limit = partition.log.config.max_batch_bytes
+        batches: list[bytes] = []
+        records: list[NewRecord] = []
+        size = 0
+        stored = 0
+        for index, each in enumerate(places):
+            if not isinstance(each, Request):
+                continue
+            try:
+                check_user_headers(each.headers.keys())
+                check_size(ctx, each.key, each.value, each.headers)
+            except Exception as exc:
+                places[index] = async_error(each, exc)
+                continue
+            record = _record(each, now)
+            length = _record_bytes(each)
+            if records and size + length > limit:
+                batches.append(build_batch(records, timestamp=now))
+                records, size = [], 0
+            records.append(record)
+            size += length
+            stored += 1
+        if records:
+            batches.append(build_batch(records, timestamp=now))
+        if stored:
+            await self._write(partition, places, b"".join(batches))
+
+    async def _write(self, partition: Partition, places: list[Place], data: bytes) -> None:
+        """Append ``data`` (the records of the requests still in ``places``, in order) and answer each of them."""
+        ctx = self._ctx
+        waiting = [index for index, each in enumerate(places) if isinstance(each, Request)]
+        try:
+            appended = await partition.write(data, write_acks(places[waiting[0]]), ctx.ack_timeout)  # type: ignore[arg-type]
+            if isinstance(appended, WriteRefused):
+                raise appended.error()
+        except Exception as exc:
+            for index in waiting:
+                places[index] = async_error(places[index], exc)  # type: ignore[arg-type]
+            return
+        stream = partition.stream
+        for offset, index in enumerate(waiting, appended.base_offset):
+            request = places[index]
+            assert isinstance(request, Request)
+            await copy_to_nats(ctx, stream.name, stream.group, request, partition.subject)
+            if int(request.ackPolicy) == Acks.NONE:
+                places[index] = None
+                continue
+            ack = partition_ack(partition, request, offset, appended.received_ns, appended.committed_ns)
+            if request.ackInbox:
+                await ack_to_inbox(ctx, request.ackInbox, ack)
+            places[index] = Response(ack=ack, correlationId=request.correlationId)
+
+
+def _record(request: api_pb2.PublishRequest, now: int) -> NewRecord:
+    return record_for_publish(
+        key=request.key,
+        value=request.value,
+        headers=request.headers,
+        timestamp=now,
+        ack_inbox=request.ackInbox,
+        correlation_id=request.correlationId,
+        ack_policy=int(request.ackPolicy),
+    )
+
+
+def _record_bytes(request: api_pb2.PublishRequest) -> int:
+    headers = sum(len(k) + len(v) for k, v in request.headers.items())
+    return (
+        len(request.key)
+        + len(request.value)
+        + headers
+        + len(request.ackInbox)
+        + len(request.correlationId)
+        + (RECORD_OVERHEAD)
+    )
+
+
+async def publish_async(
+    ctx: BrokerContext, requests: AsyncIterator[api_pb2.PublishRequest]
+) -> AsyncIterator[api_pb2.PublishResponse]:
+    """``PublishAsync``: pipelined publishes, batched (see the module docstring)."""
+    async for response in PublishBatches(ctx).serve(requests):
+        yield response
+
+
+__all__ = ["MAX_GROUP", "MAX_PENDING", "PublishBatches", "publish_async", "runs"]
