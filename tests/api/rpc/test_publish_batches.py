@@ -19,7 +19,7 @@ import pytest
 from tests.broker.helpers import Stub, bounded, create_stream, read_until_stop
 from tests.helpers import BOUND
 from tidelog.api.rpc import publish_batches
-from tidelog.api.rpc.publish_batches import MAX_GROUP, MAX_PENDING, runs
+from tidelog.api.rpc.publish_batches import ANSWERED_RUNS, MAX_GROUP, MAX_PENDING, runs
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import iter_batches
@@ -152,6 +152,6 @@ async def test_a_client_not_reading_answers_is_not_read(broker: Broker, stub: St
         while not batches.saturated():  # both queues full: nothing more can be taken
             assert time.monotonic() < deadline, f"the queues never filled ({pulled} requests pulled)"
             await asyncio.sleep(0.01)
-        assert pulled <= 2 * MAX_PENDING + MAX_GROUP + 2
+        assert pulled <= MAX_PENDING + (ANSWERED_RUNS + 2) * MAX_GROUP + 2  # queued, answered, one in hand
     finally:
         await answers.aclose()

@@ -54,12 +54,14 @@ def request_timeout(ctx: BrokerContext, grpc_context: Any) -> float:
     return ctx.ack_timeout if remaining is None else max(0.0, remaining - 0.01)
 
 
-def check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> None:
-    size = len(key) + len(value) + sum(len(k) + len(v) for k, v in headers.items())
+def check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> int:
+    """The message's size (key, value and headers); raises MESSAGE_TOO_LARGE above the broker's limit."""
+    size = len(key) + len(value) + (sum(len(k) + len(v) for k, v in headers.items()) if headers else 0)
     if size > ctx.config.max_message_bytes:
         raise MessageTooLargeError(
             f"message of {size} bytes is above the broker's limit of {ctx.config.max_message_bytes} bytes"
         )
+    return size
 
 
 async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:

@@ -18,9 +18,10 @@ each with its own ``asyncError`` (nothing of a refused run is stored). A run tha
 the per-message path: a partition this broker does not lead (its publishes are forwarded to the leader), or a
 stream with optimistic concurrency control (every message carries its own expected offset).
 
-Backpressure: both queues are bounded (:data:`MAX_PENDING`). When the client stops reading its responses, the
-response queue fills, the batcher stops, the request queue fills, the reader stops reading requests, and gRPC's
-flow control stops the client. Nothing buffers without bound.
+Backpressure: both queues are bounded (:data:`MAX_PENDING` requests, :data:`ANSWERED_RUNS` runs' responses).
+When the client stops reading its responses, the response queue fills, the batcher stops, the request queue
+fills, the reader stops reading requests, and gRPC's flow control stops the client. Nothing buffers without
+bound.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ MAX_GROUP = 1024
 """Requests taken together at most: one batch holds at most this many messages."""
 
 MAX_PENDING = 2048
-"""Requests read but not yet taken, and responses made but not yet sent, at most (each)."""
+"""Requests read but not yet taken, at most."""
+
+ANSWERED_RUNS = 2
+"""Runs whose responses are made but not yet all sent, at most (each run holds up to :data:`MAX_GROUP`)."""
 
 RECORD_OVERHEAD = 64
 """Bytes a record adds to its key, value and headers in a batch, at most (lengths, offsets, Liftbridge headers)."""
@@ -90,15 +94,16 @@ class PublishBatches:
     def __init__(self, ctx: BrokerContext) -> None:
         self._ctx = ctx
         self._requests: asyncio.Queue[Request | None] = asyncio.Queue(MAX_PENDING)
-        self._responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue(MAX_PENDING)
+        self._responses: asyncio.Queue[list[Response] | None] = asyncio.Queue(ANSWERED_RUNS)
 
     async def serve(self, requests: AsyncIterator[api_pb2.PublishRequest]) -> AsyncIterator[api_pb2.PublishResponse]:
         """Every response in request order; ends once the client has closed its side and every request is answered."""
         reader = asyncio.create_task(self._read(requests))
         batcher = asyncio.create_task(self._batch())
         try:
-            while (response := await self._responses.get()) is not None:
-                yield response
+            while (answered := await self._responses.get()) is not None:
+                for response in answered:
+                    yield response
             await batcher  # done: its last put was the end; raises what failed it
             await reader
         finally:
@@ -152,8 +157,9 @@ class PublishBatches:
                     break
                 group.append(item)
             for run in runs(group):
-                for response in await self._run(run):
-                    await self._responses.put(response)
+                answered = await self._run(run)
+                if answered:
+                    await self._responses.put(answered)
 
     async def _run(self, run: list[Request]) -> list[Response]:
         """The responses of one run (for one partition, one write acks), in its order."""
@@ -207,12 +213,11 @@ class PublishBatches:
                 continue
             try:
                 check_user_headers(each.headers.keys())
-                check_size(ctx, each.key, each.value, each.headers)
+                length = check_size(ctx, each.key, each.value, each.headers) + _overhead(each)
             except Exception as exc:
                 places[index] = async_error(each, exc)
                 continue
             record = _record(each, now)
-            length = _record_bytes(each)
             if records and size + length > limit:
                 batches.append(build_batch(records, timestamp=now))
                 records, size = [], 0
@@ -262,16 +267,9 @@ def _record(request: api_pb2.PublishRequest, now: int) -> NewRecord:
     )
 
 
-def _record_bytes(request: api_pb2.PublishRequest) -> int:
-    headers = sum(len(k) + len(v) for k, v in request.headers.items())
-    return (
-        len(request.key)
-        + len(request.value)
-        + headers
-        + len(request.ackInbox)
-        + len(request.correlationId)
-        + (RECORD_OVERHEAD)
-    )
+def _overhead(request: api_pb2.PublishRequest) -> int:
+    """Bytes a message's record holds beyond its key, value and headers, at most."""
+    return len(request.ackInbox) + len(request.correlationId) + RECORD_OVERHEAD
 
 
 async def publish_async(
@@ -282,4 +280,4 @@ async def publish_async(
         yield response
 
 
-__all__ = ["MAX_GROUP", "MAX_PENDING", "PublishBatches", "publish_async", "runs"]
+__all__ = ["ANSWERED_RUNS", "MAX_GROUP", "MAX_PENDING", "PublishBatches", "publish_async", "runs"]
