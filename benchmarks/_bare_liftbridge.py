@@ -1,5 +1,8 @@
 """The peer of ``benchmarks.liftbridge_api``: a servicer of the same ``proto.API`` that does nothing, on stock
 ``grpc.aio`` with uvloop, run as its own process (``python -m benchmarks._bare_liftbridge --port N --stream S``).
+``--stack`` serves it on another stack instead, for the comparison of serving stacks: ``aio-asyncio``
+(``grpc.aio`` on the default event loop) or ``sync`` (``grpc.server`` on a thread pool, one thread per call);
+``--reuseport`` lets several such processes share the port (SO_REUSEPORT: the kernel spreads connections).
 
 It stores nothing and reads nothing. ``Subscribe`` sends the handshake, then the same pre-built ``Message`` (a value
 of ``--value-bytes``) with rising offsets until the client cancels. ``PublishAsync`` answers every request with an
@@ -11,8 +14,10 @@ What it costs per message is the serving stack's own floor: protobuf, HTTP/2 and
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -32,6 +37,9 @@ class BareService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         self._value = b"v" * value_bytes
 
     async def FetchMetadata(self, request: Any, context: Any) -> Any:
+        return self.metadata(request)
+
+    def metadata(self, request: Any) -> Any:
         response = api_pb2.FetchMetadataResponse(brokers=[self._broker])
         for name in list(request.streams) or [self._stream]:
             meta = response.streamMetadata.add(name=name, subject=name)
@@ -42,47 +50,90 @@ class BareService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         return api_pb2.CreateStreamResponse()
 
     async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        yield api_pb2.Message()  # the handshake
-        offset = 0
-        now = time.time_ns()
-        while True:
-            yield api_pb2.Message(
-                offset=offset,
-                value=self._value,
-                timestamp=now,
-                stream=request.stream,
-                partition=request.partition,
-                subject=request.stream,
-            )
-            offset += 1
+        for message in messages(request, self._value):
+            yield message
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         offset = 0
         async for request in request_iterator:
-            now = time.time_ns()
-            yield api_pb2.PublishResponse(
-                correlationId=request.correlationId,
-                ack=api_pb2.Ack(
-                    stream=request.stream,
-                    partitionSubject=request.stream,
-                    msgSubject=request.stream,
-                    offset=offset,
-                    correlationId=request.correlationId,
-                    ackPolicy=request.ackPolicy,
-                    receptionTimestamp=now,
-                    commitTimestamp=now,
-                ),
-            )
+            yield response_to(request, offset)
             offset += 1
 
 
-async def serve(host: str, port: int, stream: str, value_bytes: int) -> None:
-    server = grpc.aio.server()
+class SyncBareService(BareService):
+    """The same on the sync ``grpc.server``: each call runs on a thread of the pool."""
+
+    def FetchMetadata(self, request: Any, context: Any) -> Any:
+        return self.metadata(request)
+
+    def CreateStream(self, request: Any, context: Any) -> Any:
+        return api_pb2.CreateStreamResponse()
+
+    def Subscribe(self, request: Any, context: Any) -> Iterator[Any]:  # type: ignore[override]
+        yield from messages(request, self._value)
+
+    def PublishAsync(self, request_iterator: Any, context: Any) -> Iterator[Any]:  # type: ignore[override]
+        for offset, request in enumerate(request_iterator):
+            yield response_to(request, offset)
+
+
+def messages(request: Any, value: bytes) -> Iterator[Any]:
+    """The handshake, then the same message with rising offsets, for ever."""
+    yield api_pb2.Message()
+    offset = 0
+    now = time.time_ns()
+    while True:
+        yield api_pb2.Message(
+            offset=offset,
+            value=value,
+            timestamp=now,
+            stream=request.stream,
+            partition=request.partition,
+            subject=request.stream,
+        )
+        offset += 1
+
+
+def response_to(request: Any, offset: int) -> Any:
+    now = time.time_ns()
+    return api_pb2.PublishResponse(
+        correlationId=request.correlationId,
+        ack=api_pb2.Ack(
+            stream=request.stream,
+            partitionSubject=request.stream,
+            msgSubject=request.stream,
+            offset=offset,
+            correlationId=request.correlationId,
+            ackPolicy=request.ackPolicy,
+            receptionTimestamp=now,
+            commitTimestamp=now,
+        ),
+    )
+
+
+STACKS = ("aio-uvloop", "aio-asyncio", "sync")
+SERVING = "serving"
+"""The line printed once the port is served (the readiness of a process sharing it with others)."""
+
+
+async def serve(host: str, port: int, stream: str, value_bytes: int, reuseport: bool) -> None:
+    server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuseport))])
     api_pb2_grpc.add_APIServicer_to_server(BareService(host, port, stream, value_bytes), server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise SystemExit(f"cannot listen on {host}:{port}")
     await server.start()
+    print(SERVING, flush=True)
     await server.wait_for_termination()
+
+
+def serve_sync(host: str, port: int, stream: str, value_bytes: int, reuseport: bool) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=[("grpc.so_reuseport", int(reuseport))])
+    api_pb2_grpc.add_APIServicer_to_server(SyncBareService(host, port, stream, value_bytes), server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise SystemExit(f"cannot listen on {host}:{port}")
+    server.start()
+    print(SERVING, flush=True)
+    server.wait_for_termination()
 
 
 def main() -> None:
@@ -91,8 +142,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--stream", required=True)
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--stack", choices=STACKS, default=STACKS[0])
+    parser.add_argument("--reuseport", action="store_true", help="share the port with other processes")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port, args.stream, args.value_bytes))
+    where = (args.host, args.port, args.stream, args.value_bytes, args.reuseport)
+    if args.stack == "sync":
+        serve_sync(*where)
+    elif args.stack == "aio-asyncio":
+        asyncio.run(serve(*where))
+    else:
+        uvloop.run(serve(*where))
 
 
 if __name__ == "__main__":

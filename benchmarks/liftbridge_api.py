@@ -27,6 +27,12 @@ Metrics (``ratio`` = tidelog ÷ bare; every client process moves ``COUNT`` messa
   ``gufo-liftbridge`` (``subscribe``, ``publish_bulk``), a Python client written by others and itself the bottleneck:
   the target is that tidelog keeps what it reaches against the bare servicer.
 
+With ``--stacks`` (informational rows, no target): the bare servicer's catch-up ``Subscribe`` and LEADER
+``PublishAsync`` on other serving stacks, each against the peer (stock ``grpc.aio`` + uvloop) of the same run:
+``stack_aio_asyncio_*`` (``grpc.aio`` on the default loop), ``stack_sync_*`` (``grpc.server``, thread pool),
+``stack_aio_uvloop_x2_*`` and ``stack_sync_x2_*`` (two processes sharing the port with SO_REUSEPORT; the CPU is
+both processes'). ``grpclib`` is not installed here and not measured.
+
 Each value is the median over the runs (sides alternate which goes first). The last line is the summary with the
 targets. The machine's load average at the start and end is in the summary: a busy machine gives noisy numbers.
 """
@@ -44,11 +50,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks._bare_liftbridge import SERVING, STACKS
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from benchmarks._publish_sides import TidelogServer, make_payloads
 from tidelog.client import Acks, Admin, Cluster, Producer
 from tidelog.launch.ports import free_ports
-from tidelog.launch.probes import tcp_probe
+from tidelog.launch.probes import ReadinessProbe, all_of, tcp_probe
 from tidelog.launch.process import ManagedProcess
 
 BENCH = "liftbridge_api"
@@ -102,11 +109,14 @@ class Measured:
 class Server:
     """One side: where its gRPC port is, its server process, and how to put messages into its stream."""
 
-    def __init__(self, name: str, address: str, pid: int, tidelog: TidelogServer | None) -> None:
+    def __init__(self, name: str, address: str, pids: list[int], tidelog: TidelogServer | None) -> None:
         self.name = name
         self.address = address
-        self.pid = pid
+        self.pids = pids  # the server's processes: its CPU is theirs together
         self.tidelog = tidelog
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu_seconds(pid) for pid in self.pids)
 
 
 @asynccontextmanager
@@ -115,22 +125,53 @@ async def tidelog_server(root: Path, flush_policy: str) -> AsyncIterator[Server]
         assert server.pid is not None
         admin = Admin(cluster=Cluster(server.bootstrap))
         await admin.create_stream(STREAM, STREAM)
-        yield Server("tidelog", f"127.0.0.1:{server.grpc_port}", server.pid, server)
+        yield Server("tidelog", f"127.0.0.1:{server.grpc_port}", [server.pid], server)
 
 
 @asynccontextmanager
-async def bare_server(root: Path) -> AsyncIterator[Server]:
+async def bare_server(root: Path, stack: str = "aio-uvloop", processes: int = 1) -> AsyncIterator[Server]:
+    """The bare servicer on ``stack``; with several ``processes``, all on one port (SO_REUSEPORT)."""
     (port,) = free_ports(1, "127.0.0.1")
     argv = [sys.executable, "-m", "benchmarks._bare_liftbridge", "--port", str(port), "--stream", STREAM]
-    argv += ["--value-bytes", str(VALUE_BYTES)]
+    argv += ["--value-bytes", str(VALUE_BYTES), "--stack", stack]
+    if processes > 1:
+        argv.append("--reuseport")
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
-    process = ManagedProcess(argv, log_path=root / "bare.log", name="bare-liftbridge", cwd=ROOT)
-    await process.start(tcp_probe("127.0.0.1", port), ready_within=60)
+    started: list[ManagedProcess] = []
     try:
-        assert process.pid is not None
-        yield Server("bare", f"127.0.0.1:{port}", process.pid, None)
+        for index in range(processes):
+            log_path = root / f"bare-{index}.log"
+            process = ManagedProcess(argv, log_path=log_path, name="bare-liftbridge", cwd=ROOT)
+            started.append(process)
+            await process.start(all_of(tcp_probe("127.0.0.1", port), printed(log_path, SERVING)), ready_within=60)
+        pids = [process.pid for process in started if process.pid is not None]
+        name = "bare" if (stack, processes) == (STACKS[0], 1) else stack_label(stack, processes)
+        yield Server(name, f"127.0.0.1:{port}", pids, None)
     finally:
-        await process.stop(grace=10)
+        for process in started:
+            await process.stop(grace=10)
+
+
+OTHER_STACKS = (("aio-asyncio", 1), ("sync", 1), ("aio-uvloop", 2), ("sync", 2))
+"""The serving stacks ``--stacks`` measures beside the peer (stack, processes sharing the port)."""
+STACK_STEPS = ("subscribe_catchup", "publish_async_leader")
+
+
+def stack_label(stack: str, processes: int) -> str:
+    label = stack.replace("-", "_")
+    return label if processes == 1 else f"{label}_x{processes}"
+
+
+def printed(path: Path, line: str) -> ReadinessProbe:
+    """Ready once the process logging to ``path`` has printed ``line``."""
+
+    def seen() -> bool:
+        return path.exists() and line in path.read_text(errors="replace").splitlines()
+
+    async def probe() -> bool:
+        return await asyncio.to_thread(seen)
+
+    return probe
 
 
 async def produce(server: TidelogServer, count: int) -> None:
@@ -162,7 +203,7 @@ async def measure(server: Server, kind: str, rpc: str, plan: Plan, count: int, a
             line = await asyncio.wait_for(client.stdout.readline(), 120)
             if line.strip() != b"ready":
                 raise RuntimeError(f"{kind} {rpc} client against {server.name} did not start: {line!r}")
-        cpu_before = cpu_seconds(server.pid)
+        cpu_before = server.cpu_seconds()
         for client in clients:
             assert client.stdin is not None
             client.stdin.write(b"go\n")
@@ -173,7 +214,7 @@ async def measure(server: Server, kind: str, rpc: str, plan: Plan, count: int, a
         for client in clients:
             out, _ = await asyncio.wait_for(client.communicate(), bound)
             results.append(json.loads(out.decode().strip().splitlines()[-1]))
-        cpu = cpu_seconds(server.pid) - cpu_before
+        cpu = server.cpu_seconds() - cpu_before
     finally:
         for client in clients:
             if client.returncode is None:
@@ -187,7 +228,10 @@ async def measure(server: Server, kind: str, rpc: str, plan: Plan, count: int, a
     return Measured(total / elapsed, cpu / total * 1e6)
 
 
-async def run_side(server: Server, plan: Plan, samples: dict[str, list[float]]) -> None:
+async def run_side(
+    server: Server, plan: Plan, samples: dict[str, list[float]], only: Sequence[str] | None = None
+) -> None:
+    """Every measurement (those named in ``only``, when given) against ``server``."""
     side = server.name
     if server.tidelog is not None:
         await produce(server.tidelog, plan.count)  # what the catch-up reads
@@ -200,13 +244,15 @@ async def run_side(server: Server, plan: Plan, samples: dict[str, list[float]]) 
         ("gufo_publish_async", "gufo", "publish", plan.gufo_count, LEADER),
     ]
     for name, kind, rpc, count, policy in steps:
+        if only is not None and name not in only:
+            continue
         got = await measure(server, kind, rpc, plan, count, policy)
         samples[f"{side}:{name}_msgs"].append(got.msgs_per_s)
         samples[f"{side}:{name}_cpu_us"].append(got.cpu_us)
         log(f"{side} {name}: {got.msgs_per_s:,.0f} msg/s, {got.cpu_us:.1f} µs server CPU per message")
 
 
-async def run(plan: Plan, flush_policy: str) -> list[Row]:
+async def run(plan: Plan, flush_policy: str, stacks: bool) -> list[Row]:
     samples: dict[str, list[float]] = defaultdict(list)
     with scratch_dir("tidelog-bench-lbapi-") as root:
         for index in range(plan.runs):
@@ -219,8 +265,17 @@ async def run(plan: Plan, flush_policy: str) -> list[Row]:
                 else:
                     async with bare_server(where) as server:
                         await run_side(server, plan, samples)
+            for stack, processes in OTHER_STACKS if stacks else ():
+                async with bare_server(root / f"run{index}", stack, processes) as server:
+                    await run_side(server, plan, samples, STACK_STEPS)
     rows = [Row(BENCH, m, median(samples[f"tidelog:{m}"]), "msg/s", median(samples[f"bare:{m}"])) for m in THROUGHPUT]
     rows += [Row(BENCH, m, median(samples[f"tidelog:{m}"]), "us", median(samples[f"bare:{m}"])) for m in CPU]
+    for stack, processes in OTHER_STACKS if stacks else ():
+        label = stack_label(stack, processes)
+        for step in STACK_STEPS:
+            for metric, unit in ((f"{step}_msgs", "msg/s"), (f"{step}_cpu_us", "us")):
+                value = median(samples[f"{label}:{metric}"])
+                rows.append(Row(BENCH, f"stack_{label}_{metric}", value, unit, median(samples[f"bare:{metric}"])))
     return rows
 
 
@@ -230,6 +285,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, help="load-generating client processes (default: 2 quick, 4 full)")
     parser.add_argument("--runs", type=int, help="runs per side (the median is reported)")
     parser.add_argument("--flush-policy", choices=("always", "interval", "never"), default="always")
+    parser.add_argument(
+        "--stacks",
+        action="store_true",
+        help="also serve the bare servicer on other stacks (informational rows stack_*, peer: grpc.aio + uvloop)",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.clients is not None or args.runs is not None:
@@ -237,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if plan.clients < 1 or plan.runs < 1:
         parser.error("--clients and --runs must be at least 1")
     clock = RunClock.now()
-    rows = asyncio.run(run(plan, args.flush_policy))
+    rows = asyncio.run(run(plan, args.flush_policy, args.stacks))
     report(BENCH, rows, TARGETS, clock, approaches=APPROACHES, flush_policy=args.flush_policy, plan=vars_of(plan))
 
 
