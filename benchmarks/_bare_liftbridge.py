@@ -1,7 +1,8 @@
 """The peer of ``benchmarks.liftbridge_api``: a servicer of the same ``proto.API`` that does nothing, on stock
 ``grpc.aio`` with uvloop, run as its own process (``python -m benchmarks._bare_liftbridge --port N --stream S``).
 ``--stack`` serves it on another stack instead, for the comparison of serving stacks: ``aio-asyncio``
-(``grpc.aio`` on the default event loop) or ``sync`` (``grpc.server`` on a thread pool, one thread per call);
+(``grpc.aio`` on the default event loop), ``sync`` (``grpc.server`` on a thread pool, one thread per call) or
+``grpclib`` (asyncio gRPC on the pure-Python ``h2`` HTTP/2 library, no threads, on uvloop; the ``dev`` extra);
 ``--reuseport`` lets several such processes share the port (SO_REUSEPORT: the kernel spreads connections).
 
 It stores nothing and reads nothing. ``Subscribe`` sends the handshake, then the same pre-built ``Message`` (a value
@@ -34,7 +35,7 @@ class BareService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
     def __init__(self, host: str, port: int, stream: str, value_bytes: int) -> None:
         self._broker = api_pb2.Broker(id=BROKER_ID, host=host, port=port)
         self._stream = stream
-        self._value = b"v" * value_bytes
+        self.value = b"v" * value_bytes
 
     async def FetchMetadata(self, request: Any, context: Any) -> Any:
         return self.metadata(request)
@@ -50,7 +51,7 @@ class BareService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
         return api_pb2.CreateStreamResponse()
 
     async def Subscribe(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        for message in messages(request, self._value):
+        for message in messages(request, self.value):
             yield message
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -70,7 +71,7 @@ class SyncBareService(BareService):
         return api_pb2.CreateStreamResponse()
 
     def Subscribe(self, request: Any, context: Any) -> Iterator[Any]:  # type: ignore[override]
-        yield from messages(request, self._value)
+        yield from messages(request, self.value)
 
     def PublishAsync(self, request_iterator: Any, context: Any) -> Iterator[Any]:  # type: ignore[override]
         for offset, request in enumerate(request_iterator):
@@ -111,7 +112,7 @@ def response_to(request: Any, offset: int) -> Any:
     )
 
 
-STACKS = ("aio-uvloop", "aio-asyncio", "sync")
+STACKS = ("aio-uvloop", "aio-asyncio", "sync", "grpclib")
 SERVING = "serving"
 """The line printed once the port is served (the readiness of a process sharing it with others)."""
 
@@ -124,6 +125,61 @@ async def serve(host: str, port: int, stream: str, value_bytes: int, reuseport: 
     await server.start()
     print(SERVING, flush=True)
     await server.wait_for_termination()
+
+
+class GrpclibBare:
+    """The same on ``grpclib``: a handler per method, each given the call's stream."""
+
+    def __init__(self, service: BareService) -> None:
+        self._service = service
+
+    def __mapping__(self) -> dict[str, Any]:
+        from grpclib.const import Cardinality, Handler
+
+        return {
+            "/proto.API/FetchMetadata": Handler(
+                self.fetch_metadata,
+                Cardinality.UNARY_UNARY,
+                api_pb2.FetchMetadataRequest,
+                api_pb2.FetchMetadataResponse,
+            ),
+            "/proto.API/CreateStream": Handler(
+                self.create_stream, Cardinality.UNARY_UNARY, api_pb2.CreateStreamRequest, api_pb2.CreateStreamResponse
+            ),
+            "/proto.API/Subscribe": Handler(
+                self.subscribe, Cardinality.UNARY_STREAM, api_pb2.SubscribeRequest, api_pb2.Message
+            ),
+            "/proto.API/PublishAsync": Handler(
+                self.publish_async, Cardinality.STREAM_STREAM, api_pb2.PublishRequest, api_pb2.PublishResponse
+            ),
+        }
+
+    async def fetch_metadata(self, stream: Any) -> None:
+        await stream.send_message(self._service.metadata(await stream.recv_message()))
+
+    async def create_stream(self, stream: Any) -> None:
+        await stream.recv_message()
+        await stream.send_message(api_pb2.CreateStreamResponse())
+
+    async def subscribe(self, stream: Any) -> None:
+        request = await stream.recv_message()
+        for message in messages(request, self._service.value):
+            await stream.send_message(message)
+
+    async def publish_async(self, stream: Any) -> None:
+        offset = 0
+        async for request in stream:
+            await stream.send_message(response_to(request, offset))
+            offset += 1
+
+
+async def serve_grpclib(host: str, port: int, stream: str, value_bytes: int, reuseport: bool) -> None:
+    from grpclib.server import Server
+
+    server = Server([GrpclibBare(BareService(host, port, stream, value_bytes))])
+    await server.start(host, port, reuse_port=reuseport)
+    print(SERVING, flush=True)
+    await server.wait_closed()
 
 
 def serve_sync(host: str, port: int, stream: str, value_bytes: int, reuseport: bool) -> None:
@@ -148,6 +204,8 @@ def main() -> None:
     where = (args.host, args.port, args.stream, args.value_bytes, args.reuseport)
     if args.stack == "sync":
         serve_sync(*where)
+    elif args.stack == "grpclib":
+        uvloop.run(serve_grpclib(*where))
     elif args.stack == "aio-asyncio":
         asyncio.run(serve(*where))
     else:

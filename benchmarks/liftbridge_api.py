@@ -30,8 +30,8 @@ Metrics (``ratio`` = tidelog ÷ bare; every client process moves ``COUNT`` messa
 With ``--stacks`` (informational rows, no target): the bare servicer's catch-up ``Subscribe`` and LEADER
 ``PublishAsync`` on other serving stacks, each against the peer (stock ``grpc.aio`` + uvloop) of the same run:
 ``stack_aio_asyncio_*`` (``grpc.aio`` on the default loop), ``stack_sync_*`` (``grpc.server``, thread pool),
-``stack_aio_uvloop_x2_*`` and ``stack_sync_x2_*`` (two processes sharing the port with SO_REUSEPORT; the CPU is
-both processes'). ``grpclib`` is not installed here and not measured.
+``stack_grpclib_*`` (``grpclib`` on uvloop), and ``stack_aio_uvloop_x2_*``, ``stack_sync_x2_*``,
+``stack_grpclib_x2_*`` (two processes sharing the port with SO_REUSEPORT; the CPU is both processes').
 
 Each value is the median over the runs (sides alternate which goes first). The last line is the summary with the
 targets. The machine's load average at the start and end is in the summary: a busy machine gives noisy numbers.
@@ -152,7 +152,7 @@ async def bare_server(root: Path, stack: str = "aio-uvloop", processes: int = 1)
             await process.stop(grace=10)
 
 
-OTHER_STACKS = (("aio-asyncio", 1), ("sync", 1), ("aio-uvloop", 2), ("sync", 2))
+OTHER_STACKS = (("aio-asyncio", 1), ("sync", 1), ("grpclib", 1), ("aio-uvloop", 2), ("sync", 2), ("grpclib", 2))
 """The serving stacks ``--stacks`` measures beside the peer (stack, processes sharing the port)."""
 STACK_STEPS = ("subscribe_catchup", "publish_async_leader")
 
