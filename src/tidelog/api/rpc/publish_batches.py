@@ -234,7 +234,10 @@ class PublishBatches:
         ctx = self._ctx
         waiting = [index for index, each in enumerate(places) if isinstance(each, Request)]
         try:
-            appended = await partition.write(data, write_acks(places[waiting[0]]), ctx.ack_timeout)  # type: ignore[arg-type]
+            # Shielded: a client that goes away mid-write cancels this call, not the write (it may be placed in the
+            # log already, and a write stopped between its states would leave the partition's bookkeeping behind).
+            write = partition.write(data, write_acks(places[waiting[0]]), ctx.ack_timeout)  # type: ignore[arg-type]
+            appended = await asyncio.shield(write)
             if isinstance(appended, WriteRefused):
                 raise appended.error()
         except Exception as exc:
