@@ -142,7 +142,7 @@ async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout:
     await copy_to_nats(ctx, stream.name, stream.group, request, subject)
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
-    ack = _build(stream.name, subject, request, header.base_offset, now, time.time_ns())
+    ack = build_publish_ack(stream.name, subject, request, header.base_offset, now, time.time_ns())
     if request.ackInbox:
         await ack_to_inbox(ctx, request.ackInbox, ack)
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
@@ -179,10 +179,10 @@ async def ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> None
 def partition_ack(
     partition: Any, request: api_pb2.PublishRequest, offset: int, received: int, committed: int, error: int = 0
 ) -> api_pb2.Ack:
-    return _build(partition.stream.name, partition.subject, request, offset, received, committed, error)
+    return build_publish_ack(partition.stream.name, partition.subject, request, offset, received, committed, error)
 
 
-def _build(
+def build_publish_ack(
     stream: str,
     subject: str,
     request: api_pb2.PublishRequest,

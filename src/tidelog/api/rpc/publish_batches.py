@@ -15,8 +15,8 @@ policy first, then the partition, then the headers and the size; a failed check 
 ``asyncError`` and the run goes on without it), the ack with the message's own offset, the ack published on its
 ack inbox, and its copy on the partition's NATS subject. A refused or failed write fails every message of its run,
 each with its own ``asyncError`` (nothing of a refused run is stored). A run that cannot be batched goes through
-the per-message path: a partition this broker does not lead (its publishes are forwarded to the leader), or a
-stream with optimistic concurrency control (every message carries its own expected offset).
+the per-message path: a stream with optimistic concurrency control (every message carries its own expected
+offset). A run for a partition this broker does not lead is forwarded to its leader as one wire-protocol produce.
 
 Backpressure: both queues are bounded (:data:`MAX_PENDING` requests, :data:`ANSWERED_RUNS` runs' responses).
 When the client stops reading its responses, the response queue fills, the batcher stops, the request queue
@@ -30,16 +30,17 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import NamedTuple, Protocol
 
-from tidelog.api.rpc.publish import ack_to_inbox, check_size, copy_to_nats, partition_ack, publish
+from tidelog.api.rpc.publish import ack_to_inbox, build_publish_ack, check_size, copy_to_nats, publish
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol._gen import api_pb2
-from tidelog.protocol.errors import NotLeaderError
+from tidelog.protocol.errors import NotLeaderError, from_error_body
 from tidelog.protocol.liftbridge import check_user_headers, record_for_publish
-from tidelog.protocol.messages import Acks
+from tidelog.protocol.messages import Acks, ProduceRequest, ProduceResponse
 from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.protocol.subjects import check_ack
 
@@ -171,24 +172,47 @@ class PublishBatches:
             except Exception as exc:
                 places.append(async_error(request, exc))
         waiting = [index for index, each in enumerate(places) if isinstance(each, Request)]
-        if waiting:
-            first = run[waiting[0]]
-            try:
-                partition: Partition | None = await self._ctx.writable(first.stream, first.partition)
-            except NotLeaderError:
-                partition = None  # forwarded to the leader by the per-message path
-            except Exception as exc:
-                partition = None
-                for index in waiting:
-                    places[index] = async_error(run[index], exc)
-                waiting = []
-            if partition is None or partition.stream.config.optimistic_concurrency_control:
-                answers = await asyncio.gather(*(self._one(run[index]) for index in waiting))
-                for index, answer in zip(waiting, answers, strict=True):
-                    places[index] = answer
-            else:
-                await self._append(partition, places)
+        if not waiting:
+            return [each for each in places if isinstance(each, Response)]
+        first = run[waiting[0]]
+        target: Target | None = None
+        try:
+            partition = await self._ctx.writable(first.stream, first.partition)
+            if not partition.stream.config.optimistic_concurrency_control:
+                target = LocalTarget(partition, self._ctx.ack_timeout)
+        except NotLeaderError as exc:
+            target = self._forwarding(first, exc, places)
+        except Exception as exc:
+            for index in waiting:
+                places[index] = async_error(run[index], exc)
+            return [each for each in places if isinstance(each, Response)]
+        if target is None:  # every message alone: each carries its own expected offset
+            answers = await asyncio.gather(*(self._one(run[index]) for index in waiting))
+            for index, answer in zip(waiting, answers, strict=True):
+                places[index] = answer
+        else:
+            await self._append(target, places)
         return [each for each in places if isinstance(each, Response)]
+
+    def _forwarding(self, first: Request, refused: NotLeaderError, places: list[Place]) -> Target:
+        """Where a run for a partition this broker does not lead goes: its leader, over the wire protocol, in one
+        produce. As :func:`~tidelog.api.rpc.publish.publish` does, a message expecting an offset is not forwarded
+        (its check belongs with the leader's log): it answers NOT_LEADER."""
+        ctx = self._ctx
+        snap = ctx.mirror.snapshot
+        stream = snap.stream(first.stream)
+        meta = snap.partition(first.stream, first.partition)
+        for index, each in enumerate(places):
+            if not isinstance(each, Request):
+                continue
+            if ctx.peers is None or each.expectedOffset not in (-1, 0):
+                places[index] = async_error(each, refused)
+            elif stream is None or meta is None or not meta.leader:
+                places[index] = async_error(each, NotLeaderError(f"{first.stream}/{first.partition} has no leader"))
+        leader = meta.leader if meta is not None else ""
+        subject = stream.partition_subject(first.partition) if stream is not None else first.stream
+        group = stream.group if stream is not None else ""
+        return ForwardTarget(ctx, first.stream, first.partition, group, subject, leader)
 
     async def _one(self, request: api_pb2.PublishRequest) -> api_pb2.PublishResponse | None:
         """One message through the per-message path; ``None`` for ack policy NONE (no response)."""
@@ -198,16 +222,14 @@ class PublishBatches:
             return async_error(request, exc)
         return None if int(request.ackPolicy) == Acks.NONE else response
 
-    async def _append(self, partition: Partition, places: list[Place]) -> None:
+    async def _append(self, target: Target, places: list[Place]) -> None:
         """The run's messages that pass their checks, as whole batches in one write; each one's answer in its
         place."""
         ctx = self._ctx
         now = time.time_ns()
-        limit = partition.log.config.max_batch_bytes
         batches: list[bytes] = []
         records: list[NewRecord] = []
         size = 0
-        stored = 0
         for index, each in enumerate(places):
             if not isinstance(each, Request):
                 continue
@@ -217,45 +239,104 @@ class PublishBatches:
             except Exception as exc:
                 places[index] = async_error(each, exc)
                 continue
-            record = _record(each, now)
-            if records and size + length > limit:
+            if records and size + length > target.max_batch_bytes:
                 batches.append(build_batch(records, timestamp=now))
                 records, size = [], 0
-            records.append(record)
+            records.append(_record(each, now))
             size += length
-            stored += 1
         if records:
             batches.append(build_batch(records, timestamp=now))
-        if stored:
-            await self._write(partition, places, b"".join(batches))
+            await self._write(target, places, b"".join(batches))
 
-    async def _write(self, partition: Partition, places: list[Place], data: bytes) -> None:
-        """Append ``data`` (the records of the requests still in ``places``, in order) and answer each of them."""
+    async def _write(self, target: Target, places: list[Place], data: bytes) -> None:
+        """Write ``data`` (the records of the requests still in ``places``, in order) and answer each of them."""
         ctx = self._ctx
         waiting = [index for index, each in enumerate(places) if isinstance(each, Request)]
         try:
-            # Shielded: a client that goes away mid-write cancels this call, not the write (it may be placed in the
-            # log already, and a write stopped between its states would leave the partition's bookkeeping behind).
-            write = partition.write(data, write_acks(places[waiting[0]]), ctx.ack_timeout)  # type: ignore[arg-type]
-            appended = await asyncio.shield(write)
-            if isinstance(appended, WriteRefused):
-                raise appended.error()
+            written = await target.write(data, write_acks(places[waiting[0]]))  # type: ignore[arg-type]
         except Exception as exc:
             for index in waiting:
                 places[index] = async_error(places[index], exc)  # type: ignore[arg-type]
             return
-        stream = partition.stream
-        for offset, index in enumerate(waiting, appended.base_offset):
+        for offset, index in enumerate(waiting, written.base_offset):
             request = places[index]
             assert isinstance(request, Request)
-            await copy_to_nats(ctx, stream.name, stream.group, request, partition.subject)
+            await copy_to_nats(ctx, target.stream, target.group, request, target.subject)
             if int(request.ackPolicy) == Acks.NONE:
                 places[index] = None
                 continue
-            ack = partition_ack(partition, request, offset, appended.received_ns, appended.committed_ns)
+            ack = build_publish_ack(
+                target.stream, target.subject, request, offset, written.received_ns, written.committed_ns
+            )
             if request.ackInbox:
                 await ack_to_inbox(ctx, request.ackInbox, ack)
             places[index] = Response(ack=ack, correlationId=request.correlationId)
+
+
+class Written(NamedTuple):
+    """Where a run's batches landed, and when they were received and committed (ns)."""
+
+    base_offset: int
+    received_ns: int
+    committed_ns: int
+
+
+class Target(Protocol):
+    """Where a run's batches are written, and what its acks and NATS copies name."""
+
+    stream: str
+    group: str
+    subject: str
+    max_batch_bytes: int
+
+    async def write(self, data: bytes, acks: Acks) -> Written: ...
+
+
+class LocalTarget:
+    """A partition this broker leads: one :meth:`~tidelog.broker.partitions.partition.Partition.write`."""
+
+    def __init__(self, partition: Partition, timeout: float) -> None:
+        self.partition = partition
+        self.stream = partition.stream.name
+        self.group = partition.stream.group
+        self.subject = partition.subject
+        self.max_batch_bytes = partition.log.config.max_batch_bytes
+        self.timeout = timeout
+
+    async def write(self, data: bytes, acks: Acks) -> Written:
+        # Shielded: a client that goes away mid-write cancels this call, not the write (it may be placed in the
+        # log already, and a write stopped between its states would leave the partition's bookkeeping behind).
+        appended = await asyncio.shield(self.partition.write(data, acks, self.timeout))
+        if isinstance(appended, WriteRefused):
+            raise appended.error()
+        return Written(appended.base_offset, appended.received_ns, appended.committed_ns)
+
+
+class ForwardTarget:
+    """A partition led by another broker: one wire-protocol produce to its leader (as a Liftbridge client talking
+    to one seed broker expects its publishes to work through failovers). Batches stay under twice
+    ``max_message_bytes``, which every log's ``max_batch_bytes`` is at least."""
+
+    def __init__(self, ctx: BrokerContext, stream: str, partition: int, group: str, subject: str, leader: str) -> None:
+        self.ctx = ctx
+        self.stream = stream
+        self.partition = partition
+        self.group = group
+        self.subject = subject
+        self.leader = leader
+        self.max_batch_bytes = 2 * ctx.config.max_message_bytes
+
+    async def write(self, data: bytes, acks: Acks) -> Written:
+        timeout = self.ctx.ack_timeout
+        received = time.time_ns()
+        produce = ProduceRequest(self.stream, self.partition, acks, max(1, int(timeout * 1000)))
+        assert self.ctx.peers is not None
+        response = await self.ctx.peers.request(self.leader, produce, data, timeout=timeout)
+        header = response.header
+        assert isinstance(header, ProduceResponse)
+        if header.error is not None:
+            raise from_error_body(header.error)
+        return Written(header.base_offset, received, time.time_ns())
 
 
 def _record(request: api_pb2.PublishRequest, now: int) -> NewRecord:
