@@ -112,7 +112,9 @@ class PublishBatches:
                 task.cancel()
             for task in (reader, batcher):
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await asyncio.wait([task])  # ended; what it raised is raised above, or the call is over
+                if not task.cancelled():
+                    task.exception()  # retrieved: no "never retrieved" warning for a call that ended first
 
     def saturated(self) -> bool:
         """Both queues are full: no request is read until the client takes answers."""
