@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -89,6 +90,35 @@ async def test_any_broker_creates_streams_and_publishes(cluster: LocalCluster) -
 
     leader_stub = stub_for(cluster, record.leader)
     assert [m.value for m in await read_until_stop(leader_stub, stream)] == [b"v%d" % i for i in range(5)]
+
+
+async def test_publish_async_through_a_follower_reaches_the_leader_in_order(cluster: LocalCluster) -> None:
+    """A follower forwards a PublishAsync run to the leader as one produce (api/rpc/publish_batches.py): every
+    message acknowledged in request order with its own offset, a bad one answered alone."""
+    controller = await cluster.controller_id()
+    stream = await new_stream(cluster, via=controller)
+    record = await full_isr(cluster, stream)
+    follower = next(r for r in record.replicas if r != record.leader)
+    requests = [
+        api_pb2.PublishRequest(stream=stream, value=b"f%d" % i, correlationId=f"c{i}", ackPolicy=api_pb2.ALL)
+        for i in range(20)
+    ]
+    requests.insert(5, api_pb2.PublishRequest(stream=stream, value=b"bad", correlationId="bad", ackPolicy=7))  # type: ignore[arg-type]
+    call = stub_for(cluster, follower).PublishAsync(iter(requests))
+    try:
+        responses = await bounded(collect(call))
+    finally:
+        call.cancel()
+    got = [(r.correlationId, r.asyncError.code if r.HasField("asyncError") else r.ack.offset) for r in responses]
+    expected = [(f"c{i}", i) for i in range(20)]
+    expected.insert(5, ("bad", api_pb2.PublishAsyncError.BAD_REQUEST))
+    assert got == expected
+    leader_stub = stub_for(cluster, record.leader)
+    assert [m.value for m in await read_until_stop(leader_stub, stream)] == [b"f%d" % i for i in range(20)]
+
+
+async def collect(call: Any) -> list[api_pb2.PublishResponse]:
+    return [response async for response in call]
 
 
 async def test_isr_replicas_serve_subscribers_that_ask(cluster: LocalCluster) -> None:

@@ -24,6 +24,7 @@ from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, parse_envelope
 from tidelog.protocol.errors import InvalidArgumentError
 from tidelog.protocol.records import NewRecord, Record
+from tidelog.protocol.records.rows import ConsumerRecord
 from tidelog.protocol.subjects import ack_problem, quote, subject_problem
 
 RESERVED_PREFIX = "_tl."
@@ -145,7 +146,9 @@ def record_from_nats(
     return NewRecord(value=data, headers=hdrs, timestamp=timestamp), None
 
 
-def message_from_record(record: Record, stream: str, partition: int, partition_subject: str) -> api_pb2.Message:
+def message_from_record(
+    record: Record | ConsumerRecord, stream: str, partition: int, partition_subject: str
+) -> api_pb2.Message:
     """The Liftbridge ``Message`` a subscriber receives for ``record``."""
     msg = api_pb2.Message(
         offset=record.offset,

@@ -1,4 +1,5 @@
-"""Publish, PublishAsync and PublishToSubject.
+"""Publish and PublishToSubject, and the per-message publish that ``PublishAsync`` falls back on
+(:mod:`tidelog.api.rpc.publish_batches` batches the rest).
 
 ``Publish`` answers once the request's ack policy is met, with the ``Ack`` carrying the offset, and within the
 request's deadline (or the broker's default ack timeout when it has none). A request that asks for an ack inbox
@@ -23,13 +24,11 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.ingest.copies import copy_tag, publish_copy
 from tidelog.broker.partitions.write_path import WriteRefused
-from tidelog.broker.translate import as_tidelog_error
 from tidelog.metadata.namespace import queue_group
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
@@ -55,12 +54,14 @@ def request_timeout(ctx: BrokerContext, grpc_context: Any) -> float:
     return ctx.ack_timeout if remaining is None else max(0.0, remaining - 0.01)
 
 
-def _check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> None:
-    size = len(key) + len(value) + sum(len(k) + len(v) for k, v in headers.items())
+def check_size(ctx: BrokerContext, key: bytes, value: bytes, headers: Any) -> int:
+    """The message's size (key, value and headers); raises MESSAGE_TOO_LARGE above the broker's limit."""
+    size = len(key) + len(value) + (sum(len(k) + len(v) for k, v in headers.items()) if headers else 0)
     if size > ctx.config.max_message_bytes:
         raise MessageTooLargeError(
             f"message of {size} bytes is above the broker's limit of {ctx.config.max_message_bytes} bytes"
         )
+    return size
 
 
 async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
@@ -73,7 +74,7 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
             raise
         return await _forward(ctx, request, timeout)
     check_user_headers(request.headers.keys())
-    _check_size(ctx, request.key, request.value, request.headers)
+    check_size(ctx, request.key, request.value, request.headers)
     expected: int | None = None
     if partition.stream.config.optimistic_concurrency_control and request.expectedOffset not in (-1,):
         expected = request.expectedOffset
@@ -97,22 +98,22 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
         if appended.code is ErrorCode.INCORRECT_OFFSET and expected is not None:
             return api_pb2.PublishResponse(
                 correlationId=request.correlationId,
-                ack=_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
+                ack=partition_ack(partition, request, partition.log_end - 1, 0, 0, error=api_pb2.Ack.INCORRECT_OFFSET),
             )
         raise appended.error()
-    await _copy_to_nats(ctx, partition.stream.name, partition.stream.group, request, partition.subject)
+    await copy_to_nats(ctx, partition.stream.name, partition.stream.group, request, partition.subject)
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
-    ack = _ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)
+    ack = partition_ack(partition, request, appended.base_offset, appended.received_ns, appended.committed_ns)
     if request.ackInbox:
-        await _ack_to_inbox(ctx, request.ackInbox, ack)
+        await ack_to_inbox(ctx, request.ackInbox, ack)
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
 
 async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
     """Publish through the partition's leader (this broker follows it or holds no replica)."""
     check_user_headers(request.headers.keys())
-    _check_size(ctx, request.key, request.value, request.headers)
+    check_size(ctx, request.key, request.value, request.headers)
     snap = ctx.mirror.snapshot
     stream = snap.stream(request.stream)
     meta = snap.partition(request.stream, request.partition)
@@ -138,16 +139,16 @@ async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout:
     if header.error is not None:
         raise from_error_body(header.error)
     subject = stream.partition_subject(request.partition)
-    await _copy_to_nats(ctx, stream.name, stream.group, request, subject)
+    await copy_to_nats(ctx, stream.name, stream.group, request, subject)
     if policy is Acks.NONE:
         return api_pb2.PublishResponse(correlationId=request.correlationId)
-    ack = _build(stream.name, subject, request, header.base_offset, now, time.time_ns())
+    ack = build_publish_ack(stream.name, subject, request, header.base_offset, now, time.time_ns())
     if request.ackInbox:
-        await _ack_to_inbox(ctx, request.ackInbox, ack)
+        await ack_to_inbox(ctx, request.ackInbox, ack)
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
 
-async def _copy_to_nats(
+async def copy_to_nats(
     ctx: BrokerContext, stream: str, group: str, request: api_pb2.PublishRequest, subject: str
 ) -> None:
     """The stored message's copy on its partition's subject, for every other stream and subscriber there
@@ -166,7 +167,7 @@ async def _copy_to_nats(
     )
 
 
-async def _ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> None:
+async def ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> None:
     """Also publish the ack on the request's inbox, as Liftbridge does. The message is stored and the response
     carries the ack, so a failure here is logged, not answered: an error would make the client store it again."""
     try:
@@ -175,13 +176,13 @@ async def _ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> Non
         log.warning("could not publish the ack of %s offset %d to its ack inbox: %r", ack.stream, ack.offset, exc)
 
 
-def _ack(
+def partition_ack(
     partition: Any, request: api_pb2.PublishRequest, offset: int, received: int, committed: int, error: int = 0
 ) -> api_pb2.Ack:
-    return _build(partition.stream.name, partition.subject, request, offset, received, committed, error)
+    return build_publish_ack(partition.stream.name, partition.subject, request, offset, received, committed, error)
 
 
-def _build(
+def build_publish_ack(
     stream: str,
     subject: str,
     request: api_pb2.PublishRequest,
@@ -204,55 +205,6 @@ def _build(
     )
 
 
-async def publish_async(
-    ctx: BrokerContext, requests: AsyncIterator[api_pb2.PublishRequest]
-) -> AsyncIterator[api_pb2.PublishResponse]:
-    """Pipelined publishes: every request is handled as it arrives; responses carry its correlation id.
-
-    Errors become ``asyncError`` responses instead of ending the stream, so one bad message does not cost the
-    client every message behind it.
-    """
-    responses: asyncio.Queue[api_pb2.PublishResponse | None] = asyncio.Queue()
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def handle(request: api_pb2.PublishRequest) -> None:
-        try:
-            response = await publish(ctx, request, ctx.ack_timeout)
-            if int(request.ackPolicy) != Acks.NONE:
-                await responses.put(response)
-        except Exception as exc:
-            err = as_tidelog_error(exc)
-            await responses.put(
-                api_pb2.PublishResponse(
-                    correlationId=request.correlationId,
-                    asyncError=api_pb2.PublishAsyncError(
-                        code=int(err.spec.async_code),  # type: ignore[arg-type]
-                        message=err.message,
-                    ),
-                )
-            )
-
-    async def read_all() -> None:
-        try:
-            async for request in requests:
-                task = asyncio.create_task(handle(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        finally:
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-            await responses.put(None)
-
-    reader = asyncio.create_task(read_all())
-    try:
-        while (response := await responses.get()) is not None:
-            yield response
-    finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-
-
 async def publish_to_subject(
     ctx: BrokerContext, request: api_pb2.PublishToSubjectRequest, timeout: float
 ) -> api_pb2.PublishToSubjectResponse:
@@ -260,7 +212,7 @@ async def publish_to_subject(
     check_subject(request.subject, "subject", wildcards=False)
     check_ack(request.ackInbox, int(request.ackPolicy))
     check_user_headers(request.headers.keys())
-    _check_size(ctx, request.key, request.value, request.headers)
+    check_size(ctx, request.key, request.value, request.headers)
     policy = int(request.ackPolicy)
     inbox = request.ackInbox
     if policy != Acks.NONE and not inbox:

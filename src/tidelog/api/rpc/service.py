@@ -21,7 +21,7 @@ from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
 from tidelog.api.password_check import PasswordCheck
 from tidelog.api.principals import PrincipalResolver
-from tidelog.api.rpc import cursors, groups, metadata, publish, subscribe
+from tidelog.api.rpc import cursors, groups, metadata, publish, publish_batches, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.api.rpc.authorization import AuthorizationInterceptor
 from tidelog.api.rpc.call_principal import CallPrincipals
@@ -87,7 +87,7 @@ class LiftbridgeService(api_pb2_grpc.APIServicer):  # type: ignore[misc]
 
     async def PublishAsync(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            async for response in publish.publish_async(self._ctx, request_iterator):
+            async for response in publish_batches.publish_async(self._ctx, request_iterator):
                 yield response
         except grpc.aio.AbortError:
             raise

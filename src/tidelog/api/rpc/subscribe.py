@@ -3,7 +3,9 @@
 The server first sends one empty ``Message`` (the handshake: the subscription is established), then committed
 messages from the start position, then waits at the tail for more. A stop position ends the stream with
 ``RESOURCE_EXHAUSTED`` once reached. Reads move whole batches out of the log and decode records only here, at
-the edge, because this API sends one gRPC message per record.
+the edge, because this API sends one gRPC message per record; a batch's records are decoded at once by the
+consumer's row decoder (:func:`tidelog.protocol.records.rows.parse_records`, runs of alike records without a
+Python step per record), not one record at a time.
 
 Damage on disk (bit rot, :mod:`tidelog.storage.damage`): the subscription delivers every record before a damaged
 range, then ends once with ``DATA_LOSS`` whose message names the range and the offset to resubscribe from
@@ -44,7 +46,8 @@ from tidelog.protocol.errors import (
     UnsupportedError,
 )
 from tidelog.protocol.liftbridge import message_from_record
-from tidelog.protocol.records import decode_records, iter_batches
+from tidelog.protocol.records import iter_batches, record_section
+from tidelog.protocol.records.rows import parse_records
 from tidelog.storage import errors as storage_errors
 from tidelog.storage.remote_read import RemoteSegmentError
 
@@ -212,7 +215,9 @@ async def _read(
         for pos, header in iter_batches(data):
             if header.last_offset < offset:
                 continue
-            for record in decode_records(data, pos, header=header):
+            section = record_section(data, pos, header=header)
+            records = parse_records(section if isinstance(section, bytes) else bytes(section), header, stream, pid)
+            for record in records:
                 if record.offset < offset:
                     continue
                 if stop.reached_before(record.offset, record.timestamp):
