@@ -266,6 +266,7 @@ def test_batch_write_routes_rows_by_column_and_appends_them(
     [
         ("value", {"topic": "x"}, "option 'topic'"),
         ("value", {"stream": "no-such-stream"}, "option 'stream'"),
+        ("value", {"registerSlots": "4"}, "option 'registerSlots'"),
         ("CAST(value AS BINARY) AS key", {}, "column 'value'"),
         ("value, 1.5 AS key", {}, "column 'key'"),
         ("value, 'zero' AS partition", {}, "column 'partition'"),

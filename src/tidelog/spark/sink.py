@@ -69,6 +69,8 @@ def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool
     parsed = parse_sink_options(options)
     if overwrite:
         raise SinkOptionError("mode", "a tidelog stream is only ever appended to: use mode('append')")
+    if any(name.lower() == "registerslots" for name in options):
+        raise SinkOptionError("registerSlots", "applies to streaming queries only (a batch write is not fenced)")
     columns = check_columns(schema, parsed)
     _check_stream(parsed)
     return TidelogBatchWriter(parsed, columns)

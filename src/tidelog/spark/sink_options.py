@@ -13,8 +13,9 @@ option                     meaning
                            option says, never back to where it came from
 ``tls.ca``, ``tls.cert``,  TLS to the brokers, as the source takes them (:mod:`tidelog.spark.options`)
 ``tls.key``
-``registerSlots``          streaming only: registers a query keeps per partition, 1–32 (default 8). Tasks of one
-                           slot take turns on its register; tasks of different slots write a partition at once
+``registerSlots``          streaming only (a batch write refuses it): registers a query keeps per partition, 1–32
+                           (default 8), the same for the life of its checkpoint. Tasks of one slot take turns on
+                           its register; tasks of different slots write a partition at once
                            (:mod:`~tidelog.spark.sink_fence`). At least the tasks a cluster runs at once; fewer
                            leave more of a partition's 64 registers to other queries
 ``checkpointLocation``,    Spark's own (it passes them to the sink): accepted, not used — the sink identifies a
