@@ -159,7 +159,7 @@ async def test_the_spark_source_reads_over_tls(cluster: LocalCluster) -> None:
 
 async def test_the_spark_sink_writes_over_tls(cluster: LocalCluster) -> None:
     pa = pytest.importorskip("pyarrow")
-    from tidelog.spark.sink_commit import commit_write
+    from tidelog.spark.sink_commit import commit_task
     from tidelog.spark.sink_options import SinkColumns, parse_sink_options
     from tidelog.spark.writing import write_task
 
@@ -180,9 +180,9 @@ async def test_the_spark_sink_writes_over_tls(cluster: LocalCluster) -> None:
     rows = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"]})
     columns = SinkColumns(value="value", value_type="binary")
 
-    def write_and_commit() -> None:  # what a Spark task and the driver's commit do, each with a loop of its own
+    def write_and_commit() -> None:  # what a Spark task of a batch write does, with a loop of its own
         task = write_task(options, columns, iter([rows]), task_index=0, query_id=None)
-        commit_write(options, [task])
+        commit_task(options, task, None, 0)
 
     await asyncio.to_thread(write_and_commit)
     consumer = Consumer(stream="sink-secure", cluster=tls, start="earliest")

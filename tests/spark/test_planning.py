@@ -19,7 +19,7 @@ pytest.importorskip("pyspark")
 import itertools
 
 from tidelog.spark.options import DEFAULT_MAX_OFFSETS_PER_SPLIT, SourceOptionError, parse_options
-from tidelog.spark.planning import OffsetRange, admit, from_json, split, to_json
+from tidelog.spark.planning import OffsetRange, admit, from_json, split, to_json, waits
 
 
 def test_options_are_parsed_case_insensitively_with_kafkas_defaults() -> None:
@@ -57,6 +57,9 @@ def test_options_are_parsed_case_insensitively_with_kafkas_defaults() -> None:
         ({"streams": "a", "minPartitions": "-1"}, "minPartitions"),
         ({"streams": "a", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"streams": "a", "includeHeaders": "1"}, "includeHeaders"),
+        ({"streams": "a", "minOffsetsPerTrigger": "0"}, "minOffsetsPerTrigger"),
+        ({"streams": "a", "minOffsetsPerTrigger": "5", "maxTriggerDelay": "soon"}, "maxTriggerDelay"),
+        ({"streams": "a", "minOffsetsPerTrigger": "5", "maxTriggerDelay": "5 days"}, "maxTriggerDelay"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], option: str) -> None:
@@ -74,6 +77,9 @@ def test_bad_options_name_the_option(options: dict[str, str], option: str) -> No
         ({"streams": "a", "startingOffsets": "latest"}, "batch", "startingOffsets"),
         ({"streams": "a", "endingOffsets": "earliest"}, "batch", "endingOffsets"),
         ({"streams": "a", "endingOffsets": '{"a": {"0": -2}}'}, "batch", "endingOffsets"),
+        ({"streams": "a", "minOffsetsPerTrigger": "5"}, "batch", "minOffsetsPerTrigger"),
+        ({"streams": "a", "maxTriggerDelay": "5s"}, "stream", "maxTriggerDelay"),  # without minOffsetsPerTrigger
+        ({"streams": "a", "minOffsetsPerTrigger": "9", "maxOffsetsPerTrigger": "5"}, "stream", "minOffsetsPerTrigger"),
     ],
 )
 def test_options_that_do_not_apply_to_the_kind_of_query(options: dict[str, str], kind: str, option: str) -> None:
@@ -81,6 +87,18 @@ def test_options_that_do_not_apply_to_the_kind_of_query(options: dict[str, str],
     with pytest.raises(SourceOptionError) as caught:
         parsed.check_kind(kind)  # type: ignore[arg-type]
     assert caught.value.option == option
+
+
+def test_min_offsets_per_trigger_waits_for_enough_offsets_or_the_delay() -> None:
+    parsed = parse_options({"streams": "a", "minOffsetsPerTrigger": "10", "maxTriggerDelay": "30s"})
+    assert (parsed.min_offsets_per_trigger, parsed.max_trigger_delay_ms) == (10, 30_000)
+    assert parse_options({"streams": "a", "minOffsetsPerTrigger": "1"}).max_trigger_delay_ms == 15 * 60_000  # Kafka's
+    start = {("a", 0): 5, ("a", 1): 0}
+    assert waits(start, {("a", 0): 9, ("a", 1): 5}, 10, waited_ms=1_000, max_delay_ms=30_000)  # 9 of 10: wait
+    assert not waits(start, {("a", 0): 10, ("a", 1): 5}, 10, waited_ms=1_000, max_delay_ms=30_000)  # 10: go
+    assert not waits(start, {("a", 0): 6, ("a", 1): 0}, 10, waited_ms=30_000, max_delay_ms=30_000)  # waited enough
+    assert not waits(start, {("a", 0): 6, ("a", 1): 0}, None, waited_ms=0, max_delay_ms=30_000)  # no minimum
+    assert waits(start, {("a", 0): 5, ("a", 1): 0, ("a", 2): 3}, 4, waited_ms=0, max_delay_ms=30_000)  # a new one
 
 
 def test_offsets_round_trip_through_sparks_json_sorted() -> None:

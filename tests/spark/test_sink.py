@@ -4,9 +4,11 @@ Streaming queries read a tidelog stream through the ``tidelog`` source (a replay
 requires) and write another through the sink, with ``Trigger.AvailableNow`` so that each run ends by itself.
 What landed is read back with the tidelog consumer and compared, record by record, with what the input holds.
 
-A crash after the sink's commit and before Spark's is staged the way it leaves the checkpoint: the micro-batch's
-entry in the checkpoint's commit log is deleted, so the restarted query runs that micro-batch again (the offsets
-log still has it), exactly as after a driver that died between the two.
+Crashes are real or staged where they leave their trace: tasks that fail right after appending (the sink's test
+hook, a local property), so that Spark fails the micro-batch and the restarted query runs it again; a driver
+that died after one task appended (that task's commit, run by the test); and a driver that died after the
+sink's commit and before Spark's (the micro-batch's entry in the checkpoint's commit log deleted, so the
+restarted query runs that micro-batch again, the offsets log still having it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from pyspark.sql.utils import CapturedException
 
 from tidelog.client import Appender, LoopThread, TidelogClient
 from tidelog.protocol.labels import LabelSet
-from tidelog.spark.sink_commit import commit_stream_batch, register_name
+from tidelog.spark.sink import FAIL_AFTER_APPEND_PROPERTY
+from tidelog.spark.sink_commit import commit_task
+from tidelog.spark.sink_fence import DEFAULT_SLOTS, Fence, slot_label
 from tidelog.spark.sink_options import SinkOptions
 from tidelog.spark.writing import ROWS_SCHEMA, PartitionRows, TaskRows
 
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-QUERY_TIMEOUT = 90.0
+QUERY_TIMEOUT = 180.0
 Record = tuple[int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]  # partition, key, value, headers
 
 
@@ -74,10 +78,14 @@ def source(spark: SparkSession, brokers: str, stream: str, **options: object) ->
     return reader.load()
 
 
+def start(df: DataFrame, brokers: str, stream: str, checkpoint: Path) -> StreamingQuery:
+    writer = df.writeStream.format("tidelog").option("brokers", brokers).option("stream", stream)
+    return writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+
+
 def run_to_end(df: DataFrame, brokers: str, stream: str, checkpoint: Path) -> StreamingQuery:
     """Write ``df`` to ``stream`` with Trigger.AvailableNow until the query stops by itself."""
-    writer = df.writeStream.format("tidelog").option("brokers", brokers).option("stream", stream)
-    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+    query = start(df, brokers, stream, checkpoint)
     assert query.awaitTermination(QUERY_TIMEOUT), "the AvailableNow query did not finish in time"
     assert query.exception() is None, query.exception()
     return query
@@ -132,11 +140,11 @@ def test_streaming_sink_writes_every_row_exactly_once(
             assert partition == zlib.crc32(key) % 3  # where tidelog's producer puts the key
     assert {partition for partition, key, _, _ in written if key is None} == {0, 1, 2}
 
-    name = register_name(str(query.id))
     last = max(batches_run(query))
     labels = registers(broker_thread, brokers, sink_stream, 3)
-    assert all(set(label.names()) == {name} for label in labels)  # one label per partition: this query's
-    assert max(int(label.values_of(name)[0]) for label in labels) == last
+    slots = {slot_label(str(query.id), s) for s in range(DEFAULT_SLOTS)}
+    assert all(label and set(label.names()) <= slots for label in labels)  # the query's slots, nothing else
+    assert max(int(label.value.split(".")[0]) for labels_of in labels for label in labels_of) == last
 
 
 def test_a_micro_batch_replayed_after_a_crash_is_written_once(
@@ -149,7 +157,7 @@ def test_a_micro_batch_replayed_after_a_crash_is_written_once(
 ) -> None:
     """Two crashes of the driver, each in the window exactly once is about, and a restart after each:
 
-    1. after appending micro-batch 1 to partition 0 and before partition 1 (staged with the sink's own commit);
+    1. after task 0 of micro-batch 1 appended and before task 1 did (staged with the task's own commit);
     2. after the sink's commit of micro-batch 1 and before Spark's (its commit log entry deleted).
     """
     source_stream, sink_stream = stream_name + "-in", stream_name + "-out"
@@ -165,7 +173,7 @@ def test_a_micro_batch_replayed_after_a_crash_is_written_once(
     first = run_to_end(upper(), brokers, sink_stream, checkpoint)
     assert batches_run(first) == {0: 20}
 
-    # Crash 1: micro-batch 1 reached partition 0 only (the rows the next run will plan for it, as commit sends them).
+    # Crash 1: task 0 of micro-batch 1 (it reads source partition 0) appended its rows, task 1 never ran.
     for p in (0, 1):
         produce(client, source_stream, p, 10, first=10)
     rows_for_0 = [(b"k%d" % (i % 5), b"V-0-%d" % i) for i in range(10, 20)]
@@ -175,7 +183,7 @@ def test_a_micro_batch_replayed_after_a_crash_is_written_once(
         schema=ROWS_SCHEMA,
     )
     staged = TaskRows(str(first.id), (PartitionRows(sink_stream, 0, table),))
-    commit_stream_batch(SinkOptions((brokers,), sink_stream), [staged], 1)
+    commit_task(SinkOptions((brokers,), sink_stream), staged, Fence(str(first.id), 1, 0), 0)
     second = run_to_end(upper(), brokers, sink_stream, checkpoint)
     assert batches_run(second) == {1: 20}
 
@@ -190,9 +198,35 @@ def test_a_micro_batch_replayed_after_a_crash_is_written_once(
     assert records(client, sink_stream) == [
         (p, b"k%d" % (i % 5), b"V-%d-%d" % (p, i), ()) for p in (0, 1) for i in range(25)
     ]
-    name = register_name(str(first.id))
-    assert str(third.id) == str(first.id)  # one query, one label, across restarts
-    assert registers(broker_thread, brokers, sink_stream, 2) == [LabelSet.of((name, "2"))] * 2
+    assert str(third.id) == str(first.id)  # one query, the same registers, across restarts
+    labels = registers(broker_thread, brokers, sink_stream, 2)
+    assert {label.value.split(".")[0] for labels_of in labels for label in labels_of} == {"2"}
+
+
+def test_tasks_that_fail_after_appending_are_run_again_and_write_once(
+    spark: SparkSession, brokers: str, client: TidelogClient, stream_name: str, tmp_path: Path
+) -> None:
+    """Every task of micro-batch 0 appends and then fails: Spark fails the micro-batch and stops the query (no
+    task retries on local[2]); the restarted query runs micro-batch 0 again, and its tasks find their slices in."""
+    source_stream, sink_stream = stream_name + "-in", stream_name + "-out"
+    client.admin.create_stream(source_stream, partitions=2)
+    client.admin.create_stream(sink_stream, partitions=3)
+    for p in (0, 1):
+        produce(client, source_stream, p, 30)
+    checkpoint = tmp_path / "checkpoint"
+    df = source(spark, brokers, source_stream).selectExpr("key", "value")
+    context = spark.sparkContext
+    context.setLocalProperty(FAIL_AFTER_APPEND_PROPERTY, "0")  # the query's thread inherits it
+    try:
+        crashed = start(df, brokers, sink_stream, checkpoint)
+    finally:
+        context.setLocalProperty(FAIL_AFTER_APPEND_PROPERTY, None)  # type: ignore[arg-type]
+    assert FAIL_AFTER_APPEND_PROPERTY in failure(lambda: crashed.awaitTermination(QUERY_TIMEOUT))
+    assert len(records(client, sink_stream)) == 60  # the tasks' appends stay
+    rerun = run_to_end(df, brokers, sink_stream, checkpoint)
+    assert batches_run(rerun) == {0: 60}
+    written = Counter(value for _, _, value, _ in records(client, sink_stream))
+    assert written == Counter(b"v-%d-%d" % (p, i) for p in (0, 1) for i in range(30))
 
 
 # -- batch ---------------------------------------------------------------------------------------------------------
@@ -214,7 +248,10 @@ def test_batch_write_routes_rows_by_column_and_appends_them(
         rows, "value string, key string, headers map<string, binary>, partition int, stream string"
     )
     df.write.format("tidelog").option("brokers", brokers).mode("append").save()
-    assert records(client, a) == [(0, b"k3", b"three", ()), (1, b"k1", b"one", (("h", b"1"),)), (1, b"gone", None, ())]
+    # Each task appends its own rows: within a partition, tasks' slices come in the order they committed.
+    assert sorted(records(client, a), key=repr) == sorted(
+        [(0, b"k3", b"three", ()), (1, b"k1", b"one", (("h", b"1"),)), (1, b"gone", None, ())], key=repr
+    )
     assert records(client, b) == [(0, None, b"two", ())]
     assert registers(broker_thread, brokers, a, 2) == [LabelSet(), LabelSet()]  # no replay, no register
     overwrite = df.write.format("tidelog").option("brokers", brokers).mode("overwrite")
@@ -229,6 +266,7 @@ def test_batch_write_routes_rows_by_column_and_appends_them(
     [
         ("value", {"topic": "x"}, "option 'topic'"),
         ("value", {"stream": "no-such-stream"}, "option 'stream'"),
+        ("value", {"registerSlots": "4"}, "option 'registerSlots'"),
         ("CAST(value AS BINARY) AS key", {}, "column 'value'"),
         ("value, 1.5 AS key", {}, "column 'key'"),
         ("value, 'zero' AS partition", {}, "column 'partition'"),

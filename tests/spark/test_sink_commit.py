@@ -1,41 +1,35 @@
-"""The sink's commit protocol against a real broker, without Spark: each micro-batch lands once per partition.
+"""A sink task's commit against a real broker, without Spark: each (micro-batch, task) slice lands once.
 
-The commit is driven here exactly as PySpark drives it on the driver (``commit_stream_batch`` with the tasks'
-messages and a batch id), so replays, partial commits and a racing second driver can be staged precisely; the
-tests in ``test_sink.py`` show the same through a real Spark query.
+The commit is driven here exactly as a Spark task drives it (``commit_task`` with the task's grouped rows and its
+fence), so task retries, speculative copies, replays after a driver crash, and tasks contending for one register
+can be staged precisely; the tests in ``test_sink.py`` show the same through a real Spark query.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 
 pytest.importorskip("pyspark")
 
-from tidelog.client import Appender, AppendOutcome, LoopThread, TidelogClient
-from tidelog.protocol.labels import LabelSelector, LabelSet
+from tidelog.client import Appender, LoopThread, TidelogClient
+from tidelog.protocol.labels import LabelSet
 from tidelog.spark.sink_commit import (
-    Action,
     Outcome,
     PartitionCommit,
     SinkCommitError,
-    _Committer,
-    batch_of,
-    commit_stream_batch,
-    commit_write,
-    decide,
+    TaskCommit,
+    check_batch,
+    commit_task,
     records_of,
-    register_name,
 )
+from tidelog.spark.sink_fence import Fence, slot_label
 from tidelog.spark.sink_options import SinkOptions
 from tidelog.spark.writing import ROWS_SCHEMA, PartitionRows, TaskRows
 
 QUERY = "4f1c2a7e-0000-4000-8000-00000000cafe"
-NAME = register_name(QUERY)
 
 
 def rows(values: list[bytes], keys: list[bytes | None] | None = None) -> pa.Table:
@@ -44,8 +38,27 @@ def rows(values: list[bytes], keys: list[bytes | None] | None = None) -> pa.Tabl
     return pa.Table.from_arrays([pa.array(values, pa.binary()), key_column, headers], schema=ROWS_SCHEMA)
 
 
-def task(stream: str, by_partition: dict[int, list[bytes]], query_id: str | None = QUERY) -> TaskRows:
+def task_rows(stream: str, by_partition: dict[int, list[bytes]], query_id: str | None = QUERY) -> TaskRows:
     return TaskRows(query_id, tuple(PartitionRows(stream, p, rows(values)) for p, values in by_partition.items()))
+
+
+def run_task(
+    options: SinkOptions,
+    stream: str,
+    batch: int,
+    task: int,
+    by_partition: dict[int, list[bytes]],
+    *,
+    query_id: str = QUERY,
+    slots: int | None = None,
+) -> TaskCommit:
+    """What task ``task`` of micro-batch ``batch`` does once its rows are grouped."""
+    fence = Fence(query_id, batch, task, slots or options.slots)
+    return commit_task(options, task_rows(stream, by_partition, query_id), fence, task)
+
+
+def outcomes(message: TaskCommit) -> dict[int, str]:
+    return {c.partition: c.outcome for c in message.commits}
 
 
 def values_in(client: TidelogClient, stream: str) -> dict[int, list[bytes | None]]:
@@ -66,31 +79,7 @@ def registers_of(broker_thread: LoopThread, brokers: str, stream: str, partition
 
 @pytest.fixture
 def options(brokers: str) -> SinkOptions:
-    return SinkOptions(brokers=(brokers,), stream=None)
-
-
-# -- deciding ------------------------------------------------------------------------------------------------------
-
-
-def test_the_decision_is_a_compare_and_set_on_the_querys_label() -> None:
-    other = ("author", "someone")
-    fresh = decide(LabelSet.of(other), NAME, 0)
-    assert fresh.action is Action.APPEND and fresh.seen is None
-    assert fresh.check == LabelSelector(exclude=LabelSet.of((NAME, "")))
-    assert fresh.check is not None and not fresh.check.selects(LabelSet.of(other, (NAME, "0")))
-    behind = decide(LabelSet.of(other, (NAME, "6")), NAME, 7)
-    assert (behind.action, behind.seen) == (Action.APPEND, 6)
-    assert behind.check == LabelSelector(include=LabelSet.of((NAME, "6")))
-    assert decide(LabelSet.of((NAME, "7")), NAME, 7).action is Action.SKIP  # a replay
-    assert decide(LabelSet.of((NAME, "12")), NAME, 7).action is Action.SKIP
-    assert decide(LabelSet.of((register_name("another-query"), "99")), NAME, 7).action is Action.APPEND
-
-
-def test_a_label_this_sink_cannot_have_written_fails_loudly() -> None:
-    with pytest.raises(SinkCommitError, match="not one batch id"):
-        batch_of(LabelSet.of((NAME, "seven")), NAME)
-    with pytest.raises(SinkCommitError, match="not one batch id"):
-        decide(LabelSet.of((NAME, "1"), (NAME, "2")), NAME, 3)
+    return SinkOptions(brokers=(brokers,), stream=None, slots=4)
 
 
 def test_records_keep_keys_headers_and_tombstones() -> None:
@@ -106,118 +95,132 @@ def test_records_keep_keys_headers_and_tombstones() -> None:
     assert (second.value, second.key, list(second.headers)) == (None, None, [])
 
 
-# -- committing against a broker -------------------------------------------------------------------------------------
+def test_a_repeated_task_writes_nothing_and_a_replay_completes_the_rest(
+    client: TidelogClient, options: SinkOptions, stream_name: str
+) -> None:
+    """Task 0 of micro-batch 5 appended, then the driver died before task 1 ran: the replay skips task 0's
+    slices and writes task 1's; a retry of task 1 (it failed after appending) writes nothing either."""
+    client.admin.create_stream(stream_name, partitions=2)
+    first = run_task(options, stream_name, 5, 0, {0: [b"t0-p0"], 1: [b"t0-p1"]})
+    assert outcomes(first) == {0: Outcome.APPENDED, 1: Outcome.APPENDED}
+    replay = [run_task(options, stream_name, 5, t, {0: [b"t%d-p0" % t], 1: [b"t%d-p1" % t]}) for t in (0, 1)]
+    assert [outcomes(m) for m in replay] == [{0: "skipped", 1: "skipped"}, {0: "appended", 1: "appended"}]
+    retry = run_task(options, stream_name, 5, 1, {0: [b"t1-p0"], 1: [b"t1-p1"]})
+    assert outcomes(retry) == {0: Outcome.SKIPPED, 1: Outcome.SKIPPED}
+    assert check_batch([*replay], 5) == replay  # the driver's commit: every task reported, for this batch
+    assert values_in(client, stream_name) == {0: [b"t0-p0", b"t1-p0"], 1: [b"t0-p1", b"t1-p1"]}
 
 
-def test_each_batch_lands_once_per_partition_and_a_replay_writes_nothing(
+def test_a_zombie_of_a_committed_micro_batch_writes_nothing(
+    client: TidelogClient, options: SinkOptions, stream_name: str
+) -> None:
+    client.admin.create_stream(stream_name)
+    run_task(options, stream_name, 3, 0, {0: [b"b3"]})
+    run_task(options, stream_name, 4, 4, {0: [b"b4"]})  # task 4 shares task 0's slot (4 slots): a new micro-batch
+    assert outcomes(run_task(options, stream_name, 3, 0, {0: [b"late"]})) == {0: Outcome.SKIPPED}
+    assert values_in(client, stream_name) == {0: [b"b3", b"b4"]}
+
+
+def test_tasks_of_one_slot_take_turns_and_each_lands_once(
     client: TidelogClient, broker_thread: LoopThread, brokers: str, options: SinkOptions, stream_name: str
 ) -> None:
-    client.admin.create_stream(stream_name, partitions=2)
-    batch0 = [task(stream_name, {0: [b"a0", b"a1"]}), task(stream_name, {0: [b"b0"], 1: [b"b1"]})]
-    first = commit_stream_batch(options, batch0, 0)
-    assert {(c.partition, c.records, c.outcome) for c in first} == {(0, 3, Outcome.APPENDED), (1, 1, Outcome.APPENDED)}
-    replay = commit_stream_batch(options, batch0, 0)  # Spark replays batch 0 after a crash
-    assert {(c.partition, c.outcome) for c in replay} == {(0, Outcome.SKIPPED), (1, Outcome.SKIPPED)}
-    commit_stream_batch(options, [task(stream_name, {1: [b"c1"]})], 1)  # partition 0 has nothing in batch 1
-    assert values_in(client, stream_name) == {0: [b"a0", b"a1", b"b0"], 1: [b"b1", b"c1"]}
-    assert registers_of(broker_thread, brokers, stream_name, 0) == LabelSet.of((NAME, "0"))
-    assert registers_of(broker_thread, brokers, stream_name, 1) == LabelSet.of((NAME, "1"))
+    """Eight tasks, two per slot, and a speculative copy of each, all at once on one partition."""
+    client.admin.create_stream(stream_name)
+    results: list[TaskCommit] = []
+    errors: list[BaseException] = []
+
+    def attempt(task: int) -> None:
+        try:
+            results.append(run_task(options, stream_name, 0, task, {0: [b"%d-%d" % (task, i) for i in range(50)]}))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(task,)) for task in range(8) for _ in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == [] and len(results) == 16
+    assert sorted(m.appended for m in results) == [0] * 8 + [50] * 8  # one attempt of each task wrote
+    found = values_in(client, stream_name)[0]
+    assert sorted(found) == sorted(b"%d-%d" % (task, i) for task in range(8) for i in range(50))
+    labels = registers_of(broker_thread, brokers, stream_name, 0)
+    assert labels == LabelSet((slot_label(QUERY, s), "0.4.3") for s in range(4))  # both tasks of every slot
 
 
-def test_a_replay_completes_a_commit_that_stopped_between_partitions(
+def test_a_long_query_keeps_one_register_per_slot(
     client: TidelogClient, broker_thread: LoopThread, brokers: str, options: SinkOptions, stream_name: str
 ) -> None:
-    """The driver died after partition 0's append and before partition 1's: the replay writes partition 1 only."""
-    client.admin.create_stream(stream_name, partitions=2)
-    commit_stream_batch(options, [task(stream_name, {0: [b"x"], 1: [b"y"]})], 4)
-    batch5 = [task(stream_name, {0: [b"p0-a", b"p0-b"], 1: [b"p1-a"]})]
-    commit_stream_batch(options, [task(stream_name, {0: [b"p0-a", b"p0-b"]})], 5)  # the first run, cut short
-    replay = commit_stream_batch(options, batch5, 5)
-    assert {(c.partition, c.outcome) for c in replay} == {(0, Outcome.SKIPPED), (1, Outcome.APPENDED)}
-    assert values_in(client, stream_name) == {0: [b"x", b"p0-a", b"p0-b"], 1: [b"y", b"p1-a"]}
+    client.admin.create_stream(stream_name)
+    for batch in range(40):
+        for task in range(6):
+            run_task(options, stream_name, batch, task, {0: [b"%d-%d" % (batch, task)]})
+    labels = registers_of(broker_thread, brokers, stream_name, 0)
+    assert labels == LabelSet.of(
+        (slot_label(QUERY, 0), "39.4.3"),  # tasks 0 and 4
+        (slot_label(QUERY, 1), "39.4.3"),  # tasks 1 and 5
+        (slot_label(QUERY, 2), "39.4.1"),
+        (slot_label(QUERY, 3), "39.4.1"),
+    )
+    assert len(values_in(client, stream_name)[0]) == 240
 
 
 def test_other_labels_and_other_queries_are_left_alone(
     client: TidelogClient, broker_thread: LoopThread, brokers: str, options: SinkOptions, stream_name: str
 ) -> None:
     client.admin.create_stream(stream_name)
-    other = register_name("0a0a0a0a-1111-4222-8333-444444444444")
-    for query_id, batch_id in ((QUERY, 0), (other[len("spark.") :], 0), (QUERY, 1)):
-        commit_stream_batch(options, [task(stream_name, {0: [b"%d" % batch_id]}, query_id)], batch_id)
-    assert registers_of(broker_thread, brokers, stream_name, 0) == LabelSet.of((NAME, "1"), (other, "0"))
-    assert values_in(client, stream_name) == {0: [b"0", b"0", b"1"]}
+    other = "0a0a0a0a-1111-4222-8333-444444444444"
+    run_task(options, stream_name, 0, 0, {0: [b"q0"]})
+    run_task(options, stream_name, 0, 0, {0: [b"other0"]}, query_id=other)
+    run_task(options, stream_name, 1, 0, {0: [b"q1"]})
+    assert registers_of(broker_thread, brokers, stream_name, 0) == LabelSet.of(
+        (slot_label(QUERY, 0), "1.4.1"), (slot_label(other, 0), "0.4.1")
+    )
+    assert values_in(client, stream_name) == {0: [b"q0", b"other0", b"q1"]}
 
 
-class _StaleFirstRead(Appender):
-    """An appender whose first register read returns ``stale``: as if another driver appended right after it."""
-
-    def __init__(self, brokers: str, stale: AppendOutcome) -> None:
-        super().__init__(brokers)
-        self._stale: AppendOutcome | None = stale
-
-    async def registers(self, stream: str, partition: int) -> AppendOutcome:
-        stale, self._stale = self._stale, None
-        return stale if stale is not None else await super().registers(stream, partition)
-
-
-def guarded(brokers: str, stream: str, batch_id: int, stale: AppendOutcome) -> Callable[[], PartitionCommit]:
-    async def run() -> PartitionCommit:
-        appender = _StaleFirstRead(brokers, stale)
-        try:
-            return await _Committer(appender.cluster, appender, NAME, batch_id).guarded(stream, 0, [b"late"], NAME)
-        finally:
-            await appender.close()
-
-    return lambda: asyncio.run(run())
-
-
-def test_a_second_driver_racing_on_the_same_batch_writes_nothing(
-    client: TidelogClient, options: SinkOptions, stream_name: str, brokers: str
-) -> None:
-    """Both drivers read the registers before either appended; the one that lands second is refused by the
-    register check, sees that the batch is there, and skips it."""
-    client.admin.create_stream(stream_name)
-    commit_stream_batch(options, [task(stream_name, {0: [b"b2"]})], 2)
-    before = AppendOutcome(-1, -1, 1, LabelSet.of((NAME, "2")))  # what both read: batch 2 is the last
-    commit_stream_batch(options, [task(stream_name, {0: [b"first"]})], 3)  # the other driver lands batch 3
-    assert guarded(brokers, stream_name, 3, before)().outcome is Outcome.SKIPPED
-    assert values_in(client, stream_name) == {0: [b"b2", b"first"]}
-
-
-def test_a_register_moved_elsewhere_fails_the_commit_loudly(
-    client: TidelogClient, options: SinkOptions, stream_name: str, brokers: str
+def test_a_query_restarted_with_other_slots_or_a_foreign_label_fails_before_writing(
+    client: TidelogClient, options: SinkOptions, stream_name: str, brokers: str, broker_thread: LoopThread
 ) -> None:
     client.admin.create_stream(stream_name)
-    commit_stream_batch(options, [task(stream_name, {0: [b"b2"]})], 2)
-    stale = AppendOutcome(-1, -1, 0, LabelSet())  # read before batch 2 landed, while committing batch 3
-    with pytest.raises(SinkCommitError, match="another writer"):
-        guarded(brokers, stream_name, 3, stale)()
-    assert values_in(client, stream_name) == {0: [b"b2"]}
+    run_task(options, stream_name, 0, 0, {0: [b"a"]})
+    with pytest.raises(SinkCommitError, match="registerSlots=4, and this task runs with 8"):
+        run_task(options, stream_name, 1, 1, {0: [b"b"]}, slots=8)
+
+    async def foreign() -> None:  # another program's label under the sink's name
+        async with Appender(brokers) as appender:
+            await appender.append(stream_name, 0, [b"x"], union_registers=LabelSet.of((slot_label(QUERY, 1), "mine")))
+
+    broker_thread.run(foreign(), timeout=30)
+    with pytest.raises(SinkCommitError, match="not written by this sink"):
+        run_task(options, stream_name, 1, 1, {0: [b"b"]})
+    assert values_in(client, stream_name) == {0: [b"a", b"x"]}
 
 
-def test_concurrent_drivers_commit_a_batch_exactly_once(
-    client: TidelogClient, options: SinkOptions, stream_name: str
+def test_the_earlier_driver_side_label_still_fences_its_query(
+    client: TidelogClient, options: SinkOptions, stream_name: str, brokers: str, broker_thread: LoopThread
 ) -> None:
-    client.admin.create_stream(stream_name, partitions=2)
-    batch = [task(stream_name, {0: [b"%d" % i for i in range(2000)], 1: [b"one"]})]
-    results: list[list[PartitionCommit]] = []
-    drivers = [threading.Thread(target=lambda: results.append(commit_stream_batch(options, batch, 0))) for _ in "ab"]
-    for driver in drivers:
-        driver.start()
-    for driver in drivers:
-        driver.join(60)
-    assert len(results) == 2
-    outcomes = sorted(c.outcome.value for result in results for c in result if c.partition == 0)
-    assert outcomes == ["appended", "skipped"]
-    found = values_in(client, stream_name)
-    assert (len(found[0]), found[1]) == (2000, [b"one"])
+    """A checkpoint written by the driver-side sink recorded its last micro-batch in ``spark.<query>``."""
+    client.admin.create_stream(stream_name)
+
+    async def legacy() -> None:
+        async with Appender(brokers) as appender:
+            await appender.append(stream_name, 0, [b"old-7"], union_registers=LabelSet.of(("spark." + QUERY, "7")))
+
+    broker_thread.run(legacy(), timeout=30)
+    assert outcomes(run_task(options, stream_name, 7, 0, {0: [b"replayed-7"]})) == {0: Outcome.SKIPPED}
+    assert outcomes(run_task(options, stream_name, 8, 0, {0: [b"new-8"]})) == {0: Outcome.APPENDED}
+    assert values_in(client, stream_name) == {0: [b"old-7", b"new-8"]}
 
 
 def test_a_batch_write_appends_without_touching_the_registers(
     client: TidelogClient, broker_thread: LoopThread, brokers: str, options: SinkOptions, stream_name: str
 ) -> None:
     client.admin.create_stream(stream_name)
-    commit_write(options, [task(stream_name, {0: [b"a"]}, None), task(stream_name, {0: [b"b"]}, None)])
+    messages = [
+        commit_task(options, task_rows(stream_name, {0: [v]}, None), None, t) for t, v in enumerate([b"a", b"b"])
+    ]
+    assert [m.appended for m in check_batch(messages, None)] == [1, 1]
     assert values_in(client, stream_name) == {0: [b"a", b"b"]}
     assert registers_of(broker_thread, brokers, stream_name, 0) == LabelSet()
 
@@ -227,9 +230,17 @@ def test_targets_are_checked_before_anything_is_written(
 ) -> None:
     client.admin.create_stream(stream_name)
     with pytest.raises(SinkCommitError, match=f"partition 3 of stream '{stream_name}', which has 1"):
-        commit_stream_batch(options, [task(stream_name, {0: [b"fine"], 3: [b"nowhere"]})], 0)
+        run_task(options, stream_name, 0, 0, {0: [b"fine"], 3: [b"nowhere"]})
     with pytest.raises(SinkCommitError, match="does not exist"):
-        commit_stream_batch(options, [task(stream_name + "-missing", {0: [b"x"]})], 0)
-    with pytest.raises(SinkCommitError, match="query ids"):
-        commit_stream_batch(options, [task(stream_name, {0: [b"x"]}, None)], 0)
+        run_task(options, stream_name + "-missing", 0, 0, {0: [b"x"]})
     assert values_in(client, stream_name) == {}
+
+
+def test_the_driver_refuses_a_message_of_another_micro_batch(options: SinkOptions) -> None:
+    stale = TaskCommit(QUERY, 4, 0, ())
+    assert check_batch([stale], 5) == [stale]  # a task that wrote nothing
+    written = TaskCommit(QUERY, 4, 0, (PartitionCommit("s", 0, 1, Outcome.APPENDED, 0),))
+    with pytest.raises(SinkCommitError, match="micro-batch 4 while Spark commits 5"):
+        check_batch([written], 5)
+    with pytest.raises(SinkCommitError, match="not the sink's TaskCommit"):
+        check_batch([None], 5)

@@ -21,6 +21,7 @@ pytest.importorskip("pyspark")
 
 import pyarrow as pa
 from pyspark.errors import PySparkException
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.utils import CapturedException
 
 import tidelog.spark
@@ -266,6 +267,30 @@ def test_tasks_hand_spark_arrow_record_batches(brokers: str, client: TidelogClie
     assert batches and all(isinstance(batch, pa.RecordBatch) for batch in batches)
     offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
     assert offsets == list(range(10, 90))
+
+
+def test_min_offsets_per_trigger_holds_a_trigger_back_until_enough_wait(
+    brokers: str, client: TidelogClient, stream_name: str
+) -> None:
+    """The driver's ``latestOffset`` as Spark calls it each trigger: its start back means no micro-batch."""
+    client.admin.create_stream(stream_name, stream_name)
+    produce(client, stream_name, 0, 3)
+    options = {"brokers": brokers, "streams": stream_name, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "1h"}
+    reader = TidelogStreamReader(parse_options(options))
+    start = {stream_name: {"0": 0}}
+    try:
+        assert reader.latestOffset(start, ReadAllAvailable()) == start  # 3 of 5: wait
+        produce(client, stream_name, 0, 2, first=3)
+        assert reader.latestOffset(start, ReadAllAvailable()) == {stream_name: {"0": 5}}
+        reader.prepareForTriggerAvailableNow()  # AvailableNow reads what is there, however little
+        assert reader.latestOffset({stream_name: {"0": 4}}, ReadAllAvailable()) == {stream_name: {"0": 5}}
+    finally:
+        reader.stop()
+    eager = TidelogStreamReader(parse_options({**options, "maxTriggerDelay": "0ms"}))  # the delay is always over
+    try:
+        assert eager.latestOffset({stream_name: {"0": 4}}, ReadAllAvailable()) == {stream_name: {"0": 5}}
+    finally:
+        eager.stop()
 
 
 # -- bad options ---------------------------------------------------------------------------------------------------

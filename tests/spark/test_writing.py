@@ -213,12 +213,20 @@ def test_bad_columns_are_named(fields: dict[str, object], column: str) -> None:
         ({"stream": "s", "topic": "t"}, "topic"),
         ({"stream": "s", "brokers": "nohost"}, "brokers"),
         ({"stream": "  "}, "stream"),
+        ({"stream": "s", "registerSlots": "0"}, "registerSlots"),
+        ({"stream": "s", "registerslots": "33"}, "registerSlots"),
+        ({"stream": "s", "registerSlots": "many"}, "registerSlots"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, str], option: str) -> None:
     with pytest.raises(SinkOptionError) as caught:
         parse_sink_options(options)
     assert caught.value.option == option
+
+
+def test_register_slots_default_to_eight_and_may_be_set() -> None:
+    assert parse_sink_options({"stream": "s"}).slots == 8
+    assert parse_sink_options({"stream": "s", "registerSlots": " 32 "}).slots == 32
 
 
 def test_rows_need_a_stream_from_somewhere() -> None:

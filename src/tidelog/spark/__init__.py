@@ -33,9 +33,10 @@ Modules (all but this one are the implementation):
 - :mod:`~tidelog.spark.remote` — offloaded segments planned from etcd and read by the tasks straight from the
   tiered store (the ``tieredStore`` option).
 - :mod:`~tidelog.spark.sink` — the sink's writers; :mod:`~tidelog.spark.sink_options` its options and columns;
-  :mod:`~tidelog.spark.writing` what its tasks do (group rows by partition, append nothing);
-  :mod:`~tidelog.spark.sink_commit` what its driver does (one transactional append per partition per
-  micro-batch, guarded by a register, so that a replayed micro-batch writes nothing twice).
+  :mod:`~tidelog.spark.writing` how its tasks group rows by partition; :mod:`~tidelog.spark.sink_commit` how
+  each task appends its rows for a partition in one transactional append, fenced by the partition's registers
+  (:mod:`~tidelog.spark.sink_fence`) so that a retried task or a replayed micro-batch writes nothing twice
+  (design and proof sketch: ``docs/design/spark-sink.md``).
 
 Each record is a row: ``key``, ``value`` (binary), ``stream``, ``partition``, ``offset``, ``timestamp``,
 ``subject`` and ``headers``; committed records only, as every tidelog consumer sees them.

@@ -20,6 +20,10 @@ option                     meaning
                            JSON as above (-1: latest)
 ``maxOffsetsPerTrigger``   streaming only: at most this many offsets per micro-batch, shared among the partitions
                            in proportion to their lag (admission control; ``Trigger.AvailableNow`` respects it)
+``minOffsetsPerTrigger``   streaming only: wait for at least this many new offsets before a micro-batch, but no
+                           longer than ``maxTriggerDelay`` since the last one (Kafka's pair; ignored by
+                           ``Trigger.AvailableNow``, which reads what is there)
+``maxTriggerDelay``        with ``minOffsetsPerTrigger``: the longest wait, ``<n>ms|s|m|h`` (default ``15m``)
 ``minPartitions``          at least this many Spark tasks: offset ranges are split in proportion to their size
 ``maxOffsetsPerSplit``     no Spark task reads more offsets than this (default 500000): a long range is split
 ``failOnDataLoss``         ``true`` (default): fail when offsets to read are gone (retention, truncation);
@@ -67,6 +71,9 @@ LATEST = -1
 """In JSON offsets: the partition's high watermark."""
 
 DEFAULT_MAX_OFFSETS_PER_SPLIT = 500_000
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000
+_DURATION = re.compile(r"(\d+)\s*(ms|s|m|h)")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 Kind = Literal["batch", "stream"]
 Position = Literal["earliest", "latest"] | dict[tuple[str, int], int]
@@ -80,6 +87,8 @@ _NAMES = (
     "startingTimestamp",
     "endingOffsets",
     "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "minPartitions",
     "maxOffsetsPerSplit",
     "failOnDataLoss",
@@ -99,7 +108,7 @@ _NAMES = (
 )
 _TIERED = ("tieredStore.endpoint", "tieredStore.region", "tieredStore.accessKeyId", "tieredStore.secretAccessKey")
 _CANONICAL = {name.lower(): name for name in _NAMES}
-_STREAM_ONLY = ("maxOffsetsPerTrigger",)
+_STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 _BATCH_ONLY = ("endingOffsets",)
 
 
@@ -144,6 +153,8 @@ class SourceOptions:
     tls: TlsFiles | None = None  # None: plaintext (paths, not a context: options travel to the executors)
     credentials: tuple[str, str] | None = field(default=None, repr=False)  # sasl.*: never in a repr
     tiered: TieredSource | None = None  # None: every offset is read through the brokers
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
 
     def ssl(self) -> ssl_.SSLContext | None:
         """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
@@ -160,6 +171,10 @@ class SourceOptions:
             raise SourceOptionError("startingOffsets", "'latest' is for streaming reads; a batch read would be empty")
         if isinstance(self.ending, dict) and any(v == EARLIEST for v in self.ending.values()):
             raise SourceOptionError("endingOffsets", "-2 (earliest) is not an ending offset")
+        if "maxTriggerDelay" in self.given and self.min_offsets_per_trigger is None:
+            raise SourceOptionError("maxTriggerDelay", "applies only with minOffsetsPerTrigger")
+        if (self.min_offsets_per_trigger or 0) > (self.max_offsets_per_trigger or self.min_offsets_per_trigger or 0):
+            raise SourceOptionError("minOffsetsPerTrigger", "must not exceed maxOffsetsPerTrigger")
         if self.ending == "earliest":
             raise SourceOptionError("endingOffsets", "'earliest' is not an ending offset; use 'latest' or JSON")
 
@@ -195,6 +210,8 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         include_headers=_boolean(values, "includeHeaders", default=False),
         given=frozenset(values),
         tls=tls_files(values, SourceOptionError),
+        min_offsets_per_trigger=_integer(values, "minOffsetsPerTrigger", minimum=1),
+        max_trigger_delay_ms=_duration_ms(values, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
         credentials=sasl_credentials(values, SourceOptionError),
         tiered=_tiered(values),
     )
@@ -331,6 +348,15 @@ def _integer(values: Mapping[str, str], option: str, *, minimum: int) -> int | N
     if number < minimum:
         raise SourceOptionError(option, f"must be at least {minimum}, got {number}")
     return number
+
+
+def _duration_ms(values: Mapping[str, str], option: str, default: int) -> int:
+    if option not in values:
+        return default
+    found = _DURATION.fullmatch(values[option].strip().lower())
+    if found is None:
+        raise SourceOptionError(option, f"expected a duration such as 500ms, 30s, 15m or 1h, got {values[option]!r}")
+    return int(found[1]) * _UNIT_MS[found[2]]
 
 
 def _boolean(values: Mapping[str, str], option: str, *, default: bool) -> bool:

@@ -84,6 +84,21 @@ def from_json(document: Mapping[str, Any]) -> Offsets:
     return out
 
 
+def waits(
+    start: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    min_offsets: int | None,
+    waited_ms: float,
+    max_delay_ms: int,
+) -> bool:
+    """``minOffsetsPerTrigger``: whether a trigger should wait for more — fewer than ``min_offsets`` new offsets
+    from ``start`` to ``latest`` and less than ``max_delay_ms`` since the last micro-batch (Kafka's rule)."""
+    if min_offsets is None or waited_ms >= max_delay_ms:
+        return False
+    available = sum(max(0, end - start.get(tp, 0)) for tp, end in latest.items())
+    return available < min_offsets
+
+
 def admit(start: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int], limit: int) -> Offsets:
     """The end offsets of a micro-batch reading at most ``limit`` offsets from ``start`` towards ``latest``.
 

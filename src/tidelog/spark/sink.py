@@ -15,10 +15,12 @@ The DataFrame needs a ``value`` column and may have ``key``, ``headers``, ``part
 Where each piece runs. PySpark calls :meth:`TidelogDataSource.streamWriter
 <tidelog.spark.source.TidelogDataSource.streamWriter>` (or ``writer``) on the driver when the query starts —
 bad options and columns fail there, and so does a ``stream`` option naming no stream — and again in the
-process that commits each micro-batch. ``write`` runs in the tasks and groups their rows by partition
-(:mod:`~tidelog.spark.writing`); ``commit`` runs on the driver and appends each partition's rows in one
-transactional append, at most once per micro-batch (:mod:`~tidelog.spark.sink_commit`, which also says what
-that costs: every row passes through the driver). ``abort`` has nothing to undo: the tasks wrote nothing.
+process that commits each micro-batch. ``write`` runs in the tasks, on the executors: it groups the task's rows
+by partition (:mod:`~tidelog.spark.writing`) and appends each group in one transactional append, fenced by the
+partition's registers so that a task Spark runs again, or a micro-batch it replays, writes nothing twice
+(:mod:`~tidelog.spark.sink_commit`, :mod:`~tidelog.spark.sink_fence`; the design and its proof sketch are in
+``docs/design/spark-sink.md``). ``commit`` on the driver checks the tasks' messages and writes nothing;
+``abort`` has nothing to undo: what the tasks appended stays, and a replay of the micro-batch skips it.
 
 Output modes. ``append``, and ``complete``, where each micro-batch appends the whole result table again, as
 Kafka's sink does: a changelog of snapshots, which a compacted stream keyed by the grouping columns turns into
@@ -37,9 +39,21 @@ from pyspark.sql.types import StructType
 
 from tidelog.client import Cluster
 from tidelog.spark.reading import _new_loop
-from tidelog.spark.sink_commit import QUERY_ID_PROPERTY, commit_stream_batch, commit_write
+from tidelog.spark.sink_commit import (
+    BATCH_ID_PROPERTY,
+    QUERY_ID_PROPERTY,
+    SinkCommitError,
+    TaskCommit,
+    check_batch,
+    commit_task,
+)
+from tidelog.spark.sink_fence import Fence
 from tidelog.spark.sink_options import SinkColumns, SinkOptionError, SinkOptions, check_columns, parse_sink_options
-from tidelog.spark.writing import TaskRows, write_task
+from tidelog.spark.writing import write_task
+
+FAIL_AFTER_APPEND_PROPERTY = "tidelog.sink.failAfterAppend"
+"""Fault injection for tests: a local property naming a micro-batch id (or ``write`` for a batch write) whose
+tasks' first attempts fail right after appending — the crash exactly once is about."""
 
 
 def stream_writer(options: Mapping[str, str], schema: StructType) -> TidelogStreamWriter:
@@ -55,52 +69,72 @@ def batch_writer(options: Mapping[str, str], schema: StructType, overwrite: bool
     parsed = parse_sink_options(options)
     if overwrite:
         raise SinkOptionError("mode", "a tidelog stream is only ever appended to: use mode('append')")
+    if any(name.lower() == "registerslots" for name in options):
+        raise SinkOptionError("registerSlots", "applies to streaming queries only (a batch write is not fenced)")
     columns = check_columns(schema, parsed)
     _check_stream(parsed)
     return TidelogBatchWriter(parsed, columns)
 
 
 class TidelogStreamWriter(DataSourceStreamArrowWriter):
-    """``writeStream.format("tidelog")``: tasks group rows, the driver appends each micro-batch exactly once."""
+    """``writeStream.format("tidelog")``: each task appends its rows, fenced; the driver checks each micro-batch."""
 
     def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
         self.options = options
         self.columns = columns
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskRows:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
         context = TaskContext.get()
-        return write_task(
-            self.options,
-            self.columns,
-            iterator,
-            task_index=context.partitionId() if context is not None else 0,
-            query_id=context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None,
-        )
+        if context is None:
+            raise SinkCommitError("the tidelog sink's write runs in a Spark task only")
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY)
+        if not query_id or batch_id is None or not batch_id.isdigit():
+            raise SinkCommitError(
+                f"the task has no streaming query id or micro-batch id (Spark's local properties "
+                f"{QUERY_ID_PROPERTY}={query_id!r}, {BATCH_ID_PROPERTY}={batch_id!r})"
+            )
+        task = context.partitionId()
+        rows = write_task(self.options, self.columns, iterator, task_index=task, query_id=query_id)
+        fence = Fence(query_id, int(batch_id), task, self.options.slots)
+        message = commit_task(self.options, rows, fence, task)
+        _maybe_fail(context, batch_id)
+        return message
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
-        commit_stream_batch(self.options, messages, batchId)
+        check_batch(messages, batchId)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to undo: tasks append nothing, and the driver appends only in ``commit``."""
+        """Nothing to undo: what the tasks appended stays, and a replay of the micro-batch skips it."""
 
 
 class TidelogBatchWriter(DataSourceArrowWriter):
-    """``write.format("tidelog")``: tasks group rows, the driver appends them, one append per partition."""
+    """``write.format("tidelog")``: each task appends its rows, one transactional append per partition."""
 
     def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
         self.options = options
         self.columns = columns
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskRows:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
         context = TaskContext.get()
-        index = context.partitionId() if context is not None else 0
-        return write_task(self.options, self.columns, iterator, task_index=index, query_id=None)
+        task = context.partitionId() if context is not None else 0
+        rows = write_task(self.options, self.columns, iterator, task_index=task, query_id=None)
+        message = commit_task(self.options, rows, None, task)
+        if context is not None:
+            _maybe_fail(context, "write")
+        return message
 
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
-        commit_write(self.options, messages)
+        check_batch(messages, None)
 
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
-        """Nothing to undo: tasks append nothing."""
+        """Nothing to undo, and nothing can be: what the tasks appended stays (see the design notes)."""
+
+
+def _maybe_fail(context: TaskContext, run: str) -> None:
+    """The test hook :data:`FAIL_AFTER_APPEND_PROPERTY`: fail the first attempt of a task of ``run``."""
+    if context.getLocalProperty(FAIL_AFTER_APPEND_PROPERTY) == run and context.attemptNumber() == 0:
+        raise SinkCommitError(f"{FAIL_AFTER_APPEND_PROPERTY}={run}: this attempt fails after appending (a test)")
 
 
 def _check_stream(options: SinkOptions) -> None:

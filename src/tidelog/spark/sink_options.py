@@ -15,6 +15,11 @@ option                     meaning
 ``tls.key``
 ``sasl.username``,         a password login (SCRAM-SHA-256, over TLS only), as the source takes it
 ``sasl.password``
+``registerSlots``          streaming only (a batch write refuses it): registers a query keeps per partition, 1–32
+                           (default 8), the same for the life of its checkpoint. Tasks of one slot take turns on
+                           its register; tasks of different slots write a partition at once
+                           (:mod:`~tidelog.spark.sink_fence`). At least the tasks a cluster runs at once; fewer
+                           leave more of a partition's 64 registers to other queries
 ``checkpointLocation``,    Spark's own (it passes them to the sink): accepted, not used — the sink identifies a
 ``queryName``              streaming query by the id Spark keeps in its checkpoint (:mod:`~tidelog.spark.sink_commit`)
 =========================  ==========================================================================================
@@ -64,8 +69,9 @@ from pyspark.sql.types import (
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, parse_address
 from tidelog.protocol.tls import TlsFiles, client_context
 from tidelog.spark.options import sasl_credentials, tls_files
+from tidelog.spark.sink_fence import DEFAULT_SLOTS, MAX_SLOTS
 
-_NAMES = ("brokers", "stream", "tls.ca", "tls.cert", "tls.key", "sasl.username", "sasl.password")
+_NAMES = ("brokers", "stream", "registerSlots", "tls.ca", "tls.cert", "tls.key", "sasl.username", "sasl.password")
 _SPARKS_OWN = ("checkpointLocation", "queryName")  # set by Spark's DataStreamWriter itself
 _CANONICAL = {name.lower(): name for name in (*_NAMES, *_SPARKS_OWN)}
 
@@ -100,6 +106,7 @@ class SinkOptions:
     stream: str | None  # None: every row names its stream in the ``stream`` column
     tls: TlsFiles | None = None  # None: plaintext
     credentials: tuple[str, str] | None = dataclasses.field(default=None, repr=False)  # sasl.*: never in a repr
+    slots: int = DEFAULT_SLOTS  # registers per query and partition (streaming)
 
     def ssl(self) -> ssl_.SSLContext | None:
         """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
@@ -136,6 +143,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         stream=stream and stream.strip(),
         tls=tls_files(values, SinkOptionError),
         credentials=sasl_credentials(values, SinkOptionError),
+        slots=_slots(values.get("registerSlots", str(DEFAULT_SLOTS))),
     )
 
 
@@ -209,3 +217,10 @@ def _brokers(value: str) -> tuple[str, ...]:
         except ValueError:
             raise SinkOptionError("brokers", f"{address!r} is not host:port") from None
     return addresses
+
+
+def _slots(value: str) -> int:
+    text = value.strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SLOTS:
+        raise SinkOptionError("registerSlots", f"{value!r} is not a whole number from 1 to {MAX_SLOTS}")
+    return int(text)

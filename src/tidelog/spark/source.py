@@ -17,7 +17,9 @@ Streaming (``spark.readStream.format("tidelog")``): the initial offsets come fro
 ``maxOffsetsPerTrigger`` (Spark 4.2's admission control: :meth:`TidelogStreamReader.latestOffset` is given the
 read limit; ``Trigger.AvailableNow`` fixes the high watermarks at the start and reads up to them in as many
 bounded micro-batches as it takes). The high watermarks of the last trigger are reported as the latest offsets,
-so Spark's progress shows how far behind the query is. ``commit`` does nothing: Spark's checkpoint holds the
+so Spark's progress shows how far behind the query is. ``minOffsetsPerTrigger`` holds a trigger back (its end
+is its start: no micro-batch) until that many offsets wait or ``maxTriggerDelay`` has passed since the last
+micro-batch, as Kafka's source does. ``commit`` does nothing: Spark's checkpoint holds the
 offsets, and a restarted query resumes from it.
 
 Batch (``spark.read.format("tidelog")``): ``startingOffsets`` (default ``earliest``) or ``startingTimestamp``
@@ -26,6 +28,7 @@ to ``endingOffsets`` (default ``latest``), resolved when the query is planned.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +56,7 @@ from tidelog.spark.planning import (
     from_json,
     split,
     to_json,
+    waits,
 )
 from tidelog.spark.reading import DataLossError, read_range
 from tidelog.spark.remote import plan_remote
@@ -140,9 +144,17 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._streams: dict[str, StreamInfo] = {}
         self._latest: Offsets | None = None  # high watermarks of the last trigger: what Spark reports as latest
         self._available_now: Offsets | None = None  # Trigger.AvailableNow: the high watermarks to stop at
+        self._last_batch: float | None = None  # monotonic time of the last micro-batch (or the first trigger)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_topology": None, "_streams": {}, "_latest": None, "_available_now": None}
+        return {
+            "options": self.options,
+            "_topology": None,
+            "_streams": {},
+            "_latest": None,
+            "_available_now": None,
+            "_last_batch": None,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -182,7 +194,16 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 latest[tp] = offset
         # New partitions (a stream that appeared under streamPattern) start from their log start.
         begin_all = {tp: begin.get(tp, bounds[tp].log_start) for tp in latest}
+        now = time.monotonic()
+        if self._last_batch is None:
+            self._last_batch = now
+        waited_ms = (now - self._last_batch) * 1000
+        min_offsets = None if self._available_now is not None else self.options.min_offsets_per_trigger
+        if waits(begin_all, latest, min_offsets, waited_ms, self.options.max_trigger_delay_ms):
+            return to_json(begin)  # not enough yet: no micro-batch this trigger
         end = admit(begin_all, latest, limit.max_rows) if isinstance(limit, ReadMaxRows) else latest
+        if any(end[tp] > begin_all[tp] for tp in end):
+            self._last_batch = now
         return to_json(end)
 
     def getDefaultReadLimit(self) -> ReadLimit:

@@ -1,13 +1,10 @@
-"""Writing in a Spark task: the task's rows, grouped by the partition each goes to, handed back to the driver.
+"""Writing in a Spark task, first half: the task's rows, grouped by the partition each goes to.
 
-A task of the ``tidelog`` sink appends nothing. Exactly once rests on one transactional append per partition
-per micro-batch, made by the driver once every task has succeeded (:mod:`~tidelog.spark.sink_commit`); so a
-task does only what can run in parallel before that: it turns the ``value``, ``key`` and ``headers`` columns
-into binary Arrow columns, decides each row's stream and partition, and returns the rows grouped by
-(stream, partition) as Arrow tables in its commit message (:class:`TaskRows`). Spark carries the message to the
-driver, which reads each table back as records. Arrow keeps that cheap both ways: the tables are slices and
-casts of the batches Spark hands the task (no Python object per row unless a row needs partitioning by key),
-they pickle as their buffers, and the driver takes each column out with one ``to_pylist``.
+A task of the ``tidelog`` sink turns the ``value``, ``key`` and ``headers`` columns into binary Arrow columns,
+decides each row's stream and partition, and groups the rows by (stream, partition) as Arrow tables
+(:class:`TaskRows`); :mod:`~tidelog.spark.sink_commit` then appends each group in one transactional append.
+The tables are slices and casts of the batches Spark hands the task (no Python object per row unless a row
+needs partitioning by key), and each column comes out for the appender with one ``to_pylist``.
 
 Partitions. A row's ``partition`` column wins; a row without one is placed as tidelog's producer places it
 (:class:`~tidelog.client.DefaultPartitioner`): by the CRC-32 of its key modulo the stream's partition count,
@@ -26,7 +23,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import WriterCommitMessage
 
 from tidelog.client import Cluster
 from tidelog.protocol.messages import StreamInfo
@@ -54,9 +50,9 @@ class PartitionRows:
 
 
 @dataclass(frozen=True)
-class TaskRows(WriterCommitMessage):
-    """A task's commit message: its rows by partition, and the id of the streaming query it ran for (Spark's,
-    from the task's local properties; None in a batch write)."""
+class TaskRows:
+    """A task's rows by partition, and the id of the streaming query it ran for (Spark's, from the task's local
+    properties; None in a batch write)."""
 
     query_id: str | None
     parts: tuple[PartitionRows, ...]
