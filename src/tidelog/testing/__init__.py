@@ -7,5 +7,9 @@ demand), :mod:`~tidelog.testing.fake_broker` (an in-memory broker for producer t
 Fault tools: :mod:`~tidelog.testing.faults` (fault scenarios on a real 3-broker cluster, each run inside a
 :mod:`~tidelog.testing.fault_run` ``FaultRun`` that loads, settles and checks it) and
 :mod:`~tidelog.testing.cas_faults` (compare-and-set appends under faults, checked for linearizability).
+Fuzzing: :mod:`~tidelog.testing.fuzz_contract` (what a decoder of untrusted bytes may do: one typed error,
+bounded memory) and :mod:`~tidelog.testing.fuzz_targets` (every such decoder as a target, with seeds; the
+on-disk ones in :mod:`~tidelog.testing.fuzz_disk_targets`), shared by the Hypothesis tests, the corpus replay
+and the atheris scripts in ``fuzz/``.
 Only tests, benchmarks and the fault tools import this package.
 """
