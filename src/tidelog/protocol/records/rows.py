@@ -203,9 +203,9 @@ def _headers(data: bytes, p: int, end: int) -> tuple[tuple[tuple[str, bytes], ..
     headers = []
     for _ in range(count):
         fields: list[bytes] = []
-        for _field in range(2):
+        for field in range(2):
             size, p = decode_varint(data, p, end)
-            if p + size > end:
+            if size < -field or p + size > end:  # a name is never null (< 0); a value of -1 reads as empty
                 raise CorruptBatchError(f"header field of {size} bytes runs past its record")
             fields.append(data[p : p + size] if size > 0 else b"")
             p += max(size, 0)
