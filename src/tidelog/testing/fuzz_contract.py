@@ -5,8 +5,10 @@ protocol, checkpoints, segment recovery) as ``decode(data)``. For any ``data`` t
 
 - succeed, or raise its one typed error (``Target.error``, subclasses included) — no other exception: an
   ``IndexError``, ``struct.error``, ``RecursionError`` or ``MemoryError`` reaching a caller is a bug;
-- allocate at most ``ALLOCATION_BASE + target.allocation_factor * len(data)`` bytes at its peak (measured with
-  :mod:`tracemalloc` by :func:`check`): a length field claiming 4 GiB must not make the decoder reserve it;
+- allocate at most ``ALLOCATION_BASE + target.allocation_factor * (len(data) + target.expansion)`` bytes at its
+  peak (measured with :mod:`tracemalloc` by :func:`check`): a length field claiming 4 GiB must not make the
+  decoder reserve it. ``expansion`` is what the input may legitimately grow into beyond its own size: only
+  compressed record batches have one, the decompression bound the decoder is given;
 - terminate: every loop is bounded by the input. Hypothesis and the corpus replay run each input once;
   atheris's ``-timeout`` turns a hang into a reported crash.
 
@@ -39,6 +41,7 @@ class Target:
     error: type[Exception]  # the one error type bad input may raise (subclasses included)
     seeds: Callable[[], list[bytes]]  # well-formed inputs and a few hostile ones: the corpus's start
     allocation_factor: int = 8  # bytes the decoder may hold per input byte (views, copies, decoded objects)
+    expansion: int = 0  # bytes the input may decompress to beyond its own size (the decoder's bound)
 
 
 class ContractViolation(AssertionError):
@@ -91,7 +94,7 @@ def check(target: Target, data: bytes) -> int:
 
 def allocation_bound(target: Target, data: bytes) -> int:
     """The most ``target`` may allocate decoding ``data``."""
-    return ALLOCATION_BASE + target.allocation_factor * len(data)
+    return ALLOCATION_BASE + target.allocation_factor * (len(data) + target.expansion)
 
 
 def same_outcome(target: str, data: bytes, first: object, second: object) -> None:

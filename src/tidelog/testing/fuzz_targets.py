@@ -60,8 +60,12 @@ from tidelog.testing.fuzz_disk_targets import CHECKPOINTS, SEGMENT_RECOVERY
 MAX_FRAME_BYTES = 1024 * 1024
 """The frame limit the wire targets decode with (the broker's default is 64 MiB; the checks are the same)."""
 
-MAX_UNCOMPRESSED = 1024 * 1024
+MAX_UNCOMPRESSED = 256 * 1024
 """The decompression bound the record target decodes with (the broker's is 64 MiB; the checks are the same)."""
+
+RECORD_OVERHEAD = 64
+"""Bytes a decoded record may cost per byte of its encoding: a 7-byte record becomes a ``Record``, its value's
+``bytes`` and a tuple in each of the decoders the target compares, a few hundred bytes of objects."""
 
 
 def _pieces(data: bytes) -> list[bytes]:
@@ -289,7 +293,14 @@ TARGETS: dict[str, Target] = {
     for target in (
         Target("wire_frames", decode_wire_frames, ProtocolError, _wire_frame_seeds),
         Target("wire_headers", decode_wire_headers, ProtocolError, _wire_header_seeds),
-        Target("record_batches", decode_record_batches, RecordFormatError, _record_batch_seeds),
+        Target(
+            "record_batches",
+            decode_record_batches,
+            RecordFormatError,
+            _record_batch_seeds,
+            allocation_factor=RECORD_OVERHEAD,
+            expansion=MAX_UNCOMPRESSED,
+        ),
         Target("liftbridge_envelope", decode_liftbridge_envelope, RefusedEnvelopeError, _liftbridge_seeds),
         Target("nats_protocol", decode_nats_protocol, natsproto.ProtocolError, _nats_seeds),
         CHECKPOINTS,
