@@ -22,6 +22,7 @@ from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.idempotence.producer_snapshot import read_snapshot
 from tidelog.storage.checkpoint import HighWatermarkCheckpoint, encode_checkpoint
 from tidelog.storage.config import FlushPolicy, LogConfig
+from tidelog.storage.damage import DAMAGE_FILE, DamageRegistry
 from tidelog.storage.epoch_cache import LeaderEpochCache
 from tidelog.storage.errors import CheckpointError, StorageError
 from tidelog.storage.log import Log
@@ -50,23 +51,26 @@ def scratch_directory() -> Path:
 
 # ------------------------------------------------------------------------------------------------- checkpoints
 
-_CHECKPOINT_KINDS = ("high-watermark", "leader-epoch", "producer-state")
+_CHECKPOINT_KINDS = ("high-watermark", "leader-epoch", "producer-state", DAMAGE_FILE)
 
 
 def decode_checkpoints(data: bytes) -> None:
-    """The first byte picks the file (HW checkpoint, leader-epoch checkpoint, producer snapshot); the rest is it."""
+    """The first byte picks the file (HW checkpoint, leader-epoch checkpoint, producer snapshot, damaged-ranges
+    registry); the rest is its content. The registry is advisory: a damaged one is logged and read as empty."""
     if not data:
         return
     kind = _CHECKPOINT_KINDS[data[0] % len(_CHECKPOINT_KINDS)]
-    body = data[1:]
-    path = scratch_directory() / kind
-    path.write_bytes(body)
+    directory = scratch_directory()
+    path = directory / kind
+    path.write_bytes(data[1:])
     if kind == "high-watermark":
         HighWatermarkCheckpoint(path).read()
     elif kind == "leader-epoch":
         LeaderEpochCache(path)
-    else:
+    elif kind == "producer-state":
         read_snapshot(path)
+    else:
+        DamageRegistry.load(directory)
 
 
 def _checkpoint_seeds() -> list[bytes]:
@@ -78,7 +82,16 @@ def _checkpoint_seeds() -> list[bytes]:
         [(0, 50, 0, 0, 0, 0, 0, 0), (1, 9, 2, 1, 0, 0, 0, 0), (2, 9, 2, 0, 4, 10, 14, 99), (3, 11, 1, 77, 0, 0, 0, 0)],
     )
     many = encode_checkpoint("leader-epoch", 2, [(i, i * 10) for i in range(200)])
-    return [b"\x00" + hw, b"\x01" + epochs, b"\x02" + snapshot, b"\x01" + many, b"\x00" + hw[:-5], b"\x00"]
+    damage = b'{"version": 1, "ranges": [{"first": 3, "last": 9, "reason": "CRC mismatch", "where": "seg"}]}'
+    return [
+        b"\x00" + hw,
+        b"\x01" + epochs,
+        b"\x02" + snapshot,
+        b"\x03" + damage,
+        b"\x01" + many,
+        b"\x00" + hw[:-5],
+        b"\x00",
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- segment recovery
