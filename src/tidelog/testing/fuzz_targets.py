@@ -39,7 +39,6 @@ from tidelog.protocol.liftbridge import RefusedEnvelopeError, record_from_nats
 from tidelog.protocol.message_codec import HEADER_TYPES, decode_frame_header, decode_header
 from tidelog.protocol.messages import ErrorBody, Header
 from tidelog.protocol.records import (
-    CODEC_MASK,
     ENCRYPTED_FLAG,
     BatchHeader,
     Codec,
@@ -54,6 +53,7 @@ from tidelog.protocol.records import (
 )
 from tidelog.protocol.records.errors import RecordFormatError
 from tidelog.protocol.records.rows import parse_records
+from tidelog.storage.batch_check import ProduceLimits, check_produced
 from tidelog.testing.fuzz_contract import ContractViolation, Target, replay, same_outcome, write_corpus
 from tidelog.testing.fuzz_disk_targets import CHECKPOINTS, SEGMENT_RECOVERY
 
@@ -169,8 +169,15 @@ def _sample_value(info: mi.Type) -> object:
 # ------------------------------------------------------------------------------------------------- record batches
 
 
-def _records_both_ways(data: bytes, pos: int, header: BatchHeader) -> None:
-    """Decode one batch's records with the canonical decoder and the consumer's; they must agree."""
+PRODUCE_LIMITS = ProduceLimits(
+    max_message_bytes=MAX_UNCOMPRESSED, max_uncompressed_bytes=MAX_UNCOMPRESSED, max_timestamp_ahead_ms=3_600_000
+)
+NOW_NS = 1_800_000_000_000_000_000
+
+
+def _records_both_ways(data: bytes, pos: int, header: BatchHeader, accepted: bool) -> None:
+    """Decode one batch's records with the canonical decoder and the consumer's; they must agree, and decode
+    whatever the produce check accepted (a stored batch that does not decode stops every reader at it)."""
     canonical = _outcome(
         lambda: [
             (r.offset, r.timestamp, r.key, r.value, r.headers)
@@ -178,9 +185,20 @@ def _records_both_ways(data: bytes, pos: int, header: BatchHeader) -> None:
         ],
         RecordFormatError,
     )
-    if header.attributes & (CODEC_MASK | ENCRYPTED_FLAG):
-        return  # compressed: the consumer decompresses through the same record_section first
-    section = bytes(record_section(data, pos, header=header))
+    if accepted and isinstance(canonical, str):
+        raise ContractViolation(
+            "record_batches",
+            data,
+            f"the produce check accepts a batch at byte {pos} that the canonical decoder refuses ({canonical})",
+        )
+    if header.attributes & ENCRYPTED_FLAG:
+        return  # only a broker with the key reads it: both decoders refuse it the same way
+    try:  # decompressed (bounded) when compressed: what the consumer hands its row decoder
+        section = bytes(record_section(data, pos, header=header, max_uncompressed=MAX_UNCOMPRESSED))
+    except RecordFormatError:
+        if not isinstance(canonical, str):
+            raise ContractViolation("record_batches", data, "records decode but their section does not") from None
+        return
     rows = _outcome(
         lambda: [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in parse_records(section, header, "s", 0)],
         RecordFormatError,
@@ -191,10 +209,13 @@ def _records_both_ways(data: bytes, pos: int, header: BatchHeader) -> None:
 
 
 def decode_record_batches(data: bytes) -> None:
+    """The produce check on the whole payload, then each batch through every decoder (CRCs computed, not required:
+    the fuzzer cannot forge them, and decoders must survive bad bytes with a good CRC all the same)."""
+    accepted = _outcome(lambda: check_produced(data, PRODUCE_LIMITS, NOW_NS), RecordFormatError)
     for pos, header in iter_batches(data, verify=False):
         crc_ok(data, pos, header)
         registers_block(data, pos, header=header)
-        _records_both_ways(data, pos, header)
+        _records_both_ways(data, pos, header, not isinstance(accepted, str))
 
 
 def _sample_batch(codec: Codec = Codec.NONE, count: int = 3) -> bytes:
