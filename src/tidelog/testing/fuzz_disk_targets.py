@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from tidelog.protocol.records import NewRecord, build_batch
+from tidelog.protocol.records.errors import RecordFormatError
 from tidelog.replication.idempotence.producer_snapshot import read_snapshot
 from tidelog.storage.checkpoint import HighWatermarkCheckpoint, encode_checkpoint
 from tidelog.storage.config import FlushPolicy, LogConfig
@@ -27,6 +28,7 @@ from tidelog.storage.epoch_cache import LeaderEpochCache
 from tidelog.storage.errors import CheckpointError, StorageError
 from tidelog.storage.log import Log
 from tidelog.storage.recovery import MARKER_FILE, RECOVERY_POINT_FILE, recover
+from tidelog.storage.segment_install import verify_staged
 from tidelog.storage.segment_state import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
 from tidelog.testing.fuzz_contract import Target
 
@@ -155,7 +157,8 @@ async def _write_log(directory: Path) -> None:
     await log.close()
 
 
-def _recovery_seeds() -> list[bytes]:
+def _sample_segments() -> tuple[bytes, bytes, bytes, tuple[int, bytes]]:
+    """A real log's first segment (offset index, time index, log) and its second segment (base offset, log)."""
     with tempfile.TemporaryDirectory(prefix="tidelog-fuzz-seed-") as name:
         directory = Path(name)
         asyncio.run(_write_log(directory))
@@ -163,8 +166,11 @@ def _recovery_seeds() -> list[bytes]:
         first, second = logs[0], logs[1]
         index = first.with_suffix(INDEX_SUFFIX).read_bytes()
         timeindex = first.with_suffix(TIMEINDEX_SUFFIX).read_bytes()
-        log = first.read_bytes()
-        tail = (int(second.stem), second.read_bytes())
+        return index, timeindex, first.read_bytes(), (int(second.stem), second.read_bytes())
+
+
+def _recovery_seeds() -> list[bytes]:
+    index, timeindex, log, tail = _sample_segments()
     torn = log[: len(log) - 7]
     flipped = bytearray(log)
     flipped[len(log) // 2] ^= 0x10
@@ -178,5 +184,25 @@ def _recovery_seeds() -> list[bytes]:
     ]
 
 
+# ------------------------------------------------------------------------------------------------- staged segments
+
+
+def decode_staged_segment(data: bytes) -> None:
+    """A sealed segment file downloaded from a leader (far-horizon catch-up), checked before it is installed.
+
+    Layout: the segment's base offset (u16), then the file. The leader is a peer, and its bytes crossed a network.
+    """
+    (base,) = _U16.unpack_from(data.ljust(2, b"\x00"))
+    path = scratch_directory() / (segment_name(base) + LOG_SUFFIX)
+    path.write_bytes(data[2:])
+    verify_staged(path, base)
+
+
+def _staged_seeds() -> list[bytes]:
+    _, _, log, (base, second) = _sample_segments()
+    return [_U16.pack(0) + log, _U16.pack(base) + second, _U16.pack(base) + log, _U16.pack(0) + log[:-9]]
+
+
 CHECKPOINTS = Target("checkpoints", decode_checkpoints, CheckpointError, _checkpoint_seeds)
 SEGMENT_RECOVERY = Target("segment_recovery", decode_segment_recovery, StorageError, _recovery_seeds)
+STAGED_SEGMENT = Target("staged_segment", decode_staged_segment, RecordFormatError, _staged_seeds)

@@ -1,21 +1,26 @@
 """Fuzz targets: each decoder of bytes that come from outside, wrapped under :mod:`tidelog.testing.fuzz_contract`.
 
-=====================  ========================================================  =====================================
-target                 what it decodes                                            its one error
-=====================  ========================================================  =====================================
-``wire_frames``        a byte stream into frames, whole and in pieces, each       ``protocol.frames.ProtocolError``
-                       frame's msgpack header by its (kind, op)
-``wire_headers``       one msgpack header of a chosen (kind, op)                  ``protocol.frames.ProtocolError``
-``record_batches``     concatenated batches: headers, registers, records by the   ``records.errors.RecordFormatError``
-                       canonical decoder, the consumer's rows and the produce
-                       check, which must agree
-``liftbridge_envelope`` a NATS message that may carry a Liftbridge envelope       ``liftbridge.RefusedEnvelopeError``
-``nats_protocol``      what a NATS server sends a subscriber, whole and in        ``ingest.natsproto.ProtocolError``
-                       pieces, HMSG headers and INFO included
-``checkpoints``        the HW, leader-epoch, recovery-point and producer-         ``storage.errors.CheckpointError``
-                       snapshot files (:mod:`~tidelog.testing.fuzz_disk_targets`)
-``segment_recovery``   a partition directory's segment and index files at open    ``storage.errors.StorageError``
-=====================  ========================================================  =====================================
+=======================  ===================================================  ==================================
+target                   what it decodes                                      its one error (in ``tidelog.``)
+=======================  ===================================================  ==================================
+``wire_frames``          a byte stream into frames, whole and in pieces, and  ``protocol.frames.ProtocolError``
+                         each frame's msgpack header by its (kind, op)
+``wire_headers``         one msgpack header of a chosen (kind, op)            ``protocol.frames.ProtocolError``
+``record_batches``       a produce payload: the produce check, then each      ``protocol.records.errors.``
+                         batch's records by the canonical decoder and the     ``RecordFormatError``
+                         consumer's, which must agree
+``liftbridge_envelope``  a NATS message that may carry a Liftbridge envelope  ``protocol.liftbridge.``
+                                                                              ``RefusedEnvelopeError``
+``nats_protocol``        what a NATS server sends a subscriber, whole and in  ``broker.ingest.natsproto.``
+                         pieces, HMSG headers and INFO included               ``ProtocolError``
+``checkpoints``          HW, leader-epoch and producer-snapshot files, the    ``storage.errors.CheckpointError``
+                         damaged-ranges registry (:mod:`~tidelog.testing.
+                         fuzz_disk_targets`, as the next two)
+``segment_recovery``     a partition directory's segment and index files      ``storage.errors.StorageError``
+                         when a broker opens it
+``staged_segment``       a sealed segment file a follower downloaded from     ``protocol.records.errors.``
+                         its leader, checked before it is installed           ``RecordFormatError``
+=======================  ===================================================  ==================================
 
 ``python -m tidelog.testing.fuzz_targets write-corpus fuzz/corpus`` adds every target's seeds to the committed
 corpus; ``replay fuzz/corpus`` checks every corpus file (what CI does, through pytest).
@@ -55,7 +60,7 @@ from tidelog.protocol.records.errors import RecordFormatError
 from tidelog.protocol.records.rows import parse_records
 from tidelog.storage.batch_check import ProduceLimits, check_produced
 from tidelog.testing.fuzz_contract import ContractViolation, Target, replay, same_outcome, write_corpus
-from tidelog.testing.fuzz_disk_targets import CHECKPOINTS, SEGMENT_RECOVERY
+from tidelog.testing.fuzz_disk_targets import CHECKPOINTS, SEGMENT_RECOVERY, STAGED_SEGMENT
 
 MAX_FRAME_BYTES = 1024 * 1024
 """The frame limit the wire targets decode with (the broker's default is 64 MiB; the checks are the same)."""
@@ -326,6 +331,7 @@ TARGETS: dict[str, Target] = {
         Target("nats_protocol", decode_nats_protocol, natsproto.ProtocolError, _nats_seeds),
         CHECKPOINTS,
         SEGMENT_RECOVERY,
+        STAGED_SEGMENT,
     )
 }
 
