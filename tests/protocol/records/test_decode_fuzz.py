@@ -95,3 +95,28 @@ def test_a_compression_bomb_stops_at_the_bound() -> None:
     with pytest.raises(DecompressedTooLargeError):
         decode_records(bomb, max_uncompressed=MAX_UNCOMPRESSED)
     assert check(RECORDS, bomb) < allocation_bound(RECORDS, bomb)
+
+
+@pytest.mark.parametrize("count", [1, 40], ids=["alone", "run"])
+def test_a_timestamp_past_int64_is_corrupt_for_every_decoder(count: int) -> None:
+    # Found by fuzzing: the consumer's run path packed it into int64 lanes (OverflowError, or a silent wrap to a
+    # negative timestamp), while the canonical decoder returned it as a Python int above int64.
+    records = b"".join(
+        encode_varint(len(body)) + body
+        for body in (b"\x00" + V(10) + V(i) + V(-1) + V(1) + b"v" + V(0) for i in range(count))
+    )
+    batch = frame(
+        records,
+        base_offset=0,
+        leader_epoch=0,
+        attributes=0,
+        last_offset_delta=count - 1,
+        first_timestamp=(1 << 63) - 5,
+        max_timestamp=(1 << 63) - 5,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        record_count=count,
+    )
+    canonical, rows, _checked = _outcomes(batch)
+    assert canonical == rows == "corrupt"

@@ -25,6 +25,8 @@ from tidelog.protocol.records.layout import (
     FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,
+    INT64_MAX,
+    INT64_MIN,
     LENGTH_FIELD_END,
     MIN_RECORD_SIZE,
     REGISTERS_FLAG,
@@ -255,6 +257,8 @@ def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> lis
             raise CorruptBatchError(f"record length {length} is impossible here")
         p += 1  # attributes
         ts_delta, p = decode_varint(data, p, end)
+        if not INT64_MIN <= header.first_timestamp + ts_delta <= INT64_MAX:
+            raise CorruptBatchError(f"record timestamp {header.first_timestamp} + {ts_delta} is outside int64")
         off_delta, p = decode_varint(data, p, end)
         # Strictly increasing: readers seek by offset and compaction keeps "the newest offset per key", both of
         # which assume one record per offset, in order.
