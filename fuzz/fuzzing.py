@@ -28,6 +28,8 @@ def fuzz(name: str) -> None:
     with atheris.instrument_imports(include=["tidelog"]):
         from tidelog.testing import fuzz_contract, fuzz_targets
     target = fuzz_targets.TARGETS[name]
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    os.environ.setdefault("TIDELOG_FUZZ_SCRATCH", f"{shm}/tidelog-fuzz-{name}")  # one per target, reused
     logging.disable(logging.CRITICAL)  # recovery logs every cut it makes: thousands of lines a second
     measure = os.environ.get("TIDELOG_FUZZ_MEASURE") == "1"
     contract: ModuleType = fuzz_contract

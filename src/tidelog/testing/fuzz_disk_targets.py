@@ -39,15 +39,24 @@ _scratch: tempfile.TemporaryDirectory[str] | None = None
 
 
 def scratch_directory() -> Path:
-    """An empty directory for this process's decodes (made once, emptied before each use, removed at exit)."""
+    """An empty directory for this process's decodes (made once, emptied before each use, removed at exit).
+
+    ``TIDELOG_FUZZ_SCRATCH`` names a fixed one instead, kept at exit: libFuzzer ends the process without running
+    Python's exit handlers, so the atheris scripts reuse one directory per target rather than leak one per run.
+    """
     global _scratch
-    if _scratch is None:
-        _scratch = tempfile.TemporaryDirectory(
-            prefix="tidelog-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-        )
-    path = Path(_scratch.name) / "p"
+    fixed = os.environ.get("TIDELOG_FUZZ_SCRATCH")
+    if fixed:
+        root = Path(fixed)
+    else:
+        if _scratch is None:
+            _scratch = tempfile.TemporaryDirectory(
+                prefix="tidelog-fuzz-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+        root = Path(_scratch.name)
+    path = root / "p"
     shutil.rmtree(path, ignore_errors=True)
-    path.mkdir()
+    path.mkdir(parents=True)
     return path
 
 
