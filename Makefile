@@ -3,13 +3,14 @@
 #   make test   set everything up and run ruff, mypy and pytest
 #   make bench  run the benchmarks (quick mode)
 #   make chaos  the long nemesis: RUNS runs of CHAOS_TIME seconds of mixed faults (tidelog.testing.nemesis)
+#   make fuzz   run each atheris target of fuzz/ for FUZZ_TIME seconds (default 10)
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint typecheck pytest bench chaos clean system-deps
+.PHONY: setup run test lint typecheck pytest bench chaos fuzz clean system-deps
 
 RUNS       ?= 20
 CHAOS_TIME ?= 300
@@ -59,5 +60,22 @@ bench: setup
 chaos: setup
 	$(BIN)/python -m tidelog.testing.nemesis --time $(CHAOS_TIME) --runs $(RUNS) $(ARGS)
 
+# Coverage-guided fuzzing of every decoder of untrusted bytes (fuzz/fuzzing.py). libFuzzer adds what it finds to
+# .fuzz/<target>/ (not committed) and saves a crashing input as .fuzz/<target>-crash-*; the committed corpus in
+# fuzz/corpus/<target>/ is only read. CI does not fuzz: pytest replays the committed corpus.
+FUZZ_TIME ?= 10
+FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.py,%,$(wildcard fuzz/fuzz_*.py))
+
+fuzz: $(STAMP)
+	@$(BIN)/python -c "import atheris" 2>/dev/null || $(BIN)/pip install --quiet -e '.[fuzz]'
+	@for target in $(FUZZ_TARGETS); do \
+		echo "==> fuzzing $$target for $(FUZZ_TIME) s"; mkdir -p .fuzz/$$target; \
+		PYTHONPATH=src $(BIN)/python fuzz/fuzz_$$target.py .fuzz/$$target fuzz/corpus/$$target \
+			-max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+			-artifact_prefix=.fuzz/$$target- 2>.fuzz/$$target.log \
+			|| { tail -40 .fuzz/$$target.log; exit 1; }; \
+		grep -E '^stat::number_of_executed_units' .fuzz/$$target.log; \
+	done
+
 clean:
-	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache .fuzz

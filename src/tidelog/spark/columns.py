@@ -390,7 +390,7 @@ def _headers(data: bytes, p: int, end: int) -> tuple[Headers, int]:
     headers: Headers = []
     for _ in range(count):
         size, p = decode_varint(data, p, end)
-        if p + size > end:
+        if size < 0 or p + size > end:  # never null, as the produce check and the other decoders require
             raise CorruptBatchError(f"header name of {size} bytes runs past its record")
         try:
             name = data[p : p + size].decode() if size > 0 else ""
@@ -398,7 +398,7 @@ def _headers(data: bytes, p: int, end: int) -> tuple[Headers, int]:
             raise CorruptBatchError("header name is not UTF-8") from exc
         p += max(size, 0)
         size, p = decode_varint(data, p, end)
-        if p + size > end:
+        if size < -1 or p + size > end:  # -1 (null) reads as empty
             raise CorruptBatchError(f"header value of {size} bytes runs past its record")
         headers.append((name, data[p : p + size] if size > 0 else b""))
         p += max(size, 0)

@@ -90,7 +90,10 @@ class DamageRegistry:
             if body.get("version") != _VERSION:
                 raise ValueError(f"version {body.get('version')!r}, expected {_VERSION}")
             ranges = [DamagedRange(**item) for item in body["ranges"]]
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            for item in ranges:
+                if not (type(item.first) is int and type(item.last) is int and 0 <= item.first <= item.last):
+                    raise ValueError(f"not a range of offsets: {item}")
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             log.error("%s cannot be read (%s): ignored; damage is found again when read", path, exc)
             return cls(directory, [])
         return cls(directory, ranges)

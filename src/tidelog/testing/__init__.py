@@ -7,5 +7,13 @@ demand), :mod:`~tidelog.testing.fake_broker` (an in-memory broker for producer t
 Fault tools: :mod:`~tidelog.testing.faults` (fault scenarios on a real 3-broker cluster, each run inside a
 :mod:`~tidelog.testing.fault_run` ``FaultRun`` that loads, settles and checks it) and
 :mod:`~tidelog.testing.cas_faults` (compare-and-set appends under faults, checked for linearizability).
+History checking: :mod:`~tidelog.testing.history` (a fault run's acks, reads and replicas against the
+replication guarantees) and :mod:`~tidelog.testing.queue_checker` (the same kind of history counted in Jepsen's
+queue-anomaly vocabulary: lost-write, unseen, inconsistent-offsets, duplicate, nonmonotonic send and poll,
+poll-skip, lost-on-node, HW regression).
+Fuzzing: :mod:`~tidelog.testing.fuzz_contract` (what a decoder of untrusted bytes may do: one typed error,
+bounded memory) and :mod:`~tidelog.testing.fuzz_targets` (every such decoder as a target, with seeds; the
+on-disk ones in :mod:`~tidelog.testing.fuzz_disk_targets`), shared by the Hypothesis tests, the corpus replay
+and the atheris scripts in ``fuzz/``.
 Only tests, benchmarks and the fault tools import this package.
 """

@@ -63,7 +63,9 @@ async def refuse_servers_in_clear(servers: Sequence[str], timeout: float) -> Non
             continue
         try:
             info = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack: not a NATS server
+            continue
+        if not isinstance(info, dict):
             continue
         if not info.get("tls_required"):
             raise NatsNotTlsError(

@@ -280,7 +280,7 @@ def parse_error(arg: bytes) -> str:
 def parse_info(arg: bytes) -> dict[str, object]:
     try:
         info = json.loads(arg)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the interpreter's stack
         raise ProtocolError(f"INFO is not JSON: {arg[:200]!r}") from exc
     if not isinstance(info, dict):
         raise ProtocolError(f"INFO is not a JSON object: {arg[:200]!r}")

@@ -76,6 +76,8 @@ def check_records(
             if str(exc).startswith("record "):
                 raise
             raise CorruptBatchError(f"record {first_delta + k}: {exc}") from None
+        except IndexError:  # a field's first byte past the section (read inline, unchecked: found by fuzzing)
+            raise CorruptBatchError(f"record {first_delta + k} runs past the end of its batch") from None
         if not k or ts < low:
             low = ts
         if not k or ts > high:

@@ -25,6 +25,8 @@ from tidelog.protocol.records.layout import (
     FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,
+    INT64_MAX,
+    INT64_MIN,
     LENGTH_FIELD_END,
     MIN_RECORD_SIZE,
     REGISTERS_FLAG,
@@ -223,13 +225,24 @@ def registers_block(
     return memoryview(buf)[start : start + _registers_length(buf, pos, header)]
 
 
-def _read_bytes(data: bytes | memoryview, p: int, end: int) -> tuple[bytes | None, int]:
+def _read_bytes(data: bytes | memoryview, p: int, end: int, *, null: bool = True) -> tuple[bytes | None, int]:
+    """A length-prefixed field. Null (``None``) is the length -1 written as the one byte the encoders write, the
+    only form the produce check (:mod:`~tidelog.protocol.records.check`) and the consumer's decoder accept;
+    without ``null`` (a header name) there is none. Any other negative length is corrupt, as it is for them."""
+    if null and p < end and data[p] == 1:
+        return None, p + 1
     length, p = decode_varint(data, p, end)
-    if length < 0:
-        return None, p
-    if p + length > end:
+    if length < 0 or p + length > end:
         raise CorruptBatchError(f"field of {length} bytes runs past its record")
     return bytes(data[p : p + length]), p + length
+
+
+def _read_header_value(data: bytes | memoryview, p: int, end: int) -> tuple[bytes, int]:
+    """A header's value: -1 (in any varint form) reads as empty, as the produce check allows."""
+    length, p = decode_varint(data, p, end)
+    if length < -1 or p + length > end:
+        raise CorruptBatchError(f"header value of {length} bytes runs past its record")
+    return bytes(data[p : p + max(length, 0)]), p + max(length, 0)
 
 
 def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> list[Record]:
@@ -244,6 +257,8 @@ def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> lis
             raise CorruptBatchError(f"record length {length} is impossible here")
         p += 1  # attributes
         ts_delta, p = decode_varint(data, p, end)
+        if not INT64_MIN <= header.first_timestamp + ts_delta <= INT64_MAX:
+            raise CorruptBatchError(f"record timestamp {header.first_timestamp} + {ts_delta} is outside int64")
         off_delta, p = decode_varint(data, p, end)
         # Strictly increasing: readers seek by offset and compaction keeps "the newest offset per key", both of
         # which assume one record per offset, in order.
@@ -257,13 +272,13 @@ def _decode_record_section(data: bytes | memoryview, header: BatchHeader) -> lis
             raise CorruptBatchError(f"impossible header count {hcount}")
         headers: list[tuple[str, bytes]] = []
         for _h in range(hcount):
-            hkey, p = _read_bytes(data, p, end)
-            hval, p = _read_bytes(data, p, end)
+            hkey, p = _read_bytes(data, p, end, null=False)
+            hval, p = _read_header_value(data, p, end)
             try:
                 name = (hkey or b"").decode()
             except UnicodeDecodeError as exc:
                 raise CorruptBatchError("header name is not UTF-8") from exc
-            headers.append((name, hval or b""))
+            headers.append((name, hval))
         if p != end:
             raise CorruptBatchError("record length does not match its fields")
         records.append(

@@ -17,6 +17,12 @@ from __future__ import annotations
 import array
 from collections.abc import Sequence
 
+from tidelog.protocol.records.errors import CorruptBatchError
+from tidelog.protocol.records.layout import INT64_MAX
+
+_LANE_SAFE = INT64_MAX - (1 << 56)
+"""Largest first timestamp the lane-wise sum takes: a delta lane is below 2**56, so no sum passes int64."""
+
 
 def agreeing(column: bytes, expected: bytes) -> int:
     """How many leading bytes of ``column`` equal those of ``expected`` (of the same length)."""
@@ -31,10 +37,13 @@ def timestamp_lanes(columns: Sequence[bytes], n: int, first_ts: int) -> tuple[by
     given the byte columns of their timestamp deltas' varints (continuation bits already checked; a column may
     be longer than ``n``)."""
     z, ones = zigzag_lanes(columns, n)
-    if z & ones or first_ts < 0:  # a negative delta or first timestamp: zig-zag decoded lane by lane
+    if z & ones or not 0 <= first_ts <= _LANE_SAFE:  # a negative delta, or a first timestamp a lane could not hold
         zigzags = array.array("q")
         zigzags.frombytes(z.to_bytes(n << 3, "little"))  # each lane < 2**56: read as signed, still itself
-        values = array.array("q", [first_ts + ((v >> 1) ^ -(v & 1)) for v in zigzags])
+        try:
+            values = array.array("q", [first_ts + ((v >> 1) ^ -(v & 1)) for v in zigzags])
+        except OverflowError:  # found by fuzzing: a lane past int64 wrapped to a negative timestamp, or raised
+            raise CorruptBatchError("a record timestamp is outside int64") from None
         return values.tobytes(), min(values) < 0
     return ((z >> 1) + first_ts * ones).to_bytes(n << 3, "little"), False  # no lane can carry into the next
 

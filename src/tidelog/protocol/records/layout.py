@@ -69,6 +69,7 @@ assert HEADER_SIZE == 61
 LENGTH_FIELD_END = 12  # base_offset and batch_length precede what batch_length counts
 PREFIX = struct.Struct(">qi")  # base_offset, batch_length: enough to find the next batch
 INT64 = struct.Struct(">q")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # every offset and timestamp a batch holds fits int64
 INT32 = struct.Struct(">i")
 LEADER_EPOCH_POS = 12
 CRC_FIELD = struct.Struct(">I")

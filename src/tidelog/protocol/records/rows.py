@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from tidelog.protocol.records.errors import CorruptBatchError
 from tidelog.protocol.records.lanes import timestamp_lanes
-from tidelog.protocol.records.layout import BatchHeader
+from tidelog.protocol.records.layout import INT64_MAX, INT64_MIN, BatchHeader
 from tidelog.protocol.records.runs import RETRY_AFTER, read_layout, run_length
 from tidelog.protocol.records.varint import decode_varint
 
@@ -54,6 +54,7 @@ def _parse(data: bytes, header: BatchHeader, stream: str, partition: int) -> lis
     append = out.append
     new, cls = tuple.__new__, ConsumerRecord  # ConsumerRecord._make minus a Python-level call per record
     base, first_ts, last_delta = header.base_offset, header.first_timestamp, header.last_offset_delta
+    ts_low, ts_high = INT64_MIN - first_ts, INT64_MAX - first_ts  # timestamp deltas whose timestamp fits int64
     total = len(data)
     previous = -1
     p = 0
@@ -120,6 +121,8 @@ def _parse(data: bytes, header: BatchHeader, stream: str, partition: int) -> lis
                         if byte >= 0x80:
                             z, p = _rest_from(data, p, z, 35)
         ts = (z >> 1) ^ -(z & 1)
+        if not ts_low <= ts <= ts_high:  # as the run path (int64 lanes) and the canonical decoder refuse it
+            raise CorruptBatchError(f"record timestamp {first_ts} + {ts} is outside int64")
         z = data[p]
         if z < 0x80:
             p += 1
@@ -203,9 +206,9 @@ def _headers(data: bytes, p: int, end: int) -> tuple[tuple[tuple[str, bytes], ..
     headers = []
     for _ in range(count):
         fields: list[bytes] = []
-        for _field in range(2):
+        for field in range(2):
             size, p = decode_varint(data, p, end)
-            if p + size > end:
+            if size < -field or p + size > end:  # a name is never null (< 0); a value of -1 reads as empty
                 raise CorruptBatchError(f"header field of {size} bytes runs past its record")
             fields.append(data[p : p + size] if size > 0 else b"")
             p += max(size, 0)

@@ -41,7 +41,7 @@ from tidelog.replication.idempotence.producer_state import (
     ProducerStateTable,
 )
 from tidelog.storage.atomic import write_atomically
-from tidelog.storage.checkpoint import MAX_CHECKPOINT_BYTES, decode_checkpoint, encode_checkpoint
+from tidelog.storage.checkpoint import decode_checkpoint, encode_checkpoint, read_bounded
 from tidelog.storage.errors import CheckpointError, OffsetDamagedError
 
 log = logging.getLogger(__name__)
@@ -172,9 +172,7 @@ def read_snapshot(
 ) -> tuple[ProducerStateTable, int]:
     """The table and offset stored at ``path``. :class:`CheckpointError` when damaged; ``FileNotFoundError``."""
     with open(path, "rb") as file:
-        data = file.read(MAX_CHECKPOINT_BYTES + 1)
-    if len(data) > MAX_CHECKPOINT_BYTES:
-        raise CheckpointError(str(path), f"larger than {MAX_CHECKPOINT_BYTES} bytes")
+        data = read_bounded(file, str(path))
     return decode_snapshot(data, path=str(path), clock=clock, producer_expiry_ms=producer_expiry_ms)
 
 

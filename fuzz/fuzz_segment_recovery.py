@@ -1,0 +1,6 @@
+"""atheris target ``segment_recovery``: see fuzz/fuzzing.py and tidelog.testing.fuzz_targets."""
+
+from fuzzing import fuzz
+
+if __name__ == "__main__":
+    fuzz("segment_recovery")
