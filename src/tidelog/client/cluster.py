@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as ssl_
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from tidelog.protocol.connection import Connection, ConnectionClosedError, Response
 from tidelog.protocol.errors import (
@@ -113,16 +113,22 @@ class Cluster:
             return self._shared[key]
         return await asyncio.shield(pending)
 
-    async def any_connection(self) -> Connection:
-        """A connection to some broker: a known live one, else the bootstrap addresses in turn."""
-        candidates = [(b.host, b.port) for b in self._brokers.values()] + self._bootstrap
+    async def any_connection(self, avoid: Collection[tuple[str, int]] = ()) -> Connection:
+        """A connection to some broker: a known live one, else the bootstrap addresses in turn. Addresses in
+        ``avoid`` (brokers that just failed a request: reachable, but perhaps cut off from etcd) are tried last."""
+        candidates = list(dict.fromkeys([(b.host, b.port) for b in self._brokers.values()] + self._bootstrap))
+        candidates.sort(key=lambda address: address in avoid)  # stable: the order is kept within each group
         failure: Exception | None = None
-        for host, port in dict.fromkeys(candidates):
+        for host, port in candidates:
             try:
                 return await self.connection(host, port)
             except ConnectionClosedError as exc:
                 failure = exc
         raise ConnectionClosedError(f"no tidelog broker reachable (tried {len(candidates)}): {failure}")
+
+    def address_of(self, connection: Connection) -> tuple[str, int] | None:
+        """The ``(host, port)`` of a shared connection this cluster opened (None for any other)."""
+        return next((key for key, shared in self._shared.items() if shared is connection), None)
 
     def broker(self, broker_id: str) -> BrokerInfo:
         info = self._brokers.get(broker_id)

@@ -171,17 +171,24 @@ class ProducerIdentity:
             self._task = None
 
     async def _init_producer(self) -> ProducerStamp:
-        """``INIT_PRODUCER`` on any broker, retried through a controller failover (retriable errors only)."""
+        """``INIT_PRODUCER`` on any broker, retried through a controller failover (retriable errors only). A broker
+        that failed is asked last next time: one that clients reach but that lost etcd answers nothing in time,
+        and asking it again would never succeed."""
         request = InitProducerRequest(name=self.name or "")
         failure: TidelogError | None = None
+        failed: set[tuple[str, int]] = set()
         for delay in (*LEADER_RETRY_DELAYS, None):
+            connection = None
             try:
-                connection = await self._cluster.any_connection()
+                connection = await self._cluster.any_connection(avoid=failed)
                 response = await connection.request(request, timeout=self._cluster.request_timeout)
             except TidelogError as exc:
                 if not exc.retriable and not isinstance(exc, ConnectionClosedError):
                     raise
                 failure = exc
+                address = self._cluster.address_of(connection) if connection is not None else None
+                if address is not None:
+                    failed.add(address)
             else:
                 header = response.header
                 assert isinstance(header, InitProducerResponse)
