@@ -124,7 +124,7 @@ async def test_the_source_reads_as_the_user(setup: Setup) -> None:
 @pytest.mark.asyncio(loop_scope="module")
 async def test_the_sink_writes_and_commits_as_the_user(setup: Setup) -> None:
     pa = pytest.importorskip("pyarrow")
-    from tidelog.spark.sink_commit import commit_write
+    from tidelog.spark.sink_commit import commit_task
     from tidelog.spark.sink_options import SinkColumns
     from tidelog.spark.writing import write_task
 
@@ -143,8 +143,9 @@ async def test_the_sink_writes_and_commits_as_the_user(setup: Setup) -> None:
     rows = pa.RecordBatch.from_pydict({"value": [b"a", b"b"]})
     columns = SinkColumns(value="value", value_type="binary")
 
-    def write_and_commit() -> None:  # what a Spark task and the driver's commit do, each with a loop of its own
-        commit_write(options, [write_task(options, columns, iter([rows]), task_index=0, query_id=None)])
+    def write_and_commit() -> None:  # what a Spark task of a batch write does, with a loop of its own
+        task = write_task(options, columns, iter([rows]), task_index=0, query_id=None)
+        commit_task(options, task, None, 0)
 
     await asyncio.to_thread(write_and_commit)
     consumer = Consumer(stream="spark-write", cluster=cluster, start="earliest")
