@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -209,8 +209,11 @@ class FakeCluster(Cluster):
             self.fake.connections.append(self._live)
         return cast(Connection, self._live)
 
-    async def any_connection(self) -> Connection:
-        return self._current()
+    async def any_connection(self, avoid: Collection[tuple[str, int]] = ()) -> Connection:
+        return self._current()  # one broker: nothing to avoid it for
+
+    def address_of(self, connection: Connection) -> tuple[str, int] | None:
+        return None
 
     async def leader_connection(self, stream: str, partition: int, *, dedicated: bool = False) -> Connection:
         await asyncio.sleep(0)
