@@ -31,7 +31,11 @@ from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 STREAM = "paused-in-a-cluster"
-SETTINGS = {"broker_lease_ttl_ms": "2000", "replica_lag_time_max_ms": "3000"}
+SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
+    "broker_lease_ttl_ms": "2000",
+    "replica_lag_time_max_ms": "3000",
+}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -27,6 +27,7 @@ from tidelog.protocol._gen import api_pb2, api_pb2_grpc
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
     "broker_lease_ttl_ms": "2000",
     "replica_lag_time_max_ms": "3000",
     "leader_balance_interval_ms": "1500",

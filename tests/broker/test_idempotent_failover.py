@@ -36,7 +36,11 @@ from tidelog.replication.follower.leader_link import split_address
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 T = TypeVar("T")
-SETTINGS = {"broker_lease_ttl_ms": "2000", "replica_lag_time_max_ms": "3000"}
+SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
+    "broker_lease_ttl_ms": "2000",
+    "replica_lag_time_max_ms": "3000",
+}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

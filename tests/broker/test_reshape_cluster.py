@@ -17,7 +17,11 @@ from tidelog.protocol.errors import InvalidArgumentError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-SETTINGS = {"broker_lease_ttl_ms": "2000", "leader_balance_interval_ms": "3600000"}
+SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
+    "broker_lease_ttl_ms": "2000",
+    "leader_balance_interval_ms": "3600000",
+}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -19,6 +19,7 @@ from tidelog.local.cluster import LocalCluster
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
     "broker_lease_ttl_ms": "2000",
     "group_consumer_timeout_ms": "4000",
     "group_coordinator_timeout_ms": "3000",

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 T = TypeVar("T")
 PARTITIONS = 2
 SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
     "broker_lease_ttl_ms": "2000",
     "replica_lag_time_max_ms": "3000",
     "cursors_stream_partitions": str(PARTITIONS),

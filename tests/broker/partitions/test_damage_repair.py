@@ -26,7 +26,11 @@ from tidelog.protocol.records.errors import CorruptBatchError
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-SETTINGS = {"broker_lease_ttl_ms": "2000", "replica_lag_time_max_ms": "10000"}
+SETTINGS = {
+    "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
+    "broker_lease_ttl_ms": "2000",
+    "replica_lag_time_max_ms": "10000",
+}
 CLUSTER_BOUND = 60.0
 
 
