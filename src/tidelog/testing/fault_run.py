@@ -283,6 +283,16 @@ class FaultRun:
             raise RuntimeError(f"{STREAM}/{partition} has no leader")
         return record.leader
 
+    async def follower(self, partition: int = 0) -> str:
+        """A follower of the partition, not the controller when there is a choice (so that a fault on it does not
+        also move the controller)."""
+        record = await self.partition_record(partition)
+        if record is None or not record.leader:
+            raise RuntimeError(f"{STREAM}/{partition} has no leader")
+        controller = await self.cluster.controller_id()
+        followers = [b for b in record.replicas if b != record.leader]
+        return next((b for b in followers if b != controller), followers[0])
+
     async def expect(
         self, predicate: Callable[[], bool | Awaitable[bool]], timeout: float, what: str, *, timing: str = ""
     ) -> bool:

@@ -95,11 +95,7 @@ async def pause_follower(root: Path, profile: FaultProfile | None = None) -> Fau
     async with run:
         await run.hold(profile.warmup)
         for _ in range(profile.rounds):
-            record = await run.partition_record()
-            assert record is not None
-            controller = await run.cluster.controller_id()
-            followers = [b for b in record.replicas if b != record.leader]
-            victim = next((b for b in followers if b != controller), followers[0])
+            victim = await run.follower()
             await run.cluster.pause(victim)
             if await run.expect(
                 run.not_in_isr(victim), ELECT_WITHIN, f"paused {victim} to leave the ISR", timing="isr_shrink_s"
@@ -275,11 +271,7 @@ async def partition_follower(root: Path, profile: FaultProfile | None = None) ->
     async with run:
         await run.hold(profile.warmup)
         for _ in range(profile.rounds):
-            record = await run.partition_record()
-            assert record is not None
-            controller = await run.cluster.controller_id()
-            followers = [b for b in record.replicas if b != record.leader]
-            victim = next((b for b in followers if b != controller), followers[0])
+            victim = await run.follower()
             cut_at = time.monotonic()
             await run.lab.partition([victim], [name for name in run.lab.hosts if name != victim])
             if await run.expect(
@@ -340,11 +332,7 @@ async def corrupt_follower(root: Path, profile: FaultProfile | None = None, how:
     async with run:
         await run.hold(profile.warmup)
         for _ in range(profile.rounds):
-            record = await run.partition_record()
-            assert record is not None
-            controller = await run.cluster.controller_id()
-            followers = [b for b in record.replicas if b != record.leader]
-            victim = next((b for b in followers if b != controller), followers[0])
+            victim = await run.follower()
             data_dir = run.cluster.broker(victim).data_dir
             logs = partition_files(data_dir, STREAM, 0)
             older = {path: disk_faults.snapshot(path) for path in logs} if how == "rollback" else {}
