@@ -13,18 +13,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import aetcd.exceptions
+import msgspec
 import pytest
 
 pytest.importorskip("pyspark")
 
+from tests.broker.test_secure_links import Pki, TlsEtcd
 from tests.helpers import BOUND
 from tests.ui.helpers import scrape, value
 from tidelog.client import LoopThread, TidelogClient
 from tidelog.launch.ports import free_ports
 from tidelog.local.serve_process import ServedBroker, start_served_broker
+from tidelog.metadata.etcd_client import EtcdTls, open_etcd
+from tidelog.metadata.namespace import namespace_keys
+from tidelog.metadata.records import StreamRecord, encode
+from tidelog.metadata.remote_segments import RemoteSegmentList, remote_key
 from tidelog.spark.options import SourceOptionError, parse_options
 from tidelog.spark.planning import OffsetRange
-from tidelog.spark.remote import _segment_tasks
+from tidelog.spark.remote import _segment_lists, _segment_tasks
 from tidelog.storage.remote_segment import RemoteSegment
 
 if TYPE_CHECKING:
@@ -119,3 +126,62 @@ def test_tiered_options_are_checked_when_the_query_is_defined() -> None:
         parse_options({**base, "tieredStore": "s3://b", "etcd": "h:1", "tieredStore.accessKeyId": "k"})
     parsed = parse_options({**base, "tieredStore": "s3://b", "etcd": "h:1,g:2", "namespace": "prod"})
     assert parsed.tiered is not None and parsed.tiered.etcd == (("h", 1), ("g", 2))
+
+
+async def test_the_driver_reads_the_segment_lists_from_an_etcd_that_requires_tls(tmp_path: Path) -> None:
+    """``etcd.tls.*``: the lists are read over TLS with a client certificate; without them the etcd refuses."""
+    pki = Pki(tmp_path)
+    etcd = TlsEtcd(
+        tmp_path / "etcd",
+        extra_args=[
+            "--cert-file", str(pki.server_cert), "--key-file", str(pki.server_key),
+            "--trusted-ca-file", str(pki.ca_file), "--client-cert-auth",
+        ],
+    )  # fmt: skip
+    await etcd.start()
+    try:
+        keys = namespace_keys("tidelog")
+        tls = EtcdTls.from_files(pki.ca_file, pki.client_cert, pki.client_key)
+        writer = open_etcd([("127.0.0.1", etcd.client_port)], timeout=10, tls=tls)
+        await writer.connect()
+        stream = StreamRecord(STREAM, STREAM, STREAM, 1, 1, created_ns=7)
+        await writer.put(keys.stream(STREAM), encode(stream))
+        listed = RemoteSegmentList((segment(0, 10), segment(10, 20)), stream_created_ns=7, offloaded_end=20)
+        await writer.put(remote_key(keys, STREAM, 0), msgspec.msgpack.encode(listed))
+        await writer.close()
+
+        options = {"streams": STREAM, "tieredStore": "s3://b", "etcd": f"127.0.0.1:{etcd.client_port}"}
+        secured = {
+            **options,
+            "etcd.tls.ca": str(pki.ca_file),
+            "etcd.tls.cert": str(pki.client_cert),
+            "etcd.tls.key": str(pki.client_key),
+        }
+        tiered = parse_options(secured).tiered
+        assert tiered is not None
+        found = await _segment_lists(tiered, [(STREAM, 0)])
+        assert [s.base_offset for s in found[(STREAM, 0)]] == [0, 10]
+
+        plain = parse_options(options).tiered
+        assert plain is not None
+        with pytest.raises(aetcd.exceptions.ConnectionFailedError):  # a TLS etcd does not answer a clear dial
+            await _segment_lists(plain, [(STREAM, 0)])
+    finally:
+        await etcd.stop()
+
+
+def test_etcd_security_options_are_checked_when_the_query_is_defined(tmp_path: Path) -> None:
+    base = {"streams": "s", "tieredStore": "s3://b", "etcd": "h:1"}
+    with pytest.raises(SourceOptionError, match=r"etcd\.tls\.ca"):
+        parse_options({**base, "etcd.tls.ca": str(tmp_path / "missing.pem")})
+    with pytest.raises(SourceOptionError, match="needs TLS"):
+        parse_options({**base, "etcd.username": "spark", "etcd.password": "pw"})
+    with pytest.raises(SourceOptionError, match=r"etcd\.password"):
+        parse_options({**base, "etcd.username": "spark"})
+    with pytest.raises(SourceOptionError, match="applies with tieredStore only"):
+        parse_options({"streams": "s", "etcd.tls.ca": "x"})
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    parsed = parse_options({**base, "etcd.tls.ca": str(ca), "etcd.username": "spark", "etcd.password": "pw"})
+    assert parsed.tiered is not None and parsed.tiered.etcd_credentials == ("spark", "pw")
+    assert "pw" not in repr(parsed)

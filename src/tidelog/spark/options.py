@@ -42,8 +42,14 @@ option                     meaning
 ``tieredStore.region``,    ``_secret_access_key``
 ``tieredStore.accessKeyId``,
 ``tieredStore.secretAccessKey``
-``etcd``                   the cluster's etcd endpoints (``host:port``, comma-separated; plaintext): where the
-                           driver reads the lists of offloaded segments
+``etcd``                   the cluster's etcd endpoints (``host:port``, comma-separated): where the driver reads
+                           the lists of offloaded segments
+``etcd.tls.ca``            dial etcd over TLS, verifying it against this CA file (PEM), as the brokers'
+                           ``etcd_tls_ca``
+``etcd.tls.cert``,         a client certificate and its key (PEM), for an etcd that requires one (implies TLS);
+``etcd.tls.key``           read on the driver only (executors never talk to etcd)
+``etcd.username``,         an etcd user, as the brokers' ``etcd_user`` and ``etcd_password``; TLS only
+``etcd.password``          (``etcd.tls.ca``): a password is never sent in clear
 ``namespace``              the cluster's namespace in etcd (default ``tidelog``, the brokers' default)
 =========================  ==========================================================================================
 
@@ -104,9 +110,15 @@ _NAMES = (
     "tieredStore.accessKeyId",
     "tieredStore.secretAccessKey",
     "etcd",
+    "etcd.tls.ca",
+    "etcd.tls.cert",
+    "etcd.tls.key",
+    "etcd.username",
+    "etcd.password",
     "namespace",
 )
 _TIERED = ("tieredStore.endpoint", "tieredStore.region", "tieredStore.accessKeyId", "tieredStore.secretAccessKey")
+_ETCD_SECURITY = ("etcd.tls.ca", "etcd.tls.cert", "etcd.tls.key", "etcd.username", "etcd.password")
 _CANONICAL = {name.lower(): name for name in _NAMES}
 _STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 _BATCH_ONLY = ("endingOffsets",)
@@ -132,6 +144,8 @@ class TieredSource:
     region: str = "us-east-1"
     access_key_id: str | None = None
     secret_access_key: str | None = None
+    etcd_tls: TlsFiles | None = None  # None: etcd in clear
+    etcd_credentials: tuple[str, str] | None = field(default=None, repr=False)  # etcd.username/password
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +234,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 def _tiered(values: Mapping[str, str]) -> TieredSource | None:
     """The ``tieredStore*``, ``etcd`` and ``namespace`` options; None without ``tieredStore``."""
     if "tieredStore" not in values:
-        for option in (*_TIERED, "etcd", "namespace"):
+        for option in (*_TIERED, "etcd", *_ETCD_SECURITY, "namespace"):
             if option in values:
                 raise SourceOptionError(option, "applies with tieredStore only")
         return None
@@ -250,7 +264,24 @@ def _tiered(values: Mapping[str, str]) -> TieredSource | None:
         values.get("tieredStore.region", "us-east-1"),
         values.get("tieredStore.accessKeyId"),
         values.get("tieredStore.secretAccessKey"),
+        *_etcd_security(values),
     )
+
+
+def _etcd_security(values: Mapping[str, str]) -> tuple[TlsFiles | None, tuple[str, str] | None]:
+    """The ``etcd.tls.*`` files and the ``etcd.username``/``etcd.password`` pair (checked as the ``tls.*`` and
+    ``sasl.*`` options are: the same rules, for the link to etcd)."""
+    renamed = {option.removeprefix("etcd."): values[option] for option in _ETCD_SECURITY if option in values}
+    tls = tls_files(renamed, lambda option, problem: SourceOptionError(f"etcd.{option}", problem))
+    user, password = values.get("etcd.username"), values.get("etcd.password")
+    if user is None and password is None:
+        return tls, None
+    if user is None or not user.strip() or not password:
+        missing = "etcd.username" if user is None or not user.strip() else "etcd.password"
+        raise SourceOptionError(missing, "is missing or empty (etcd.username and etcd.password go together)")
+    if tls is None:
+        raise SourceOptionError("etcd.username", "an etcd password login needs TLS (etcd.tls.ca): never sent in clear")
+    return tls, (user.strip(), password)
 
 
 def tls_files(values: Mapping[str, str], error: Callable[[str, str], Exception]) -> TlsFiles | None:

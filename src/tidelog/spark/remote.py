@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidelog.client.records import FetchedBatch
-from tidelog.metadata.etcd_client import open_etcd
+from tidelog.metadata.etcd_client import EtcdTls, open_etcd
 from tidelog.metadata.namespace import namespace_keys
 from tidelog.metadata.records import decode_stream
 from tidelog.metadata.remote_segments import RemoteSegmentLists
@@ -95,7 +95,15 @@ async def _segment_lists(
     """Each partition's remote segments, as etcd lists them now; none for a stream whose bytes are encrypted,
     or whose list belongs to an earlier stream of the same name."""
     keys = namespace_keys(tiered.namespace)
-    client: Any = open_etcd(tiered.etcd, timeout=ETCD_TIMEOUT)
+    tls = tiered.etcd_tls
+    user, password = tiered.etcd_credentials or (None, None)
+    client: Any = open_etcd(
+        tiered.etcd,
+        timeout=ETCD_TIMEOUT,
+        tls=EtcdTls.from_files(tls.ca, tls.cert, tls.key) if tls is not None else None,
+        user=user,
+        password=password,
+    )
     try:
         async with asyncio.timeout(ETCD_TIMEOUT):
             await client.connect()
