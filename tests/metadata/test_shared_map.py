@@ -1,8 +1,12 @@
-"""SharedMap: an edited copy holds the edit, the original is unchanged, and untouched shards are shared."""
+"""SharedMap: an edited copy holds the edit, the original is unchanged, and untouched shards are shared; the
+placement load read from one is the same as counted record by record."""
 
 from __future__ import annotations
 
+from tidelog.metadata.placement import PendingPlacements, placement_load
+from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.shared_map import DELETED, SHARDS, SharedMap
+from tidelog.metadata.snapshot import MetadataSnapshot
 
 
 def test_an_edit_copies_only_the_shards_it_touches() -> None:
@@ -17,3 +21,14 @@ def test_an_edit_copies_only_the_shards_it_touches() -> None:
     assert sorted(edited.values()) == sorted(dict(edited).values())
     assert edited == dict(edited) and edited != base and base == SharedMap(dict(base))
     assert base.edit({}) is base
+
+
+def test_the_placement_load_of_a_shared_map_is_counted_again_only_where_it_changed() -> None:
+    def record(i: int, replicas: str) -> PartitionRecord:
+        return PartitionRecord(f"s{i}", 0, tuple(replicas), replicas[0], tuple(replicas))
+
+    base = SharedMap({(f"s{i}", 0): record(i, "abc"[i % 3 :] + "abc"[: i % 3]) for i in range(1_000)})
+    pending = PendingPlacements()
+    assert pending.load(MetadataSnapshot(1, {}, base)) == placement_load(base.values())
+    edited = base.edit({("s1", 0): record(1, "aa"), ("s1000", 0): record(1_000, "c"), ("s2", 0): DELETED})
+    assert pending.load(MetadataSnapshot(2, {}, edited)) == placement_load(edited.values())

@@ -74,6 +74,10 @@ class SharedMap(Mapping[K, V]):
                 shard[key] = value
         return SharedMap._of(tuple(shards), length)
 
+    def shards(self) -> tuple[Mapping[K, V], ...]:
+        """The shards, never changed once made: a cache keyed by a shard's identity stays valid while it lives."""
+        return self._shards
+
     def shares_with(self, other: SharedMap[Any, Any]) -> int:
         """How many shards this map and ``other`` hold in common (the same dict object): for tests."""
         return sum(1 for a, b in zip(self._shards, other._shards, strict=True) if a is b)
