@@ -32,3 +32,12 @@ def test_the_placement_load_of_a_shared_map_is_counted_again_only_where_it_chang
     assert pending.load(MetadataSnapshot(1, {}, base)) == placement_load(base.values())
     edited = base.edit({("s1", 0): record(1, "aa"), ("s1000", 0): record(1_000, "c"), ("s2", 0): DELETED})
     assert pending.load(MetadataSnapshot(2, {}, edited)) == placement_load(edited.values())
+
+
+def test_a_map_grown_one_key_at_a_time_gets_more_shards() -> None:
+    grown: SharedMap[int, int] = SharedMap()
+    assert len(grown.shards()) == 1
+    for i in range(3_000):
+        grown = grown.edit({i: i})
+    assert len(grown.shards()) == SHARDS and dict(grown) == {i: i for i in range(3_000)}
+    assert grown.edit({5: -5}).shares_with(grown) == SHARDS - 1

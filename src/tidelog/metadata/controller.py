@@ -408,6 +408,8 @@ class Controller:
         for broker in list(self._shutting_down):
             if old.brokers.get(broker) != new.brokers.get(broker):
                 self._shutting_down.discard(broker)  # it exited, or it is back: either way no longer leaving
+        if self._term is None:
+            return  # not the controller: an election plans over everything anyway
         keys = changed_partitions(old, new)
         if keys is None:
             self._replan_all = True

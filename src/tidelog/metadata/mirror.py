@@ -131,7 +131,11 @@ class MetadataMirror:
     async def start(self) -> None:
         """Load the prefix and start following it."""
         self._publisher = asyncio.create_task(self._publish_loop(), name="metadata-mirror-publish")
-        await self._follower.start()
+        try:
+            await self._follower.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         await self._follower.stop()

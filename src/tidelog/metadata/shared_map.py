@@ -2,11 +2,13 @@
 
 The metadata mirror publishes a new :class:`~tidelog.metadata.snapshot.MetadataSnapshot` on every change, and a
 snapshot must never change once published (readers hold it without locks). Copying a dict of every partition
-for each change made one change cost O(cluster size). A :class:`SharedMap` keeps its entries in
+for each change made one change cost O(cluster size). A :class:`SharedMap` keeps its entries in up to
 :data:`SHARDS` small dicts chosen by the key's hash: :meth:`SharedMap.edit` copies the tuple of shards and only
 the shards an edit touches, and shares the others with the original. An edit of ``k`` keys in a map of ``n``
 costs about ``SHARDS + k * n / SHARDS`` pointer copies (done in C), instead of ``n``; a lookup is one hash, one
-tuple index and one dict lookup.
+tuple index and one dict lookup. A small map (a few brokers) has fewer shards, down to one, so that iterating
+it costs what iterating a dict does; a map that grows past :data:`PER_SHARD` entries a shard is split again
+(doubling, so the copies this takes cost O(1) per entry added, amortized).
 
 It is enough for the sizes tidelog aims at (tens of thousands of partitions: a shard holds a few hundred); a
 hash array mapped trie would be O(log n) at any size, at the price of slower lookups in pure Python.
@@ -22,9 +24,18 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 SHARDS = 128
-"""Shards per map (a power of two: a key's shard is its hash's low bits)."""
+"""The most shards a map has (a power of two, as every shard count: a key's shard is its hash's low bits)."""
 
-_MASK = SHARDS - 1
+PER_SHARD = 16
+"""Entries per shard above which a map has more shards (until :data:`SHARDS`)."""
+
+
+def _shard_count(length: int) -> int:
+    count = 1
+    while count < SHARDS and length > PER_SHARD * count:
+        count *= 2
+    return count
+
 
 DELETED: Any = object()
 """The value that removes a key in :meth:`SharedMap.edit`."""
@@ -33,20 +44,27 @@ DELETED: Any = object()
 class SharedMap(Mapping[K, V]):
     """An immutable mapping; :meth:`edit` makes a changed copy that shares the untouched shards."""
 
-    __slots__ = ("_len", "_shards")
+    __slots__ = ("_len", "_mask", "_shards")
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
-        shards: list[dict[K, V]] = [{} for _ in range(SHARDS)]
-        pairs = items.items() if isinstance(items, Mapping) else items
+        pairs = list(items.items() if isinstance(items, Mapping) else items)
+        self._fill(pairs, _shard_count(len(pairs)))
+
+    def _fill(self, pairs: Iterable[tuple[K, V]], count: int) -> None:
+        shards: list[dict[K, V]] = [{} for _ in range(count)]
+        mask = count - 1
         for key, value in pairs:
-            shards[hash(key) & _MASK][key] = value
+            shards[hash(key) & mask][key] = value
         self._shards: tuple[dict[K, V], ...] = tuple(shards)
+        self._mask = mask
         self._len = sum(len(s) for s in shards)
 
     @classmethod
     def _of(cls, shards: tuple[dict[K, V], ...], length: int) -> SharedMap[K, V]:
         made: SharedMap[K, V] = cls.__new__(cls)
-        made._shards, made._len = shards, length
+        made._shards, made._mask, made._len = shards, len(shards) - 1, length
+        if _shard_count(length) > len(shards):  # grown: split into more shards (every entry copied, rarely)
+            made._fill(itertools.chain.from_iterable(s.items() for s in shards), _shard_count(length))
         return made
 
     def edit(self, changes: Mapping[K, V]) -> SharedMap[K, V]:
@@ -58,7 +76,7 @@ class SharedMap(Mapping[K, V]):
         copied: set[int] = set()
         length = self._len
         for key, value in changes.items():
-            i = hash(key) & _MASK
+            i = hash(key) & self._mask
             if value is DELETED and key not in shards[i]:
                 continue  # nothing to remove: the shard stays shared
             if i not in copied:
@@ -80,16 +98,16 @@ class SharedMap(Mapping[K, V]):
 
     def shares_with(self, other: SharedMap[Any, Any]) -> int:
         """How many shards this map and ``other`` hold in common (the same dict object): for tests."""
-        return sum(1 for a, b in zip(self._shards, other._shards, strict=True) if a is b)
+        return sum(1 for a, b in zip(self._shards, other._shards, strict=False) if a is b)
 
     def __getitem__(self, key: K) -> V:
-        return self._shards[hash(key) & _MASK][key]
+        return self._shards[hash(key) & self._mask][key]
 
     def get(self, key: K, default: Any = None) -> Any:
-        return self._shards[hash(key) & _MASK].get(key, default)
+        return self._shards[hash(key) & self._mask].get(key, default)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._shards[hash(key) & _MASK]
+        return key in self._shards[hash(key) & self._mask]
 
     def __iter__(self) -> Iterator[K]:
         return itertools.chain.from_iterable(self._shards)
@@ -104,7 +122,7 @@ class SharedMap(Mapping[K, V]):
         return _Items(self)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, SharedMap) and all(a is b for a, b in zip(self._shards, other._shards, strict=True)):
+        if isinstance(other, SharedMap) and other.shares_with(self) == len(self._shards) == len(other._shards):
             return True
         if not isinstance(other, Mapping) or len(other) != self._len:
             return False
