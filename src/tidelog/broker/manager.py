@@ -57,7 +57,7 @@ from tidelog.broker.peers import Peers
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
+from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey, changed_partitions
 from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, UnknownPartitionError, UnknownStreamError
 from tidelog.protocol.tls import SslSource
 from tidelog.replication.follower.fetcher import ReplicaFetcher
@@ -72,6 +72,9 @@ from tidelog.storage.recovery_damage import DamagedLogError
 log = logging.getLogger(__name__)
 
 LogConfigFactory = Callable[[StreamRecord], LogConfig]
+
+RECONCILE_CONCURRENCY = 32
+"""Partitions a reconcile brings in line at once (opening logs, starting leaders and their NATS ingest)."""
 
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""
@@ -227,56 +230,82 @@ class PartitionManager:
 
     # ------------------------------------------------------------------------------------------ reconcile
 
-    async def reconcile(self, _old: MetadataSnapshot, new: MetadataSnapshot) -> None:
-        """Mirror listener: bring the running partitions in line with ``new``."""
+    async def reconcile(self, old: MetadataSnapshot, new: MetadataSnapshot) -> None:
+        """Mirror listener: bring the running partitions in line with ``new``.
+
+        Only the partitions the change touched are looked at (:func:`changed_partitions`), all of them when it
+        does not say or a broker came or went; those this broker holds are brought in line
+        :data:`RECONCILE_CONCURRENCY` at a time (a failover makes many leaders here at once, and each waits on
+        its log and its NATS subscription)."""
         async with self._lock:
             self._snapshot = new
             if self._checkpointer is None:
                 self._checkpointer = asyncio.create_task(self._checkpoint_followers(), name="follower-hw")
-            mine = {
-                (p.stream, p.id): p
-                for p in new.partitions.values()
-                if self.broker_id in p.replicas and p.stream in new.streams
-            }
-            for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
-                await self._stop(key, delete=key[0] not in new.streams)
-            for key in [k for k in self._paused if k not in mine]:
-                closed = self._paused.pop(key)
-                self._paused_bounds.pop(key, None)
-                if key[0] not in new.streams:  # deleted while paused: its log is closed already
-                    await _delete_directory(closed)
-                    log.info("deleted partition %s/%d (it was paused)", *key)
-            for key in [k for k in self.damaged.refused() if k not in mine]:
-                directory = self.damaged.forget(key)
-                if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
-                    await _delete_directory(directory)
-                    log.info("deleted partition %s/%d (it was not opened: damaged)", *key)
-            for key, record in mine.items():
-                stream = new.streams[key[0]]
-                if record.paused:
-                    await self._pause(key, stream, record)
-                    continue
-                if self._paused.pop(key, None) is not None:
-                    self._paused_bounds.pop(key, None)
-                    log.info("resuming %s/%d", *key)
-                if record.leader == self.broker_id:
-                    running = self._partitions.get(key)
-                    if running is None:
-                        await self._lead(stream, record)
-                    elif running.record.leader_epoch != record.leader_epoch:
-                        # Re-elected: a new term starts from fresh follower state, on the same open log.
-                        await self._stop(key, delete=False, keep_log=True)
-                        reuse = (running.log, running.high_watermark, running.producers)
-                        await self._lead(stream, record, reuse=reuse)
-                    elif running.record != record:
-                        running.update_record(record)
+            keys = changed_partitions(old, new)
+            held = (*self._partitions, *self._followers, *self._paused, *self.damaged.refused())
+            if keys is None:
+                keys = {k for k, p in new.partitions.items() if self.broker_id in p.replicas} | set(held)
+            mine: dict[PartitionKey, PartitionRecord] = {}
+            for key in keys:
+                record = new.partitions.get(key)
+                if record is not None and self.broker_id in record.replicas and key[0] in new.streams:
+                    mine[key] = record
                 else:
-                    await self._follow(stream, record, new)
-                replica = self._partitions.get(key) or self._followers.get(key)
-                if replica is not None:  # a rotated key: new writes seal with it
-                    replica.log.keyring = self.vault.keyring(record)
-                if replica is not None and replica.stream != stream:  # settings changed: `tidelog stream alter`
-                    self._restream(replica, stream)
+                    await self._drop(key, new)
+            limit = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+
+            async def bounded(key: PartitionKey, record: PartitionRecord) -> None:
+                async with limit:
+                    await self._reconcile_one(key, record, new)
+
+            outcomes = await asyncio.gather(*(bounded(k, r) for k, r in mine.items()), return_exceptions=True)
+            for key, outcome in zip(mine, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    log.error("%s/%d: acting on its new metadata failed", *key, exc_info=outcome)
+
+    async def _drop(self, key: PartitionKey, new: MetadataSnapshot) -> None:
+        """Stop holding a partition this broker is no longer a replica of (deleting its data with its stream)."""
+        if key in self._partitions or key in self._followers:
+            await self._stop(key, delete=key[0] not in new.streams)
+        closed = self._paused.pop(key, None)
+        if closed is not None:
+            self._paused_bounds.pop(key, None)
+            if key[0] not in new.streams:  # deleted while paused: its log is closed already
+                await _delete_directory(closed)
+                log.info("deleted partition %s/%d (it was paused)", *key)
+        if key in self.damaged.refused():
+            directory = self.damaged.forget(key)
+            if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
+                await _delete_directory(directory)
+                log.info("deleted partition %s/%d (it was not opened: damaged)", *key)
+
+    async def _reconcile_one(self, key: PartitionKey, record: PartitionRecord, new: MetadataSnapshot) -> None:
+        """Bring one partition this broker is a replica of in line with its record."""
+        stream = new.streams[key[0]]
+        if record.paused:
+            await self._pause(key, stream, record)
+            return
+        if self._paused.pop(key, None) is not None:
+            self._paused_bounds.pop(key, None)
+            log.info("resuming %s/%d", *key)
+        if record.leader == self.broker_id:
+            running = self._partitions.get(key)
+            if running is None:
+                await self._lead(stream, record)
+            elif running.record.leader_epoch != record.leader_epoch:
+                # Re-elected: a new term starts from fresh follower state, on the same open log.
+                await self._stop(key, delete=False, keep_log=True)
+                reuse = (running.log, running.high_watermark, running.producers)
+                await self._lead(stream, record, reuse=reuse)
+            elif running.record != record:
+                running.update_record(record)
+        else:
+            await self._follow(stream, record, new)
+        replica = self._partitions.get(key) or self._followers.get(key)
+        if replica is not None:  # a rotated key: new writes seal with it
+            replica.log.keyring = self.vault.keyring(record)
+        if replica is not None and replica.stream != stream:  # settings changed: `tidelog stream alter`
+            self._restream(replica, stream)
 
     def _restream(self, replica: Partition | FollowedPartition, stream: StreamRecord) -> None:
         """Apply a stream's changed settings to a running replica: its log's roll, retention and compaction, a

@@ -6,7 +6,8 @@ While this broker's :class:`~tidelog.metadata.controller_election.ControllerElec
 - **reconcile**: on election and after every mirror change to brokers or partitions, it runs
   :func:`~tidelog.metadata.controller_plans.plan_failover` (dead leaders replaced from the ISR, dead followers
   out of the ISR) and writes the result. Changes arrive in bursts (a stream's creation is one watch event per
-  partition), so the task only sets a flag per change and plans once per wake-up, on the newest snapshot.
+  partition), so the task only gathers the changed partitions and plans once per wake-up, on the newest
+  snapshot: over those partitions only, or over all of them when a broker came or went (or on election).
 - **balance**: every ``balance_interval`` seconds, after an initial delay that lets a returning broker catch up
   and rejoin the ISR first, it runs :func:`~tidelog.metadata.controller_plans.plan_balance`.
 
@@ -18,14 +19,15 @@ controller, so that the caller forwards them): :meth:`Controller.alter_isr`,
 :meth:`Controller.add_partitions` and :meth:`Controller.alter_stream`; :meth:`Controller.balance_now` runs the
 balance at once (``tidelog cluster rebalance``).
 
-**Every write is fenced and a compare-and-swap.** Each partition is written in its own
-:class:`~tidelog.metadata.fenced_writer.FencedWriter` transaction that also compares the partition key with the
-exact record the plan started from. The fence makes etcd refuse a deposed controller's writes, whatever it
-believes (a write refused that way ends the term: the election steps down and calls :meth:`on_deposed`); the
-compare makes a plan made from a stale view (the mirror lags etcd) fail instead of overwriting a newer record —
-the mirror then delivers the newer record and the plan is made again from it. Nothing here trusts timing.
-Those writes are :class:`~tidelog.metadata.partition_writes.PartitionWrites`; a broker reported unreachable is
-checked by :func:`~tidelog.metadata.broker_probe.probe_and_revoke`.
+**Every write is fenced and a compare-and-swap.** Partitions are written in
+:class:`~tidelog.metadata.fenced_writer.FencedWriter` transactions that also compare each partition key with the
+exact record the plan started from (many partitions to a transaction: a failover of hundreds is a few). The fence
+makes etcd refuse a deposed controller's writes, whatever it believes (a write refused that way ends the term: the
+election steps down and calls :meth:`on_deposed`); the compare makes a plan made from a stale view (the mirror lags
+etcd) fail instead of overwriting a newer record — the mirror then delivers the newer record and the plan is made
+again from it. Nothing here trusts timing. Those writes are
+:class:`~tidelog.metadata.partition_writes.PartitionWrites`; a broker reported unreachable is checked by
+:func:`~tidelog.metadata.broker_probe.probe_and_revoke`.
 
 **Errors.** A fenced write ends the task that made it quietly. Any other etcd error is logged and the work is
 tried again after a backoff that doubles up to ``retry_max`` (or at the next tick, for balancing): no busy loop.
@@ -76,7 +78,7 @@ from tidelog.metadata.records import (
     PartitionRecord,
     StreamRecord,
 )
-from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey, changed_partitions
 from tidelog.metadata.stream_changes import ChangeOutcome, StreamChanges
 from tidelog.metadata.stream_creation import CHUNK_PARTITIONS, CreateOutcome, StreamCreation
 from tidelog.metadata.suspension import (
@@ -139,6 +141,8 @@ class Controller:
         self._term: ControllerTerm | None = None  # from on_elected to on_deposed
         self._writer: FencedWriter | None = None  # the writer of _term
         self._dirty = asyncio.Event()  # the reconcile task has something new to look at
+        self._replan: set[PartitionKey] = set()  # ... these partitions changed since its last plan
+        self._replan_all = True  # ... or everything may have (a broker came or went, a whole read, a new term)
         self._tasks: list[asyncio.Task[None]] = []
         self._probes: dict[str, asyncio.Task[ProbeOutcome]] = {}  # in flight, so reports of one death share one
         self._changed = asyncio.Event()  # replaced whenever `active` may have changed; see wait_for
@@ -188,6 +192,7 @@ class Controller:
         writer = FencedWriter(self._client, self._keys, term, owner=self._election)
         self._writer = writer
         self._shutting_down.clear()
+        self._replan_all = True
         self._dirty.set()
         self._tasks = [
             asyncio.create_task(self._reconcile_loop(writer), name=f"controller-reconcile-{term.epoch}"),
@@ -403,7 +408,14 @@ class Controller:
         for broker in list(self._shutting_down):
             if old.brokers.get(broker) != new.brokers.get(broker):
                 self._shutting_down.discard(broker)  # it exited, or it is back: either way no longer leaving
-        if old.brokers != new.brokers or old.partitions != new.partitions:
+        if self._term is None:
+            return  # not the controller: an election plans over everything anyway
+        keys = changed_partitions(old, new)
+        if keys is None:
+            self._replan_all = True
+            self._dirty.set()
+        elif keys:
+            self._replan.update(keys)
             self._dirty.set()
 
     async def _reconcile_loop(self, writer: FencedWriter) -> None:
@@ -411,7 +423,9 @@ class Controller:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            changes = plan_failover(self._latest, self._shutting_down, self._unclean_default)
+            keys = None if self._replan_all else self._replan
+            self._replan_all, self._replan = False, set()
+            changes = plan_failover(self._latest, self._shutting_down, self._unclean_default, keys)
             try:
                 await self._writes.apply(writer, changes)
             except ControllerFencedError:
@@ -420,6 +434,7 @@ class Controller:
                 log.warning(
                     "controller %s: failover writes failed (%s); retrying in %.1fs", self.broker_id, error, backoff
                 )
+                self._replan_all = True  # the keys of this round are gone: look at everything again
                 self._dirty.set()
                 await self._clock.sleep(backoff)
                 backoff = min(backoff * 2, self._retry_max)

@@ -39,7 +39,7 @@ import msgspec
 
 from tidelog.metadata.fenced_writer import ControllerError
 from tidelog.metadata.records import PartitionRecord
-from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 
 OFFLINE = ""
 """The ``leader`` of a partition that has none."""
@@ -133,17 +133,24 @@ def failover(record: PartitionRecord, live: Set[str], shutting_down: Set[str], u
 
 
 def plan_failover(
-    snapshot: MetadataSnapshot, shutting_down: Set[str] = frozenset(), unclean_default: bool = False
+    snapshot: MetadataSnapshot,
+    shutting_down: Set[str] = frozenset(),
+    unclean_default: bool = False,
+    keys: Iterable[PartitionKey] | None = None,
 ) -> list[PartitionChange]:
-    """:func:`failover` for every partition, in (stream, id) order; leader changes first, then ISR shrinks.
+    """:func:`failover` for every partition (or those of ``keys`` that exist), in (stream, id) order; leader
+    changes first, then ISR shrinks.
 
     Leader changes come first because they are what restores availability; a shrink only lets a live leader's
-    HW move on.
+    HW move on. ``keys`` lets the controller plan only what changed since its last plan, when no broker came
+    or went meanwhile (a partition's plan depends only on its record and the live brokers).
     """
     live = snapshot.brokers.keys()
     changes: list[PartitionChange] = []
-    for key in sorted(snapshot.partitions):
-        record = snapshot.partitions[key]
+    for key in sorted(snapshot.partitions if keys is None else keys):
+        record = snapshot.partitions.get(key)
+        if record is None:
+            continue
         change = failover(record, live, shutting_down, _unclean_allowed(snapshot, record, unclean_default))
         if change is not None:
             changes.append(change)

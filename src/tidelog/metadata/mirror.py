@@ -1,9 +1,18 @@
 """The broker's local mirror of the etcd keyspace (Gazette's KeySpace idea).
 
 The mirror loads the whole prefix once, then follows a watch from the next revision, so it sees every change
-exactly once and in etcd's order. Each applied change produces a new :class:`MetadataSnapshot`; listeners are
-called with the old and new snapshot and reconcile what they run (open a partition, start a subscription).
+exactly once and in etcd's order. Applied changes produce a new :class:`MetadataSnapshot`; listeners are called
+with the old and new snapshot and reconcile what they run (open a partition, start a subscription).
 ``wait_for`` lets a request that just wrote to etcd wait until this broker has acted on it.
+
+**A change costs what changed.** A watch event edits only its own record: the snapshot's maps are
+:class:`~tidelog.metadata.shared_map.SharedMap` values, so the new snapshot shares every other record with the
+old one, and its ``change`` (:class:`~tidelog.metadata.snapshot.SnapshotChange`) names the keys that changed, so
+that listeners look at those only (:func:`~tidelog.metadata.snapshot.changed_partitions`). Events are applied
+as they arrive, and published by a task of their own: the events applied while the listeners of the previous
+snapshot ran (a transaction of a hundred partition records is a hundred events delivered together) are
+published as one snapshot, whose ``change`` names them all, so a failover that moves many leaders reaches the
+partition manager as one reconcile of exactly those partitions.
 
 A partition appears in a snapshot only while its stream record exists. A stream's partitions are written before
 its record, in several transactions when there are many (:mod:`tidelog.metadata.stream_creation`): the mirror
@@ -21,18 +30,70 @@ freezes on a change it has not seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from tidelog.metadata.prefix_follower import PrefixFollower
-from tidelog.metadata.records import Keys, PartitionRecord, decode_broker, decode_partition, decode_stream
+from tidelog.metadata.records import (
+    BrokerRecord,
+    Keys,
+    PartitionRecord,
+    StreamRecord,
+    decode_broker,
+    decode_partition,
+    decode_stream,
+)
 from tidelog.metadata.remote_segments import remote_prefix
-from tidelog.metadata.snapshot import MetadataSnapshot
+from tidelog.metadata.shared_map import DELETED, SharedMap
+from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey, SnapshotChange
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[MetadataSnapshot, MetadataSnapshot], Awaitable[None]]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Edit(Generic[K, V]):
+    """Changes to one map of the snapshot, read through to it: applied with :meth:`SharedMap.edit`."""
+
+    def __init__(self, base: Mapping[K, V]) -> None:
+        self.base = base
+        self.changes: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        if key in self.changes:
+            found = self.changes[key]
+            return None if found is DELETED else found
+        return self.base.get(key)
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.changes[key] = value
+
+    def pop(self, key: K) -> V | None:
+        found = self.get(key)
+        if found is not None:
+            self.changes[key] = DELETED
+        return found
+
+    def result(self) -> SharedMap[K, V]:
+        base = self.base if isinstance(self.base, SharedMap) else SharedMap(self.base)
+        return base.edit(self.changes)
+
+
+class _Head:
+    """The newest state applied (ahead of the published snapshot while its listeners run), and what changed
+    since the last snapshot published (None: a whole read, anything may have)."""
+
+    def __init__(self, snapshot: MetadataSnapshot) -> None:
+        self.revision = snapshot.revision
+        self.streams: Mapping[str, StreamRecord] = snapshot.streams
+        self.partitions: Mapping[PartitionKey, PartitionRecord] = snapshot.partitions
+        self.brokers: Mapping[str, BrokerRecord] = snapshot.brokers
+        self.changed: tuple[set[PartitionKey], set[str], set[str]] | None = (set(), set(), set())
 
 
 class MetadataMirror:
@@ -42,8 +103,11 @@ class MetadataMirror:
         self._client = client
         self._keys = keys
         self._snapshot = MetadataSnapshot()
+        self._head = _Head(self._snapshot)
         self._listeners: list[Listener] = []
         self._changed = asyncio.Condition()
+        self._pending = asyncio.Event()  # the head has changes not published yet
+        self._publisher: asyncio.Task[None] | None = None
         self._follower = PrefixFollower(
             client, keys.prefix.encode() + b"/", name="metadata-mirror", load=self._load, apply=self._apply
         )
@@ -61,15 +125,25 @@ class MetadataMirror:
         return self._follower.watching
 
     def add_listener(self, listener: Listener) -> None:
-        """Call ``listener(old, new)`` after every applied change, in order, one at a time."""
+        """Call ``listener(old, new)`` after every published change, in order, one at a time."""
         self._listeners.append(listener)
 
     async def start(self) -> None:
         """Load the prefix and start following it."""
-        await self._follower.start()
+        self._publisher = asyncio.create_task(self._publish_loop(), name="metadata-mirror-publish")
+        try:
+            await self._follower.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         await self._follower.stop()
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+            self._publisher = None
 
     async def wait_for(
         self, predicate: Callable[[MetadataSnapshot], bool], timeout: float | None = None
@@ -89,36 +163,51 @@ class MetadataMirror:
             return await wait()
 
     async def _load(self, result: Any, again: bool) -> None:
-        """Publish a whole read of the prefix as one snapshot (at start, and when the watch's history is gone)."""
-        streams: dict[str, Any] = {}
-        partitions: dict[Any, Any] = {}
-        brokers: dict[str, Any] = {}
+        """Take a whole read of the prefix as the new state (at start, and when the watch's history is gone); the
+        first is published here, before the watch starts, a later one by the publishing task."""
+        streams: _Edit[str, StreamRecord] = _Edit({})
+        partitions: _Edit[PartitionKey, PartitionRecord] = _Edit({})
+        brokers: _Edit[str, BrokerRecord] = _Edit({})
         self._hidden = {}
         for kv in sorted(result, key=lambda kv: not kv.key.startswith(self._keys.streams.encode())):
             self._apply_kv(streams, partitions, brokers, kv.key, kv.value)  # streams first: their partitions show
-        await self._publish(MetadataSnapshot(result.header.revision, streams, partitions, brokers))
+        head = self._head
+        head.revision = int(result.header.revision)
+        head.streams, head.partitions, head.brokers = streams.result(), partitions.result(), brokers.result()
+        head.changed = None
+        if again:
+            self._pending.set()
+        else:
+            await self._publish_head()
 
     async def _apply(self, event: Any) -> None:
+        """Apply one watch event to the head; the publishing task publishes it."""
         if event.kv.key.startswith(self._remote):
             return  # tiered storage's segment lists: followed by the tier catalog, never part of a snapshot
         if self._held_back(event):
             return  # a partition of a stream not (or no longer) in the snapshot: nothing anyone sees changed
-        snap = self._snapshot
-        streams, partitions, brokers = dict(snap.streams), dict(snap.partitions), dict(snap.brokers)
+        head = self._head
+        streams, partitions, brokers = _Edit(head.streams), _Edit(head.partitions), _Edit(head.brokers)
         if event.kind == "DELETE":
             self._delete_kv(streams, partitions, brokers, event.kv.key)
         else:
             self._apply_kv(streams, partitions, brokers, event.kv.key, event.kv.value)
-        await self._publish(MetadataSnapshot(event.kv.mod_revision, streams, partitions, brokers))
+        head.revision = int(event.kv.mod_revision)
+        head.streams, head.partitions, head.brokers = streams.result(), partitions.result(), brokers.result()
+        if head.changed is not None:
+            head.changed[0].update(partitions.changes)
+            head.changed[1].update(streams.changes)
+            head.changed[2].update(brokers.changes)
+        self._pending.set()
 
     def _held_back(self, event: Any) -> bool:
         """Apply ``event`` to the held-back partitions if it is about one of a stream the snapshot does not have
-        (True), without copying the snapshot: a stream of 10,000 partitions is 10,000 events."""
+        (True), without touching the snapshot: a stream of 10,000 partitions is 10,000 events."""
         text = event.kv.key.decode()
         if not text.startswith(self._keys.partitions):
             return False
         stream, _, pid = text[len(self._keys.partitions) :].rpartition("/")
-        record = self._snapshot.streams.get(stream)
+        record = self._head.streams.get(stream)
         if record is not None and int(pid) < record.partitions:
             return False
         if event.kind == "DELETE":
@@ -128,8 +217,28 @@ class MetadataMirror:
                 if not held:
                     del self._hidden[stream]
         else:
-            self._apply_kv({}, {}, {}, event.kv.key, event.kv.value)
+            self._apply_kv(_Edit({}), _Edit({}), _Edit({}), event.kv.key, event.kv.value)
         return True
+
+    async def _publish_loop(self) -> None:
+        """Publish the head whenever it has changes, one snapshot at a time (those applied meanwhile together)."""
+        while True:
+            await self._pending.wait()
+            self._pending.clear()
+            try:
+                await self._publish_head()
+            except Exception:  # never: _publish guards the listeners; but the mirror must go on publishing
+                log.exception("metadata mirror: publishing revision %d failed", self._head.revision)
+
+    async def _publish_head(self) -> None:
+        head = self._head
+        changed, head.changed = head.changed, (set(), set(), set())
+        change = None
+        if changed is not None:
+            change = SnapshotChange(frozenset(changed[0]), frozenset(changed[1]), frozenset(changed[2]))
+        if change is not None and not change and head.revision == self._snapshot.revision:
+            return
+        await self._publish(MetadataSnapshot(head.revision, head.streams, head.partitions, head.brokers, change))
 
     async def _publish(self, new: MetadataSnapshot) -> None:
         old = self._snapshot
@@ -145,7 +254,12 @@ class MetadataMirror:
             self._changed.notify_all()
 
     def _apply_kv(
-        self, streams: dict[Any, Any], partitions: dict[Any, Any], brokers: dict[Any, Any], key: bytes, value: bytes
+        self,
+        streams: _Edit[str, StreamRecord],
+        partitions: _Edit[PartitionKey, PartitionRecord],
+        brokers: _Edit[str, BrokerRecord],
+        key: bytes,
+        value: bytes,
     ) -> None:
         """Apply a put (a partition of a stream not in ``streams`` is held back)."""
         text = key.decode()
@@ -173,17 +287,23 @@ class MetadataMirror:
             log.exception("ignoring undecodable metadata at %s", text)
 
     def _delete_kv(
-        self, streams: dict[Any, Any], partitions: dict[Any, Any], brokers: dict[Any, Any], key: bytes
+        self,
+        streams: _Edit[str, StreamRecord],
+        partitions: _Edit[PartitionKey, PartitionRecord],
+        brokers: _Edit[str, BrokerRecord],
+        key: bytes,
     ) -> None:
         """Apply a delete (a stream's partitions are held back until their own deletes arrive)."""
         text = key.decode()
         if text.startswith(self._keys.streams):
             name = text[len(self._keys.streams) :]
-            streams.pop(name, None)
-            for pkey in [k for k in partitions if k[0] == name]:  # held back until their own deletes arrive
-                self._hidden.setdefault(name, {})[pkey[1]] = partitions.pop(pkey)
+            record = streams.pop(name)
+            for pid in range(record.partitions if record is not None else 0):  # shown: below the record's count
+                p = partitions.pop((name, pid))
+                if p is not None:  # held back until their own deletes arrive
+                    self._hidden.setdefault(name, {})[pid] = p
         elif text.startswith(self._keys.partitions):
-            stream, _, pid = text[len(self._keys.partitions) :].rpartition("/")
-            partitions.pop((stream, int(pid)), None)
+            stream, _, number = text[len(self._keys.partitions) :].rpartition("/")
+            partitions.pop((stream, int(number)))
         elif text.startswith(self._keys.brokers):
-            brokers.pop(text[len(self._keys.brokers) :], None)
+            brokers.pop(text[len(self._keys.brokers) :])

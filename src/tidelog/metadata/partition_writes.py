@@ -1,9 +1,19 @@
 """Writing partition records for the controller: fenced compare-and-swaps, many at once, or decided and retried.
 
-Each partition is written in its own :class:`~tidelog.metadata.fenced_writer.FencedWriter` transaction that also
-compares the partition key with the exact record the decision started from: the fence makes etcd refuse a
-deposed controller's writes, the compare makes a decision made from a stale view (the mirror lags etcd) fail
-instead of overwriting a newer record.
+Every write is a :class:`~tidelog.metadata.fenced_writer.FencedWriter` transaction that also compares each
+partition key with the exact record the decision started from: the fence makes etcd refuse a deposed
+controller's writes, the compare makes a decision made from a stale view (the mirror lags etcd) fail instead of
+overwriting a newer record.
+
+**Batches.** :meth:`PartitionWrites.apply` writes many partitions per transaction (a failover that moves the
+leaders of hundreds of partitions is a few transactions, not hundreds): up to :data:`BATCH_PARTITIONS` of them,
+and at most :data:`BATCH_BYTES` of records, under etcd's default ``--max-txn-ops`` of 128 (the compare list
+holds the two fence comparisons and one per partition; the failure branch one read per partition and two for the
+fence) and far under its 1.5 MiB request limit. A transaction is all or nothing, so each partition's compare
+still guards only its own record: when one fails, the failure branch reads every key of the batch, the
+partitions that lost (etcd holds another record) are dropped as not written, and the rest are sent again, in a
+transaction of their own. Each round drops at least one partition, so a batch takes at most as many rounds as it
+has partitions that lost, plus one.
 """
 
 from __future__ import annotations
@@ -22,6 +32,14 @@ log = logging.getLogger(__name__)
 
 _ALTER_ATTEMPTS = 8  # compare-and-swap rounds before a partition change (AlterIsr, suspension) gives up: CONFLICT
 
+BATCH_PARTITIONS = 100
+"""Partitions per transaction of :meth:`PartitionWrites.apply`: 102 comparisons and 102 reads, under etcd's
+default limit of 128 operations per list with room to spare (as :mod:`~tidelog.metadata.stream_creation`)."""
+
+BATCH_BYTES = 512 * 1024
+"""Bytes of partition records per transaction (each is sent twice: compared and put), under etcd's default
+request limit of 1.5 MiB."""
+
 
 class PartitionWrites:
     """The controller's writes of partition records, with the writer of the current term passed to each."""
@@ -35,24 +53,67 @@ class PartitionWrites:
         self._concurrency = concurrency
 
     async def apply(self, writer: FencedWriter, changes: Sequence[PartitionChange]) -> list[bool]:
-        """Write ``changes`` (at most ``concurrency`` at a time); whether each landed, in order."""
+        """Write ``changes`` in batches (see the module docstring), at most ``concurrency`` transactions in flight;
+        whether each landed, in order."""
         if not changes:
             return []
         landed = [False] * len(changes)
         limit = asyncio.Semaphore(self._concurrency)
 
-        async def write(i: int, change: PartitionChange) -> None:
+        async def write(batch: list[int]) -> None:
             async with limit:
-                key = self._keys.partition(change.old.stream, change.old.id)
-                landed[i], _ = await self.cas(writer, key, change.old, change.new)
-            if landed[i]:
-                self.log_change(change)
+                for i in await self._write_batch(writer, [changes[i] for i in batch]):
+                    landed[batch[i]] = True
+                    self.log_change(changes[batch[i]])
 
-        outcomes = await asyncio.gather(*(write(i, c) for i, c in enumerate(changes)), return_exceptions=True)
+        outcomes = await asyncio.gather(*(write(b) for b in self._batches(changes)), return_exceptions=True)
         errors = [e for e in outcomes if isinstance(e, BaseException)]
         if errors:  # one error for the caller, not a group: a fenced write (the term is over) outranks the rest
             raise min(errors, key=lambda e: not isinstance(e, ControllerFencedError))
         return landed
+
+    def _batches(self, changes: Sequence[PartitionChange]) -> list[list[int]]:
+        """Indexes of ``changes`` in batches of at most :data:`BATCH_PARTITIONS` and :data:`BATCH_BYTES`, in
+        order, a key at most once in each (etcd refuses a transaction that puts one key twice)."""
+        batches: list[list[int]] = []
+        keys: set[tuple[str, int]] = set()
+        used = 0
+        for i, change in enumerate(changes):
+            key = (change.old.stream, change.old.id)
+            size = 2 * (len(encode(change.old)) + len(encode(change.new)))
+            if not batches or key in keys or len(batches[-1]) >= BATCH_PARTITIONS or used + size > BATCH_BYTES:
+                batches.append([])
+                keys, used = set(), 0
+            batches[-1].append(i)
+            keys.add(key)
+            used += size
+        return batches
+
+    async def _write_batch(self, writer: FencedWriter, batch: Sequence[PartitionChange]) -> list[int]:
+        """Write ``batch`` in one transaction, again without those that lost until the rest lands or none is left;
+        the positions in ``batch`` that were written."""
+        tx = self._client.transactions
+        pending = {i: encode(change.old) for i, change in enumerate(batch)}  # position → the bytes expected
+        retried: set[int] = set()  # positions already retried with etcd's bytes for the same record
+        while pending:
+            keys = {i: self._keys.partition(batch[i].old.stream, batch[i].old.id) for i in pending}
+            result = await writer.transaction(
+                compare=[tx.value(keys[i]) == expected for i, expected in pending.items()],
+                success=[tx.put(keys[i], encode(batch[i].new)) for i in pending],
+                failure=[tx.get(keys[i]) for i in pending],
+            )
+            if result.committed:
+                return sorted(pending)
+            still: dict[int, bytes] = {}
+            for (i, expected), found in zip(pending.items(), result.responses, strict=True):
+                raw = _value_of(found)
+                if raw == expected:
+                    still[i] = expected  # not the one that lost: send it again
+                elif raw is not None and i not in retried and decode_partition(raw) == batch[i].old:
+                    still[i] = raw  # the same record in other bytes (written by a version with fewer fields)
+                    retried.add(i)
+            pending = still
+        return []
 
     async def cas(
         self, writer: FencedWriter, key: bytes, old: PartitionRecord, new: PartitionRecord

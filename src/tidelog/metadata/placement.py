@@ -24,8 +24,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from tidelog.metadata.records import PartitionRecord
+from tidelog.metadata.shared_map import SharedMap
 from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol.errors import InvalidArgumentError
 
@@ -115,13 +117,33 @@ class PendingPlacements:
     def __init__(self) -> None:
         self._held: dict[int, tuple[str, int, list[tuple[str, ...]]]] = {}  # token → (stream, first id, placements)
         self._tokens = itertools.count()
+        self._shard_loads: dict[int, tuple[Mapping[Any, PartitionRecord], dict[str, int], dict[str, int]]] = {}
 
     def load(self, snapshot: MetadataSnapshot) -> tuple[dict[str, int], dict[str, int]]:
         """:func:`placement_load` of the snapshot's partitions and of the held placements it does not show yet."""
-        load, leaders = placement_load(snapshot.partitions.values())
+        load, leaders = self._snapshot_load(snapshot.partitions)
         for stream, first, placements in self._held.values():
             if snapshot.partition(stream, first) is None:
                 _count(placements, load, leaders)
+        return load, leaders
+
+    def _snapshot_load(self, partitions: Mapping[Any, PartitionRecord]) -> tuple[dict[str, int], dict[str, int]]:
+        """:func:`placement_load` of ``partitions``; of a :class:`SharedMap`, counted again only in the shards
+        that changed since the last call (a creation costs what changed, not the cluster's size)."""
+        if not isinstance(partitions, SharedMap):
+            return placement_load(partitions.values())
+        load: dict[str, int] = {}
+        leaders: dict[str, int] = {}
+        kept: dict[int, tuple[Mapping[Any, PartitionRecord], dict[str, int], dict[str, int]]] = {}
+        for shard in partitions.shards():
+            found = self._shard_loads.get(id(shard))
+            if found is None or found[0] is not shard:
+                found = (shard, *placement_load(shard.values()))
+            kept[id(shard)] = found  # holding the shard keeps its id from being reused by another
+            for total, counts in ((load, found[1]), (leaders, found[2])):
+                for broker, n in counts.items():
+                    total[broker] = total.get(broker, 0) + n
+        self._shard_loads = kept
         return load, leaders
 
     @contextmanager

@@ -53,19 +53,22 @@ class RecentChanges:
 
 def changes_between(old: MetadataSnapshot, new: MetadataSnapshot) -> Iterator[tuple[str, str]]:
     """(subject, what happened) for every difference between two snapshots that an operator cares about."""
+    change = new.change  # the mirror names what changed: look at that only, not at every partition
+    streams = change.streams if change is not None else new.streams.keys() | old.streams.keys()
+    partitions = change.partitions if change is not None else new.partitions.keys()
     for broker in sorted(new.brokers.keys() - old.brokers.keys()):
         yield f"broker {broker}", "joined"
     for broker in sorted(old.brokers.keys() - new.brokers.keys()):
         yield f"broker {broker}", "left (its lease ended)"
-    for stream in sorted(new.streams.keys() - old.streams.keys()):
+    for stream in sorted(s for s in streams if s in new.streams and s not in old.streams):
         record = new.streams[stream]
         counts = f"{_count(record.partitions, 'partition')} × {_count(record.replication_factor, 'replica')}"
         yield f"stream {stream}", f"created: {counts}"
-    for stream in sorted(old.streams.keys() - new.streams.keys()):
+    for stream in sorted(s for s in streams if s in old.streams and s not in new.streams):
         yield f"stream {stream}", "deleted"
-    for key in sorted(new.partitions.keys() & old.partitions.keys()):
-        before, after = old.partitions[key], new.partitions[key]
-        if before != after:
+    for key in sorted(partitions):
+        before, after = old.partitions.get(key), new.partitions.get(key)
+        if before is not None and after is not None and before != after:
             subject = f"{key[0]}/{key[1]}"
             for what in _partition_changes(before, after):
                 yield subject, what

@@ -213,7 +213,14 @@ class GroupMembership:
                          else "a stream changed")  # fmt: skip
 
     async def _on_metadata(self, old: MetadataSnapshot, new: MetadataSnapshot) -> None:
-        if old.brokers.keys() != new.brokers.keys() or old.streams.keys() != new.streams.keys():
+        change = new.change  # the mirror names what changed: no comparison of every stream
+        if change is None:
+            came_or_went = old.brokers.keys() != new.brokers.keys() or old.streams.keys() != new.streams.keys()
+        else:
+            came_or_went = any((k in old.brokers) != (k in new.brokers) for k in change.brokers) or any(
+                (k in old.streams) != (k in new.streams) for k in change.streams
+            )
+        if came_or_went:
             self._dirty.set()
 
     async def _on_group(self, _old: GroupRecord | None, _new: GroupRecord | None) -> None:
