@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple, Protocol
 
-from tidelog.api.rpc.publish import ack_to_inbox, build_publish_ack, check_size, copy_to_nats, publish
+from tidelog.api.rpc.publish import ack_to_inbox, build_publish_ack, check_size, copy_run_to_nats, publish
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.write_path import WriteRefused
@@ -267,10 +267,11 @@ class PublishBatches:
             for index in waiting:
                 places[index] = async_error(places[index], exc)  # type: ignore[arg-type]
             return
+        stored = [each for each in places if isinstance(each, Request)]  # one partition: the run's
+        await copy_run_to_nats(ctx, target.stream, target.group, stored[0].partition, target.subject, stored)
         for offset, index in enumerate(waiting, written.base_offset):
             request = places[index]
             assert isinstance(request, Request)
-            await copy_to_nats(ctx, target.stream, target.group, request, target.subject)
             if int(request.ackPolicy) == Acks.NONE:
                 places[index] = None
                 continue
