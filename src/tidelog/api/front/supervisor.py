@@ -26,8 +26,8 @@ FIRST_RESTART_DELAY = 0.5
 MAX_RESTART_DELAY = 30.0
 
 
-class FrontStartError(RuntimeError):
-    pass
+class FrontStartError(OSError):
+    """A front exited or did not listen in time (an OSError: ``tidelog serve`` reports it in one line)."""
 
 
 class ApiFronts:
@@ -105,7 +105,7 @@ class ApiFronts:
                 await self._spawn(index)
                 self.restarts += 1
                 delay = FIRST_RESTART_DELAY
-            except (OSError, FrontStartError) as exc:
+            except OSError as exc:
                 self._processes.pop(index, None)
                 log.error("API front %d could not be started again: %s", index, exc)
                 delay = min(MAX_RESTART_DELAY, delay * 2)
