@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.api.rpc.test_liftbridge_api import (
@@ -35,6 +36,8 @@ from tests.api.rpc.test_liftbridge_api import (
 from tests.api.rpc.test_publish_nats import test_publish_async_stores_each_once
 from tests.broker.conftest import broker, broker_config, nc, stream_name, stub
 from tests.broker.helpers import Stub, bounded, create_stream, read_until_stop, until
+from tests.helpers import BOUND
+from tidelog.api.rpc.call_principal import basic_authorization
 from tidelog.broker.config_values import ConfigError
 from tidelog.protocol._gen import api_pb2
 from tidelog.server import Broker
@@ -131,3 +134,22 @@ async def test_fronts_are_refused_with_tls(tmp_path: Path) -> None:
     cert.write_text("x")
     with pytest.raises(ConfigError, match="api_front_processes"):
         broker_config(tmp_path, api_front_processes=1, tls_cert=cert, tls_key=cert)
+
+
+async def test_a_front_refuses_passwords_as_the_plaintext_broker_does(stub: Stub, stream_name: str) -> None:
+    """The front's own PublishAsync and a relayed call alike: UNAUTHENTICATED, nothing published."""
+    await create_stream(stub, stream_name)
+    login = [basic_authorization("alice", "correct horse")]
+
+    async def one() -> AsyncIterator[api_pb2.PublishRequest]:
+        yield api_pb2.PublishRequest(stream=stream_name, value=b"v", correlationId="0")
+
+    for call in (
+        stub.PublishAsync(one(), metadata=login, timeout=BOUND).read(),
+        stub.FetchMetadata(api_pb2.FetchMetadataRequest(), metadata=login, timeout=BOUND),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "served only over TLS" in (refused.value.details() or "")
+    assert await read_until_stop(stub, stream_name) == []
