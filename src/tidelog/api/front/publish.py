@@ -9,8 +9,9 @@ for a partition it does not lead.
 
 What the front does not know for certain it does not decide: a run for a stream its metadata does not hold (yet),
 a partition without a leader, or a stream with optimistic concurrency control (whose expected offsets are checked
-where the leader assigns offsets) goes to the broker whole, as one ``PublishAsync`` call on the loopback port, and
-its responses, errors included, are the broker's own.
+where the leader assigns offsets), a partition paused, read-only or suspended, and messages expecting an offset of
+a partition another broker leads go to the broker whole, as one ``PublishAsync`` call on the loopback port, and
+their responses, errors included, are the broker's own.
 """
 
 from __future__ import annotations
@@ -54,10 +55,22 @@ class FrontBatches(PublishBatches):
             self._awaited.add(key)
             with contextlib.suppress(TimeoutError):
                 snap = await self._ctx.mirror.wait_for(lambda s: _leads(s, key), MIRROR_WAIT)
-        stream = snap.stream(first.stream)
-        if not _leads(snap, key) or stream is None or stream.config.optimistic_concurrency_control:
+        if self._broker_decides(snap, run):
             return await self._relay(run)
         return await super()._run(run)
+
+    def _broker_decides(self, snap: MetadataSnapshot, run: list[Request]) -> bool:
+        """Whether the run goes to the broker whole (module docstring): what the front's metadata cannot settle,
+        and the rare states whose answers the broker words (paused: resumed by the write; read-only; suspended),
+        and expected offsets for a partition another broker leads (the broker refuses those, NOT_LEADER)."""
+        first = run[0]
+        stream = snap.stream(first.stream)
+        meta = snap.partition(first.stream, first.partition)
+        if stream is None or meta is None or not meta.leader or stream.config.optimistic_concurrency_control:
+            return True
+        if meta.paused or meta.readonly or meta.suspended:
+            return True
+        return meta.leader != self._ctx.broker_id and any(each.expectedOffset not in (-1, 0) for each in run)
 
     async def _target(self, first: Request, places: Sequence[Any]) -> Target | None:
         snap = self._ctx.mirror.snapshot
