@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, cast
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tidelog.api.front.nats_copies import RawCopies
 from tidelog.api.front.publish import front_publish_async
 from tidelog.api.front.relay import API_SERVICE, APPENDER_SERVICE, relayed_service
 from tidelog.api.password_check import PasswordCheck, etcd_users
@@ -79,10 +80,14 @@ def read_settings(stream: BinaryIO) -> FrontSettings:
 
 
 class _NoPartitions:
-    """A front's stand-in for the partition manager: it leads nothing and runs no ingest."""
+    """A front's stand-in for the partition manager: it leads nothing and runs no ingest; what it gives as every
+    partition's ingest is where the copies go first (:mod:`tidelog.api.front.nats_copies`), when there is one."""
 
-    def ingest_of(self, stream: str, partition: int) -> None:
-        return None
+    def __init__(self, copies: RawCopies | None) -> None:
+        self._copies = copies
+
+    def ingest_of(self, stream: str, partition: int) -> RawCopies | None:
+        return self._copies
 
 
 def _server_options(cfg: BrokerConfig) -> list[tuple[str, Any]]:
@@ -102,10 +107,12 @@ async def serve(settings: FrontSettings, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set, then stop within :data:`STOP_GRACE`."""
     cfg = settings.config
     keys = namespace_keys(cfg.namespace)
+    security = nats_security(cfg)
+    copies = None if security else RawCopies(list(settings.nats_urls))  # with TLS or credentials: nats-py only
     nc = BrokerNats(
         list(settings.nats_urls),
         name=f"tidelog-front-{cfg.id}-{settings.index}",
-        security=nats_security(cfg),
+        security=security,
         require_tls=cfg.nats_tls,
     )
     etcd = open_etcd(
@@ -122,10 +129,12 @@ async def serve(settings: FrontSettings, stop: asyncio.Event) -> None:
     server: grpc.aio.Server | None = None
     try:
         await nc.connect()
+        if copies is not None:
+            copies.start()
         await etcd.connect()
         await mirror.start()
         assert cfg.id is not None
-        ctx = BrokerContext(cfg.id, cfg, cast(Any, _NoPartitions()), cast(Any, None), mirror, nc, peers=peers)
+        ctx = BrokerContext(cfg.id, cfg, cast(Any, _NoPartitions(copies)), cast(Any, None), mirror, nc, peers=peers)
         broker = api_pb2_grpc.APIStub(channel)
 
         async def publish_async(requests: Any, context: Any) -> AsyncIterator[api_pb2.PublishResponse]:
@@ -162,6 +171,8 @@ async def serve(settings: FrontSettings, stop: asyncio.Event) -> None:
         if server is not None:
             await server.stop(STOP_GRACE)
         await channel.close()
+        if copies is not None:
+            await copies.close()
         await peers.close()
         await mirror.stop()
         with contextlib.suppress(Exception):
