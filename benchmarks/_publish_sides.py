@@ -227,8 +227,10 @@ class TidelogServer:
         metrics: bool = True,
         ready_within: float = 60.0,
         tls: DevCertificates | None = None,
+        fronts: int = 0,
     ) -> None:
         self.data_dir = data_dir
+        self.fronts = fronts  # api_front_processes
         self.tls = tls
         self.flush_policy = flush_policy
         self.metrics = metrics
@@ -258,6 +260,8 @@ class TidelogServer:
             TIDELOG_METRICS_ENABLED=str(self.metrics).lower(),
             TIDELOG_ENCRYPTION_KEY=base64.b64encode(os.urandom(32)).decode(),  # for the encrypted stream alone
         )
+        if self.fronts:
+            env.update(TIDELOG_API_FRONT_PROCESSES=str(self.fronts))
         if self.tls is not None:
             env.update(TIDELOG_TLS_CERT=str(self.tls.broker_cert), TIDELOG_TLS_KEY=str(self.tls.broker_key))
         return env

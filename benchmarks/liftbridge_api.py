@@ -27,6 +27,10 @@ Metrics (``ratio`` = tidelog ÷ bare; every client process moves ``COUNT`` messa
   ``gufo-liftbridge`` (``subscribe``, ``publish_bulk``), a Python client written by others and itself the bottleneck:
   the target is that tidelog keeps what it reaches against the bare servicer.
 
+With ``--fronts N`` (informational rows, no target): every measurement also against ``tidelog serve`` with
+``api_front_processes`` N (:mod:`tidelog.api.front`), rows ``fronts<N>_*`` beside the same bare servicer; the CPU
+is the broker's and its fronts' together.
+
 With ``--stacks`` (informational rows, no target): the bare servicer's catch-up ``Subscribe`` and LEADER
 ``PublishAsync`` on other serving stacks, each against the peer (stock ``grpc.aio`` + uvloop) of the same run:
 ``stack_aio_asyncio_*`` (``grpc.aio`` on the default loop), ``stack_sync_*`` (``grpc.server``, thread pool),
@@ -119,13 +123,30 @@ class Server:
         return sum(cpu_seconds(pid) for pid in self.pids)
 
 
+def children_of(pid: int) -> list[int]:
+    """The child processes of ``pid`` (its API fronts, its embedded NATS and etcd), from ``/proc``."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        found += [int(child) for child in children]
+    return found
+
+
+def is_front(pid: int) -> bool:
+    return b"tidelog.api.front" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 @asynccontextmanager
-async def tidelog_server(root: Path, flush_policy: str) -> AsyncIterator[Server]:
-    async with TidelogServer(root / "tidelog", flush_policy=flush_policy, metrics=False) as server:
+async def tidelog_server(root: Path, flush_policy: str, fronts: int = 0) -> AsyncIterator[Server]:
+    name = f"fronts{fronts}" if fronts else "tidelog"
+    async with TidelogServer(root / name, flush_policy=flush_policy, metrics=False, fronts=fronts) as server:
         assert server.pid is not None
         admin = Admin(cluster=Cluster(server.bootstrap))
         await admin.create_stream(STREAM, STREAM)
-        yield Server("tidelog", f"127.0.0.1:{server.grpc_port}", [server.pid], server)
+        pids = [server.pid, *(child for child in children_of(server.pid) if is_front(child))]
+        if len(pids) != fronts + 1:
+            raise RuntimeError(f"expected {fronts} API fronts under broker pid {server.pid}, found {pids[1:]}")
+        yield Server(name, f"127.0.0.1:{server.grpc_port}", pids, server)
 
 
 @asynccontextmanager
@@ -252,7 +273,7 @@ async def run_side(
         log(f"{side} {name}: {got.msgs_per_s:,.0f} msg/s, {got.cpu_us:.1f} µs server CPU per message")
 
 
-async def run(plan: Plan, flush_policy: str, stacks: bool) -> list[Row]:
+async def run(plan: Plan, flush_policy: str, stacks: bool, fronts: int = 0) -> list[Row]:
     samples: dict[str, list[float]] = defaultdict(list)
     with scratch_dir("tidelog-bench-lbapi-") as root:
         for index in range(plan.runs):
@@ -265,11 +286,21 @@ async def run(plan: Plan, flush_policy: str, stacks: bool) -> list[Row]:
                 else:
                     async with bare_server(where) as server:
                         await run_side(server, plan, samples)
+            if fronts:
+                async with tidelog_server(root / f"run{index}", flush_policy, fronts) as server:
+                    await run_side(server, plan, samples)
             for stack, processes in OTHER_STACKS if stacks else ():
                 async with bare_server(root / f"run{index}", stack, processes) as server:
                     await run_side(server, plan, samples, STACK_STEPS)
     rows = [Row(BENCH, m, median(samples[f"tidelog:{m}"]), "msg/s", median(samples[f"bare:{m}"])) for m in THROUGHPUT]
     rows += [Row(BENCH, m, median(samples[f"tidelog:{m}"]), "us", median(samples[f"bare:{m}"])) for m in CPU]
+    if fronts:
+        side = f"fronts{fronts}"
+        rows += [
+            Row(BENCH, f"{side}_{m}", median(samples[f"{side}:{m}"]), unit, median(samples[f"bare:{m}"]))
+            for metrics, unit in ((THROUGHPUT, "msg/s"), (CPU, "us"))
+            for m in metrics
+        ]
     for stack, processes in OTHER_STACKS if stacks else ():
         label = stack_label(stack, processes)
         for step in STACK_STEPS:
@@ -290,14 +321,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also serve the bare servicer on other stacks (informational rows stack_*, peer: grpc.aio + uvloop)",
     )
+    parser.add_argument(
+        "--fronts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure tidelog with N API front processes (informational rows fronts<N>_*, peer: bare)",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.clients is not None or args.runs is not None:
         plan = Plan(args.runs or plan.runs, args.clients or plan.clients, plan.count, plan.gufo_count, plan.window)
     if plan.clients < 1 or plan.runs < 1:
         parser.error("--clients and --runs must be at least 1")
+    if args.fronts < 0:
+        parser.error("--fronts must not be negative")
     clock = RunClock.now()
-    rows = asyncio.run(run(plan, args.flush_policy, args.stacks))
+    rows = asyncio.run(run(plan, args.flush_policy, args.stacks, args.fronts))
     report(BENCH, rows, TARGETS, clock, approaches=APPROACHES, flush_policy=args.flush_policy, plan=vars_of(plan))
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
+from tidelog.api.front.process import FrontSettings
+from tidelog.api.front.supervisor import ApiFronts
 from tidelog.api.http_access import HttpAccess
 from tidelog.api.password_check import PasswordCheck, etcd_users
 from tidelog.api.principals import PrincipalResolver
@@ -149,6 +151,7 @@ class Broker:
         self.store: MetadataStore | None = None
         self.manager: PartitionManager | None = None
         self.grpc: GrpcServer | None = None
+        self.fronts: ApiFronts | None = None  # the API front processes (api_front_processes), when there are any
         self.wire: WireServer | None = None
         self.context: BrokerContext | None = None
         self.cleaner: LogCleaner | None = None
@@ -342,6 +345,7 @@ class Broker:
                 authorizer=self.authorizer,
                 principals=principals,
                 passwords=passwords,
+                fronts=cfg.api_front_processes > 0,
             )
             self.wire = WireServer(
                 self.context,
@@ -392,6 +396,19 @@ class Broker:
             self.activity_stream.start()
             self.pauses.start()
             await self.grpc.start()
+            if cfg.api_front_processes:
+                self.fronts = ApiFronts(
+                    cfg.api_front_processes,
+                    FrontSettings(
+                        cfg,
+                        0,
+                        self.grpc.port,
+                        self.grpc.internal_port,
+                        tuple(self.nats_urls),
+                        tuple(self.etcd_endpoints),
+                    ),
+                )
+                await self.fronts.start()
             self._write_endpoints(wire_port)
         except BaseException as exc:
             self._start_failed = not isinstance(exc, asyncio.CancelledError)  # the error says it all
@@ -497,6 +514,8 @@ class Broker:
             remove_endpoints(self.config.data_dir)
         grace = self.config.shutdown_timeout_ms / 1000
         await self._hand_off_leadership(grace)
+        if self.fronts is not None:
+            await self.fronts.stop(grace=min(grace, 5.0))
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop(grace=min(grace, 5.0))

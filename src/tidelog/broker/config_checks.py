@@ -32,6 +32,7 @@ def check_combined(config: BrokerConfig) -> None:
         raise ConfigError(str(exc)) from None
     check_security(config)
     _check_ports(config)
+    _check_fronts(config)
 
 
 def _check_sizes(config: BrokerConfig) -> None:
@@ -59,3 +60,16 @@ def _check_ports(config: BrokerConfig) -> None:
         raise BadConfigValueError("wire_port", _COMBINED, config.wire_port, "a port other than port")
     if config.http_port and config.http_port in (config.port, config.wire_port):
         raise BadConfigValueError("http_port", _COMBINED, config.http_port, "a port other than port and wire_port")
+
+
+def _check_fronts(config: BrokerConfig) -> None:
+    # A front would see the caller's certificate and the broker only the front's: principals and ACLs need the
+    # caller's own connection, so fronts and TLS are refused together rather than authenticating anyone as a front.
+    if config.api_front_processes and config.tls_cert is not None:
+        raise BadConfigValueError(
+            "api_front_processes",
+            _COMBINED,
+            config.api_front_processes,
+            "0 while tls_cert is set (API fronts serve plaintext gRPC only: they cannot pass the caller's "
+            "certificate, and so its principal, on to the broker)",
+        )

@@ -152,6 +152,17 @@ class ConnectionSettings:
         "A gRPC connection with no call open for this long is closed (GOAWAY; clients reconnect). 0: never.",
     )
 
+    api_front_processes: int = setting(
+        0,
+        NON_NEGATIVE,
+        "Child processes that serve the Liftbridge gRPC API on port for this broker (API fronts, "
+        "docs/performance.md): each listens on port beside the others (SO_REUSEPORT) and the broker itself then "
+        "serves gRPC only on a loopback port for them. A front batches PublishAsync into wire protocol produces to "
+        "the partition's leader and hands every other call to the broker, so the per-message gRPC work is spread "
+        "over processes. Fronts stop with the broker; one that dies is restarted. Not with tls_cert (a front "
+        "cannot take the caller's certificate to the broker). 0: the broker serves port itself.",
+    )
+
     # -- TLS (docs/security.md) --
     tls_cert: Path | None = setting(  # noqa: RUF009
         None,

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tidelog.broker.context import BrokerContext
@@ -165,6 +166,33 @@ async def copy_to_nats(
         headers=request.headers,
         correlation_id=request.correlationId,
     )
+
+
+async def copy_run_to_nats(
+    ctx: BrokerContext,
+    stream: str,
+    group: str,
+    partition: int,
+    subject: str,
+    requests: Sequence[api_pb2.PublishRequest],
+) -> None:
+    """The copies of a run of stored messages of one partition, in order: :func:`copy_to_nats` with the copy tag
+    and the target's ingest looked up once for the run. On the ingest's own connection the copies leave in one
+    write (it holds commands for a moment); through nats-py they wait in its buffer for one flush."""
+    tag = copy_tag(stream, partition, queue_group(ctx.config.namespace, group))
+    ingest = ctx.manager.ingest_of(stream, partition)
+    direct = None if ingest is None else ingest.publish_copy
+    for request in requests:
+        await publish_copy(
+            ctx.nc,
+            subject,
+            tag,
+            direct=direct,
+            key=request.key,
+            value=request.value,
+            headers=request.headers,
+            correlation_id=request.correlationId,
+        )
 
 
 async def ack_to_inbox(ctx: BrokerContext, inbox: str, ack: api_pb2.Ack) -> None:

@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple, Protocol
 
-from tidelog.api.rpc.publish import ack_to_inbox, build_publish_ack, check_size, copy_to_nats, publish
+from tidelog.api.rpc.publish import ack_to_inbox, build_publish_ack, check_size, copy_run_to_nats, publish
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.write_path import WriteRefused
@@ -177,13 +177,8 @@ class PublishBatches:
         if not waiting:
             return [each for each in places if isinstance(each, Response)]
         first = run[waiting[0]]
-        target: Target | None = None
         try:
-            partition = await self._ctx.writable(first.stream, first.partition)
-            if not partition.stream.config.optimistic_concurrency_control:
-                target = LocalTarget(partition, self._ctx.ack_timeout)
-        except NotLeaderError as exc:
-            target = self._forwarding(first, exc, places)
+            target = await self._target(first, places)
         except Exception as exc:
             for index in waiting:
                 places[index] = async_error(run[index], exc)
@@ -195,6 +190,18 @@ class PublishBatches:
         else:
             await self._append(target, places)
         return [each for each in places if isinstance(each, Response)]
+
+    async def _target(self, first: Request, places: list[Place]) -> Target | None:
+        """Where a run goes: the partition this broker leads, or its leader (:meth:`_forwarding`); ``None``: every
+        message alone, each carrying its own expected offset (a stream with optimistic concurrency control). A
+        subclass answers otherwise (:mod:`tidelog.api.front.publish`)."""
+        try:
+            partition = await self._ctx.writable(first.stream, first.partition)
+        except NotLeaderError as exc:
+            return self._forwarding(first, exc, places)
+        if partition.stream.config.optimistic_concurrency_control:
+            return None
+        return LocalTarget(partition, self._ctx.ack_timeout)
 
     def _forwarding(self, first: Request, refused: NotLeaderError, places: list[Place]) -> Target:
         """Where a run for a partition this broker does not lead goes: its leader, over the wire protocol, in one
@@ -260,10 +267,11 @@ class PublishBatches:
             for index in waiting:
                 places[index] = async_error(places[index], exc)  # type: ignore[arg-type]
             return
+        stored = [each for each in places if isinstance(each, Request)]  # one partition: the run's
+        await copy_run_to_nats(ctx, target.stream, target.group, stored[0].partition, target.subject, stored)
         for offset, index in enumerate(waiting, written.base_offset):
             request = places[index]
             assert isinstance(request, Request)
-            await copy_to_nats(ctx, target.stream, target.group, request, target.subject)
             if int(request.ackPolicy) == Acks.NONE:
                 places[index] = None
                 continue
@@ -366,4 +374,14 @@ async def publish_async(
         yield response
 
 
-__all__ = ["ANSWERED_RUNS", "MAX_GROUP", "MAX_PENDING", "PublishBatches", "publish_async", "runs"]
+__all__ = [
+    "ANSWERED_RUNS",
+    "MAX_GROUP",
+    "MAX_PENDING",
+    "ForwardTarget",
+    "PublishBatches",
+    "Target",
+    "async_error",
+    "publish_async",
+    "runs",
+]

@@ -10,6 +10,7 @@ with the same meaning. Cursor RPCs are in :mod:`tidelog.api.rpc.cursors`, consum
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -181,11 +182,16 @@ class GrpcServer:
         authorizer: Authorizer | None = None,
         principals: PrincipalResolver | None = None,
         passwords: PasswordCheck | None = None,
+        fronts: bool = False,
     ) -> None:
         """With ``tls``, the port speaks TLS only (its certificate follows ``tls``'s reloads); without, plaintext.
         With ``authorizer``, every call is checked before its handler runs
         (:mod:`tidelog.api.rpc.authorization`); with or without it, a call that sends a password is logged in
-        through ``passwords`` (or refused) first (:mod:`tidelog.api.rpc.call_principal`)."""
+        through ``passwords`` (or refused) first (:mod:`tidelog.api.rpc.call_principal`).
+
+        With ``fronts`` (API front processes, :mod:`tidelog.api.front`): the port is only reserved here (bound
+        with SO_REUSEPORT, not listened on: the fronts listen on it), and the service listens on a loopback port
+        of its own, :attr:`internal_port`, for the fronts."""
         calls = CallPrincipals(principals or PrincipalResolver("cn", ()), passwords)
         interceptors: list[Any] = [AuthorizationInterceptor(authorizer, calls), _RequestTiming()]
         cfg = ctx.config
@@ -193,7 +199,7 @@ class GrpcServer:
             interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes + 64 * 1024),
-                ("grpc.so_reuseport", 0),
+                ("grpc.so_reuseport", 0),  # a port in use is refused, not shared (fronts: the loopback port)
                 *(
                     [("grpc.max_concurrent_streams", cfg.grpc_max_concurrent_streams)]
                     if cfg.grpc_max_concurrent_streams
@@ -208,11 +214,17 @@ class GrpcServer:
         append_pb2_grpc.add_AppenderServicer_to_server(AppenderService(self.appends), self._server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        if tls is None:
+        self.internal_port = 0
+        self._reserved: socket.socket | None = None
+        if fronts:
+            self._reserved = reserve_port(host, port)
+            self.port = self._reserved.getsockname()[1]
+            self.internal_port = self._server.add_insecure_port("127.0.0.1:0")
+        elif tls is None:
             self.port = self._server.add_insecure_port(f"{host}:{port}")
         else:
             self.port = self._server.add_secure_port(f"{host}:{port}", tls.grpc_credentials())
-        if self.port == 0:
+        if self.port == 0 or (fronts and self.internal_port == 0):
             raise OSError(f"cannot listen for gRPC on {host}:{port}")
 
     async def start(self) -> None:
@@ -222,7 +234,25 @@ class GrpcServer:
     async def stop(self, grace: float) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.stop(grace)
+        if self._reserved is not None:
+            self._reserved.close()
 
     async def _set_health(self, status: Any) -> None:
         for service in ("", "proto.API", "tidelog.v1.Appender"):
             await self.health.set(service, status)
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """``host:port`` bound with SO_REUSEPORT and not listened on: the port (a free one for 0) stays this broker's
+    while the API fronts listen on it beside each other; no connection is ever queued on this socket."""
+    family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
