@@ -288,6 +288,38 @@ async def test_a_reconnect_subscribes_every_partition_again(tmp_path: Path) -> N
         await own.stop()
 
 
+async def test_a_socket_paused_for_its_one_subscription_comes_back_after_a_slow_consumer_drop(tmp_path: Path) -> None:
+    """Alone on its connection, a paused subscription pauses the socket; then the reader cannot see the server drop it
+    (no reads, no EOF): it notices once it reads again, after taking what the kernel had buffered, and subscribes
+    again."""
+    own = EmbeddedNats(
+        tmp_path, extra_args=nats_config(tmp_path, max_pending=256 * 1024, max_payload=65536, write_deadline="100ms")
+    )
+    await own.start()
+    try:
+        async with reading(own.url, "slow.in", reconnect_wait=0.05) as (reader, inbox):
+            (sub,) = reader.routes.values()
+            reader.pause(sub)
+            assert reader.socket_paused and not sub.away
+            async with publisher(own.url) as nc:
+                for _ in range(20):  # 20 MiB: far more than the socket buffers and the server's 256 KiB hold
+                    for _ in range(1024):
+                        await nc.publish("slow.in", b"x" * 1024)
+                    await nc.flush()
+                    await nc.flush()
+                reader.resume(sub)
+                await bounded(reader.wait_until(lambda r: r.disconnects == 1 and connected(r)))
+                received = len(inbox.items)
+                assert 0 < received < 20 * 1024  # what had reached us before the drop was kept
+                await reader.confirm()
+                await nc.publish("slow.in", b"after")
+                await nc.flush()
+                await inbox.wait_for(received + 1)
+            assert inbox.payloads()[-1] == b"after"
+    finally:
+        await own.stop()
+
+
 @pytest.mark.filterwarnings("ignore:The test <Function test_urls> is marked")
 def test_urls() -> None:
     assert ServerAddress.parse("nats://u:p%40ss@h:4333") == ServerAddress("h", 4333, "u", "p@ss")
