@@ -245,6 +245,7 @@ class Broker:
                 replica_ack_poll_us=cfg.replica_ack_poll_us,
                 nats_duplicate_window_ms=cfg.nats_duplicate_window_ms,
                 nats_max_msg_ids=cfg.nats_max_msg_ids,
+                nats_ingest_connections=cfg.nats_ingest_connections,
                 namespace=cfg.namespace,
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,

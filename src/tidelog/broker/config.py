@@ -121,6 +121,13 @@ class BrokerConfig(ConnectionSettings):
         "Most Nats-Msg-Id values remembered per partition; beyond it the oldest are forgotten early (a late "
         "duplicate of one is stored again, nothing is lost).",
     )
+    nats_ingest_connections: int = setting(
+        4,
+        POSITIVE,
+        "NATS connections the partitions led here share to receive their subjects' messages (opened as needed; "
+        "each partition is one subscription on the connection carrying fewest). A partition that falls behind is "
+        'paused alone, never the connection (docs/durability.md, "NATS ingest is at most once").',
+    )
 
     # -- transactional appends --
     max_append_bytes: int = setting(

@@ -101,6 +101,7 @@ class PartitionManager:
         replica_ack_poll_us: int = 0,
         nats_duplicate_window_ms: int = 120_000,
         nats_max_msg_ids: int = 100_000,
+        nats_ingest_connections: int = 4,
         namespace: str = DEFAULT_NAMESPACE,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
         recovery_truncate_damaged: bool = False,
@@ -137,6 +138,7 @@ class PartitionManager:
             max_msg_ids=nats_max_msg_ids,
             namespace=namespace,
             clock=self._clock,
+            connections=nats_ingest_connections,
         )
         self._paused: dict[PartitionKey, Path] = {}  # replicas held here while paused (not open): their directory
         self._paused_bounds: dict[PartitionKey, tuple[int, int]] = {}  # (HW, log end) of those closed here

@@ -1,7 +1,8 @@
-"""The ingest's own NATS subscriber, against a real nats-server and against a scripted one.
+"""The ingest's NATS subscriber, against a real nats-server and against a scripted one.
 
 The real server (``EmbeddedNats`` on free ports) shows that what a nats-py publisher sends arrives whole and in
-order, in every shape, through queue groups, restarts and slow-consumer drops. The scripted server
+order, in every shape, through queue groups and restarts, to each of the subscriptions a connection carries, and that
+pausing one subscription leaves the others flowing. The scripted server
 (:class:`ScriptedServer`) plays the parts a real one will not play on demand: refusing the handshake, requiring
 TLS, PINGing, going silent, sending garbage.
 """
@@ -55,13 +56,23 @@ class Inbox:
         return [item.payload if isinstance(item, Msg) else bytes(item) for item in self.items]
 
 
+async def open_reader(
+    urls: list[str], subject: str, inbox: Inbox, *, queue: str | None = None, **options: Any
+) -> NatsReader:
+    """A started reader carrying one subscription, confirmed by the server."""
+    reader = NatsReader(urls, **options)
+    await reader.start()
+    reader.add(subject, inbox, queue)
+    await reader.confirm()
+    return reader
+
+
 @contextlib.asynccontextmanager
 async def reading(
-    url: str, subject: str, inbox: Inbox | None = None, **options: Any
+    url: str, subject: str, inbox: Inbox | None = None, *, queue: str | None = None, **options: Any
 ) -> AsyncIterator[tuple[NatsReader, Inbox]]:
     inbox = inbox or Inbox()
-    reader = NatsReader([url], subject, inbox, **options)
-    await reader.start()
+    reader = await open_reader([url], subject, inbox, queue=queue, **options)
     try:
         yield reader, inbox
     finally:
@@ -134,8 +145,7 @@ async def test_stop_delivers_everything_sent_before_it(server: EmbeddedNats) -> 
     count = 20_000
     async with publisher(server.url) as nc:
         reader_inbox = Inbox()
-        reader = NatsReader([server.url], "drain.in", reader_inbox)
-        await reader.start()
+        reader = await open_reader([server.url], "drain.in", reader_inbox)
         for i in range(count):
             await nc.publish("drain.in", b"m%06d" % i)
         # Twice (see helpers.subscribed): then the server has routed them all, ahead of our UNSUB's PONG.
@@ -231,26 +241,77 @@ async def test_server_pings_are_answered(tmp_path: Path) -> None:
         await own.stop()
 
 
-async def test_a_paused_reader_dropped_as_slow_consumer_comes_back(tmp_path: Path) -> None:
-    """Paused, the reader cannot see the server drop it (no reads, no EOF): it notices once it reads again, after
-    taking what the kernel had buffered, and subscribes again."""
+async def test_a_paused_subscription_leaves_the_others_flowing(server: EmbeddedNats) -> None:
+    """Pausing one subscription unsubscribes it alone: the connection keeps delivering the others', and a resume
+    subscribes it again (what was published on it meanwhile is not received: NATS core keeps nothing for it)."""
+    hot, calm = Inbox(), Inbox()
+    async with reading(server.url, "calm.in", calm) as (reader, _), publisher(server.url) as nc:
+        sub = reader.add("hot.in", hot)
+        await reader.confirm()
+        reader.pause(sub)
+        await reader.confirm()  # the UNSUB has taken effect
+        for i in range(100):
+            await nc.publish("hot.in", b"lost %d" % i)
+            await nc.publish("calm.in", b"calm %d" % i)
+        await nc.flush()
+        await calm.wait_for(100)
+        reader.resume(sub)
+        await reader.confirm()
+        await nc.publish("hot.in", b"after")
+        await nc.flush()
+        await hot.wait_for(1)
+        assert hot.payloads() == [b"after"] and calm.payloads() == [b"calm %d" % i for i in range(100)]
+        assert (sub.paused, reader.disconnects) == (False, 0)
+
+
+async def test_a_reconnect_subscribes_every_partition_again(tmp_path: Path) -> None:
+    own = EmbeddedNats(tmp_path)
+    await own.start()
+    inboxes = [Inbox() for _ in range(5)]
+    try:
+        async with reading(own.url, "again.0", inboxes[0], reconnect_wait=0.05) as (reader, _):
+            for i, inbox in enumerate(inboxes[1:], 1):
+                reader.add(f"again.{i}", inbox)
+            await reader.confirm()
+            await own.stop()
+            await own.start()  # same port
+            await bounded(reader.wait_until(connected))
+            await reader.confirm()
+            async with publisher(own.url) as nc:
+                for i in range(len(inboxes)):
+                    await nc.publish(f"again.{i}", b"after %d" % i)
+                await nc.flush()
+                for i, inbox in enumerate(inboxes):
+                    assert await inbox.wait_for(1) == [b"after %d" % i]
+            assert (reader.disconnects, reader.load) == (1, len(inboxes))
+    finally:
+        await own.stop()
+
+
+async def test_a_socket_paused_for_its_one_subscription_comes_back_after_a_slow_consumer_drop(tmp_path: Path) -> None:
+    """Alone on its connection, a paused subscription pauses the socket; then the reader cannot see the server drop it
+    (no reads, no EOF): it notices once it reads again, after taking what the kernel had buffered, and subscribes
+    again."""
     own = EmbeddedNats(
         tmp_path, extra_args=nats_config(tmp_path, max_pending=256 * 1024, max_payload=65536, write_deadline="100ms")
     )
     await own.start()
     try:
         async with reading(own.url, "slow.in", reconnect_wait=0.05) as (reader, inbox):
-            reader.pause_reading()
+            (sub,) = reader.routes.values()
+            reader.pause(sub)
+            assert reader.socket_paused and not sub.away
             async with publisher(own.url) as nc:
                 for _ in range(20):  # 20 MiB: far more than the socket buffers and the server's 256 KiB hold
                     for _ in range(1024):
                         await nc.publish("slow.in", b"x" * 1024)
                     await nc.flush()
                     await nc.flush()
-                reader.resume_reading()
+                reader.resume(sub)
                 await bounded(reader.wait_until(lambda r: r.disconnects == 1 and connected(r)))
                 received = len(inbox.items)
                 assert 0 < received < 20 * 1024  # what had reached us before the drop was kept
+                await reader.confirm()
                 await nc.publish("slow.in", b"after")
                 await nc.flush()
                 await inbox.wait_for(received + 1)
@@ -334,8 +395,7 @@ class ScriptedServer:
 async def test_connect_sends_credentials_and_subscribes() -> None:
     async with ScriptedServer() as fake:
         address = fake.url.replace("nats://", "nats://alice:secret@")
-        reader = NatsReader([address], "cred.in", Inbox(), queue="grp", name="n1")
-        await reader.start()
+        reader = await open_reader([address], "cred.in", Inbox(), queue="grp", name="n1")
         conn = await bounded(fake.connections.get())
         connect = json.loads((await conn.expect(b"CONNECT "))[len(b"CONNECT ") :])
         assert (connect["user"], connect["pass"], connect["name"]) == ("alice", "secret", "n1")
@@ -348,7 +408,7 @@ async def test_connect_sends_credentials_and_subscribes() -> None:
 
 async def test_a_refused_handshake_fails_start() -> None:
     async with ScriptedServer() as fake:
-        reader = NatsReader([fake.url], "refused.in", Inbox())
+        reader = NatsReader([fake.url])
         starting = asyncio.create_task(reader.start())
         conn = await bounded(fake.connections.get())
         conn.answer_pings = False
@@ -362,14 +422,13 @@ async def test_a_refused_handshake_fails_start() -> None:
 async def test_a_server_requiring_tls_is_unsupported() -> None:
     async with ScriptedServer({"tls_required": True}) as fake:
         with pytest.raises(UnsupportedServerError):
-            await NatsReader([fake.url], "tls.in", Inbox()).start()
+            await NatsReader([fake.url]).start()
 
 
 async def test_server_pings_info_and_errors_in_the_stream() -> None:
     async with ScriptedServer() as fake:
         inbox = Inbox()
-        reader = NatsReader([fake.url], "mix.in", inbox)
-        await reader.start()
+        reader = await open_reader([fake.url], "mix.in", inbox)
         conn = await bounded(fake.connections.get())
         await conn.expect(b"PING")  # the handshake's
         info = {"server_id": "scripted", "connect_urls": ["10.9.9.9:4999"]}
@@ -386,8 +445,7 @@ async def test_server_pings_info_and_errors_in_the_stream() -> None:
 async def test_garbage_from_the_server_means_a_new_connection() -> None:
     async with ScriptedServer() as fake:
         inbox = Inbox()
-        reader = NatsReader([fake.url], "junk.in", inbox, reconnect_wait=0.01)
-        await reader.start()
+        reader = await open_reader([fake.url], "junk.in", inbox, reconnect_wait=0.01)
         first = await bounded(fake.connections.get())
         first.send(b"MSG junk.in 1 2\r\nok\r\nWHAT IS THIS\r\n")
         second = await bounded(fake.connections.get())
@@ -402,8 +460,9 @@ async def test_garbage_from_the_server_means_a_new_connection() -> None:
 
 async def test_unanswered_pings_mean_a_dead_connection() -> None:
     async with ScriptedServer() as fake:
-        reader = NatsReader([fake.url], "quiet.in", Inbox(), ping_interval=0.02, max_pings_out=2, reconnect_wait=0.01)
-        await reader.start()
+        reader = await open_reader(
+            [fake.url], "quiet.in", Inbox(), ping_interval=0.02, max_pings_out=2, reconnect_wait=0.01
+        )
         first = await bounded(fake.connections.get())
         first.answer_pings = False  # a half-open connection: nothing comes back
         second = await bounded(fake.connections.get())

@@ -16,6 +16,7 @@ from tidelog.broker.ingest.natsproto import (
     Msg,
     Parser,
     ProtocolError,
+    Route,
     connect_command,
     parse,
     parse_error,
@@ -232,3 +233,33 @@ def test_a_payload_above_max_payload_is_refused_before_it_is_buffered() -> None:
         parser.feed(b"MSG orders.in 1 5000\r\nabc", [])
     with pytest.raises(ProtocolError):
         Parser(lambda op, arg: None, PREFIX, max_payload=1000).feed(b"MSG orders.in 1 r 5000\r\nabc", [])
+
+
+def test_routes_sort_interleaved_subscriptions_whatever_the_split() -> None:
+    """A connection carrying three subscriptions (one a wildcard): each message reaches its sid's route, plain ones
+    as views, in order, however the stream is cut; a sid with no route goes to ``out``."""
+    stream = (
+        b"MSG a.in 1 2\r\na1\r\nMSG a.in 1 2\r\na2\r\nMSG b.in 2 2\r\nb1\r\nPING\r\nMSG a.in 1 r 2\r\na3\r\n"
+        b"MSG w.x 3 2\r\nw1\r\nMSG b.in 2 2\r\nb2\r\nMSG gone 9 1\r\ng\r\nMSG a.in 1 2\r\na4\r\n"
+        b"HMSG b.in 2 12 14\r\nNATS/1.0\r\n\r\nb3\r\n"
+    )
+    expected = {
+        b"1": [b"a1", b"a2", Msg(b"a.in", b"1", b"r", b"a3", None), b"a4"],
+        b"2": [b"b1", b"b2", Msg(b"b.in", b"2", b"", b"b3", b"NATS/1.0\r\n\r\n")],
+        b"3": [Msg(b"w.x", b"3", b"", b"w1", None)],
+    }
+    for cut in range(len(stream) + 1):
+        routes = {
+            b"1": Route(plain_prefix("a.in", "1")),
+            b"2": Route(plain_prefix("b.in", "2")),
+            b"3": Route(plain_prefix("w.*", "3")),
+        }
+        controls: list[bytes] = []
+        parser = Parser(lambda op, _arg, seen=controls: seen.append(op), routes=routes)
+        unrouted: list[Any] = []
+        for piece in (stream[:cut], stream[cut:]):
+            parser.feed(piece, unrouted)
+        got = {sid: [bytes(i) if isinstance(i, memoryview) else i for i in r.items] for sid, r in routes.items()}
+        assert got == expected, cut
+        assert unrouted == [Msg(b"gone", b"9", b"", b"g", None)] and controls == [b"PING"]
+        assert {id(r) for r in parser.touched} == {id(r) for r in routes.values()}

@@ -2,9 +2,11 @@
 
 - :mod:`~tidelog.broker.ingest.nats_ingest` — :class:`~tidelog.broker.ingest.nats_ingest.NatsIngest`, one per
   partition led: receive, encode, append, acknowledge (start here: its docstring follows a message through).
+- :mod:`~tidelog.broker.ingest.nats_pool` — the few NATS connections a broker's ingests share (one subscription
+  per partition led), and per-partition back-pressure that never pauses a shared socket.
 - :mod:`~tidelog.broker.ingest.nats_reader`, :mod:`~tidelog.broker.ingest.nats_connection` and
-  :mod:`~tidelog.broker.ingest.natsproto` — tidelog's own NATS subscriber: the connection, and a parser of the
-  NATS client protocol that hands over each socket read in one call.
+  :mod:`~tidelog.broker.ingest.natsproto` — tidelog's own NATS subscriber: one connection carrying many
+  subscriptions, and a parser of the NATS client protocol that sorts each socket read by subscription in one pass.
 - :mod:`~tidelog.broker.ingest.nats_client` — nats-py, the way in for URLs the reader does not speak.
 - :mod:`~tidelog.broker.ingest.encoder` — a read's messages turned into record batches in one buffer.
 - :mod:`~tidelog.broker.ingest.msg_id_window` — ``Nats-Msg-Id`` deduplication.

@@ -1,8 +1,9 @@
 """One NATS connection of the ingest reader: the TCP protocol object, and the URLs it can reach.
 
 :class:`NatsConnection` is what asyncio calls back: it feeds each read to a
-:class:`~tidelog.broker.ingest.natsproto.Parser` and hands the messages to its owner (a
-:class:`~tidelog.broker.ingest.nats_reader.NatsReader`) in one call per read, with the read's reception time; it answers
+:class:`~tidelog.broker.ingest.natsproto.Parser`, which sorts the messages by subscription, and hands them to its
+owner (a :class:`~tidelog.broker.ingest.nats_reader.NatsReader`) in one call per read, with the read's reception
+time; it answers
 the server's PINGs at once, matches PONGs to the PINGs it sent, and reports INFO and ``-ERR``. A protocol error drops
 the connection (the owner reconnects). Connecting, subscribing, reconnecting and closing are the owner's: this object
 lives and dies with one TCP connection.
@@ -18,7 +19,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
-from tidelog.broker.ingest.natsproto import PING, PONG, Item, Parser, ProtocolError, parse_error, parse_info
+from tidelog.broker.ingest.natsproto import (
+    PING,
+    PONG,
+    Item,
+    Parser,
+    ProtocolError,
+    Route,
+    Routes,
+    parse_error,
+    parse_info,
+)
 from tidelog.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -63,7 +74,8 @@ class ServerAddress:
 
 
 def supports(urls: Sequence[str]) -> bool:
-    """Whether :class:`NatsReader` can use these URLs (all ``nats://``)."""
+    """Whether the ingest's :class:`~tidelog.broker.ingest.nats_reader.NatsReader` can use these URLs (all
+    ``nats://``)."""
     try:
         return bool(urls) and all(ServerAddress.parse(url) for url in urls)
     except (UnsupportedServerError, ValueError):
@@ -75,11 +87,13 @@ class ConnectionOwner(Protocol):
 
     name: str
     clock: Clock
-    plain_prefix: bytes | None
     reads: int
     bytes_read: int
 
-    def on_messages(self, messages: list[Item], received_ns: int) -> None: ...
+    @property
+    def routes(self) -> Routes: ...
+
+    def on_read(self, touched: list[Route], unrouted: list[Item], received_ns: int) -> None: ...
 
     def connection_lost(self, conn: NatsConnection, exc: Exception | None) -> None: ...
 
@@ -98,7 +112,7 @@ class NatsConnection(asyncio.Protocol):
 
     def __init__(self, reader: ConnectionOwner) -> None:
         self._reader = reader
-        self.parser = Parser(self._on_control, reader.plain_prefix)
+        self.parser = Parser(self._on_control, routes=reader.routes)
         self.transport: asyncio.Transport | None = None
         loop = asyncio.get_running_loop()
         self.info: asyncio.Future[dict[str, Any]] = loop.create_future()
@@ -125,8 +139,7 @@ class NatsConnection(asyncio.Protocol):
             log.error("NATS ingest %s: protocol error from the server, reconnecting: %s", self._reader.name, exc)
             self.abort()
             return
-        if messages:
-            self._deliver(messages, received)
+        self._deliver(messages, received)
 
     def connection_lost(self, exc: Exception | None) -> None:
         error = ConnectionError(str(exc or "connection closed"))
@@ -140,10 +153,11 @@ class NatsConnection(asyncio.Protocol):
     # ---- what the reader does with it
 
     def _deliver(self, messages: list[Item], received: int) -> None:
-        try:
-            self._reader.on_messages(messages, received)
-        except Exception:
-            log.exception("NATS ingest %s: could not take %d messages", self._reader.name, len(messages))
+        """Hand the read's messages, sorted by subscription, to the reader (``messages``: those of no subscription)."""
+        touched = self.parser.touched
+        if touched or messages:
+            self.parser.touched = []
+            self._reader.on_read(touched, messages, received)
 
     def _on_control(self, op: bytes, arg: bytes) -> None:
         if op == b"PING":
@@ -163,11 +177,12 @@ class NatsConnection(asyncio.Protocol):
         # +OK: only sent in verbose mode, which is off
 
     def _on_error(self, text: str) -> None:
+        # Fail whatever waits for a PONG (the handshake, subscriptions being confirmed): an -ERR names no sid, so
+        # each of them learns of it; the server closes the connection after most errors anyway.
+        error = NatsServerError(text)
+        for future in self._pings:
+            _fail(future, error)
         if self.handshaking:
-            # Fail whatever the handshake waits for; the server closes the connection after most errors anyway.
-            error = NatsServerError(text)
-            for future in self._pings:
-                _fail(future, error)
             _fail(self.info, error)
             return
         log.warning("NATS ingest %s: the server says: %s", self._reader.name, text)

@@ -3,11 +3,13 @@
 How a message travels, and what each step costs (the broker's event loop is the bottleneck, so per-message Python
 and per-byte copies are what count; on this class of machine copying a kilobyte costs about as much as parsing it):
 
-1. **Receive** — :class:`~tidelog.broker.ingest.nats_reader.NatsReader`, a subscriber connection of this partition's
-   own, parses each socket read in one pass and calls :meth:`NatsIngest._on_read` once per read, the payloads as views
-   of the read (not copies): a fraction of nats-py's per-message Python (its parser, a ``Msg`` object, a queue
-   and a task wake-up each; docs/performance.md). nats-py remains the way in for URLs the
-   reader does not speak (``tls://``, websockets) and for tests that stand in for the NATS client.
+1. **Receive** — :class:`~tidelog.broker.ingest.nats_reader.NatsReader`, a subscriber connection the broker's
+   ingests share (:class:`~tidelog.broker.ingest.nats_pool.IngestPool`: a few per broker, one subscription per
+   partition), parses each socket read in one pass and calls :meth:`NatsIngest._on_read` once per read that holds
+   this partition's messages, the payloads as views of the read (not copies): a fraction of nats-py's per-message
+   Python (its parser, a ``Msg`` object, a queue and a task wake-up each; docs/performance.md). nats-py remains the
+   way in for URLs the reader does not speak (``tls://``, websockets) and for tests that stand in for the NATS
+   client.
 2. **Encode** — :class:`~tidelog.broker.ingest.encoder.IngestEncoder` turns the read into record batches at once, all
    in one buffer (byte-identical to :func:`~tidelog.protocol.records.build_batch`; a plain message is a few table
    lookups and concatenations, its payload copied once, into the buffer). The messages of one read share its
@@ -39,9 +41,12 @@ original's append is still in flight (its own ack answers the same correlation i
 a new leader, or a restart — the window is first rebuilt from the log's last ``duplicate_window_ms``, before the
 subscription: no message is judged against an incomplete window.
 
-**Bounded memory.** What was received but is not yet stored is bounded by ``max_pending_bytes``: past it the reader
-stops reading the socket until appends catch up (to half), and NATS buffers for us — up to its own limit, beyond
-which it drops the connection as a slow consumer (NATS core semantics; see the reader's notes).
+**Bounded memory, per partition.** What was received but is not yet stored is bounded by ``max_pending_bytes``:
+past it this partition's subscription is paused (UNSUB of its sid on the shared connection) until appends catch up
+(to half), then subscribed again; the other partitions on the connection keep receiving meanwhile. NATS core keeps
+nothing for a paused subscriber, so what is published on the subject in that time is not received here (a queue
+group's other members take it; otherwise it is lost, and the resume logs the gap). See the reader's notes on
+back-pressure for how this compares with pausing the socket, which would stop every partition behind the slow one.
 
 **Stop** unsubscribes, stores everything the server had already sent (the reader drains up to a PONG after the
 UNSUB), and waits for the appends in flight.
@@ -69,7 +74,8 @@ from tidelog.broker.ingest.expectations import (
 )
 from tidelog.broker.ingest.msg_id_window import PENDING, Entry, MsgIdWindow, rebuild
 from tidelog.broker.ingest.nats_connection import UnsupportedServerError, supports
-from tidelog.broker.ingest.nats_reader import NatsReader
+from tidelog.broker.ingest.nats_pool import IngestPool
+from tidelog.broker.ingest.nats_reader import NatsReader, Subscription
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.write_path import Appended, WriteRefused
 from tidelog.clock import Clock, SystemClock
@@ -95,8 +101,9 @@ def _wrong_last(check: Check, log_end: int) -> tuple[int, str]:
 class NatsIngest:
     """Feeds one partition from its NATS subject.
 
-    ``urls`` are the broker's NATS servers, for the ingest's own connection; without them (or when the reader
-    cannot use them) it subscribes through ``nc``, the broker's nats-py client. ``duplicate_window_ms`` is the
+    ``pool`` holds the broker's shared ingest connections; ``urls`` instead give this ingest a pool of its own (one
+    connection, closed on stop). Without either (or when the reader cannot use them) it subscribes through ``nc``,
+    the broker's nats-py client. ``duplicate_window_ms`` is the
     ``Nats-Msg-Id`` duplicate window (0: no deduplication); ``max_msg_ids`` bounds the ids it holds.
     """
 
@@ -105,6 +112,7 @@ class NatsIngest:
         nc: Any,
         partition: Partition,
         *,
+        pool: IngestPool | None = None,
         urls: Sequence[str] = (),
         clock: Clock | None = None,
         max_batch_records: int = 4096,
@@ -123,8 +131,11 @@ class NatsIngest:
         self._queue = queue if queue is not None else (partition.stream.group or None)
         self._nc = nc
         self._partition = partition
-        self._urls = list(urls)
         self._clock: Clock = clock or SystemClock()
+        self._own_pool = pool is None and bool(urls) and supports(urls)
+        if pool is None and self._own_pool:
+            pool = IngestPool(urls, size=1, clock=self._clock, reader_options=reader_options)
+        self._pool = pool
         log_config = partition.log.config
         log_limit = min(log_config.max_batch_bytes, log_config.segment_max_bytes)
         if duplicate_window_ms < 0:
@@ -144,18 +155,18 @@ class NatsIngest:
         self._max_inflight = max_inflight
         self._max_pending_bytes = max_pending_bytes
         self._ack_timeout = ack_timeout
-        self._reader_options = reader_options or {}
         self._pending: collections.deque[Encoded] = collections.deque()  # reads encoded, waiting for a slot
         self._pending_bytes = 0  # encoded and not yet stored: waiting or in flight
         self._next_timestamp = 0  # the earliest timestamp the next message may get (keeps them increasing)
         self._inflight: set[asyncio.Task[None]] = set()
         self._acking: set[asyncio.Task[None]] = set()  # acks for duplicates (they hold no append slot)
-        self.reader: NatsReader | None = None
+        self.reader: NatsReader | None = None  # the shared connection carrying this partition's subscription
+        self.subscription: Subscription | None = None
         self._sub: Any = None  # the nats-py subscription, when that is the way in
         self._received: list[Message] = []  # nats-py deliveries of the current loop turn
         self.appended = 0
         self.failed = 0
-        self.pauses = 0  # times reading was paused because too much waited to be stored
+        self.pauses = 0  # times the subscription was paused because too much waited to be stored
         self.duplicates = 0  # messages not stored because their Nats-Msg-Id was within the window
         self.refused = 0  # messages not stored because they could not be taken (e.g. a refused envelope)
         self.copies = 0  # API publishes' NATS copies left out (this partition stored them directly)
@@ -171,22 +182,14 @@ class NatsIngest:
             found = await rebuild(self.window, partition.log, self._clock.now_ns())
             if found:
                 log.info("NATS ingest %s: %d Nats-Msg-Id ids within the duplicate window", partition.name, found)
-        if self._urls and supports(self._urls):
-            reader = NatsReader(
-                self._urls,
-                partition.subject,
-                self._on_read,
-                queue=self._queue,
-                name=f"tidelog-ingest-{partition.name}",
-                clock=self._clock,
-                **self._reader_options,
-            )
+        if self._pool is not None:
             try:
-                await reader.start()
+                self.reader, self.subscription = await self._pool.subscribe(
+                    partition.subject, self._on_read, self._queue
+                )
             except UnsupportedServerError as exc:
                 log.info("NATS ingest %s: %s; subscribing through nats-py instead", partition.name, exc)
             else:
-                self.reader = reader
                 return
         self._sub = await self._nc.subscribe(
             partition.subject,
@@ -206,12 +209,16 @@ class NatsIngest:
     def publish_copy(self, command: bytes) -> bool:
         """Send an API publish's NATS copy on this ingest's own connection (:mod:`tidelog.broker.ingest.copies`);
         False when it has none that can take it."""
-        return self.reader is not None and self.reader.publish(command)
+        reader, sub = self.reader, self.subscription
+        return reader is not None and sub is not None and reader.publish(command, sub)
 
     async def stop(self) -> None:
         """Unsubscribe, append what was already received, and wait for the appends."""
-        if self.reader is not None:
-            await self.reader.stop()
+        reader, sub = self.reader, self.subscription
+        if reader is not None and sub is not None:
+            await reader.unsubscribe(sub)
+        if self._own_pool and self._pool is not None:
+            await self._pool.close()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -233,14 +240,16 @@ class NatsIngest:
             i = next(i for i, m in enumerate(messages) if m is stopped)
             self._encode([stopped], received_ns, single=True)
             messages = messages[i + 1 :]
-        reader = self.reader
-        if reader is not None and self._pending_bytes > self._max_pending_bytes and not reader.paused:
-            log.info(
-                "NATS ingest %s: %d MiB received and not yet stored; pausing reads",
+        reader, sub = self.reader, self.subscription
+        if reader is not None and sub is not None and self._pending_bytes > self._max_pending_bytes and not sub.paused:
+            log.warning(
+                "NATS ingest %s: %d MiB received and not yet stored; pausing its subscription (messages published "
+                "on %r until it resumes are not received here)",
                 self._partition.name,
                 self._pending_bytes // MiB,
+                self._partition.subject,
             )
-            reader.pause_reading()
+            reader.pause(sub)
             self.pauses += 1
 
     def _encode(self, messages: Sequence[Message], received_ns: int, *, single: bool = False) -> Message | None:
@@ -439,10 +448,14 @@ class NatsIngest:
 
     def _stored(self, size: int) -> None:
         self._pending_bytes -= size
-        reader = self.reader
-        if reader is not None and reader.paused and self._pending_bytes <= self._max_pending_bytes // 2:
-            log.info("NATS ingest %s: caught up; reading again", self._partition.name)
-            reader.resume_reading()
+        reader, sub = self.reader, self.subscription
+        if (
+            reader is not None
+            and sub is not None
+            and sub.paused
+            and self._pending_bytes <= self._max_pending_bytes // 2
+        ):
+            reader.resume(sub)  # logs the gap
 
     async def _send_acks(self, base_offset: int, received_ns: int, acks: list[tuple[int, AckRequest]]) -> None:
         partition = self._partition

@@ -59,6 +59,24 @@ class Msg(NamedTuple):
 Item = memoryview | Msg
 """One parsed message: the payload alone (plain), as a view into the bytes parsed, or a :class:`Msg`."""
 
+
+class Route:
+    """Where the messages of one subscription go, on a connection that carries many (:func:`parse`'s ``routes``).
+
+    ``prefix`` is the subscription's :func:`plain_prefix` (None for a wildcard); ``items`` collects its messages
+    until the caller takes them."""
+
+    __slots__ = ("items", "prefix")
+
+    def __init__(self, prefix: bytes | None) -> None:
+        self.prefix = prefix
+        self.items: list[Item] = []
+
+
+Routes = Mapping[bytes, Route]
+"""Subscriptions by sid: how :func:`parse` hands each message to its own subscription."""
+
+
 ControlHandler = Callable[[bytes, bytes], None]
 """Called with the operation (``b"PING"``, ``b"PONG"``, ``b"+OK"``, ``b"-ERR"``, ``b"INFO"``) and its argument."""
 
@@ -111,6 +129,46 @@ def _size(text: bytes, limit: int) -> int:
     return size
 
 
+def _plain_run(buf: bytes, pos: int, prefix: bytes, out: list[Item], max_payload: int) -> tuple[int, int]:
+    """Take the plain messages (``prefix`` then a byte count: no reply, no headers) that follow each other from
+    ``pos``, as views of ``buf``; return ``(pos, need)``: where they stopped, and the length of the message there
+    when its payload is cut by the end of ``buf`` (0 otherwise: the general path goes on from ``pos``).
+
+    A tight loop, since this is the common case: one ``startswith`` checks both that a payload ends with CRLF and
+    that the next message is plain too. A reply shows as a non-digit in the byte count, and a line not complete
+    yet as no CRLF: both go back to the general path."""
+    find = buf.find
+    startswith = buf.startswith
+    append = out.append
+    view = memoryview(buf)
+    end_of_buf = len(buf)
+    plen = len(prefix)
+    chained = CRLF + prefix
+    after = pos + plen
+    while True:
+        eol = find(CRLF, after, after + _MAX_COUNT_DIGITS + 2)
+        if eol < 0:
+            return pos, 0
+        digits = buf[after:eol]
+        if not digits.isdigit():
+            return pos, 0
+        start = eol + 2
+        stop = start + int(digits)
+        if stop + 2 > end_of_buf:
+            if stop - start > max_payload:
+                raise ProtocolError(f"message of {stop - start} bytes is above the limit of {max_payload}")
+            return pos, stop + 2 - pos
+        append(view[start:stop])
+        pos = stop + 2
+        if startswith(chained, stop):
+            after = pos + plen
+            continue
+        if not startswith(CRLF, stop):
+            out.pop()
+            raise ProtocolError("message payload is not followed by CRLF")
+        return pos, 0
+
+
 def parse(
     buf: bytes,
     pos: int,
@@ -118,6 +176,8 @@ def parse(
     on_control: ControlHandler,
     prefix: bytes | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    routes: Routes | None = None,
+    touched: list[Route] | None = None,
 ) -> tuple[int, int]:
     """Parse every complete operation of ``buf[pos:]``; return ``(pos, need)``.
 
@@ -127,42 +187,20 @@ def parse(
     is known (a message whose payload has not fully arrived), 0 when its line is not complete yet. Raises
     :class:`ProtocolError` on anything that is not the protocol; what was appended to ``out`` and reported to
     ``on_control`` before it stands.
+
+    With ``routes`` (a connection carrying many subscriptions) each message goes to its sid's :class:`Route`
+    instead, the plain ones of a route as views of ``buf`` (one route's consecutive plain messages take the same
+    tight loop as ``prefix``'s), and ``touched`` receives each route whose ``items`` were empty before; a message
+    for a sid with no route (one unsubscribed meanwhile) goes to ``out``.
     """
     end_of_buf = len(buf)
     find = buf.find
     startswith = buf.startswith
-    append = out.append
-    view = memoryview(buf)
-    plen = len(prefix) if prefix else 0
-    chained = CRLF + prefix if prefix else b""
     while pos < end_of_buf:
-        if plen and startswith(prefix, pos):  # type: ignore[arg-type]
-            # The plain case, "MSG <subject> <sid> <#bytes>", in a tight loop: one startswith checks both that a
-            # payload ends with CRLF and that the next message is plain too. A reply shows as a non-digit in the
-            # byte count, and a line not complete yet as no CRLF: both go on to the general path.
-            after = pos + plen
-            while True:
-                eol = find(CRLF, after, after + _MAX_COUNT_DIGITS + 2)
-                if eol < 0:
-                    break
-                digits = buf[after:eol]
-                if not digits.isdigit():
-                    break
-                start = eol + 2
-                stop = start + int(digits)
-                if stop + 2 > end_of_buf:
-                    if stop - start > max_payload:
-                        raise ProtocolError(f"message of {stop - start} bytes is above the limit of {max_payload}")
-                    return pos, stop + 2 - pos
-                append(view[start:stop])
-                pos = stop + 2
-                if startswith(chained, stop):
-                    after = pos + plen
-                    continue
-                if not startswith(CRLF, stop):
-                    out.pop()
-                    raise ProtocolError("message payload is not followed by CRLF")
-                break
+        if prefix and startswith(prefix, pos):
+            pos, need = _plain_run(buf, pos, prefix, out, max_payload)
+            if need:
+                return pos, need
         eol = find(CRLF, pos, pos + MAX_CONTROL_LINE)
         if eol < 0:
             if end_of_buf - pos >= MAX_CONTROL_LINE:
@@ -195,6 +233,21 @@ def parse(
                 total = _size(size_text, max_payload)
                 if header_size > total:
                     raise ProtocolError(f"header of {header_size} bytes in a message of {total}")
+            target = out
+            if routes is not None:
+                route = routes.get(sid)
+                if route is not None:
+                    target = route.items
+                    if not target:
+                        touched.append(route)  # type: ignore[union-attr]
+                    plain = route.prefix
+                    if plain and not reply and op == b"MSG" and startswith(plain, pos):
+                        taken, need = _plain_run(buf, pos, plain, target, max_payload)
+                        if need:
+                            return taken, need
+                        if taken != pos:
+                            pos = taken
+                            continue
             start = eol + 2
             stop = start + total
             if stop + 2 > end_of_buf:
@@ -202,7 +255,7 @@ def parse(
             if not startswith(CRLF, stop):
                 raise ProtocolError("message payload is not followed by CRLF")
             headers = buf[start : start + header_size] if op == b"HMSG" else None
-            append(Msg(subject, sid, reply, buf[start + header_size : stop], headers))
+            target.append(Msg(subject, sid, reply, buf[start + header_size : stop], headers))
             pos = stop + 2
         elif op in (b"PING", b"PONG", b"+OK", b"-ERR", b"INFO"):
             pos = eol + 2
@@ -221,14 +274,22 @@ class Parser:
     is copied at most once on its way through, and a payload spread over many reads is joined once, when complete.
     """
 
-    __slots__ = ("_have", "_need", "_pending", "max_payload", "on_control", "prefix")
+    __slots__ = ("_have", "_need", "_pending", "max_payload", "on_control", "prefix", "routes", "touched")
 
     def __init__(
-        self, on_control: ControlHandler, prefix: bytes | None = None, max_payload: int = DEFAULT_MAX_PAYLOAD
+        self,
+        on_control: ControlHandler,
+        prefix: bytes | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        routes: Routes | None = None,
     ) -> None:
+        """``routes``: the subscriptions of a connection that carries many, by sid (see :func:`parse`); the caller
+        may change the mapping between feeds. ``touched`` then lists the routes that received messages."""
         self.on_control = on_control
         self.prefix = prefix
         self.max_payload = max_payload
+        self.routes = routes
+        self.touched: list[Route] = []
         self._pending: list[bytes | memoryview] = []  # the start of an operation cut by the end of a read...
         self._have = 0  # ...its length so far...
         self._need = 0  # ...and the length it takes, when known (its line has arrived)
@@ -250,7 +311,7 @@ class Parser:
                 return  # all of data went to a payload that is still not complete
             buf = b"".join(self._pending)
             self._pending, self._have, self._need = [], 0, 0
-            done, need = parse(buf, 0, out, self.on_control, self.prefix, self.max_payload)
+            done, need = parse(buf, 0, out, self.on_control, self.prefix, self.max_payload, self.routes, self.touched)
             left = len(buf) - done
             if left <= take:  # what is left (if anything) starts within data: parse it there
                 pos -= left
@@ -258,7 +319,7 @@ class Parser:
             self._pending, self._have, self._need = [buf[done:]], left, need
             if pos == end:
                 return
-        done, need = parse(data, pos, out, self.on_control, self.prefix, self.max_payload)
+        done, need = parse(data, pos, out, self.on_control, self.prefix, self.max_payload, self.routes, self.touched)
         if done < end:
             self._pending, self._have, self._need = [memoryview(data)[done:]], end - done, need
 

@@ -4,6 +4,10 @@ The :class:`~tidelog.broker.manager.PartitionManager` starts one ingest per part
 it stops leading. A leader without its ingest would take gRPC publishes and lose every NATS message, so an
 ingest that fails to start is an error in the log and is retried in the background with backoff (0.5 s,
 doubling, at most 30 s) until it subscribes; :meth:`IngestRuns.subscribed` answers False until then.
+
+The ingests share the broker's few NATS connections (:class:`~tidelog.broker.ingest.nats_pool.IngestPool`, at most
+``connections`` of them): starting one is a SUB on a connection already open, and ingests started together (new
+leaders after a failover) share one round trip to the server.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from tidelog.broker.ingest.nats_connection import supports
 from tidelog.broker.ingest.nats_ingest import NatsIngest
+from tidelog.broker.ingest.nats_pool import DEFAULT_CONNECTIONS, IngestPool
 from tidelog.broker.partitions.partition import Partition
 from tidelog.clock import Clock
 from tidelog.metadata.namespace import queue_group
@@ -44,9 +50,11 @@ class IngestRuns:
         max_msg_ids: int,
         namespace: str,
         clock: Clock,
+        connections: int = DEFAULT_CONNECTIONS,
     ) -> None:
         self._nc = nc
-        self._urls = list(urls)  # for each ingest's own NATS connection (see broker.ingest)
+        # The NATS connections every ingest here shares (None: the URLs need nats-py, see broker.ingest).
+        self.pool = IngestPool(urls, size=connections, clock=clock) if supports(urls) else None
         self._ack_timeout = ack_timeout
         self._duplicate_window_ms = duplicate_window_ms
         self._max_msg_ids = max_msg_ids
@@ -121,12 +129,14 @@ class IngestRuns:
         await asyncio.gather(*(i.stop() for i in ingests.values()), return_exceptions=True)
         for ingest in ingests.values():
             self._retire(ingest)
+        if self.pool is not None:
+            await self.pool.close()
 
     async def _new_ingest(self, partition: Partition) -> NatsIngest:
         ingest = NatsIngest(
             self._nc,
             partition,
-            urls=self._urls,
+            pool=self.pool,
             ack_timeout=self._ack_timeout,
             duplicate_window_ms=self._duplicate_window_ms,
             max_msg_ids=self._max_msg_ids,
