@@ -14,8 +14,9 @@ A role change keeps the log open: a follower promoted to leader starts from the 
 follower (nothing above it was known committed), a deposed leader stops its ingest and writers before it starts
 fetching. The replica's producer state (idempotent producers) is loaded when its log is opened and handed on
 with the log: a promoted follower's leader starts from the table its fetcher kept, a demoted leader's appends
-finish into its table before the follower takes it. A partition that disappeared (its stream was deleted) has
-its data deleted; for a changed record (paused, read-only, ISR) the leader gets the new record. Requests never
+finish into its table before the follower takes it. A partition that disappeared (its stream was deleted, or a
+reassignment moved it off this broker: :mod:`tidelog.metadata.reassignment_plans`) has its data deleted; for a
+changed record (paused, read-only, ISR) the leader gets the new record. Requests never
 open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
 state follows one source of truth whatever protocol the change came through.
 
@@ -239,7 +240,7 @@ class PartitionManager:
                 if self.broker_id in p.replicas and p.stream in new.streams
             }
             for key in [k for k in (*self._partitions, *self._followers) if k not in mine]:
-                await self._stop(key, delete=key[0] not in new.streams)
+                await self._stop(key, delete=True)  # its stream was deleted, or it was reassigned away
             for key in [k for k in self._paused if k not in mine]:
                 closed = self._paused.pop(key)
                 self._paused_bounds.pop(key, None)
@@ -515,7 +516,7 @@ class PartitionManager:
             log_ = follower.log
             if not keep_log and delete:
                 await follower.log.close()
-            elif not keep_log:  # reassigned away or paused: what it knows is committed stays on disk
+            elif not keep_log:  # paused: what it knows is committed stays on disk
                 await _close_follower(follower)
         if delete and log_ is not None:
             await log_.close()
