@@ -2,7 +2,8 @@
 catches up there, the new broker leads it with every record and the old one deletes its copy; a decommission
 takes every replica off a broker, after which it holds none. The last two run the CLI as a user types it (in
 process, on a thread of its own, as tests/cli do): a generated plan executed and verified, and a decommission
-that waits until the broker is safe to stop."""
+that waits until the broker is safe to stop. The last kills a broker: its replicas are re-placed on the others
+(that it deletes them when it comes back is tests/broker/test_manager_reassigned.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ SETTINGS = {
     "shutdown_timeout_ms": "5000",  # the cluster's teardown stops every broker at once: none can take over
     "broker_lease_ttl_ms": "2000",
     "leader_balance_interval_ms": "3600000",
+    "replica_replacement_delay_ms": "1000",  # the last test kills a broker; none is gone before it
 }
 RECORDS = 200
 
@@ -118,3 +120,19 @@ async def test_decommission_leaves_the_broker_without_replicas(cluster: LocalClu
     async with Admin(cluster.bootstrap()) as admin:
         parts = (await admin.describe_stream("spread")).partitions
     assert all(leaving not in p.replicas and len(p.replicas) == 2 for p in parts)
+
+
+async def test_a_broker_gone_past_the_delay_is_replaced(cluster: LocalCluster) -> None:
+    controller = await cluster.controller_id()
+    async with Admin(cluster.bootstrap()) as admin:
+        await admin.create_stream("healing", partitions=1, replication_factor=2)
+        (before,) = (await admin.describe_stream("healing")).partitions
+    gone = next((b for b in before.replicas if b != controller), before.replicas[0])
+    await cluster.kill(gone)
+
+    async def replaced() -> bool:
+        async with Admin([b.wire_address for b in cluster.brokers if b.id != gone]) as admin:
+            (p,) = (await admin.describe_stream("healing")).partitions
+        return gone not in p.replicas and len(p.replicas) == 2 and len(p.isr) == 2
+
+    await cluster.wait_until(replaced, LONG_BOUND, f"{gone}'s replica to be re-placed")

@@ -524,7 +524,8 @@ class PartitionManager:
             log.info("deleted partition %s/%d", *key)
 
     async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
-        """Delete stream directories of streams that no longer exist (deleted while this broker was down)."""
+        """Delete stream directories of streams that no longer exist, and partition directories of partitions
+        that no longer have a replica here (deleted, or reassigned away, while this broker was down)."""
         if not self._root.exists():
             return []
         live = {f"{s.name}@{s.created_ns}" for s in snapshot.streams.values()}
@@ -532,6 +533,13 @@ class PartitionManager:
         for d in removed:
             await asyncio.to_thread(shutil.rmtree, d, True)
             log.info("removed data of deleted stream %s", d.name)
+        for stream in snapshot.streams.values():  # reassigned away while this broker was down
+            for record in snapshot.partitions_of(stream.name):
+                moved = self.path_of(stream, record.id)
+                if self.broker_id not in record.replicas and moved.is_dir():
+                    await asyncio.to_thread(shutil.rmtree, moved, True)
+                    removed.append(moved)
+                    log.info("removed data of partition %s/%d: it was reassigned away", stream.name, record.id)
         return removed
 
     async def close(self) -> None:
