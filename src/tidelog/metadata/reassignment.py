@@ -80,6 +80,8 @@ class Reassigner:
         self._clock = clock or SystemClock()
         self._dirty = asyncio.Event()
         self._gone_since: dict[str, float] = {}  # broker → monotonic time this term first saw it gone
+        self._looked_at: MetadataSnapshot | None = None  # the snapshot _gone_since was computed from
+        self._planned: tuple[MetadataSnapshot, set[str]] | None = None  # what the last replacement plan saw
         mirror.add_listener(self._on_change)
         controller.add_term_task("reassignment", self.run)
 
@@ -187,6 +189,7 @@ class Reassigner:
     async def run(self, writer: FencedWriter) -> None:
         """Complete reassignments and replace gone brokers while the term lasts (a controller term task)."""
         self._gone_since.clear()
+        self._looked_at = self._planned = None
         self._dirty.set()
         while True:
             try:
@@ -231,16 +234,20 @@ class Reassigner:
             return
         snap = self._latest
         now = self._clock.monotonic_ns() / 1e9
-        holding = {b for p in snap.partitions.values() for b in p.replicas}
-        gone = holding - snap.brokers.keys()
-        self._gone_since = {b: self._gone_since.get(b, now) for b in gone}
+        if snap is not self._looked_at:  # the scan is over every partition: only when something changed
+            holding = {b for p in snap.partitions.values() for b in p.replicas}
+            gone = holding - snap.brokers.keys()
+            self._gone_since = {b: self._gone_since.get(b, now) for b in gone}
+            self._looked_at = snap
         due = [b for b, since in self._gone_since.items() if now - since >= self._delay]
-        if not due or not snap.brokers:
+        last = self._planned
+        if not due or not snap.brokers or (last is not None and last[0] is snap and last[1] == set(due)):
             return
         onto = [b for b in snap.brokers if b not in self._controller.shutting_down]
         planned, _ = plans.plan_off(snap, due, onto)
         changes = [PartitionChange(r, plans.start(r, t), ChangeReason.REASSIGN) for r, t in planned]
         landed = await self._writes.apply(writer, changes)
+        self._planned = (snap, set(due))  # planned again only when the metadata or the brokers due change
         for change, ok in zip(changes, landed, strict=True):
             if ok:
                 log.warning(
