@@ -228,13 +228,8 @@ class Broker:
                 unclean_default=cfg.default_unclean_leader_election,
                 balance_interval=cfg.leader_balance_interval_ms / 1000,
             )
-            self.reassigner = Reassigner(
-                self.controller,
-                self.etcd,
-                keys,
-                mirror,
-                replacement_delay=cfg.replica_replacement_delay_ms / 1000,
-            )
+            delay = cfg.replica_replacement_delay_ms / 1000  # the reassigner is a term task: before the election
+            self.reassigner = Reassigner(self.controller, self.etcd, keys, mirror, replacement_delay=delay)
             self.link = ControllerLink(self.id, self.election, self.controller, self.peers, etcd=self.etcd, keys=keys)
             self.manager = PartitionManager(
                 self.id,
