@@ -47,6 +47,7 @@ from tidelog.broker.groups.runtime import GroupRuntime
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.log_settings import log_config_for
 from tidelog.broker.manager import PartitionManager
+from tidelog.broker.partition_moves import PartitionMoves
 from tidelog.broker.partitions.cleaner import LogCleaner
 from tidelog.broker.pausing import Pauses
 from tidelog.broker.peers import Peers
@@ -67,6 +68,7 @@ from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.mirror import MetadataMirror
 from tidelog.metadata.namespace import internal_subject, namespace_keys
 from tidelog.metadata.producer_ids import ProducerIdAllocator
+from tidelog.metadata.reassignment import Reassigner
 from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.metadata.store import MetadataStore
@@ -161,6 +163,7 @@ class Broker:
         self.peers: Peers | None = None
         self.election: ControllerElection | None = None
         self.controller: Controller | None = None
+        self.reassigner: Reassigner | None = None
         self.link: ControllerLink | None = None
         self.cursor_stream: CursorStreamKeeper | None = None
         self.activity_stream: CursorStreamKeeper | None = None
@@ -228,6 +231,8 @@ class Broker:
                 unclean_default=cfg.default_unclean_leader_election,
                 balance_interval=cfg.leader_balance_interval_ms / 1000,
             )
+            delay = cfg.replica_replacement_delay_ms / 1000  # the reassigner is a term task: before the election
+            self.reassigner = Reassigner(self.controller, self.etcd, keys, mirror, replacement_delay=delay)
             self.link = ControllerLink(self.id, self.election, self.controller, self.peers, etcd=self.etcd, keys=keys)
             self.manager = PartitionManager(
                 self.id,
@@ -321,6 +326,7 @@ class Broker:
                     segment_max_bytes=cfg.segment_max_bytes,
                     placements=admin.placements,
                 ),
+                moves=PartitionMoves(self.id, mirror, self.link, self.reassigner),
             )
             if cfg.activity_stream_enabled:
                 publisher = ActivityPublisher(self.id, self.manager, self.peers, lambda: mirror.snapshot)

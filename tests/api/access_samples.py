@@ -48,6 +48,11 @@ from tidelog.protocol.peer_messages import (
     SegmentListRequest,
     SuspendPartitionRequest,
 )
+from tidelog.protocol.reassign_messages import (
+    DecommissionBrokerRequest,
+    ListReassignmentsRequest,
+    ReassignPartitionsRequest,
+)
 from tidelog.protocol.reshape_messages import AddPartitionsRequest, AlterStreamRequest, ElectLeadersRequest
 
 S = "absent-stream"
@@ -72,6 +77,9 @@ WIRE_SAMPLES: dict[int, Any] = {
     Op.ADD_PARTITIONS: AddPartitionsRequest(S, 2, timeout_ms=2_000),
     Op.ALTER_STREAM: AlterStreamRequest(S, {"retention_max_age_ms": "1000"}, timeout_ms=2_000),
     Op.ELECT_LEADERS: ElectLeadersRequest(timeout_ms=2_000),
+    Op.REASSIGN_PARTITIONS: ReassignPartitionsRequest(generate=True, brokers=("absent-broker",), timeout_ms=2_000),
+    Op.DECOMMISSION_BROKER: DecommissionBrokerRequest("absent-broker", timeout_ms=2_000),
+    Op.LIST_REASSIGNMENTS: ListReassignmentsRequest(),
     Op.REPLICA_FETCH: ReplicaFetchRequest(S, 0, "absent-broker", 0, 0),
     Op.EPOCH_END_OFFSET: EpochEndOffsetRequest(S, 0, "absent-broker", 0),
     Op.SEGMENT_LIST: SegmentListRequest(S, 0, "absent-broker", 0, 0),

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tidelog.protocol import auth_messages as am
 from tidelog.protocol import group_messages as gm
+from tidelog.protocol import reassign_messages as ra
 from tidelog.protocol import reshape_messages as rm
 from tidelog.protocol.cursor_messages import (
     CursorPosition,
@@ -177,6 +178,66 @@ STRATEGIES: dict[type[Header], st.SearchStrategy[Any]] = {
     ),
     rm.ElectLeadersRequest: st.builds(rm.ElectLeadersRequest, millis, st.booleans()),
     rm.ElectLeadersResponse: st.builds(rm.ElectLeadersResponse, st.integers(0, INT32_MAX), st.integers(0, INT32_MAX)),
+    ra.ReassignPartitionsRequest: st.builds(
+        ra.ReassignPartitionsRequest,
+        st.lists(
+            st.builds(ra.PartitionReplicas, names, partition, st.lists(names, max_size=3).map(tuple)), max_size=3
+        ).map(tuple),
+        st.integers(0, 2**40),
+        st.booleans(),
+        st.booleans(),
+        st.lists(names, max_size=3).map(tuple),
+        st.lists(names, max_size=3).map(tuple),
+        millis,
+        st.booleans(),
+    ),
+    ra.ReassignPartitionsResponse: st.builds(
+        ra.ReassignPartitionsResponse,
+        st.lists(
+            st.builds(
+                ra.PartitionMove,
+                text,
+                partition,
+                st.lists(text, max_size=3).map(tuple),
+                st.lists(text, max_size=3).map(tuple),
+                text,
+            ),
+            max_size=3,
+        ).map(tuple),
+    ),
+    ra.DecommissionBrokerRequest: st.builds(
+        ra.DecommissionBrokerRequest, names, st.integers(0, 2**40), millis, st.booleans()
+    ),
+    ra.DecommissionBrokerResponse: st.builds(
+        ra.DecommissionBrokerResponse,
+        st.lists(st.builds(ra.PartitionMove, text, partition, st.just(("a",)), st.just(("b",)), text), max_size=2).map(
+            tuple
+        ),
+    ),
+    ra.ListReassignmentsRequest: st.builds(
+        ra.ListReassignmentsRequest,
+        st.lists(st.builds(ra.PartitionReplicas, names, partition, st.just(("a", "b"))), max_size=2).map(tuple),
+        text,
+    ),
+    ra.ListReassignmentsResponse: st.builds(
+        ra.ListReassignmentsResponse,
+        st.lists(
+            st.builds(
+                ra.ReassignmentStatus,
+                text,
+                partition,
+                st.just(("a",)),
+                st.just(("b",)),
+                st.just(()),
+                text,
+                text,
+                text,
+                st.integers(0, 2**40),
+            ),
+            max_size=2,
+        ).map(tuple),
+        st.integers(0, INT32_MAX),
+    ),
     ResetHeadRequest: st.builds(ResetHeadRequest, names, partition, offset_or_none, millis, st.booleans()),
     ResetHeadResponse: st.builds(ResetHeadResponse, text, epoch, offset, offset, offset, text),
     SkipDamagedRequest: st.builds(SkipDamagedRequest, names, partition, offset_or_none, offset_or_none),

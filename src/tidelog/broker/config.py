@@ -309,6 +309,14 @@ class BrokerConfig(ConnectionSettings):
         "How often the controller moves leadership back to each partition's preferred replica (the first one) "
         "once that replica is back in the ISR.",
     )
+    replica_replacement_delay_ms: int = setting(
+        600_000,
+        NON_NEGATIVE,
+        "How long a broker that holds replicas may be gone (no registration) before the controller re-places its "
+        "replicas on live brokers, rack-aware, as reassignments: each new replica catches up and joins the ISR "
+        "before the gone one is dropped, so no partition goes below min-ISR on the way. 0 turns it off. The "
+        "default (10 minutes) outlasts a restart or an upgrade, which should not copy whole replicas.",
+    )
     shutdown_timeout_ms: int = setting(
         15_000, POSITIVE, "On SIGTERM, how long to hand partition leadership off before exiting anyway."
     )

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tidelog.broker.controller_link import ControllerLink
     from tidelog.broker.cursors import CursorStore
     from tidelog.broker.groups.service import GroupService
+    from tidelog.broker.partition_moves import PartitionMoves
     from tidelog.broker.partitions.followed import FollowedPartition
     from tidelog.broker.partitions.partition import Partition
     from tidelog.broker.pausing import Pauses
@@ -42,6 +43,7 @@ class BrokerContext:
     groups: GroupService | None = None  # consumer groups (None: a broker assembled without etcd)
     pauses: Pauses | None = None  # resume and auto-pause (None: a broker assembled without them)
     reshape: StreamReshape | None = None  # add partitions, alter settings, elect leaders (None: not assembled)
+    moves: PartitionMoves | None = None  # reassign partitions, decommission brokers (None: not assembled)
 
     @property
     def ack_timeout(self) -> float:

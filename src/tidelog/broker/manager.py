@@ -14,8 +14,9 @@ A role change keeps the log open: a follower promoted to leader starts from the 
 follower (nothing above it was known committed), a deposed leader stops its ingest and writers before it starts
 fetching. The replica's producer state (idempotent producers) is loaded when its log is opened and handed on
 with the log: a promoted follower's leader starts from the table its fetcher kept, a demoted leader's appends
-finish into its table before the follower takes it. A partition that disappeared (its stream was deleted) has
-its data deleted; for a changed record (paused, read-only, ISR) the leader gets the new record. Requests never
+finish into its table before the follower takes it. A partition that disappeared (its stream was deleted, or a
+reassignment moved it off this broker: :mod:`tidelog.metadata.reassignment_plans`) has its data deleted; for a
+changed record (paused, read-only, ISR) the leader gets the new record. Requests never
 open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
 state follows one source of truth whatever protocol the change came through.
 
@@ -266,9 +267,10 @@ class PartitionManager:
                     log.error("%s/%d: acting on its new metadata failed", *key, exc_info=outcome)
 
     async def _drop(self, key: PartitionKey, new: MetadataSnapshot) -> None:
-        """Stop holding a partition this broker is no longer a replica of (deleting its data with its stream)."""
+        """Stop holding a partition this broker is no longer a replica of, deleting its data (its stream was
+        deleted, or it was reassigned away)."""
         if key in self._partitions or key in self._followers:
-            await self._stop(key, delete=key[0] not in new.streams)
+            await self._stop(key, delete=True)
         closed = self._paused.pop(key, None)
         if closed is not None:
             self._paused_bounds.pop(key, None)
@@ -546,7 +548,7 @@ class PartitionManager:
             log_ = follower.log
             if not keep_log and delete:
                 await follower.log.close()
-            elif not keep_log:  # reassigned away or paused: what it knows is committed stays on disk
+            elif not keep_log:  # paused: what it knows is committed stays on disk
                 await _close_follower(follower)
         if delete and log_ is not None:
             await log_.close()
@@ -554,7 +556,8 @@ class PartitionManager:
             log.info("deleted partition %s/%d", *key)
 
     async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
-        """Delete stream directories of streams that no longer exist (deleted while this broker was down)."""
+        """Delete stream directories of streams that no longer exist, and partition directories of partitions
+        that no longer have a replica here (deleted, or reassigned away, while this broker was down)."""
         if not self._root.exists():
             return []
         live = {f"{s.name}@{s.created_ns}" for s in snapshot.streams.values()}
@@ -562,6 +565,13 @@ class PartitionManager:
         for d in removed:
             await asyncio.to_thread(shutil.rmtree, d, True)
             log.info("removed data of deleted stream %s", d.name)
+        for stream in snapshot.streams.values():  # reassigned away while this broker was down
+            for record in snapshot.partitions_of(stream.name):
+                moved = self.path_of(stream, record.id)
+                if self.broker_id not in record.replicas and moved.is_dir():
+                    await asyncio.to_thread(shutil.rmtree, moved, True)
+                    removed.append(moved)
+                    log.info("removed data of partition %s/%d: it was reassigned away", stream.name, record.id)
         return removed
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from tidelog.cli.group_reset import reset_offsets
 from tidelog.cli.groups import group
 from tidelog.cli.partition import partition
 from tidelog.cli.publish import publish
+from tidelog.cli.reassign import broker, reassign
 from tidelog.cli.reshape import add_partitions, alter, rebalance
 from tidelog.cli.serve import serve
 from tidelog.cli.streams import stream
@@ -52,7 +53,9 @@ cli.add_command(stream)
 cli.add_command(publish)
 cli.add_command(append)
 cli.add_command(subscribe)
+partition.add_command(reassign)
 cli.add_command(partition)
+cli.add_command(broker)
 cli.add_command(activity)
 cli.add_command(top)
 cli.add_command(acl)

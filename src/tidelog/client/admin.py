@@ -73,6 +73,15 @@ from tidelog.protocol.messages import (
     StreamInfo,
     StreamSummary,
 )
+from tidelog.protocol.reassign_messages import (
+    DecommissionBrokerRequest,
+    DecommissionBrokerResponse,
+    ListReassignmentsRequest,
+    ListReassignmentsResponse,
+    PartitionReplicas,
+    ReassignPartitionsRequest,
+    ReassignPartitionsResponse,
+)
 from tidelog.protocol.reshape_messages import (
     RESET,
     AddPartitionsRequest,
@@ -212,6 +221,53 @@ class Admin:
         )
         answer = response.header
         assert isinstance(answer, ElectLeadersResponse)
+        return answer
+
+    async def reassign_partitions(
+        self,
+        plan: Sequence[PartitionReplicas] = (),
+        *,
+        throttle_bps: int = 0,
+        cancel: bool = False,
+        generate_for: Sequence[str] = (),
+        streams: Sequence[str] = (),
+        timeout_ms: int = 30_000,
+    ) -> ReassignPartitionsResponse:
+        """Start reassigning each partition of ``plan`` to its replicas (or, with ``cancel``, undo their
+        reassignments); with ``generate_for`` (broker ids), propose a plan keeping ``streams``' replicas (all
+        streams' when empty) on those brokers, and change nothing. ``throttle_bps`` caps the bytes per second a
+        leader sends each replica being added. Each move gives the replicas before and after."""
+        request = ReassignPartitionsRequest(
+            tuple(plan), throttle_bps, cancel, bool(generate_for), tuple(generate_for), tuple(streams), timeout_ms
+        )
+        connection = await self._cluster.any_connection()
+        response = await connection.request(request, timeout=timeout_ms / 1000 + self._cluster.request_timeout)
+        answer = response.header
+        assert isinstance(answer, ReassignPartitionsResponse)
+        return answer
+
+    async def list_reassignments(
+        self, plan: Sequence[PartitionReplicas] = (), *, broker_id: str = ""
+    ) -> ListReassignmentsResponse:
+        """How far the reassignment of each partition of ``plan`` to its replicas is (every reassignment in
+        progress when empty; with ``broker_id``, every partition holding a replica there)."""
+        connection = await self._cluster.any_connection()
+        response = await connection.request(ListReassignmentsRequest(tuple(plan), broker_id))
+        answer = response.header
+        assert isinstance(answer, ListReassignmentsResponse)
+        return answer
+
+    async def decommission_broker(
+        self, broker_id: str, *, throttle_bps: int = 0, timeout_ms: int = 30_000
+    ) -> DecommissionBrokerResponse:
+        """Start moving every replica off ``broker_id``; the moves (a ``note`` says why one cannot move now)."""
+        connection = await self._cluster.any_connection()
+        response = await connection.request(
+            DecommissionBrokerRequest(broker_id, throttle_bps, timeout_ms),
+            timeout=timeout_ms / 1000 + self._cluster.request_timeout,
+        )
+        answer = response.header
+        assert isinstance(answer, DecommissionBrokerResponse)
         return answer
 
     async def reset_head(

@@ -491,6 +491,11 @@ class Controller:
     def _changes(self, writer: FencedWriter) -> StreamChanges:
         return StreamChanges(self._client, self._keys, writer.transaction, chunk=self._create_chunk)
 
+    def current_writer(self) -> FencedWriter:
+        """The writer of the current term (:class:`NotControllerError` when there is none), for the modules that
+        write beside the controller (:mod:`tidelog.metadata.reassignment`)."""
+        return self._current_writer()
+
     def _current_writer(self) -> FencedWriter:
         """The writer of the current term, or :class:`NotControllerError` naming the controller to forward to."""
         if self._writer is None or not self.active:

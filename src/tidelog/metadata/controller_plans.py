@@ -68,6 +68,8 @@ class ChangeReason(enum.Enum):
     """The leader found evidence of lost consistency and refuses appends (:mod:`tidelog.metadata.suspension`)."""
     RESET_HEAD = "reset-head"
     """An operator confirmed the head of a suspended partition: appends resume, one leader epoch later."""
+    REASSIGN = "reassign"
+    """A reassignment started, completed or was cancelled (:mod:`tidelog.metadata.reassignment_plans`)."""
 
 
 @dataclass(frozen=True, slots=True)

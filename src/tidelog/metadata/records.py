@@ -114,6 +114,13 @@ class PartitionRecord(msgspec.Struct, frozen=True):
     data_keys: tuple[bytes, ...] = ()
     """An encrypted stream's data keys for this partition, wrapped by the brokers' master key; the key id of
     each is its index, and the last one seals new batches (:mod:`tidelog.broker.encryption`). Empty: plain."""
+    reassign_to: tuple[str, ...] = ()
+    """A reassignment in progress (:mod:`tidelog.metadata.reassignment_plans`): the replicas wanted, preferred
+    leader first; empty: none. While it runs, ``replicas`` is ``reassign_from`` and the brokers being added."""
+    reassign_from: tuple[str, ...] = ()
+    """The replicas before the reassignment in progress: what cancelling it restores."""
+    throttle_bps: int = 0
+    """While reassigning: the bytes per second the leader sends each replica being added (0: no cap)."""
 
 
 class BrokerRecord(msgspec.Struct, frozen=True):

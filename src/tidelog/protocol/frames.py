@@ -88,6 +88,9 @@ class Op(enum.IntEnum):
     ADD_PARTITIONS = 23  # grow a stream's partition count (through the controller)
     ALTER_STREAM = 24  # change a stream's settings at run time (through the controller)
     ELECT_LEADERS = 25  # preferred-leader election now (``tidelog cluster rebalance``)
+    REASSIGN_PARTITIONS = 26  # move partitions' replicas to other brokers (start, cancel, or propose a plan)
+    DECOMMISSION_BROKER = 27  # move every replica off one broker (through the controller)
+    LIST_REASSIGNMENTS = 28  # how far reassignments are (any broker, from its mirror)
     REPLICA_FETCH = 32  # broker-to-broker pull replication: a follower copies the leader's log
     EPOCH_END_OFFSET = 33  # where a leader epoch ends on the leader (KIP-279): followers truncate to it
     SEGMENT_LIST = 34  # far-horizon catch-up: the leader's sealed segments from an offset

@@ -116,6 +116,14 @@ from tidelog.protocol.peer_messages import (
     SuspendPartitionRequest,
     SuspendPartitionResponse,
 )
+from tidelog.protocol.reassign_messages import (
+    DecommissionBrokerRequest,
+    DecommissionBrokerResponse,
+    ListReassignmentsRequest,
+    ListReassignmentsResponse,
+    ReassignPartitionsRequest,
+    ReassignPartitionsResponse,
+)
 from tidelog.protocol.reshape_messages import (
     AddPartitionsRequest,
     AddPartitionsResponse,
@@ -154,6 +162,12 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.ALTER_STREAM): AlterStreamResponse,
     (Kind.REQUEST, Op.ELECT_LEADERS): ElectLeadersRequest,
     (Kind.RESPONSE, Op.ELECT_LEADERS): ElectLeadersResponse,
+    (Kind.REQUEST, Op.REASSIGN_PARTITIONS): ReassignPartitionsRequest,
+    (Kind.RESPONSE, Op.REASSIGN_PARTITIONS): ReassignPartitionsResponse,
+    (Kind.REQUEST, Op.DECOMMISSION_BROKER): DecommissionBrokerRequest,
+    (Kind.RESPONSE, Op.DECOMMISSION_BROKER): DecommissionBrokerResponse,
+    (Kind.REQUEST, Op.LIST_REASSIGNMENTS): ListReassignmentsRequest,
+    (Kind.RESPONSE, Op.LIST_REASSIGNMENTS): ListReassignmentsResponse,
     (Kind.REQUEST, Op.SET_CURSOR): SetCursorRequest,
     (Kind.RESPONSE, Op.SET_CURSOR): SetCursorResponse,
     (Kind.REQUEST, Op.FETCH_CURSOR): FetchCursorRequest,

@@ -2,7 +2,8 @@
 SET_STREAM_STATE (pause, resume, read-only), RESET_HEAD (fail to safety, :mod:`tidelog.broker.head_reset`) and
 SKIP_DAMAGED (an operator confirms skipping offsets damaged on the leader's disk, :mod:`tidelog.storage.damage`;
 answered by the partition's leader, whose disk it is), and the reshaping ops ADD_PARTITIONS, ALTER_STREAM and
-ELECT_LEADERS (:mod:`tidelog.broker.stream_reshape`).
+ELECT_LEADERS (:mod:`tidelog.broker.stream_reshape`), and the replica moves REASSIGN_PARTITIONS,
+DECOMMISSION_BROKER and LIST_REASSIGNMENTS (:mod:`tidelog.broker.partition_moves`).
 
 Metadata comes from this broker's mirror of the etcd keyspace (:class:`~tidelog.metadata.mirror.MetadataMirror`),
 so any broker answers it; watermarks are only known to a partition's leader, so a partition led elsewhere reports
@@ -29,6 +30,7 @@ import msgspec
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.head_reset import reset_head as confirm_head
+from tidelog.broker.partition_moves import PartitionMoves
 from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.metadata.records import PartitionRecord, StreamConfig, StreamRecord
 from tidelog.protocol.errors import InvalidArgumentError, UnavailableError, UnknownStreamError
@@ -53,6 +55,11 @@ from tidelog.protocol.messages import (
     SkipDamagedResponse,
     StreamInfo,
     StreamSummary,
+)
+from tidelog.protocol.reassign_messages import (
+    DecommissionBrokerRequest,
+    ListReassignmentsRequest,
+    ReassignPartitionsRequest,
 )
 from tidelog.protocol.reshape_messages import (
     RESET,
@@ -163,6 +170,35 @@ async def elect_leaders(env: HandlerEnv, correlation_id: int, request: ElectLead
     return Reply(encode_message(correlation_id, answer))
 
 
+def _moves(env: HandlerEnv) -> PartitionMoves:
+    moves = env.broker.moves
+    if moves is None:
+        raise UnavailableError("this broker cannot move replicas (it runs without a controller)")
+    return moves
+
+
+async def reassign_partitions(
+    env: HandlerEnv, correlation_id: int, request: ReassignPartitionsRequest, _: memoryview
+) -> Reply:
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        answer = await _moves(env).reassign(request)
+    return Reply(encode_message(correlation_id, answer))
+
+
+async def decommission_broker(
+    env: HandlerEnv, correlation_id: int, request: DecommissionBrokerRequest, _: memoryview
+) -> Reply:
+    async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
+        answer = await _moves(env).decommission(request)
+    return Reply(encode_message(correlation_id, answer))
+
+
+async def list_reassignments(
+    env: HandlerEnv, correlation_id: int, request: ListReassignmentsRequest, _: memoryview
+) -> Reply:
+    return Reply(encode_message(correlation_id, _moves(env).list(request)))
+
+
 async def reset_head(env: HandlerEnv, correlation_id: int, request: ResetHeadRequest, _: memoryview) -> Reply:
     return Reply(encode_message(correlation_id, await confirm_head(env.broker, request)))
 
@@ -242,4 +278,7 @@ ROUTES: dict[int, Route] = {
     Op.ADD_PARTITIONS: route(AddPartitionsRequest, add_partitions),
     Op.ALTER_STREAM: route(AlterStreamRequest, alter_stream),
     Op.ELECT_LEADERS: route(ElectLeadersRequest, elect_leaders),
+    Op.REASSIGN_PARTITIONS: route(ReassignPartitionsRequest, reassign_partitions),
+    Op.DECOMMISSION_BROKER: route(DecommissionBrokerRequest, decommission_broker),
+    Op.LIST_REASSIGNMENTS: route(ListReassignmentsRequest, list_reassignments),
 }

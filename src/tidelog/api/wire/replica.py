@@ -55,6 +55,7 @@ import asyncio
 import os
 from collections.abc import Sequence
 
+from tidelog.api.wire import reassign_throttle
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.handlers import (
     SENT,
@@ -98,7 +99,10 @@ async def replica_fetch(
         return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
-    return _from_log(env, correlation_id, partition, offset, max_bytes, verify=request.verify)
+    await reassign_throttle.pace(partition, partition.record, request.replica_id)
+    reply = _from_log(env, correlation_id, partition, offset, max_bytes, verify=request.verify)
+    reassign_throttle.charge(partition, partition.record, request.replica_id, reply)
+    return reply
 
 
 def _from_log(
@@ -267,6 +271,7 @@ async def segment_fetch(
         response = SegmentFetchResponse(0, 0, partition.local_log_start, epoch, refusal.to_error_body())
         return Reply(encode_message(correlation_id, response))
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    await reassign_throttle.pace(partition, partition.record, request.replica_id)
     found = partition.log.sealed_segment_range(request.base_offset, request.position, max_bytes)
     if found is None:
         return _segment_gone(correlation_id, partition, f"no sealed segment at {request.base_offset} (deleted?)")
@@ -276,6 +281,7 @@ async def segment_fetch(
         file.close()
         return _segment_gone(correlation_id, partition, f"segment {request.base_offset} was rewritten meanwhile")
     header = SegmentFetchResponse(size, file_id, partition.local_log_start, epoch)
+    reassign_throttle.charge(partition, partition.record, request.replica_id, Reply([], file))
     if env.zero_copy:
         return frame_with_file(Op.SEGMENT_FETCH, correlation_id, header, file)
     with file:
