@@ -76,9 +76,10 @@ log = logging.getLogger(__name__)
 
 LogConfigFactory = Callable[[StreamRecord], LogConfig]
 
-OTHER_DESCRIPTORS = 1024
-"""Descriptors a broker should have beside its segment files (sockets, index writes, reads in flight): the
-open-file limit is checked against ``max_open_segment_files`` plus this."""
+OTHER_DESCRIPTORS = 256
+"""Descriptors a broker should have at least beside its segment files (sockets, index writes, reads in flight):
+the open-file limit is checked against ``max_open_segment_files`` plus this (the default 512 plus this fits the
+usual soft limit of 1,024)."""
 
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""

@@ -11,9 +11,10 @@ stays open because it is used; an idle partition ends up holding none.
 What may be closed (:meth:`~tidelog.storage.segment_state.SegmentState.releasable`), so that closing never
 loses or hides anything:
 
-- nothing of the file is unsynced: every append to it was followed by an ``fdatasync`` through the segment
-  (closing a descriptor keeps the page cache, but a write-back error could then go unreported to the fsync
-  that acknowledges the data); under flush policy ``never`` a segment written since its log's last flush
+- nothing of the file is unsynced: every append to it (and every cut) was followed by an ``fdatasync`` through
+  the segment
+  (closing a descriptor keeps the page cache, but a write-back error could then go unreported to the
+  fsync that acknowledges the data); under flush policy ``never`` a segment written since its log's last flush
   therefore keeps its descriptor until that flush;
 - it is not *pinned*: no worker thread is syncing it or zero-filling ahead of its end
   (:mod:`tidelog.storage.preallocation`), and no compaction or install is replacing its file under its name;
@@ -41,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-DEFAULT_LIMIT = 1024
+DEFAULT_LIMIT = 512
 """Segment files held open at most (``max_open_segment_files``)."""
 
 

@@ -115,6 +115,7 @@ class Segment(SegmentReads):
         """Make the file end at ``position``, stopping any zero fill first (the state is the caller's to fix)."""
         self.preallocation.stop(position)
         os.ftruncate(self.fd, position)
+        self._writes += 1  # a cut too must be fsynced through this segment before its descriptor is released
 
     def seal_prepare(self) -> None:
         """Record the final running maximum in the time index; the segment takes no more appends."""
