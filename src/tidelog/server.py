@@ -254,6 +254,7 @@ class Broker:
                 namespace=cfg.namespace,
                 producer_expiry_ms=cfg.producer_expiry_ms,
                 recovery_truncate_damaged=cfg.recovery_truncate_damaged,
+                max_open_segment_files=cfg.max_open_segment_files,
                 peers=self.peers,
                 vault=self.vault,
                 peer_ssl=self._peer_tls,

@@ -180,6 +180,16 @@ class BrokerConfig(ConnectionSettings):
         7 * _DAY_MS, NON_NEGATIVE, "Delete segments whose newest message is older than this (0: no limit)."
     )
     cleaner_interval_ms: int = setting(5 * 60 * 1000, POSITIVE, "How often retention and compaction run.")
+    max_open_segment_files: int = setting(
+        512,
+        int_kind(16),
+        "Segment files this broker holds open at most, over all its partitions: beyond it the least recently used "
+        "idle ones are closed and reopened when next read or written, so an idle partition holds no descriptor. A "
+        "segment with appends not yet fsynced (flush policy never or interval, until its flush) or in use by a "
+        "worker thread stays open past it. Beyond this many partitions written at once, an append may first reopen "
+        "its file (one open call). Keep it well below the process's open-file limit (ulimit -n): "
+        "docs/operations.md counts the other descriptors a broker holds.",
+    )
     compact_enabled: bool = setting(False, bool_kind(), "Key compaction: keep only the newest record per key.")
     compact_delete_retention_ms: int = setting(
         _DAY_MS, NON_NEGATIVE, "How long compaction keeps a tombstone (a keyed record without a value)."

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +53,7 @@ from tidelog.broker.partitions.committed_reads import RemoteTier
 from tidelog.broker.partitions.damage_repair import DamageRepairs
 from tidelog.broker.partitions.damaged import DamagedPartitions
 from tidelog.broker.partitions.followed import FollowedPartition
+from tidelog.broker.partitions.maintenance import LeaderMaintenance
 from tidelog.broker.partitions.partition import AlterIsr, Partition
 from tidelog.broker.partitions.safety import ReportSuspension, apply_confirmed_head
 from tidelog.broker.peers import Peers
@@ -68,6 +70,7 @@ from tidelog.replication.idempotence.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
 from tidelog.storage.flush import FlushShares
 from tidelog.storage.log import Log
+from tidelog.storage.open_files import OPEN_FILES
 from tidelog.storage.recovery_damage import DamagedLogError
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,11 @@ LogConfigFactory = Callable[[StreamRecord], LogConfig]
 
 RECONCILE_CONCURRENCY = 32
 """Partitions a reconcile brings in line at once (opening logs, starting leaders and their NATS ingest)."""
+
+OTHER_DESCRIPTORS = 256
+"""Descriptors a broker should have at least beside its segment files (sockets, index writes, reads in flight):
+the open-file limit is checked against ``max_open_segment_files`` plus this (the default 512 plus this fits the
+usual soft limit of 1,024)."""
 
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""
@@ -106,12 +114,16 @@ class PartitionManager:
         namespace: str = DEFAULT_NAMESPACE,
         producer_expiry_ms: int = DEFAULT_PRODUCER_EXPIRY_MS,
         recovery_truncate_damaged: bool = False,
+        max_open_segment_files: int | None = None,
         peers: Peers | None = None,
         clock: Clock | None = None,
         vault: KeyVault | None = None,
         peer_ssl: SslSource | None = None,
     ) -> None:
         self.broker_id = broker_id
+        if max_open_segment_files is not None:  # the process's bound on open segment files (storage.open_files)
+            OPEN_FILES.set_limit(max_open_segment_files)
+            _check_open_file_limit(max_open_segment_files)
         self.vault = vault or KeyVault(None)  # each log's keyring, from its record's data keys (broker.encryption)
         self.tier: RemoteTier | None = None  # the tiered store's catalog, given to every replica (broker.tiering)
         self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
@@ -146,6 +158,7 @@ class PartitionManager:
         self._snapshot = MetadataSnapshot()
         self._lock = asyncio.Lock()
         self._checkpointer: asyncio.Task[None] | None = None
+        self._maintenance = LeaderMaintenance(self._clock)  # one timer for every led partition's periodic work
         self._peer_ssl = peer_ssl  # TLS for the fetchers' connections to their leaders (None: plaintext)
         self._repairs = DamageRepairs(peers, self._repair_sources)  # bit rot: restore from a replica
 
@@ -366,7 +379,7 @@ class PartitionManager:
             )
             return None
         try:
-            producers = await asyncio.to_thread(open_producer_state, log_, self._producer_expiry_ms)
+            producers = await asyncio.to_thread(_load_producers, log_, self._producer_expiry_ms)
         except Exception:
             log.exception(
                 "cannot load the producer state of %s/%d; the partition is closed again and not served here",
@@ -376,6 +389,8 @@ class PartitionManager:
             )
             await log_.close()
             return None
+        finally:
+            OPEN_FILES.trim()  # what the loading kept open past the bound
         self.damaged.forget((stream.name, partition))
         return log_, producers
 
@@ -426,6 +441,7 @@ class PartitionManager:
             report_suspension=self._report_suspension,
             ack_poll_us=self._ack_poll_us,
             clock=self._clock,
+            maintenance=self._maintenance,
         )
         partition.tier = self.tier
         self._partitions[(stream.name, record.id)] = partition
@@ -588,6 +604,26 @@ class PartitionManager:
             followers, self._followers = self._followers, {}
             await asyncio.gather(*(f.fetcher.stop() for f in followers.values() if f.fetcher), return_exceptions=True)
             await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
+
+
+def _load_producers(log_: Log, expiry_ms: int) -> ProducerStateTable:
+    """Blocking (a worker thread): the log's producer state; it reads segments, so none is released meanwhile."""
+    with OPEN_FILES.busy(log_.directory):
+        return open_producer_state(log_, expiry_ms)
+
+
+def _check_open_file_limit(segment_files: int) -> None:
+    """Warn when the process's open-file limit leaves too little room beside ``segment_files`` segment files (the
+    other descriptors a broker holds: docs/operations.md)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < segment_files + OTHER_DESCRIPTORS:
+        log.warning(
+            "the open-file limit (ulimit -n) is %d: max_open_segment_files = %d leaves fewer than %d descriptors for "
+            "connections, index writes and reads in flight; raise the limit or lower the setting",
+            soft,
+            segment_files,
+            OTHER_DESCRIPTORS,
+        )
 
 
 async def _delete_directory(path: Path) -> None:

@@ -36,7 +36,8 @@ CRC checked once) and :mod:`~tidelog.storage.segment` (the file's lifecycle, app
 through :mod:`~tidelog.storage.file_writes` (byte parts at a position: buffers with ``pwritev``, a transactional
 append's spool with ``copy_file_range``), walks its file by batch headers with
 :mod:`~tidelog.storage.batch_scan`, and remembers which bytes it has checked in
-:mod:`~tidelog.storage.byte_ranges`.
+:mod:`~tidelog.storage.byte_ranges`. Its file's descriptor is one of a bounded set per process
+(:mod:`~tidelog.storage.open_files`): an idle segment's is closed and reopened by path when next used.
 
 Hooks the owner of a log installs: a :class:`~tidelog.storage.write_observer.WriteObserver` hears of each write
 with its bytes (the leader's replication side answers its followers from it), and the

@@ -48,7 +48,8 @@ If an fsync fails, the kernel may already have dropped the dirty pages, so a ret
 the data (the 2018 "fsyncgate" lesson). The flusher therefore fails every waiter and stays failed: the log
 refuses further appends and must be reopened, which rescans its tail.
 
-``INTERVAL`` runs :meth:`Flusher.flush` every ``flush_interval_ms`` on the injected clock; ``NEVER`` leaves
+``INTERVAL`` runs :meth:`Flusher.flush` every ``flush_interval_ms`` on the injected clock, from a timer that
+exists only while something written is not yet flushed (an idle log has none); ``NEVER`` leaves
 write-back to the kernel. Both still flush on :meth:`Flusher.flush` and at close, always on the worker.
 """
 
@@ -73,6 +74,7 @@ from tidelog.clock import Clock
 from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.errors import StorageError
+from tidelog.storage.open_files import OPEN_FILES
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -202,6 +204,15 @@ def _round_in_thread(
         loop.call_soon_threadsafe(report, target, targets, error, elapsed)
 
 
+def _busy(directory: Path | None, fn: Callable[..., T], *args: object) -> T:
+    """Blocking work on a log in a worker thread: it may hold its segments' descriptors, so none of them is
+    released meanwhile (:meth:`~tidelog.storage.open_files.OpenFiles.busy`)."""
+    if directory is None:
+        return fn(*args)
+    with OPEN_FILES.busy(directory):
+        return fn(*args)
+
+
 # ---------------------------------------------------------------------------------------------- the loop's share
 
 
@@ -325,6 +336,8 @@ class Flusher:
         self._ticker: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
         self._closed = False
+        self.directory: Path | None = None
+        """The log's directory: its blocking work (:meth:`run_blocking`) keeps its segments' descriptors open."""
 
     @property
     def failed(self) -> BaseException | None:
@@ -534,8 +547,11 @@ class Flusher:
 
         Shielded: if the caller is cancelled the work still completes, so files are never left half-done.
         """
-        future = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
-        return await asyncio.shield(future)
+        future = asyncio.get_running_loop().run_in_executor(None, functools.partial(_busy, self.directory, fn, *args))
+        try:
+            return await asyncio.shield(future)
+        finally:
+            OPEN_FILES.trim()  # what the work kept open past the bound (open_files)
 
     def run_detached(self, job: Callable[[], None], then: Callable[[], None]) -> None:
         """Run ``job`` on the fsync threads without waiting for it; ``then`` runs on the loop afterwards (even if
@@ -555,11 +571,16 @@ class Flusher:
         await self.run_blocking(fsync_directory, path)
 
     async def _tick(self) -> None:
+        """Flush every interval while there is something to flush; then end (the next write starts it again), so
+        an idle log has no timer."""
         while not self._closed:
             await self._clock.sleep(self._interval_s)
             if self.written > self.durable and self._failed is None:
                 with contextlib.suppress(FlushFailedError):
                     await self.flush()
+            if self.written <= self.durable or self._failed is not None:
+                self._ticker = None
+                return
 
     async def close(self) -> None:
         """Stop the ticker and flush what is left (raises FlushFailedError if that fails)."""

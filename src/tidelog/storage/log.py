@@ -31,6 +31,7 @@ from tidelog.storage.flush import Flusher, FlushMode, FlushShares
 from tidelog.storage.log_append import AppendingLog
 from tidelog.storage.log_maintenance import MaintainedLog
 from tidelog.storage.log_read import ReadingLog
+from tidelog.storage.open_files import OPEN_FILES
 from tidelog.storage.recovery import RecoveryReport, recover
 from tidelog.storage.segment_install import discard_staging
 
@@ -58,8 +59,9 @@ class Log(AppendingLog, MaintainedLog, ReadingLog):
         none but itself when not given)."""
         directory = Path(path)
         config = LogConfig() if config is None else config
-        discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log
-        segments, report = recover(directory, config.index_interval_bytes, truncate_damaged=truncate_damaged)
+        with OPEN_FILES.busy(directory):  # recovery holds descriptors: none is released under it (open_files)
+            discard_staging(directory)  # segment files a far-horizon catch-up was copying: never part of the log
+            segments, report = recover(directory, config.index_interval_bytes, truncate_damaged=truncate_damaged)
         clock = SystemClock() if clock is None else clock
         return cls(directory, config, clock, segments, report, flush_mode, flush_shares)
 
@@ -84,7 +86,10 @@ class Log(AppendingLog, MaintainedLog, ReadingLog):
             flush_mode=flush_mode,
             flush_shares=flush_shares,
         )
-        return await asyncio.get_running_loop().run_in_executor(None, opener)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, opener)
+        finally:
+            OPEN_FILES.trim()  # what recovery kept open past the bound (open_files)
 
     async def __aenter__(self) -> Log:
         return self

@@ -142,10 +142,13 @@ class MaintainedLog(SealingLog):
             return None
         now = self._clock.now_ns() if now_ns is None else now_ns
         interval = self._config.index_interval_bytes
-        # Index files go first: a crash after a rename below then finds no index, never a stale one.
-        await self._flusher.run_blocking(_forget_index_files, candidates, self._directory)
+        # Pinned until the swap: a descriptor released meanwhile would reopen the rewritten file by its name.
+        for segment in candidates:
+            segment.pin()
         reopened: dict[int, Segment] = {}
         try:
+            # Index files go first: a crash after a rename below then finds no index, never a stale one.
+            await self._flusher.run_blocking(_forget_index_files, candidates, self._directory)
             result = await self._flusher.run_blocking(
                 functools.partial(
                     compact_segment_files,
@@ -175,6 +178,8 @@ class MaintainedLog(SealingLog):
                     self._segments[i] = fresh_segment
                     self._flusher.forget(segment)
                     segment.close()
+            for segment in candidates:
+                segment.unpin()  # a replaced one closes here
         return result
 
     async def repair_damaged(self, damaged: DamagedRange, copy: bytes) -> None:
@@ -228,6 +233,7 @@ class MaintainedLog(SealingLog):
         active = self._segments[-1]
         empty = not active.size
         installed: list[Segment] = []
+        active.pin()  # its file may be replaced under its name: never released and reopened meanwhile
         try:
             for item in staged:  # epochs first: entries past the log end are dropped when a log opens
                 for epoch, start in item.epochs:
@@ -264,4 +270,5 @@ class MaintainedLog(SealingLog):
             await self._flusher.run_blocking(_durable_from, self._directory, following)
             self._recovery_point = following
         finally:
+            active.unpin()
             self._epochs.truncate_from_end(self.end_offset)  # nothing recorded beyond what was installed

@@ -60,6 +60,7 @@ class LogState:
         self._flusher = Flusher(
             config.flush_policy, config.flush_interval_ms, clock, mode=flush_mode, shares=flush_shares
         )
+        self._flusher.directory = directory  # its blocking work keeps this log's descriptors open (open_files)
         self._preallocate = config.flush_policy is FlushPolicy.ALWAYS and config.preallocate_bytes > 0
         self._append_rate = AppendRate()
         self._recovery_point = report.recovery_point

@@ -8,9 +8,11 @@ Ownership and invariants:
 - ``size`` is the *committed* size: bytes ``[0, size)`` are whole batches that were written completely.
   Readers never look past it, so a batch being written is never half-visible.
 - ``next_offset`` is one past the last offset of the last batch (the base offset for an empty segment).
-- The file descriptor is opened once and used with ``os.pread``/``os.pwrite`` at explicit positions: no
-  shared file position, one syscall per write. Closing is deferred while a flush thread has the
-  descriptor pinned (:meth:`pin`), so an fsync in flight can never hit a closed or reused descriptor.
+- The file descriptor is used with ``os.pread``/``os.pwrite`` at explicit positions: no shared file position,
+  one syscall per write. An idle segment's descriptor may be released to keep the process within its bound
+  on open segment files, and reopened by path when next used (:mod:`tidelog.storage.open_files`). Closing
+  (or releasing) is deferred while a flush thread has the descriptor pinned (:meth:`pin`), so an fsync in
+  flight can never hit a closed or reused descriptor.
 - ``_verified`` records byte ranges whose CRCs this process has checked (appended bytes were validated
   before they were written; recovery and reads verify the rest). :meth:`verify_range` is what lets
   ``sendfile`` serve a range without copying it through Python each time.
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidelog.storage.file_writes import Buffer, FileSlice, write_at
+from tidelog.storage.open_files import OPEN_FILES
 from tidelog.storage.segment_read import SegmentReads
 from tidelog.storage.segment_state import LOG_SUFFIX, Placed, segment_name
 
@@ -67,7 +70,7 @@ class Segment(SegmentReads):
             self._close_now()
 
     def close(self) -> None:
-        if self._fd < 0:
+        if self._shut or self._close_pending:
             return
         self.preallocation.stop(self.size)  # a fill still running writes nothing more
         if self._pins:
@@ -76,9 +79,12 @@ class Segment(SegmentReads):
             self._close_now()
 
     def _close_now(self) -> None:
+        OPEN_FILES.closed(self)
         fd, self._fd = self._fd, -1
         self._close_pending = False
-        os.close(fd)
+        self._shut = True
+        if fd >= 0:
+            os.close(fd)
 
     def delete(self) -> None:
         """Close and remove the log file, then its indexes (an orphan index is cleaned up at open)."""
@@ -88,9 +94,14 @@ class Segment(SegmentReads):
         self.time_index.delete()
 
     def sync(self) -> None:
-        """fdatasync the log file (blocking: call from a worker thread, with the segment pinned)."""
-        if self._fd >= 0:
-            os.fdatasync(self._fd)
+        """fdatasync the log file (blocking: call from a worker thread, with the segment pinned). A released
+        descriptor has nothing unsynced (:meth:`releasable`): there is nothing to do then."""
+        writes = self._writes  # read first: the fdatasync covers every append made before it
+        fd = self._fd
+        if fd >= 0:
+            os.fdatasync(fd)
+            if writes > self._synced_writes:
+                self._synced_writes = writes
 
     def trim(self) -> bool:
         """Cut the file's zero-filled room after the last batch (:mod:`~tidelog.storage.preallocation`), before a
@@ -104,6 +115,7 @@ class Segment(SegmentReads):
         """Make the file end at ``position``, stopping any zero fill first (the state is the caller's to fix)."""
         self.preallocation.stop(position)
         os.ftruncate(self.fd, position)
+        self._writes += 1  # a cut too must be fsynced through this segment before its descriptor is released
 
     def seal_prepare(self) -> None:
         """Record the final running maximum in the time index; the segment takes no more appends."""
@@ -150,6 +162,7 @@ class Segment(SegmentReads):
         else:
             write_at(self.fd, parts, position)
             reserve.wrote(end)
+        self._writes += 1
         if not self.size and self.first_append_ns is None:
             self.first_append_ns = now_ns
         position = self._index(batches, position)

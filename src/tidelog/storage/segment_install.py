@@ -86,6 +86,7 @@ def verify_staged(path: Path, base_offset: int) -> StagedSegment:
     if path.name != segment_name(base_offset) + LOG_SUFFIX:
         raise InvalidBatchError(f"{path.name} is not the file of a segment based at {base_offset}")
     segment = Segment.open(directory, base_offset, 1 << 30)  # a reader only: its indexes are never written
+    segment.pin()  # a worker thread reads it: its descriptor is not released meanwhile (open_files)
     try:
         size = segment.size
         expected = base_offset
@@ -107,6 +108,7 @@ def verify_staged(path: Path, base_offset: int) -> StagedSegment:
         if not epochs:
             raise InvalidBatchError(f"{path.name}: a sealed segment with no batch")
     finally:
+        segment.unpin()
         segment.close()
     return StagedSegment(path, base_offset, expected, size, tuple(epochs))
 

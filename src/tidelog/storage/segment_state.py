@@ -13,6 +13,7 @@ modules, as the log is: they share every field, and an append runs per batch.
 from __future__ import annotations
 
 import os
+import threading
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from tidelog.storage.batch_scan import read_header, scan_batches
 from tidelog.storage.byte_ranges import ByteRanges
 from tidelog.storage.errors import CorruptSegmentError
 from tidelog.storage.index import DamagedIndexError, OffsetIndex, TimeIndex
+from tidelog.storage.open_files import OPEN_FILES
 from tidelog.storage.preallocation import Preallocation
 
 NO_TIMESTAMP = -(2**63)
@@ -32,6 +34,9 @@ MAX_RELATIVE_OFFSET = 2**32 - 1
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+
+
+_REOPENING = threading.Lock()
 
 
 def segment_name(base_offset: int) -> str:
@@ -77,7 +82,10 @@ class SegmentState:
         "_fd",
         "_index_stale",
         "_pins",
+        "_shut",
+        "_synced_writes",
         "_verified",
+        "_writes",
         "base_offset",
         "corrupt_from",
         "directory",
@@ -111,9 +119,14 @@ class SegmentState:
         self._verified = ByteRanges()
         self._pins = 0
         self._close_pending = False
+        self._shut = False  # closed for good (a released descriptor reopens: see fd)
+        self._writes = 0  # appends to the file, and how many of them an fdatasync has covered (releasable)
+        self._synced_writes = 0
         self.sealed = False
         self.corrupt_from: int | None = None  # where the header chain of a sealed segment breaks, if it does
         self.preallocation = Preallocation(size)
+        if fd >= 0:
+            OPEN_FILES.opened(self)
 
     # ------------------------------------------------------------------------------------------ the file
 
@@ -123,13 +136,39 @@ class SegmentState:
 
     @property
     def fd(self) -> int:
-        if self._fd < 0:
+        """The file's descriptor, opened again if it was released (:mod:`tidelog.storage.open_files`)."""
+        fd = self._fd
+        if fd >= 0:
+            OPEN_FILES.used(self)
+            return fd
+        return self._reopen()
+
+    def _reopen(self) -> int:
+        if self._shut:
             raise ValueError(f"{self.path.name} is closed")
-        return self._fd
+        with _REOPENING:  # one reopen at a time: two threads must not both open it
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDWR)
+                fd = self._fd
+            else:
+                return self._fd
+        OPEN_FILES.opened(self)
+        return fd
 
     @property
     def closed(self) -> bool:
-        return self._fd < 0 or self._close_pending
+        return self._shut or self._close_pending
+
+    def releasable(self) -> bool:
+        """Whether the descriptor may be closed now, to reopen when next used: open, not pinned by a worker
+        thread, and every append to it covered by an fdatasync (:mod:`tidelog.storage.open_files` says why)."""
+        return self._fd >= 0 and not self._pins and not self._close_pending and self._writes == self._synced_writes
+
+    def release(self) -> None:
+        """Close the descriptor to stay within the bound on open segment files; the next use reopens it."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def header_at(self, position: int) -> BatchHeader:
         raw = os.pread(self.fd, HEADER_SIZE, position)

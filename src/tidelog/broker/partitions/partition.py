@@ -44,6 +44,7 @@ from typing import Any, Protocol, cast
 
 from tidelog import telemetry
 from tidelog.broker.partitions.committed_reads import CommittedReads
+from tidelog.broker.partitions.maintenance import LeaderMaintenance
 from tidelog.broker.partitions.safety import LeaderSafety, ReportSuspension, start_evidence
 from tidelog.broker.partitions.write_path import Appended, LeaderWrite, TransactionalWrite, WriteRefused, WriteState
 from tidelog.clock import Clock, SystemClock
@@ -123,11 +124,14 @@ class Partition(CommittedReads):
         report_suspension: ReportSuspension | None = None,
         ack_poll_us: int = 0,
         clock: Clock | None = None,
+        maintenance: LeaderMaintenance | None = None,
     ) -> None:
         """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
         ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0, or a
         single replica: not). ``clock``: follower lag, ISR shrink, producer snapshots and record timestamps
-        read it (a :class:`~tidelog.clock.SystemClock` when not given).
+        read it (a :class:`~tidelog.clock.SystemClock` when not given). ``maintenance``: the broker's one timer
+        for its partitions' periodic work (:mod:`~tidelog.broker.partitions.maintenance`; one of its own when not
+        given).
         ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
         :mod:`tidelog.broker.partitions.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
@@ -170,7 +174,8 @@ class Partition(CommittedReads):
         self.records_in = 0  # records and bytes written in this leadership (for the metrics, read at scrape time)
         self.bytes_in = 0
         self.led_since_ns = self.clock.now_ns()  # auto-pause counts idleness from here when nothing was received
-        self._tasks.append(asyncio.create_task(self._maintain(), name=f"maintain-{self.name}"))
+        self._maintenance = LeaderMaintenance(self.clock) if maintenance is None else maintenance
+        self._maintenance.add(self)
 
     @property
     def replicated(self) -> bool:
@@ -292,36 +297,42 @@ class Partition(CommittedReads):
         )
         self._isr_change = asyncio.create_task(run(), name=f"alter-isr-{self.name}")
 
-    async def _maintain(self) -> None:
-        """On a timer: shrink the ISR of lagging followers and checkpoint the HW (replicated partitions), expire
-        idle producers and snapshot the producer state (every partition)."""
-        period = min(1.0, self._lag_max_ns / 2e9)
-        while not self._closed:
-            await self.clock.sleep(period)
+    @property
+    def maintenance_period(self) -> float:
+        """Seconds between two visits of the broker's maintenance (:meth:`maintain`)."""
+        return min(1.0, self._lag_max_ns / 2e9)
+
+    async def maintain(self) -> None:
+        """Periodic work, from the broker's one maintenance timer (:mod:`~tidelog.broker.partitions.maintenance`):
+        shrink the ISR of lagging followers and checkpoint the HW (replicated partitions), expire idle producers
+        and snapshot the producer state (every partition). Returns at once when nothing can be due."""
+        if self._closed:
+            return
+        if self.replicated or not self.producers.empty or self.log.end_offset != self._snapshot_offset:
             self._maintain_producers()
-            if not self.replicated:
-                continue
-            lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
-            if lagging and self._isr_change is None:
-                log.warning(
-                    "%s: followers %s have not caught up for %.1fs (replica_lag_time_max_ms); asking the controller to "
-                    "remove them from the ISR",
-                    self.name,
-                    ",".join(lagging),
-                    self._lag_max_ns / 1e9,
-                    extra={**self.log_context, "follower": ",".join(lagging)},
-                )
-                self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
-            try:
-                await self.checkpoint_hw()
-            except OSError as exc:  # a full disk: the checkpoint lags (a restart serves less), the next tick retries
-                log.warning(
-                    "%s: cannot write the high-watermark checkpoint (%s); retried at the next tick (a restart until "
-                    "then serves from the older checkpoint)",
-                    self.name,
-                    exc,
-                    extra=self.log_context,
-                )
+        if not self.replicated:
+            return
+        lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
+        if lagging and self._isr_change is None:
+            log.warning(
+                "%s: followers %s have not caught up for %.1fs (replica_lag_time_max_ms); asking the controller to "
+                "remove them from the ISR",
+                self.name,
+                ",".join(lagging),
+                self._lag_max_ns / 1e9,
+                extra={**self.log_context, "follower": ",".join(lagging)},
+            )
+            self._propose_isr(tuple(r for r in self.record.isr if r not in lagging))
+        try:
+            await self.checkpoint_hw()
+        except OSError as exc:  # a full disk: the checkpoint lags (a restart serves less), the next tick retries
+            log.warning(
+                "%s: cannot write the high-watermark checkpoint (%s); retried at the next tick (a restart until "
+                "then serves from the older checkpoint)",
+                self.name,
+                exc,
+                extra=self.log_context,
+            )
 
     def _maintain_producers(self) -> None:
         self.producers.remove_expired()
@@ -508,6 +519,7 @@ class Partition(CommittedReads):
         if self._closed:
             return
         self._closed = True
+        await self._maintenance.remove(self)  # a visit under way (a checkpoint) ends first
         self.log.remove_write_observer(self._tail_push)
         self.log.set_flush_mode(FlushMode.ADAPTIVE)  # the log's next role (a follower) starts from the default
         tasks = [t for t in (*self._tasks, self._isr_change) if t is not None]

@@ -257,6 +257,11 @@ class ProducerStateTable:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def empty(self) -> bool:
+        """No producer, tombstone or reservation: nothing for :meth:`remove_expired` to do."""
+        return not (self._entries or self._expired or self._pending)
+
     def __repr__(self) -> str:
         return f"ProducerStateTable(producers={len(self._entries)}, expired={len(self._expired)})"
 
