@@ -14,7 +14,11 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
 - **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
   (the decision itself is :mod:`tidelog.replication.follower.truncation`). Run after every (re)connection: it costs one
   round trip and a leader may have changed its log while we could not see it.
-- **fetching**: REPLICA_FETCH at the log end, long-polling at the tail; append what comes back with
+- **fetching**: in a broker, through the fetch session with the leader broker (``sessions``,
+  :mod:`tidelog.replication.follower.session`): the fetcher closes its own connection, joins the session, and the
+  session hands it each answer about its partition, appended exactly as below
+  (:mod:`tidelog.replication.follower.session_member`); a failure about its partition comes back here, the others
+  go on. Without a session: REPLICA_FETCH at the log end, long-polling at the tail; append what comes back with
   :meth:`Log.append_as_follower`, which returns once the log's flush policy is met (flush ``always``: fsynced),
   and only then fetch again. The next fetch's offset is the acknowledgement the leader's high watermark waits
   for, so nothing is acknowledged before it is durable here. One request in flight, no sleep on this path:
