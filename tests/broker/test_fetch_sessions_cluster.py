@@ -115,7 +115,7 @@ async def test_followers_share_one_connection_per_leader_and_catch_up_after_a_re
             await cluster.restart(victim)
             await cluster.wait_until(lambda: all_in_sync(cluster, "wide"), BOUND * 2, "the restarted broker in sync")
             counts = peer_connections(cluster)
-            assert all(0 < n <= MAX_PEER_CONNECTIONS for n in counts.values()), counts
+            assert all(n <= MAX_PEER_CONNECTIONS for n in counts.values()), counts  # a broker leading all follows none
         finally:
             await producer.close()
             await client.close()
