@@ -54,6 +54,7 @@ from tidelog.protocol.reassign_messages import (
     ReassignPartitionsRequest,
 )
 from tidelog.protocol.reshape_messages import AddPartitionsRequest, AlterStreamRequest, ElectLeadersRequest
+from tidelog.protocol.session_messages import SessionFetchEntry, SessionFetchRequest
 
 S = "absent-stream"
 G = "absent-group"
@@ -84,6 +85,7 @@ WIRE_SAMPLES: dict[int, Any] = {
     Op.EPOCH_END_OFFSET: EpochEndOffsetRequest(S, 0, "absent-broker", 0),
     Op.SEGMENT_LIST: SegmentListRequest(S, 0, "absent-broker", 0, 0),
     Op.SEGMENT_FETCH: SegmentFetchRequest(S, 0, "absent-broker", 0, 0, 0),
+    Op.SESSION_FETCH: SessionFetchRequest("absent-broker", (SessionFetchEntry(S, 0, 0, 0),)),
     Op.ALTER_ISR: AlterIsrRequest(S, 0, "absent-broker", 0, ("absent-broker",)),
     Op.REPORT_UNREACHABLE: ReportUnreachableRequest("absent-broker", "absent-other"),
     Op.CONTROLLED_SHUTDOWN: ControlledShutdownRequest("absent-broker"),

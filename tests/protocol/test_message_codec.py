@@ -14,6 +14,7 @@ from tidelog.protocol import auth_messages as am
 from tidelog.protocol import group_messages as gm
 from tidelog.protocol import reassign_messages as ra
 from tidelog.protocol import reshape_messages as rm
+from tidelog.protocol import session_messages as sm
 from tidelog.protocol.cursor_messages import (
     CursorPosition,
     FetchCursorRequest,
@@ -363,6 +364,31 @@ STRATEGIES.update(
         gm.ListGroupsResponse: st.builds(
             gm.ListGroupsResponse,
             st.lists(st.builds(gm.GroupSummary, text, text, group_epoch, millis), max_size=3).map(tuple),
+        ),
+    }
+)
+
+# fetch sessions (tidelog.protocol.session_messages)
+STRATEGIES.update(
+    {
+        sm.SessionFetchRequest: st.builds(
+            sm.SessionFetchRequest,
+            names,
+            st.lists(
+                st.builds(sm.SessionFetchEntry, names, partition, offset, epoch, offset, st.booleans()), max_size=3
+            ).map(tuple),
+            millis,
+            millis,
+            millis,
+        ),
+        sm.SessionFetchResponse: st.builds(
+            sm.SessionFetchResponse,
+            st.lists(
+                st.builds(
+                    sm.SessionFetchPartition, names, partition, offset, offset, offset, epoch, millis, maybe_error
+                ),
+                max_size=3,
+            ).map(tuple),
         ),
     }
 )

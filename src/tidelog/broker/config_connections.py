@@ -112,8 +112,8 @@ class ConnectionSettings:
         NON_NEGATIVE,
         "Most wire protocol connections open at once from one client address, refused like those over "
         "wire_max_connections, so that one host cannot take every connection. Brokers on one host share one "
-        "address, and a follower opens one connection per partition it follows from this broker: set it above "
-        "that. 0: no limit.",
+        "address, and a follower broker holds one fetch connection to this broker, plus one per partition "
+        "while it truncates or copies segment files: leave room for that. 0: no limit.",
     )
     wire_max_in_flight: int = setting(
         256,

@@ -64,6 +64,7 @@ from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey, changed_pa
 from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, UnknownPartitionError, UnknownStreamError
 from tidelog.protocol.tls import SslSource
 from tidelog.replication.follower.fetcher import ReplicaFetcher
+from tidelog.replication.follower.session import FetchSessions
 from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
 from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import open_producer_state
@@ -160,6 +161,8 @@ class PartitionManager:
         self._checkpointer: asyncio.Task[None] | None = None
         self._maintenance = LeaderMaintenance(self._clock)  # one timer for every led partition's periodic work
         self._peer_ssl = peer_ssl  # TLS for the fetchers' connections to their leaders (None: plaintext)
+        # one fetch session (one connection) per leader broker, shared by every partition followed from it
+        self._sessions = FetchSessions(broker_id, max_wait_ms=replica_fetch_wait_max_ms, ssl=peer_ssl)
         self._repairs = DamageRepairs(peers, self._repair_sources)  # bit rot: restore from a replica
 
     # ------------------------------------------------------------------------------------------ lookups
@@ -513,6 +516,7 @@ class PartitionManager:
             producers=follower.producers,
             clock=self._clock,
             ssl=self._peer_ssl,
+            sessions=self._sessions,
         )
         follower.fetcher = fetcher
         await fetcher.start()
@@ -603,6 +607,7 @@ class PartitionManager:
             await asyncio.gather(*(p.close() for p in partitions.values()), return_exceptions=True)
             followers, self._followers = self._followers, {}
             await asyncio.gather(*(f.fetcher.stop() for f in followers.values() if f.fetcher), return_exceptions=True)
+            await self._sessions.close()
             await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
 
 

@@ -95,6 +95,7 @@ class Op(enum.IntEnum):
     EPOCH_END_OFFSET = 33  # where a leader epoch ends on the leader (KIP-279): followers truncate to it
     SEGMENT_LIST = 34  # far-horizon catch-up: the leader's sealed segments from an offset
     SEGMENT_FETCH = 35  # far-horizon catch-up: raw bytes of one sealed segment file
+    SESSION_FETCH = 36  # a follower copies every partition it follows from one leader broker at once
     ALTER_ISR = 48  # a partition leader asks the controller to change the ISR
     REPORT_UNREACHABLE = 49  # a follower tells the controller it cannot reach its leader
     CONTROLLED_SHUTDOWN = 50  # a stopping broker asks the controller to move its leaderships away

@@ -22,6 +22,7 @@ Which header goes with which frame::
     EPOCH_END_OFFSET EpochEndOffsetRequest EpochEndOffsetResponse (broker to broker)
     SEGMENT_LIST    SegmentListRequest    SegmentListResponse    (broker to broker)
     SEGMENT_FETCH   SegmentFetchRequest   SegmentFetchResponse   response: raw bytes of a segment file
+    SESSION_FETCH   SessionFetchRequest   SessionFetchResponse   response: batches of many partitions
     SASL_START …    the SCRAM login headers (:mod:`tidelog.protocol.auth_messages`)
     JOIN_GROUP …    the consumer-group headers (:mod:`tidelog.protocol.group_messages`)
     (any)           —                     ErrorBody in an ERROR frame: the request failed as a whole
@@ -132,6 +133,7 @@ from tidelog.protocol.reshape_messages import (
     ElectLeadersRequest,
     ElectLeadersResponse,
 )
+from tidelog.protocol.session_messages import SessionFetchRequest, SessionFetchResponse
 
 # -- the table ----------------------------------------------------------------------------------------------------
 
@@ -204,6 +206,8 @@ HEADER_TYPES: dict[tuple[Kind, int], type[Header]] = {
     (Kind.RESPONSE, Op.SEGMENT_LIST): SegmentListResponse,
     (Kind.REQUEST, Op.SEGMENT_FETCH): SegmentFetchRequest,
     (Kind.RESPONSE, Op.SEGMENT_FETCH): SegmentFetchResponse,
+    (Kind.REQUEST, Op.SESSION_FETCH): SessionFetchRequest,
+    (Kind.RESPONSE, Op.SESSION_FETCH): SessionFetchResponse,
     (Kind.REQUEST, Op.INIT_PRODUCER): InitProducerRequest,
     (Kind.RESPONSE, Op.INIT_PRODUCER): InitProducerResponse,
     (Kind.REQUEST, Op.APPEND): AppendRequest,

@@ -13,6 +13,8 @@ target                   what it decodes                                      it
                                                                               ``RefusedEnvelopeError``
 ``nats_protocol``        what a NATS server sends a subscriber, whole and in  ``broker.ingest.natsproto.``
                          pieces, HMSG headers and INFO included               ``ProtocolError``
+``session_fetch``        a SESSION_FETCH answer's header, and its payload     ``protocol.frames.ProtocolError``
+                         split into each partition's batches
 ``checkpoints``          HW, leader-epoch and producer-snapshot files, the    ``storage.errors.CheckpointError``
                          damaged-ranges registry (:mod:`~tidelog.testing.
                          fuzz_disk_targets`, as the next two)
@@ -41,7 +43,7 @@ from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.protocol.frames import FrameDecoder, Kind, ProtocolError, encode_frame_bytes
 from tidelog.protocol.liftbridge import RefusedEnvelopeError, record_from_nats
-from tidelog.protocol.message_codec import HEADER_TYPES, decode_frame_header, decode_header
+from tidelog.protocol.message_codec import HEADER_TYPES, decode_as, decode_frame_header, decode_header
 from tidelog.protocol.messages import ErrorBody, Header
 from tidelog.protocol.records import (
     ENCRYPTED_FLAG,
@@ -58,6 +60,7 @@ from tidelog.protocol.records import (
 )
 from tidelog.protocol.records.errors import RecordFormatError
 from tidelog.protocol.records.rows import parse_records
+from tidelog.protocol.session_messages import SessionFetchPartition, SessionFetchResponse, split_payload
 from tidelog.storage.batch_check import ProduceLimits, check_produced
 from tidelog.testing.fuzz_contract import ContractViolation, Target, replay, same_outcome, write_corpus
 from tidelog.testing.fuzz_disk_targets import CHECKPOINTS, SEGMENT_RECOVERY, STAGED_SEGMENT
@@ -169,6 +172,34 @@ def _sample_value(info: mi.Type) -> object:
     if isinstance(info, mi.DictType):
         return {}
     return None
+
+
+# ------------------------------------------------------------------------------------------------- session fetch
+
+
+def decode_session_fetch(data: bytes) -> None:
+    """A SESSION_FETCH answer as the follower reads it: the first byte is the header's length, then the header,
+    then the payload it splits into each partition's batches."""
+    if not data:
+        return
+    size = data[0]
+    header = decode_as(SessionFetchResponse, data[1 : 1 + size])
+    split_payload(header, memoryview(data[1 + size :]))
+
+
+def _session_fetch_seeds() -> list[bytes]:
+    parts = (
+        SessionFetchPartition("s", 0, 3, 0, 5, 2, 4),
+        SessionFetchPartition("s", 1, 0, 0, 0, 2, 0, ErrorBody(10, "out of range", False)),
+        SessionFetchPartition("t", 7, 1, 1, 9, 1, 2),
+    )
+    header = msgspec.msgpack.encode(SessionFetchResponse(parts))
+    empty = msgspec.msgpack.encode(SessionFetchResponse())
+    return [
+        bytes([len(header)]) + header + b"aaaabb",
+        bytes([len(header)]) + header + b"aa",
+        bytes([len(empty)]) + empty,
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- record batches
@@ -329,6 +360,7 @@ TARGETS: dict[str, Target] = {
         ),
         Target("liftbridge_envelope", decode_liftbridge_envelope, RefusedEnvelopeError, _liftbridge_seeds),
         Target("nats_protocol", decode_nats_protocol, natsproto.ProtocolError, _nats_seeds),
+        Target("session_fetch", decode_session_fetch, ProtocolError, _session_fetch_seeds),
         CHECKPOINTS,
         SEGMENT_RECOVERY,
         STAGED_SEGMENT,

@@ -9,8 +9,10 @@ that partition alone. Followers under test fetch from it as from a real broker; 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from tidelog.api.wire.server import WireServer
 from tidelog.broker.config import BrokerConfig
@@ -49,6 +51,7 @@ class Leader:
     zero_copy: bool
     server: WireServer | None = None
     port: int = 0
+    others: list[Partition] = field(default_factory=list)  # s/1, s/2…: see lead_also()
 
     @property
     def address(self) -> str:
@@ -73,9 +76,22 @@ class Leader:
         """Append one batch; its last offset."""
         return (await self.partition.append(batch(*values), acks, APPEND_TIMEOUT)).last_offset
 
+    def lead_also(self, log: Log) -> Partition:
+        """Lead the next partition of ``s`` too (``s/1``, then ``s/2``…), same replicas and epoch, over ``log``,
+        served by the same server: for fetch sessions, which carry many partitions."""
+        record = msgspec.structs.replace(self.partition.record, id=len(self.others) + 1)
+        partition = Partition(self.partition.stream, record, log, "a", min_isr=1)
+        self.others.append(partition)
+        manager = self.ctx.manager
+        assert isinstance(manager, StubManager)
+        manager.partitions[("s", record.id)] = partition
+        return partition
+
     async def close(self) -> None:
         await self.stop_serving()
         await self.partition.close()
+        for other in self.others:
+            await other.close()
 
 
 async def start_leader(

@@ -21,6 +21,7 @@ from tidelog.clock import ManualClock
 from tidelog.protocol.frames import Op
 from tidelog.protocol.messages import Acks
 from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher
+from tidelog.replication.follower.session import FetchSessions
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
 from tidelog.testing.replica_leader import Leader, open_log, start_leader
@@ -64,13 +65,16 @@ def follower_log(tmp_path: Path) -> Iterator[Log]:
 
 
 class Harness:
-    """One leader, one follower log, and the fetchers started on it (all stopped at teardown)."""
+    """One leader, one follower log, and the fetchers started on it (all stopped at teardown). With
+    ``session``, the fetchers fetch through a fetch session (SESSION_FETCH), else with REPLICA_FETCH."""
 
-    def __init__(self, tmp_path: Path, follower: Log) -> None:
+    def __init__(self, tmp_path: Path, follower: Log, *, session: bool = False) -> None:
         self.tmp_path = tmp_path
         self.follower = follower
         self.leader: Leader | None = None
         self.fetchers: list[ReplicaFetcher] = []
+        self.session = session
+        self.sessions: list[FetchSessions] = []
 
     async def lead(self, history: Sequence[tuple[int, Sequence[bytes]]] = (), epoch: int = 0) -> Leader:
         log = open_log(self.tmp_path / "leader")
@@ -82,6 +86,9 @@ class Harness:
         assert self.leader is not None
         kwargs.setdefault("initial_hw", 0)
         kwargs.setdefault("max_wait_ms", 200)
+        if self.session:
+            self.sessions.append(FetchSessions(broker_id, max_wait_ms=kwargs["max_wait_ms"]))
+            kwargs["sessions"] = self.sessions[-1]
         fetcher = ReplicaFetcher(
             self.follower,
             "s",
@@ -99,20 +106,23 @@ class Harness:
     async def close(self) -> None:
         for fetcher in self.fetchers:
             await fetcher.stop()
+        for sessions in self.sessions:
+            await sessions.close()
         if self.leader is not None:
             await self.leader.close()
         await self.follower.close()
 
 
 @pytest.fixture
-async def harness(tmp_path: Path, follower_log: Log) -> AsyncIterator[Harness]:
-    h = Harness(tmp_path, follower_log)
+async def harness(request: pytest.FixtureRequest, tmp_path: Path, follower_log: Log) -> AsyncIterator[Harness]:
+    h = Harness(tmp_path, follower_log, session=getattr(request, "param", "own") == "session")
     try:
         yield h
     finally:
         await h.close()
 
 
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_the_follower_copies_the_leaders_batches_byte_for_byte(harness: Harness) -> None:
     leader = await harness.lead([(0, [b"a", b"b"])])
     hws = HighWatermarks()
@@ -127,6 +137,7 @@ async def test_the_follower_copies_the_leaders_batches_byte_for_byte(harness: Ha
     assert fetcher.caught_up and fetcher.status().leader_log_end == 5
 
 
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_an_acks_all_append_completes_only_once_the_follower_has_it(harness: Harness) -> None:
     leader = await harness.lead()
     await harness.fetch()
@@ -138,6 +149,7 @@ async def test_an_acks_all_append_completes_only_once_the_follower_has_it(harnes
     assert same_bytes(leader.log, harness.follower)
 
 
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_a_divergent_tail_from_an_older_epoch_is_truncated_then_replaced(harness: Harness) -> None:
     common = (0, [b"x", b"y", b"z"])
     await write(harness.follower, [common, (1, [b"lost1", b"lost2", b"lost3"])])
@@ -174,6 +186,7 @@ async def test_a_follower_holding_a_prefix_of_the_leader_is_not_truncated(harnes
     assert same_bytes(leader.log, harness.follower)
 
 
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_a_follower_ahead_of_the_leaders_log_end_keeps_its_log_until_the_head_is_confirmed(
     harness: Harness,
 ) -> None:
@@ -219,6 +232,7 @@ async def test_a_follower_whose_whole_log_lies_beyond_a_confirmed_head_starts_ov
     assert harness.follower.read(2, 1 << 20) == leader.log.read(2, 1 << 20)
 
 
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_the_fetcher_reconnects_after_the_leader_restarts_and_reports_the_outage_once(
     harness: Harness,
 ) -> None:
@@ -248,6 +262,7 @@ async def test_the_fetcher_reconnects_after_the_leader_restarts_and_reports_the_
     [(1, "b", "leader epoch 1"), (5, "b", "stale"), (3, "z", "not a follower")],
     ids=["older-epoch", "newer-epoch", "unknown-replica"],
 )
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_a_refused_fetcher_backs_off_and_copies_nothing(
     harness: Harness, epoch: int, broker_id: str, expected: str
 ) -> None:
@@ -262,6 +277,7 @@ async def test_a_refused_fetcher_backs_off_and_copies_nothing(
     assert leader.partition.high_watermark == 0
 
 
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
 async def test_a_follower_behind_the_leaders_log_start_copies_its_segments(harness: Harness) -> None:
     leader = await harness.lead([(0, [b"old1", b"old2"])])
     await leader.log.roll()

@@ -96,7 +96,7 @@ async def replica_fetch(
         return _refuse(correlation_id, partition, refusal)
     offset = request.offset
     if not partition.local_log_start <= offset <= partition.log_end:
-        return _refuse(correlation_id, partition, _out_of_range(partition, request.replica_id, offset))
+        return _refuse(correlation_id, partition, out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
     max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
     await reassign_throttle.pace(partition, partition.record, request.replica_id)
@@ -309,7 +309,7 @@ def _listing(
     )
 
 
-def _out_of_range(partition: Partition, replica_id: str, offset: int) -> TidelogError:
+def out_of_range(partition: Partition, replica_id: str, offset: int) -> TidelogError:
     """The refusal of a fetch outside the log. Beyond its end, the fetch is first taken as evidence
     (:meth:`Partition.replica_fetched`): a suspended leader answers PARTITION_SUSPENDED (module docstring)."""
     start, end = partition.local_log_start, partition.log_end

@@ -42,7 +42,7 @@ from typing import Any
 from tidelog.api.access_table import WIRE_ACCESS
 from tidelog.api.authorizer import Authorizer
 from tidelog.api.principals import ConnectionIdentity, PrincipalResolver, UserLookup
-from tidelog.api.wire import admin, append, control, cursors, fetch, handlers, producers, replica, sasl
+from tidelog.api.wire import admin, append, control, cursors, fetch, handlers, producers, replica, sasl, session_fetch
 from tidelog.api.wire import groups as group_ops
 from tidelog.api.wire.admission import TurnBudget
 from tidelog.api.wire.connection_limits import ConnectionLimits, ensure_descriptors
@@ -62,6 +62,7 @@ ROUTES: dict[int, Route] = {
     **admin.ROUTES,
     **control.ROUTES,
     **replica.ROUTES,
+    **session_fetch.ROUTES,
     **producers.ROUTES,
     **append.ROUTES,
     **cursors.ROUTES,

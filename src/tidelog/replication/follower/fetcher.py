@@ -14,7 +14,11 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
 - **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
   (the decision itself is :mod:`tidelog.replication.follower.truncation`). Run after every (re)connection: it costs one
   round trip and a leader may have changed its log while we could not see it.
-- **fetching**: REPLICA_FETCH at the log end, long-polling at the tail; append what comes back with
+- **fetching**: in a broker, through the fetch session with the leader broker (``sessions``,
+  :mod:`tidelog.replication.follower.session`): the fetcher closes its own connection, joins the session, and the
+  session hands it each answer about its partition, appended exactly as below
+  (:mod:`tidelog.replication.follower.session_member`); a failure about its partition comes back here, the others
+  go on. Without a session: REPLICA_FETCH at the log end, long-polling at the tail; append what comes back with
   :meth:`Log.append_as_follower`, which returns once the log's flush policy is met (flush ``always``: fsynced),
   and only then fetch again. The next fetch's offset is the acknowledgement the leader's high watermark waits
   for, so nothing is acknowledged before it is durable here. One request in flight, no sleep on this path:
@@ -45,15 +49,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from tidelog.clock import Clock, SystemClock
 from tidelog.protocol.connection import ConnectionClosedError, Response
-from tidelog.protocol.errors import ErrorCode, TidelogError, UnsupportedError, from_error_body
+from tidelog.protocol.errors import TidelogError, UnsupportedError, from_error_body
 from tidelog.protocol.frames import ProtocolError
 from tidelog.protocol.peer_messages import (
     EpochEndOffsetRequest,
@@ -72,8 +74,11 @@ from tidelog.replication.follower.catch_up import (
     CopyHooks,
     SegmentCopier,
 )
+from tidelog.replication.follower.fetcher_state import CatchUpNeededError, FetcherState, FetcherStatus
 from tidelog.replication.follower.leader_link import LeaderLink, expect, response_of
 from tidelog.replication.follower.local_replica import LocalReplica
+from tidelog.replication.follower.session import FetchSessions
+from tidelog.replication.follower.session_member import SessionFetching
 from tidelog.replication.follower.truncation import truncation_step
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import (
@@ -90,45 +95,7 @@ MAX_BACKOFF = 1.0
 MAX_TRUNCATION_ROUNDS = 1000  # each round asks about a strictly older epoch: far more than any real history
 
 
-class FetcherState(enum.Enum):
-    CONNECTING = "connecting"
-    TRUNCATING = "truncating"
-    FETCHING = "fetching"
-    BACKING_OFF = "backing-off"
-    COPYING = "copying"  # far-horizon catch-up: copying the leader's sealed segment files
-    PARKED = "parked"  # behind the leader's log start, and the leader cannot serve segment files
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class FetcherStatus:
-    """A snapshot for ``cluster status``: where this replica stands against its leader."""
-
-    state: FetcherState
-    leader_id: str
-    leader_epoch: int
-    log_end: int
-    leader_log_end: int  # as of the last response; -1 before the first
-    high_watermark: int
-    caught_up: bool
-    last_error: str | None
-    segments_copied: int = 0  # by far-horizon catch-up, since the fetcher started
-    copy_phases: int = 0
-
-
-class CatchUpNeededError(Exception):
-    """The leader no longer holds the offsets this replica needs next, and cannot serve its segment files
-    (a broker from before far-horizon catch-up): neither fetching nor copying can catch this replica up."""
-
-    def __init__(self, log_end: int, leader_start: int) -> None:
-        super().__init__(
-            f"far-horizon catch-up needed: this replica ends at {log_end}, the leader's log starts at {leader_start}"
-        )
-        self.log_end = log_end
-        self.leader_start = leader_start
-
-
-class ReplicaFetcher:
+class ReplicaFetcher(SessionFetching):
     """Copies one partition from its leader into ``log``; see the module docstring."""
 
     def __init__(
@@ -155,8 +122,13 @@ class ReplicaFetcher:
         copy_hooks: CopyHooks | None = None,
         producers: ProducerStateTable | None = None,
         ssl: SslSource | None = None,
+        sessions: FetchSessions | None = None,
     ) -> None:
-        """``producers``: the replica's producer state, kept in step with every change this fetcher makes to
+        """``sessions``: fetch through this broker's session with the leader broker (one connection for every
+        partition followed from it, :mod:`tidelog.replication.follower.session`); None: REPLICA_FETCH on a
+        connection of this fetcher's own (tools, tests, and the benchmarks that compare both).
+
+        ``producers``: the replica's producer state, kept in step with every change this fetcher makes to
         the log (None: not tracked, as for tools that only copy a log).
 
         ``request_timeout`` bounds a response beyond the long-poll (``max_wait_ms``): a leader that accepts
@@ -197,6 +169,10 @@ class ReplicaFetcher:
         self._fetched_since_survey = 0  # bytes fetched since the lag was last measured
         self._producers = producers
         self._replica = LocalReplica(log_, self.name, initial_hw, producers, on_high_watermark, self._clock)
+        self._session = None if sessions is None else sessions.session(leader_id, leader_address)
+        self._outcome: asyncio.Future[bool] | None = None  # joined to the session: True copy, False survey
+        self._delivery: asyncio.Task[None] | None = None  # the session handing this partition an answer
+        self._leader_hw = 0  # the leader's high watermark as last heard (each session entry tells the leader)
         self._copier = SegmentCopier(
             log_,
             self._link.send,
@@ -286,6 +262,7 @@ class ReplicaFetcher:
                 break
             task.cancel()
             await asyncio.wait((task,), timeout=0.5)
+        await self._leave_session()
         await self._disconnect()
         self._set_state(FetcherState.STOPPED)
 
@@ -306,6 +283,8 @@ class ReplicaFetcher:
                     elif resume is FetcherState.COPYING:
                         await self._on_copying()
                         resume = FetcherState.FETCHING
+                    elif self._session is not None:
+                        resume = await self._on_session_fetching()  # returns only to copy
                     else:
                         resume = await self._on_fetching()  # returns only to copy
                 except (ConnectionClosedError, TimeoutError) as exc:
@@ -431,6 +410,7 @@ class ReplicaFetcher:
         log end (a log ending below the leader's start is found by the fetch itself)."""
         if not self._copy_threshold or not self._copy_supported:
             return False
+        await self._own_link()
         try:
             listing, lag = await self._copier.survey()
         except UnsupportedError:
@@ -450,6 +430,7 @@ class ReplicaFetcher:
         if not self._copy_supported:
             raise CatchUpNeededError(self._log.end_offset, self._leader_start)
         self._copier.stats.phases += 1
+        await self._own_link()
         try:
             listing = await self._copier.run()
         except UnsupportedError:
@@ -469,6 +450,8 @@ class ReplicaFetcher:
         self._set_state(FetcherState.BACKING_OFF)
         await self._clock.sleep(self._backoff)
         self._backoff = min(self._backoff * 2, MAX_BACKOFF)
+        if self._session is not None and self._truncated:  # its own connection opens only when needed
+            return FetcherState.COPYING if self._copy_pending else FetcherState.FETCHING
         if not self._link.connected:
             return FetcherState.CONNECTING
         if not self._truncated:
@@ -487,6 +470,7 @@ class ReplicaFetcher:
     # -- steps -------------------------------------------------------------------------------------------------
 
     async def _ask_epoch_end(self, epoch: int) -> EpochEndOffset:
+        await self._own_link()
         request = EpochEndOffsetRequest(self.stream, self.partition, self.broker_id, epoch, self.leader_epoch)
         header, _ = await self._link.send(request, self._request_timeout)
         response = expect(header, EpochEndOffsetResponse)
@@ -494,27 +478,6 @@ class ReplicaFetcher:
             raise from_error_body(response.error)
         self._reached_leader()
         return EpochEndOffset(response.leader_epoch, response.end_offset)
-
-    async def _on_fetch_error(self, response: ReplicaFetchResponse, offset: int) -> bool:
-        """An OFFSET_OUT_OF_RANGE is handled here (True: below the leader's start, copy segment files);
-        anything else is raised for the state machine."""
-        assert response.error is not None
-        if response.error.code != ErrorCode.OFFSET_OUT_OF_RANGE:
-            raise from_error_body(response.error)
-        self._reached_leader()
-        self._leader_start = response.log_start
-        if offset < response.log_start:
-            log.info("%s: log ends at %d, the leader's starts at %d: copying", self.name, offset, response.log_start)
-            return True
-        if offset > response.log_end:
-            # Epoch truncation prevents this but where an operator confirmed a lower head with reset-head (a
-            # leader that finds it otherwise suspends appends and answers PARTITION_SUSPENDED: the log is kept).
-            reason = f"the leader's log ends at {response.log_end}"
-            if self._log.start_offset > response.log_end:  # nothing held is at or below it: start over there
-                await self._replica.reset(response.log_end, reason)
-            else:
-                await self._replica.truncate(response.log_end, reason)
-        return False  # otherwise the leader's bounds moved between its check and ours: just fetch again
 
     # -- connection and failures -------------------------------------------------------------------------------
 
@@ -550,6 +513,8 @@ class ReplicaFetcher:
     async def _leader_unreachable(self, exc: BaseException) -> None:
         """Drop the connection; report the outage the first time (a report per retry would flood the controller)."""
         reason = str(exc) or "no response in time"
+        if self._session is not None:
+            self._truncated = False  # truncate again once it answers: it may have changed its log meanwhile
         self._last_error = f"leader {self.leader_id} at {self.leader_address} unreachable: {reason}"
         await self._disconnect()
         if self._in_outage:
