@@ -146,15 +146,17 @@ class FaultRun:
         settings: Mapping[str, str] = SETTINGS,
         proxied: bool = False,
         network: bool = False,
+        history: History | None = None,
     ) -> None:
         """``network``: every process on a host of its own (:class:`~tidelog.testing.netlab.NetLab`, in
-        :attr:`lab`), so the scenario can partition the network between brokers, etcd and NATS."""
+        :attr:`lab`), so the scenario can partition the network between brokers, etcd and NATS. ``history``: a
+        ``History`` (subclass) to record into instead of a new one."""
         self.profile = profile
         names = ["nats", "etcd", *(f"b{index}" for index in range(3))]
         self.lab = NetLab(names) if network else None
         placements = self.lab.hosts if self.lab is not None else None
         self.cluster = LocalCluster(Path(root), 3, settings=settings, proxied=proxied, placements=placements)
-        self.history = History()
+        self.history = history if history is not None else History()
         self.report = FaultReport(scenario, Path(root))
         self.load = ProduceLoad(self.cluster.bootstrap, STREAM, self.history, window=profile.window, rate=profile.rate)
         self.tail = TailConsumer(self.cluster.bootstrap, STREAM, self.history)

@@ -33,7 +33,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidelog.testing.fault_run import ELECT_WITHIN, FaultProfile, FaultReport, FaultRun
+from tidelog.testing.fault_run import ELECT_WITHIN, STREAM, FaultProfile, FaultReport, FaultRun
+from tidelog.testing.nemesis_check import (
+    QueueRecordingHistory,
+    availability,
+    format_availability,
+    replicas_differ,
+)
+from tidelog.testing.queue_checker import QueueReport
 
 __all__ = ["FAULTS", "Plan", "PlannedFault", "run_nemesis"]
 
@@ -210,18 +217,37 @@ FAULTS: Mapping[str, Fault] = {
 
 @dataclass(slots=True)
 class NemesisReport:
-    """A FaultRun's report with the plan's seed and the schedule applied."""
+    """A FaultRun's report with the plan's seed, the schedule applied, the queue checker's counts per anomaly,
+    the replicas whose bytes differ below the HW at rest, and acknowledged writes per second per phase."""
 
     plan: Plan
     report: FaultReport
     schedule: Schedule
+    queue: QueueReport | None = None
+    differing: list[str] = field(default_factory=list)
+    phases: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def anomalies(self) -> dict[str, int]:
+        """Every anomaly's count (the queue checker's, plus ``replicas-differ``), zeros included."""
+        counts = dict(self.queue.counts) if self.queue is not None else {}
+        counts["replicas-differ"] = len(self.differing)
+        return counts
 
     @property
     def ok(self) -> bool:
-        return self.report.ok
+        return self.report.ok and self.queue is not None and self.queue.ok and not self.differing
 
     def __str__(self) -> str:
-        lines = [str(self.report), f"  seed: {self.plan.seed}; replay: {self.plan.replay}", "  schedule:"]
+        lines = [str(self.report)]
+        if self.queue is None:
+            lines.append("  anomalies: not checked")
+        else:
+            lines.append("  anomalies: " + ", ".join(f"{count} {name}" for name, count in self.anomalies.items()))
+            lines += [f"    {line}" for line in str(self.queue).splitlines()[1:]]
+        lines += [f"    replicas-differ: {line}" for line in self.differing]
+        lines.append(f"  availability: {format_availability(self.phases)}")
+        lines += [f"  seed: {self.plan.seed}; replay: {self.plan.replay}", "  schedule:"]
         lines += [f"    {line}" for line in self.schedule.lines()]
         return "\n".join(lines)
 
@@ -229,8 +255,10 @@ class NemesisReport:
 async def run_nemesis(root: Path, plan: Plan, *, partitions: int = 3) -> NemesisReport:
     """Apply ``plan`` to a fresh cluster under load, then settle and check (see the module docstring)."""
     profile = FaultProfile(warmup=1.0, hold=1.0, rounds=0, partitions=partitions)
-    run = FaultRun(root, f"nemesis seed {plan.seed}", profile, network=True)
+    history = QueueRecordingHistory()
+    run = FaultRun(root, f"nemesis seed {plan.seed}", profile, network=True, history=history)
     schedule = Schedule()
+    ended = 0.0
     async with run:
         schedule.started = time.monotonic()
         for step in plan.steps:
@@ -243,7 +271,14 @@ async def run_nemesis(root: Path, plan: Plan, *, partitions: int = 3) -> Nemesis
                 await undo()
                 schedule.add(f"stop {step.fault}", target)
             run.report.rounds += 1
-    return NemesisReport(plan, run.report, schedule)
+        ended = time.monotonic()
+    result = NemesisReport(plan, run.report, schedule, queue=history.check_queue())
+    result.phases = availability(run.load.stats.acks, schedule.events, schedule.started, ended or time.monotonic())
+    data_dirs = {handle.id: handle.data_dir for handle in run.cluster.brokers}
+    for (stream, partition), seen in sorted(history.replicas_seen.items()):
+        if stream == STREAM:
+            result.differing += await replicas_differ(data_dirs, stream, partition, seen)
+    return result
 
 
 async def _main(argv: Sequence[str]) -> int:
