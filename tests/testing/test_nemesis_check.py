@@ -80,3 +80,16 @@ def test_availability_splits_the_run_into_phases() -> None:
     assert format_availability(phases) == (
         "kill-one 0.5 acks/s (1 in 2.0s), pause-one 1.0 acks/s (2 in 2.0s), quiet 1.0 acks/s (3 in 3.0s)"
     )
+
+
+def test_acks_are_sends_in_the_order_they_were_sent() -> None:
+    history = QueueRecordingHistory()
+    history.acked(S, 0, 1, b"p-1")  # acks completing out of order: a retried batch answered late
+    history.acked(S, 0, 0, b"p-0")
+    history.final_read(S, 0, [(0, b"p-0"), (1, b"p-1")])
+    assert history.check_queue().counts["nonmonotonic-send"] == 0
+    reordered = QueueRecordingHistory()
+    reordered.acked(S, 0, 0, b"p-1")  # sent later, written first
+    reordered.acked(S, 0, 1, b"p-0")
+    reordered.final_read(S, 0, [(0, b"p-1"), (1, b"p-0")])
+    assert reordered.check_queue().counts["nonmonotonic-send"] == 1

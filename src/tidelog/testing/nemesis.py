@@ -33,7 +33,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidelog.testing.clock_faults import CLOCK_FAULTS, needs_skewed_clocks
+from tidelog.testing.dependency_faults import (
+    kill_etcd_member,
+    needs_etcd_cluster,
+    pause_etcd_member,
+    restart_nats,
+)
 from tidelog.testing.fault_run import ELECT_WITHIN, STREAM, FaultProfile, FaultReport, FaultRun
+from tidelog.testing.lossy_faults import DISK_FAULTS, needs_lossy_disks
 from tidelog.testing.nemesis_check import (
     QueueRecordingHistory,
     availability,
@@ -42,7 +50,7 @@ from tidelog.testing.nemesis_check import (
 )
 from tidelog.testing.queue_checker import QueueReport
 
-__all__ = ["FAULTS", "Plan", "PlannedFault", "run_nemesis"]
+__all__ = ["BROKER_FAULTS", "FAULTS", "Plan", "PlannedFault", "run_nemesis"]
 
 MIN_GAP_S = 1.0  # quiet load between two faults
 MAX_GAP_S = 3.0
@@ -165,6 +173,12 @@ def _lab(run: FaultRun) -> Undo:
     return lab.heal
 
 
+def _etcd_hosts(run: FaultRun) -> list[str]:
+    """The lab's etcd hosts: ``etcd``, and ``etcd1``, ``etcd2`` with a three-member cluster."""
+    assert run.lab is not None
+    return [name for name in run.lab.hosts if name.startswith("etcd")]
+
+
 async def partition_one(run: FaultRun, pick: float) -> tuple[str, Undo]:
     """One broker cut off from every other host (brokers, etcd, NATS); clients still reach it."""
     heal = _lab(run)
@@ -178,7 +192,7 @@ async def partition_leader_from_etcd(run: FaultRun, pick: float) -> tuple[str, U
     heal = _lab(run)
     assert run.lab is not None
     victim = await _leader(run)
-    await run.lab.partition([victim], ["etcd"])
+    await run.lab.partition([victim], _etcd_hosts(run))
     return f"{victim} | etcd", heal
 
 
@@ -196,12 +210,12 @@ async def partition_pair(run: FaultRun, pick: float) -> tuple[str, Undo]:
 async def partition_etcd(run: FaultRun, pick: float) -> tuple[str, Undo]:
     heal = _lab(run)
     assert run.lab is not None
-    await run.lab.partition(["etcd"], _brokers(run))
+    await run.lab.partition(_etcd_hosts(run), _brokers(run))
     return "etcd | all brokers", heal
 
 
 Fault = Callable[[FaultRun, float], Awaitable[tuple[str, Undo]]]
-FAULTS: Mapping[str, Fault] = {
+BROKER_FAULTS: Mapping[str, Fault] = {
     "kill-leader": kill_leader,
     "kill-one": kill_one,
     "pause-one": pause_one,
@@ -210,6 +224,16 @@ FAULTS: Mapping[str, Fault] = {
     "partition-pair": partition_pair,
     "partition-etcd": partition_etcd,
 }
+"""The process and network faults of brokers (the CI gate's seed 79 plans from these)."""
+FAULTS: Mapping[str, Fault] = {
+    **BROKER_FAULTS,
+    "kill-etcd-member": kill_etcd_member,
+    "pause-etcd-member": pause_etcd_member,
+    "restart-nats": restart_nats,
+    **DISK_FAULTS,
+    **CLOCK_FAULTS,
+}
+"""Every fault a plan may hold (``--faults``; all of them by default)."""
 
 
 # ---- a run ----
@@ -256,7 +280,16 @@ async def run_nemesis(root: Path, plan: Plan, *, partitions: int = 3) -> Nemesis
     """Apply ``plan`` to a fresh cluster under load, then settle and check (see the module docstring)."""
     profile = FaultProfile(warmup=1.0, hold=1.0, rounds=0, partitions=partitions)
     history = QueueRecordingHistory()
-    run = FaultRun(root, f"nemesis seed {plan.seed}", profile, network=True, history=history)
+    run = FaultRun(
+        root,
+        f"nemesis seed {plan.seed}",
+        profile,
+        network=True,
+        history=history,
+        etcd_members=3 if needs_etcd_cluster(plan.faults) else 1,
+        lossy_disks=needs_lossy_disks(plan.faults),
+        skewed_clocks=needs_skewed_clocks(plan.faults),
+    )
     schedule = Schedule()
     ended = 0.0
     async with run:

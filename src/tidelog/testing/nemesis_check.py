@@ -57,11 +57,12 @@ class QueueRecordingHistory(History):
     def __init__(self, *, duplicates_are_violations: bool = False) -> None:
         super().__init__(duplicates_are_violations=duplicates_are_violations)
         self.queue = QueueHistory()
+        self._acks: list[tuple[str, int, int, bytes]] = []
         self.replicas_seen: dict[tuple[str, int], list[ReplicaSeen]] = {}
 
     def acked(self, stream: str, partition: int, offset: int, value: bytes) -> None:
         super().acked(stream, partition, offset, value)
-        self.queue.send(PRODUCER, stream, partition, value, Outcome.OK, offset)
+        self._acks.append((stream, partition, offset, value))
 
     def consumed(
         self, consumer: str, stream: str, partition: int, offset: int, value: bytes, high_watermark_seen: int
@@ -93,7 +94,19 @@ class QueueRecordingHistory(History):
         seen.append(ReplicaSeen(broker_id, high_watermark, in_isr))
 
     def check_queue(self) -> QueueReport:
+        """The queue checker's report. Acknowledgements go in as sends in the order they were *sent* (the
+        sequence number in each value, ``<name>-<n>``): the load keeps many records in flight, and their acks may
+        complete out of order (a retried batch) while the offsets still follow the sends, which is what
+        ``nonmonotonic-send`` is about."""
+        for stream, partition, offset, value in sorted(self._acks, key=_send_order):
+            self.queue.send(PRODUCER, stream, partition, value, Outcome.OK, offset)
+        self._acks.clear()
         return self.queue.check()
+
+
+def _send_order(ack: tuple[str, int, int, bytes]) -> tuple[bytes, int]:
+    name, _, number = ack[3].rpartition(b"-")
+    return (name, int(number)) if number.isdigit() else (ack[3], -1)
 
 
 # ---- replicas byte-identical up to the HW ----
