@@ -9,8 +9,17 @@ The run applies the plan until its time is up, undoes the last fault, and the Fa
 resumes), reads everything back and checks the history. The same seed replays the same plan; targets chosen by
 role follow the cluster, so a replay meets the same faults at the same moments, not always the same broker.
 
-One fault is in force at a time, so at most one broker is down and the cluster can always make progress; what
-is checked is that nothing acknowledged is lost, duplicated or reordered whatever the faults did.
+The faults: the brokers' processes and network (here, :data:`BROKER_FAULTS`), their dependencies (etcd
+members, NATS: :mod:`~tidelog.testing.dependency_faults`), their disks (power cuts, I/O errors, a full disk:
+:mod:`~tidelog.testing.lossy_faults`) and their wall clocks (:mod:`~tidelog.testing.clock_faults`). A plan
+that holds etcd member faults runs against a three-member etcd cluster, one with disk faults puts every
+broker's data on a lossy FUSE disk, one with clock faults makes every broker's clock skewable.
+
+One fault is in force at a time, so the cluster can make progress again once it is undone (``power-loss-all``
+stops everything while it lasts); what is checked is that nothing acknowledged is lost, duplicated or
+reordered whatever the faults did: the :class:`~tidelog.testing.history.History` check, the queue checker's
+anomalies (:mod:`~tidelog.testing.nemesis_check`), replicas byte-identical below the HW at rest. The report
+adds acknowledged writes per second in each phase (quiet, or the fault in force).
 
 ::
 
