@@ -50,6 +50,13 @@ def lossy_disk_available() -> str | None:
     return None
 
 
+def _listed_mount(path: Path) -> bool:
+    """Whether ``path`` is in the mount table (a dead FUSE daemon's mount is, though ``stat`` on it fails)."""
+    target = os.path.realpath(path)
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == target for line in mounts if len(line.split()) > 1)
+
+
 class LossyDisk:
     """A :mod:`~tidelog.testing.lossy_fs` filesystem over ``backing``, mounted at ``mountpoint``."""
 
@@ -78,8 +85,13 @@ class LossyDisk:
         await self.process.start(mounted, ready_within=MOUNT_WITHIN)
 
     async def stop(self) -> None:
-        """Unmount (SIGTERM to the filesystem's process, by PID); idempotent."""
+        """Unmount (SIGTERM to the filesystem's process, by PID; a lazy ``fusermount3 -u -z`` if a killed one
+        left its mount behind); idempotent."""
         await self.process.stop(grace=10)
+        if await asyncio.to_thread(_listed_mount, self.mountpoint):
+            program = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
+            unmount = await asyncio.create_subprocess_exec(program, "-u", "-z", str(self.mountpoint))
+            await asyncio.wait_for(unmount.wait(), COMMAND_TIMEOUT)
 
     async def __aenter__(self) -> LossyDisk:
         await self.start()
