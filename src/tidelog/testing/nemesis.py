@@ -272,7 +272,10 @@ class NemesisReport:
         return self.report.ok and self.queue is not None and self.queue.ok and not self.differing
 
     def __str__(self) -> str:
-        lines = [str(self.report)]
+        anomalies = sum(self.anomalies.values())
+        history = "OK" if self.report.ok else "FAILED"
+        verdict = "OK" if self.ok else f"FAILED: {anomalies} anomalies, the history check and liveness {history}"
+        lines = [f"verdict: {verdict}", str(self.report)]
         if self.queue is None:
             lines.append("  anomalies: not checked")
         else:
