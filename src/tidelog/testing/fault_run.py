@@ -243,7 +243,7 @@ class FaultRun:
                     await admin.create_stream(STREAM, partitions=self.profile.partitions, replication_factor=3)
                 return
             except InvalidArgumentError as exc:
-                if "is alive" not in str(exc) or time.monotonic() > deadline:
+                if "alive" not in str(exc) or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
 
