@@ -93,3 +93,8 @@ def test_acks_are_sends_in_the_order_they_were_sent() -> None:
     reordered.acked(S, 0, 1, b"p-0")
     reordered.final_read(S, 0, [(0, b"p-1"), (1, b"p-0")])
     assert reordered.check_queue().counts["nonmonotonic-send"] == 1
+    two = QueueRecordingHistory()  # an abandoned producer's late ack, after its successor wrote: two processes
+    two.acked(S, 0, 1, b"p.1-0")
+    two.acked(S, 0, 0, b"p.2-1")
+    two.final_read(S, 0, [(0, b"p.2-1"), (1, b"p.1-0")])
+    assert two.check_queue().counts["nonmonotonic-send"] == 0

@@ -94,14 +94,21 @@ class QueueRecordingHistory(History):
         seen.append(ReplicaSeen(broker_id, high_watermark, in_isr))
 
     def check_queue(self) -> QueueReport:
-        """The queue checker's report. Acknowledgements go in as sends in the order they were *sent* (the
-        sequence number in each value, ``<name>-<n>``): the load keeps many records in flight, and their acks may
-        complete out of order (a retried batch) while the offsets still follow the sends, which is what
-        ``nonmonotonic-send`` is about."""
+        """The queue checker's report. Acknowledgements go in as sends of the producer instance that sent them
+        (``<name>.<producer>`` in each value), in the order they were *sent* (its ``-<n>``): the load keeps many
+        records in flight, and their acks may complete out of order (a retried batch) while the offsets still
+        follow the sends, which is what ``nonmonotonic-send`` is about."""
         for stream, partition, offset, value in sorted(self._acks, key=_send_order):
-            self.queue.send(PRODUCER, stream, partition, value, Outcome.OK, offset)
+            self.queue.send(_process(value), stream, partition, value, Outcome.OK, offset)
         self._acks.clear()
         return self.queue.check()
+
+
+def _process(value: bytes) -> str:
+    """Who sent ``value``: its ``<name>.<producer>`` part. One ProduceLoad runs producer instances one after
+    another, but an abandoned one may still get acks while its successor writes: two processes, not one."""
+    name, _, number = value.rpartition(b"-")
+    return name.decode(errors="replace") if name and number.isdigit() else PRODUCER
 
 
 def _send_order(ack: tuple[str, int, int, bytes]) -> tuple[bytes, int]:
