@@ -37,6 +37,7 @@ system-deps:
 	@command -v prometheus >/dev/null 2>&1 || { echo "==> installing Prometheus (Debian's prometheus)"; scripts/install-debian.sh prometheus prometheus; }
 	@command -v chromium >/dev/null 2>&1 || { echo "==> installing Chromium (Debian's chromium)"; scripts/install-debian.sh chromium chromium fonts-dejavu-core; }
 	@command -v ip >/dev/null 2>&1 || { echo "==> installing iproute2 (network namespaces for partition tests)"; scripts/install-debian.sh ip iproute2; }
+	@command -v fusermount3 >/dev/null 2>&1 || { echo "==> installing FUSE 3 (the lossy disk of the power-loss tests)"; scripts/install-debian.sh fusermount3 fuse3 libfuse3-3; }
 
 run: setup
 	$(BIN)/tidelog serve $(ARGS)

@@ -56,6 +56,7 @@ from tidelog.launch.process import ManagedProcess
 from tidelog.local.certificates import DevCertificates, make_dev_certificates
 from tidelog.local.serve_process import TIDELOG, clean_env, serving
 from tidelog.local.tcp_proxy import TcpProxy
+from tidelog.metadata.etcd_client import open_etcd
 from tidelog.metadata.namespace import DEFAULT_NAMESPACE, namespace_keys
 from tidelog.metadata.records import (
     BrokerRecord,
@@ -188,6 +189,7 @@ class LocalCluster:
         start_within: float = START_WITHIN,
         tls: bool = False,
         placements: Mapping[str, Placement] | None = None,
+        etcd_endpoints: Sequence[str] | None = None,
     ) -> None:
         """``settings`` are broker configuration keys (``replica_lag_time_max_ms``) given to every broker as
         ``TIDELOG_*`` variables. ``base_port`` makes ports predictable (``tidelog dev-cluster``): broker I gets
@@ -202,7 +204,10 @@ class LocalCluster:
 
         ``placements`` run each process on a host of its own (``"nats"``, ``"etcd"``, ``"b0"``…, every one
         needed): it listens on the placement's address and runs through its command, e.g. a
-        :class:`tidelog.testing.netlab.NetLab` host, so that tests can partition the network between them."""
+        :class:`tidelog.testing.netlab.NetLab` host, so that tests can partition the network between them.
+
+        ``etcd_endpoints``: an etcd the caller runs (a three-member cluster, whose members a test kills), instead
+        of the embedded one."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         if placements is not None:
@@ -221,6 +226,7 @@ class LocalCluster:
         self.root = Path(root)
         self.proxied = proxied
         self.start_within = start_within
+        self._external_etcd = list(etcd_endpoints) if etcd_endpoints else None
         self.keys = namespace_keys((settings or {}).get("namespace", DEFAULT_NAMESPACE))
         proxies = brokers if proxied else 0
         count = 2 * brokers + 4 + proxies + brokers
@@ -300,7 +306,7 @@ class LocalCluster:
 
     @property
     def etcd_endpoints(self) -> list[str]:
-        return self._etcd.endpoints
+        return list(self._external_etcd) if self._external_etcd else self._etcd.endpoints
 
     @property
     def nats(self) -> EmbeddedNats:
@@ -331,7 +337,7 @@ class LocalCluster:
         self._stopping = False
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            await asyncio.gather(self._nats.start(), self._etcd.start())
+            await asyncio.gather(self._nats.start(), *([] if self._external_etcd else [self._etcd.start()]))
             await self._client()
             for handle in self.brokers:
                 if handle.proxy is not None:
@@ -462,9 +468,8 @@ class LocalCluster:
         return self._etcd_client
 
     async def etcd_client(self) -> aetcd.Client:
-        """A new, connected etcd client; the caller closes it."""
-        host, port = parse_etcd_endpoint(self.etcd_endpoints[0])
-        client = aetcd.Client(host=host, port=port, timeout=int(ETCD_TIMEOUT))
+        """A new, connected etcd client over every endpoint (it fails over between them); the caller closes it."""
+        client = open_etcd([parse_etcd_endpoint(e) for e in self.etcd_endpoints], timeout=int(ETCD_TIMEOUT))
         await asyncio.wait_for(client.connect(), ETCD_TIMEOUT)
         return client
 

@@ -7,6 +7,11 @@ demand), :mod:`~tidelog.testing.fake_broker` (an in-memory broker for producer t
 Fault tools: :mod:`~tidelog.testing.faults` (fault scenarios on a real 3-broker cluster, each run inside a
 :mod:`~tidelog.testing.fault_run` ``FaultRun`` that loads, settles and checks it) and
 :mod:`~tidelog.testing.cas_faults` (compare-and-set appends under faults, checked for linearizability).
+The nemesis (:mod:`~tidelog.testing.nemesis`: seeded plans of faults, one at a time, checked by
+:mod:`~tidelog.testing.nemesis_check`) draws on the broker faults there and on
+:mod:`~tidelog.testing.dependency_faults` (etcd members, NATS), :mod:`~tidelog.testing.lossy_faults` (power
+cuts and I/O errors on the FUSE disk of :mod:`~tidelog.testing.lossy_fs` / :mod:`~tidelog.testing.lossy_disk`)
+and :mod:`~tidelog.testing.clock_faults` (wall-clock jumps through :mod:`~tidelog.testing.clock_skew`).
 History checking: :mod:`~tidelog.testing.history` (a fault run's acks, reads and replicas against the
 replication guarantees) and :mod:`~tidelog.testing.queue_checker` (the same kind of history counted in Jepsen's
 queue-anomaly vocabulary: lost-write, unseen, inconsistent-offsets, duplicate, nonmonotonic send and poll,

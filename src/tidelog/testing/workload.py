@@ -175,7 +175,8 @@ class ProduceLoad:
                 else:
                     await asyncio.sleep(1 / self.rate if self.rate else 0.01)
                 continue
-            value = f"{self.name}-{self._sequence}".encode()
+            # <name>.<producer>-<sequence>: unique, and it says which producer instance sent it (a checker's process)
+            value = f"{self.name}.{self.stats.producers}-{self._sequence}".encode()
             self._sequence += 1
             sent += 1
             try:

@@ -113,7 +113,8 @@ class WriteRefused:
     frame or code. ``code`` is one of:
 
     - ``PARTITION_SUSPENDED``: appends are suspended (fail to safety, :mod:`tidelog.broker.partitions.safety`).
-    - ``UNAVAILABLE``: the partition is closing or changing leader; retry on the new leader.
+    - ``UNAVAILABLE``: the partition is closing or changing leader, or its log failed an fsync (refused before
+      the producer check, whose state that failure rolled back); retry on the new leader.
     - ``READONLY``: the partition is read-only.
     - ``NOT_ENOUGH_REPLICAS``: acks ``ALL`` with fewer in-sync replicas than ``min_isr``.
     - ``OUT_OF_ORDER_SEQUENCE``, ``PRODUCER_FENCED``, ``DUPLICATE_IN_FLIGHT``, ``UNKNOWN_PRODUCER``,
@@ -218,8 +219,15 @@ class LeaderWrite:
             self._refuse(exc.code, exc.message)
             return None
         record = partition.record
+        failed = partition.log.flusher.failed
         if partition._closed:
             self._refuse(ErrorCode.UNAVAILABLE, f"partition {partition.name} is closing")
+        elif failed is not None:  # before dedupe: a failed fsync released reservations of bytes it may have kept
+            self._refuse(
+                ErrorCode.UNAVAILABLE,
+                f"partition {partition.name}: an fsync failed ({failed}); this log refuses appends until the broker "
+                "restarts",
+            )
         elif record.readonly:
             self._refuse(ErrorCode.READONLY, f"partition {partition.name} is read-only")
         elif partition.stream.config.encryption and partition.log.keyring is None:
