@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.helpers import BOUND
@@ -134,3 +135,25 @@ async def test_one_long_poll_waits_for_a_write_to_any_partition(leader: Leader, 
     assert list(answer) == [("s", 1)] and answer[("s", 1)][1] == partition(leader, 1).log.read(1, 1 << 20)
     for i in range(3):
         assert not partition(leader, i)._tail_waiters  # the one waiter left every partition it waited on
+
+
+async def test_a_replica_being_added_under_a_throttle_is_paced_and_the_others_are_not(
+    leader: Leader, conn: Connection
+) -> None:
+    moving = partition(leader, 0)  # b is being added to s/0 at 1,000 bytes/s; s/2 is not being reassigned
+    moving.update_record(
+        msgspec.structs.replace(moving.record, reassign_from=("a",), reassign_to=("a", "b"), throttle_bps=1000)
+    )
+    for i in (0, 2):
+        await partition(leader, i).append(batch(b"x" * 600), Acks.LEADER, BOUND)
+    first = await session_fetch(conn, [at(0), at(2)])
+    assert first[("s", 0)][1] and first[("s", 2)][1]  # nothing sent before: both served; s/0 now owes ~0.6 s
+    for i in (0, 2):
+        await partition(leader, i).append(batch(b"y" * 600), Acks.LEADER, BOUND)
+    second = await session_fetch(conn, [at(0, 1), at(2, 1)])
+    assert second[("s", 0)][1] == b"" and second[("s", 0)][0].log_end == 2  # held back, its bounds still sent
+    assert second[("s", 2)][1] == partition(leader, 2).log.read(1, 1 << 20)
+    # Alone, the held-back partition is not answered empty at once (the follower would spin): the answer waits
+    # until it is due and then carries its batch.
+    third = await session_fetch(conn, [at(0, 1), at(2, 2, known_hw=2)], wait_ms=int(BOUND * 1000))
+    assert third[("s", 0)][1] == moving.log.read(1, 1 << 20)

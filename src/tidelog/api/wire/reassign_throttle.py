@@ -46,9 +46,22 @@ async def pace(partition: object, record: PartitionRecord, replica: str) -> None
 
 def charge(partition: object, record: PartitionRecord, replica: str, reply: Reply) -> None:
     """Count ``reply`` against ``replica``'s rate: the next answer to it waits until it is paid for."""
-    rate = rate_for(record, replica)
-    if not rate:
-        return
     size = sum(len(b) for b in reply.buffers) + (reply.file.length if reply.file is not None else 0)
+    charge_bytes(partition, record, replica, size)
+
+
+def held_for(partition: object, record: PartitionRecord, replica: str) -> float:
+    """Seconds until ``replica`` may be sent more of ``partition`` (0: now, or not throttled); what a session
+    fetch, which cannot wait for one partition alone, asks before serving it."""
+    if not rate_for(record, replica):
+        return 0.0
+    return max(0.0, _next.get(partition, {}).get(replica, 0.0) - time.monotonic())
+
+
+def charge_bytes(partition: object, record: PartitionRecord, replica: str, size: int) -> None:
+    """Count ``size`` bytes sent to ``replica`` against its rate."""
+    rate = rate_for(record, replica)
+    if not rate or not size:
+        return
     replicas = _next.setdefault(partition, {})
     replicas[replica] = max(replicas.get(replica, 0.0), time.monotonic()) + size / rate

@@ -22,6 +22,11 @@ every partition it names (:meth:`Partition.park_at_log_end`); the first write to
 a partition closing, or the session winding down) answers it from the logs a turn of the loop later. No task,
 and one wake-up per round however many partitions the session carries. Batches are read into memory (checked
 against their CRC as they are read), never sent with ``os.sendfile``: one frame carries many partitions.
+
+The reassignment throttle (:mod:`~tidelog.api.wire.reassign_throttle`). A partition whose replica is being added
+under a throttle is served only once what it was sent before is paid for, and is charged for what it is sent;
+held back, it is left for a later round. When held-back partitions are all an answer would carry, the answer
+waits until the first is due (at most the request's ``max_wait_ms``), so a throttled copy never spins.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
+from tidelog.api.wire import reassign_throttle
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
 from tidelog.api.wire.replica import out_of_range
@@ -68,29 +74,49 @@ async def session_fetch(
     env: HandlerEnv, correlation_id: int, request: SessionFetchRequest, _payload: memoryview
 ) -> Reply:
     """Every partition with something to say, at once; see the module docstring."""
-    return answer(env, correlation_id, request)
+    held: list[float] = []
+    parts, chunks = collect(env, request, held)
+    if held and not chunks:  # only throttled partitions had data, none of them due yet: wait once
+        await asyncio.sleep(min(min(held), request.max_wait_ms / 1000))
+        parts, chunks = collect(env, request)
+    return Reply(encode_message(correlation_id, SessionFetchResponse(tuple(parts)), chunks))
 
 
 def answer(env: HandlerEnv, correlation_id: int, request: SessionFetchRequest) -> Reply:
     """The response to ``request`` as the logs stand now, within its shared budget."""
+    parts, chunks = collect(env, request)
+    return Reply(encode_message(correlation_id, SessionFetchResponse(tuple(parts)), chunks))
+
+
+def collect(
+    env: HandlerEnv, request: SessionFetchRequest, held: list[float] | None = None
+) -> tuple[list[SessionFetchPartition], list[bytes]]:
+    """The parts of the answer and their batches; ``held`` collects, for each partition the reassignment
+    throttle held back, the seconds until it is due."""
     budget = min(request.max_bytes, MAX_FETCH_BYTES)
     per_partition = min(request.partition_max_bytes, budget) if budget else 0
     parts: list[SessionFetchPartition] = []
     chunks: list[bytes] = []
     left = budget
     for entry in request.entries:
-        part, data = serve_entry(env, request.replica_id, entry, min(per_partition, left), first=not chunks)
+        part, data = serve_entry(env, request.replica_id, entry, min(per_partition, left), first=not chunks, held=held)
         if part is None:
             continue
         parts.append(part)
         if data:
             chunks.append(data)
             left = max(0, left - len(data))
-    return Reply(encode_message(correlation_id, SessionFetchResponse(tuple(parts)), chunks))
+    return parts, chunks
 
 
 def serve_entry(
-    env: HandlerEnv, replica_id: str, entry: SessionFetchEntry, max_bytes: int, *, first: bool
+    env: HandlerEnv,
+    replica_id: str,
+    entry: SessionFetchEntry,
+    max_bytes: int,
+    *,
+    first: bool,
+    held: list[float] | None = None,
 ) -> tuple[SessionFetchPartition | None, bytes]:
     """One partition's part of the answer and its batches; ``(None, b"")`` when it has nothing to say.
 
@@ -109,10 +135,15 @@ def serve_entry(
         partition.replica_fetched(replica_id, offset)  # harmless when acknowledge() already did
         end = partition.log_end
         data = b""
-        if offset < end and (max_bytes > 0 or first):
+        wait = reassign_throttle.held_for(partition, partition.record, replica_id) if offset < end else 0.0
+        if wait > 0:
+            if held is not None:
+                held.append(wait)
+        elif offset < end and (max_bytes > 0 or first):
             data = partition.log.read(offset, max(max_bytes, 1), max_offset=end)
             if len(data) > max_bytes and not first:
                 data = b""  # over what is left of the budget: the next round (the follower rotates)
+            reassign_throttle.charge_bytes(partition, partition.record, replica_id, len(data))
         if not data and partition.high_watermark == entry.known_hw and offset == end:
             return None, b""
         return _bounds(entry, partition, size=len(data)), data
