@@ -10,38 +10,32 @@ replicas has its log open here, in one of two roles:
   metadata, restarted whenever the leader or its epoch changes (and idle while the partition has no live
   leader).
 
-A role change keeps the log open: a follower promoted to leader starts from the high watermark it learnt as a
-follower (nothing above it was known committed), a deposed leader stops its ingest and writers before it starts
-fetching. The replica's producer state (idempotent producers) is loaded when its log is opened and handed on
-with the log: a promoted follower's leader starts from the table its fetcher kept, a demoted leader's appends
-finish into its table before the follower takes it. A partition that disappeared (its stream was deleted, or a
-reassignment moved it off this broker: :mod:`tidelog.metadata.reassignment_plans`) has its data deleted; for a
-changed record (paused, read-only, ISR) the leader gets the new record. Requests never
-open or close partitions themselves: they change metadata and wait for the manager to act on it, so the on-disk
-state follows one source of truth whatever protocol the change came through.
+A role change keeps the log open: a promoted follower leads from the high watermark it learnt (nothing above
+it was known committed), a deposed leader stops its ingest and writers before it fetches. The replica's
+producer state (idempotent producers) is loaded with its log and handed on with it. A partition that
+disappeared (its stream was deleted, or a reassignment moved it away: :mod:`tidelog.metadata.reassignment_plans`)
+has its data deleted; a changed record (paused, read-only, ISR) goes to the leader. Requests never open or close
+partitions: they change metadata and wait for the manager to act, so the on-disk state follows one source of
+truth whatever protocol the change came through.
 
-A **paused** partition (:mod:`tidelog.broker.pausing`) runs in neither role: the leader stops its ingest (NATS
-UNSUB) and closes its log, each follower stops its fetcher and closes its copy, so it holds no file
-descriptor, no subscription and no memory here; a broker that starts finds it paused and does not open it. The
-manager only remembers where its data lives, so that deleting the stream meanwhile still deletes it. Requests
-to it get PARTITION_PAUSED (:meth:`PartitionManager.leader_of`) until its record says it is resumed, when it is
-opened again like a partition after a restart.
+A **paused** partition (:mod:`tidelog.broker.pausing`) runs in neither role: its leader stops ingest and closes
+its log, each follower stops fetching and closes its copy, so it holds no descriptor, subscription or memory,
+and a starting broker does not open it. The manager remembers only where its data lives (deleting the stream
+meanwhile still deletes it). Requests get PARTITION_PAUSED (:meth:`PartitionManager.leader_of`) until its
+record says it is resumed, when it opens like a partition after a restart.
 
 A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
 :class:`~tidelog.broker.partitions.damaged.DamagedPartitions` allows the cut; otherwise the partition is not run
 here, and its requests get CORRUPT_DATA naming the damage.
 
-Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``: the creation time in the path
-means a stream deleted while this broker was down and then created again under the same name never adopts the
-old stream's files.
+Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``
+(:mod:`~tidelog.broker.partitions.data_dirs`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import resource
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +46,12 @@ from tidelog.broker.ingest.runs import IngestRuns
 from tidelog.broker.partitions.committed_reads import RemoteTier
 from tidelog.broker.partitions.damage_repair import DamageRepairs
 from tidelog.broker.partitions.damaged import DamagedPartitions
+from tidelog.broker.partitions.data_dirs import (
+    check_open_file_limit,
+    delete_directory,
+    partition_path,
+    remove_orphans,
+)
 from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.maintenance import LeaderMaintenance
 from tidelog.broker.partitions.partition import AlterIsr, Partition
@@ -65,7 +65,7 @@ from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, Unknow
 from tidelog.protocol.tls import SslSource
 from tidelog.replication.follower.fetcher import ReplicaFetcher
 from tidelog.replication.follower.session import FetchSessions
-from tidelog.replication.hw_checkpoint import checkpointed_hw, write_hw_checkpoint
+from tidelog.replication.hw_checkpoint import checkpointed_hw
 from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import open_producer_state
 from tidelog.storage.config import LogConfig
@@ -80,11 +80,6 @@ LogConfigFactory = Callable[[StreamRecord], LogConfig]
 
 RECONCILE_CONCURRENCY = 32
 """Partitions a reconcile brings in line at once (opening logs, starting leaders and their NATS ingest)."""
-
-OTHER_DESCRIPTORS = 256
-"""Descriptors a broker should have at least beside its segment files (sockets, index writes, reads in flight):
-the open-file limit is checked against ``max_open_segment_files`` plus this (the default 512 plus this fits the
-usual soft limit of 1,024)."""
 
 UnreachableHook = Callable[[str], Any]
 """Called with the id of a leader a follower could not connect to (a hint for the controller)."""
@@ -124,7 +119,7 @@ class PartitionManager:
         self.broker_id = broker_id
         if max_open_segment_files is not None:  # the process's bound on open segment files (storage.open_files)
             OPEN_FILES.set_limit(max_open_segment_files)
-            _check_open_file_limit(max_open_segment_files)
+            check_open_file_limit(max_open_segment_files)
         self.vault = vault or KeyVault(None)  # each log's keyring, from its record's data keys (broker.encryption)
         self.tier: RemoteTier | None = None  # the tiered store's catalog, given to every replica (broker.tiering)
         self._clock: Clock = clock or SystemClock()  # handed to every partition, fetcher and ingest it makes
@@ -245,7 +240,11 @@ class PartitionManager:
         return []
 
     def path_of(self, stream: StreamRecord, partition: int) -> Path:
-        return self._root / f"{stream.name}@{stream.created_ns}" / str(partition)
+        return partition_path(self._root, stream, partition)
+
+    async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
+        """Delete the data of streams and partitions that left this broker while it was down."""
+        return await asyncio.to_thread(remove_orphans, self._root, snapshot, self.broker_id)
 
     # ------------------------------------------------------------------------------------------ reconcile
 
@@ -291,12 +290,12 @@ class PartitionManager:
         if closed is not None:
             self._paused_bounds.pop(key, None)
             if key[0] not in new.streams:  # deleted while paused: its log is closed already
-                await _delete_directory(closed)
+                await delete_directory(closed)
                 log.info("deleted partition %s/%d (it was paused)", *key)
         if key in self.damaged.refused():
             directory = self.damaged.forget(key)
             if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
-                await _delete_directory(directory)
+                await delete_directory(directory)
                 log.info("deleted partition %s/%d (it was not opened: damaged)", *key)
 
     async def _reconcile_one(self, key: PartitionKey, record: PartitionRecord, new: MetadataSnapshot) -> None:
@@ -537,21 +536,8 @@ class PartitionManager:
         while True:
             await self._clock.sleep(1.0)
             for follower in list(self._followers.values()):
-                if follower.fetcher is None:
-                    continue
-                hw = follower.known_committed  # the fetcher's HW, or more while the log lacks what it knew
-                if hw != follower.checkpointed:
-                    try:
-                        await write_hw_checkpoint(follower.log.directory, hw)
-                        follower.checkpointed = hw
-                    except Exception:
-                        log.warning(
-                            "%s: cannot write the follower's high-watermark checkpoint in %s; retried at the next one",
-                            follower.name,
-                            follower.log.directory,
-                            exc_info=True,
-                            extra=follower.log_context,
-                        )
+                if follower.fetcher is not None:
+                    await follower.checkpoint()
 
     async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:
         await self._ingests.stop(key)
@@ -569,30 +555,11 @@ class PartitionManager:
             if not keep_log and delete:
                 await follower.log.close()
             elif not keep_log:  # paused: what it knows is committed stays on disk
-                await _close_follower(follower)
+                await follower.close()
         if delete and log_ is not None:
             await log_.close()
-            await _delete_directory(log_.directory)
+            await delete_directory(log_.directory)
             log.info("deleted partition %s/%d", *key)
-
-    async def remove_orphans(self, snapshot: MetadataSnapshot) -> list[Path]:
-        """Delete stream directories of streams that no longer exist, and partition directories of partitions
-        that no longer have a replica here (deleted, or reassigned away, while this broker was down)."""
-        if not self._root.exists():
-            return []
-        live = {f"{s.name}@{s.created_ns}" for s in snapshot.streams.values()}
-        removed = [d for d in self._root.iterdir() if d.is_dir() and d.name not in live]
-        for d in removed:
-            await asyncio.to_thread(shutil.rmtree, d, True)
-            log.info("removed data of deleted stream %s", d.name)
-        for stream in snapshot.streams.values():  # reassigned away while this broker was down
-            for record in snapshot.partitions_of(stream.name):
-                moved = self.path_of(stream, record.id)
-                if self.broker_id not in record.replicas and moved.is_dir():
-                    await asyncio.to_thread(shutil.rmtree, moved, True)
-                    removed.append(moved)
-                    log.info("removed data of partition %s/%d: it was reassigned away", stream.name, record.id)
-        return removed
 
     async def close(self) -> None:
         """Stop ingest first (no new writes), then the fetchers, then flush and close every log."""
@@ -608,40 +575,10 @@ class PartitionManager:
             followers, self._followers = self._followers, {}
             await asyncio.gather(*(f.fetcher.stop() for f in followers.values() if f.fetcher), return_exceptions=True)
             await self._sessions.close()
-            await asyncio.gather(*(_close_follower(f) for f in followers.values()), return_exceptions=True)
+            await asyncio.gather(*(f.close() for f in followers.values()), return_exceptions=True)
 
 
 def _load_producers(log_: Log, expiry_ms: int) -> ProducerStateTable:
     """Blocking (a worker thread): the log's producer state; it reads segments, so none is released meanwhile."""
     with OPEN_FILES.busy(log_.directory):
         return open_producer_state(log_, expiry_ms)
-
-
-def _check_open_file_limit(segment_files: int) -> None:
-    """Warn when the process's open-file limit leaves too little room beside ``segment_files`` segment files (the
-    other descriptors a broker holds: docs/operations.md)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < segment_files + OTHER_DESCRIPTORS:
-        log.warning(
-            "the open-file limit (ulimit -n) is %d: max_open_segment_files = %d leaves fewer than %d descriptors for "
-            "connections, index writes and reads in flight; raise the limit or lower the setting",
-            soft,
-            segment_files,
-            OTHER_DESCRIPTORS,
-        )
-
-
-async def _delete_directory(path: Path) -> None:
-    """Delete a partition's directory, and its stream's once empty."""
-    await asyncio.to_thread(shutil.rmtree, path, True)
-    parent = path.parent
-    if parent.exists() and not any(parent.iterdir()):
-        parent.rmdir()
-
-
-async def _close_follower(follower: FollowedPartition) -> None:
-    """Checkpoint what the follower knows is committed, then close its log."""
-    hw = follower.known_committed
-    await write_hw_checkpoint(follower.log.directory, hw)
-    follower.snapshot_producers()  # its fetcher is stopped: the state is exact at the log end
-    await follower.log.close()

@@ -19,15 +19,19 @@ recognized (:mod:`tidelog.replication.idempotence.producer_state`).
 
 from __future__ import annotations
 
+import logging
+
 from tidelog.broker.partitions.committed_reads import CommittedReads
 from tidelog.metadata.records import PartitionRecord, StreamRecord
 from tidelog.replication.follower.fetcher import ReplicaFetcher
 from tidelog.replication.follower.offset_waiters import OffsetWaiters
-from tidelog.replication.hw_checkpoint import checkpointed_hw, read_hw_checkpoint
+from tidelog.replication.hw_checkpoint import checkpointed_hw, read_hw_checkpoint, write_hw_checkpoint
 from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
 from tidelog.replication.idempotence.producer_sync import take_snapshot
 from tidelog.storage.log import Log
+
+log = logging.getLogger(__name__)
 
 
 class FollowedPartition(CommittedReads):
@@ -84,3 +88,27 @@ class FollowedPartition(CommittedReads):
         """Snapshot the producer state at the log end: call only with no fetcher running (it is exact then)."""
         if not self.log.closed:
             take_snapshot(self.producers, ProducerSnapshots(self.log.directory), self.log.end_offset)
+
+    async def checkpoint(self) -> None:
+        """Persist what this replica knows is committed, if it moved (the manager's once-a-second loop); a
+        failure is logged and retried at the next one."""
+        hw = self.known_committed  # the fetcher's HW, or more while the log lacks what it knew
+        if hw == self.checkpointed:
+            return
+        try:
+            await write_hw_checkpoint(self.log.directory, hw)
+            self.checkpointed = hw
+        except Exception:
+            log.warning(
+                "%s: cannot write the follower's high-watermark checkpoint in %s; retried at the next one",
+                self.name,
+                self.log.directory,
+                exc_info=True,
+                extra=self.log_context,
+            )
+
+    async def close(self) -> None:
+        """Checkpoint what this replica knows is committed, then close its log (its fetcher is stopped)."""
+        await write_hw_checkpoint(self.log.directory, self.known_committed)
+        self.snapshot_producers()  # no fetcher runs: the state is exact at the log end
+        await self.log.close()
