@@ -55,7 +55,7 @@ from tidelog.broker.secure_links import PeerTls, etcd_tls, nats_security
 from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.broker.streams import StreamAdmin
 from tidelog.broker.tier_catalog import TierCatalog
-from tidelog.broker.tiering import Tiering
+from tidelog.broker.tiering import Tiering, open_tiered_store
 from tidelog.launch.endpoints import ENDPOINTS_FILE, Endpoints, remove_endpoints, write_endpoints
 from tidelog.launch.ports import PortInUseError, moved_by, port_is_free
 from tidelog.launch.reachability import wait_for_etcd
@@ -73,13 +73,6 @@ from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.remote_segments import RemoteSegmentLists
 from tidelog.metadata.store import MetadataStore
 from tidelog.protocol.tls import ClientAuth, following_context
-from tidelog.storage.tiered_store import (
-    StoreSettings,
-    TieredStore,
-    TieredStoreConfigError,
-    TieredStoreError,
-    open_store,
-)
 from tidelog.ui.http_server import HttpServer
 from tidelog.ui.routes import build_app
 from tidelog.ui.view import BrokerView
@@ -103,30 +96,6 @@ def _refuse_taken_ports(cfg: BrokerConfig) -> None:
 def _created_ns(mirror: MetadataMirror, stream: str) -> int | None:
     record = mirror.snapshot.stream(stream)
     return None if record is None else record.created_ns
-
-
-async def tiered_store(cfg: BrokerConfig) -> TieredStore | None:
-    """The tiered store, or None when none is configured; :class:`~tidelog.storage.tiered_store.TieredStoreConfigError`
-    (one line) when it refuses this broker (credentials, bucket). One that does not answer is an outage: logged."""
-    if not cfg.tiered_store:
-        return None
-    store = open_store(
-        StoreSettings(
-            cfg.tiered_store,
-            endpoint=cfg.tiered_store_endpoint,
-            region=cfg.tiered_store_region,
-            access_key_id=cfg.tiered_store_access_key_id,
-            secret_access_key=cfg.tiered_store_secret_access_key,
-            timeout_ms=cfg.tiered_store_timeout_ms,
-        )
-    )
-    try:
-        await store.check()
-    except TieredStoreConfigError:
-        raise
-    except TieredStoreError as exc:  # an outage, not a mistake: serve, and offload once it answers
-        log.warning("%s; starting anyway: segments stay local until it answers", exc)
-    return store
 
 
 def server_tls(cfg: BrokerConfig) -> ServerTls | None:
@@ -204,7 +173,7 @@ class Broker:
         if self.tls is not None:
             self._peer_tls = PeerTls(cfg, self.tls)
         self._nats_security = nats_security(cfg)
-        store = await tiered_store(cfg)  # a store it cannot use refuses the start, before anything runs
+        store = await open_tiered_store(cfg)  # a store it cannot use refuses the start, before anything runs
         try:
             await self._start_backplane()
             keys = namespace_keys(cfg.namespace)

@@ -63,13 +63,43 @@ from tidelog.storage.remote_segment import (
 )
 from tidelog.storage.retention import deletable_prefix
 from tidelog.storage.segment_state import SegmentInfo
-from tidelog.storage.tiered_store import TieredStoreError
+from tidelog.storage.tiered_store import (
+    StoreSettings,
+    TieredStore,
+    TieredStoreConfigError,
+    TieredStoreError,
+    open_store,
+)
 
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN = 0.5
 """Seconds before a partition whose pass failed is tried again; doubled per failure up to :data:`BACKOFF_MAX`."""
 BACKOFF_MAX = 60.0
+
+
+async def open_tiered_store(cfg: BrokerConfig) -> TieredStore | None:
+    """The tiered store, or None when none is configured; :class:`~tidelog.storage.tiered_store.TieredStoreConfigError`
+    (one line) when it refuses this broker (credentials, bucket). One that does not answer is an outage: logged."""
+    if not cfg.tiered_store:
+        return None
+    store = open_store(
+        StoreSettings(
+            cfg.tiered_store,
+            endpoint=cfg.tiered_store_endpoint,
+            region=cfg.tiered_store_region,
+            access_key_id=cfg.tiered_store_access_key_id,
+            secret_access_key=cfg.tiered_store_secret_access_key,
+            timeout_ms=cfg.tiered_store_timeout_ms,
+        )
+    )
+    try:
+        await store.check()
+    except TieredStoreConfigError:
+        raise
+    except TieredStoreError as exc:  # an outage, not a mistake: serve, and offload once it answers
+        log.warning("%s; starting anyway: segments stay local until it answers", exc)
+    return store
 
 
 @dataclass(frozen=True, slots=True)
