@@ -60,6 +60,7 @@ from tidelog.spark.planning import (
 )
 from tidelog.spark.reading import DataLossError, read_range
 from tidelog.spark.remote import plan_remote
+from tidelog.spark.replicas import assign
 from tidelog.spark.schema import SPARK_SCHEMA, partition_subject
 from tidelog.spark.sink import batch_writer, stream_writer
 from tidelog.spark.topology import Topology
@@ -127,7 +128,7 @@ class TidelogBatchReader(DataSourceReader):
             topology.close()
         check_ranges(start, end)
         ranges = [OffsetRange(s, p, start[(s, p)], end[(s, p)], _subject(streams, s, p)) for s, p in sorted(end)]
-        return list(_split(self.options, ranges))
+        return list(_split(self.options, ranges, streams))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # PySpark plans one empty partition when there are none
@@ -228,7 +229,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for (s, p), offset in sorted(stop.items())
             if offset > begin.get((s, p), 0)
         ]
-        return list(_split(self.options, ranges))
+        return list(_split(self.options, ranges, self._streams))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
@@ -300,10 +301,11 @@ def _subject(streams: Mapping[str, StreamInfo], stream: str, partition: int) -> 
     return partition_subject(info.subject if info is not None else stream, partition)
 
 
-def _split(options: SourceOptions, ranges: list[OffsetRange]) -> list[OffsetRange]:
+def _split(options: SourceOptions, ranges: list[OffsetRange], streams: Mapping[str, StreamInfo]) -> list[OffsetRange]:
     tasks = split(
         [r for r in ranges if r.size > 0],
         max_offsets=options.max_offsets_per_split,
         min_partitions=options.min_partitions,
     )
-    return plan_remote(options, tasks)  # with tieredStore: offloaded offsets read from the store by the tasks
+    tasks = plan_remote(options, tasks)  # with tieredStore: offloaded offsets read from the store by the tasks
+    return assign(tasks, streams, options.read_from)  # readFrom: which replica each task fetches from
