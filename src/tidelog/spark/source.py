@@ -19,8 +19,12 @@ read limit; ``Trigger.AvailableNow`` fixes the high watermarks at the start and 
 bounded micro-batches as it takes). The high watermarks of the last trigger are reported as the latest offsets,
 so Spark's progress shows how far behind the query is. ``minOffsetsPerTrigger`` holds a trigger back (its end
 is its start: no micro-batch) until that many offsets wait or ``maxTriggerDelay`` has passed since the last
-micro-batch, as Kafka's source does. ``commit`` does nothing: Spark's checkpoint holds the
-offsets, and a restarted query resumes from it.
+micro-batch, as Kafka's source does. Spark's checkpoint holds the offsets, and a restarted query resumes from
+it; with ``groupId`` (or ``groupIdPrefix``) ``commit`` also stores each processed micro-batch's end offsets as that
+consumer group's committed offsets, so ``tidelog group describe`` shows the query's lag like any consumer's.
+Progress metrics: PySpark's Python stream reader has no hook for custom metrics in ``StreamingQueryProgress``
+(Kafka's ``avgOffsetsBehindLatest``); the latest offsets reported beside each micro-batch's end offsets carry
+the same lag.
 
 Batch (``spark.read.format("tidelog")``): ``startingOffsets`` (default ``earliest``) or ``startingTimestamp``
 to ``endingOffsets`` (default ``latest``), resolved when the query is planned.
@@ -28,6 +32,8 @@ to ``endingOffsets`` (default ``latest``), resolved when the query is planned.
 
 from __future__ import annotations
 
+import logging
+import secrets
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,8 +50,17 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import StreamInfo
-from tidelog.spark.options import EARLIEST, LATEST, Position, SourceOptionError, SourceOptions, parse_options
+from tidelog.spark.options import (
+    EARLIEST,
+    GROUP_SUFFIX,
+    LATEST,
+    Position,
+    SourceOptionError,
+    SourceOptions,
+    parse_options,
+)
 from tidelog.spark.planning import (
     Bounds,
     OffsetRange,
@@ -67,6 +82,8 @@ from tidelog.spark.topology import Topology
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 def register(spark: SparkSession) -> None:
@@ -146,6 +163,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: Offsets | None = None  # high watermarks of the last trigger: what Spark reports as latest
         self._available_now: Offsets | None = None  # Trigger.AvailableNow: the high watermarks to stop at
         self._last_batch: float | None = None  # monotonic time of the last micro-batch (or the first trigger)
+        self.group = group_of(options)  # where the query's progress is stored as a consumer group's; None: nowhere
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -155,6 +173,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "_latest": None,
             "_available_now": None,
             "_last_batch": None,
+            "group": self.group,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -236,7 +255,22 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to do: Spark's checkpoint holds the offsets (tidelog's cursors are not involved)."""
+        """Spark processed everything below ``end``: with ``groupId``/``groupIdPrefix``, store ``end`` as the group's
+        committed offsets. Spark's checkpoint, not the group, decides where a restarted query resumes. A write
+        the brokers could not take now (a failover) is logged and left to the next micro-batch; one they refuse
+        (no permission on the group's cursors) fails the query, naming the option."""
+        if self.group is None:
+            return
+        try:
+            self.topology.commit_group(self.group, from_json(end))
+        except TidelogError as exc:
+            if exc.retriable:
+                log.warning("could not store the query's progress as group %s now: %s", self.group, exc)
+                return
+            option = "groupId" if self.options.group_id is not None else "groupIdPrefix"
+            raise SourceOptionError(
+                option, f"storing the query's progress as group {self.group!r} failed: {exc}"
+            ) from exc
 
     def stop(self) -> None:
         if self._topology is not None:
@@ -245,6 +279,14 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 # -- shared by both readers ---------------------------------------------------------------------------------------
+
+
+def group_of(options: SourceOptions) -> str | None:
+    """The consumer group a streaming query's progress is stored as: ``groupId``, or ``<groupIdPrefix>-<random>``,
+    new for each run (each stream reader), as Kafka's source names its groups."""
+    if options.group_id_prefix is not None:
+        return f"{options.group_id_prefix}-{secrets.token_hex(GROUP_SUFFIX // 2)}"
+    return options.group_id
 
 
 def _check_schema(schema: StructType) -> None:
