@@ -21,6 +21,11 @@ Metrics (``ratio`` = tidelog ÷ peer):
   append, on the executors (no row goes through the driver). The peer is the same query into Spark's ``noop``
   sink (reading and planning alone: the ceiling); the ratio is the share of that speed the sink keeps. After
   each run the second stream must have grown by exactly the rows read.
+- ``source_rows_replicas`` rows/s: the ``source_rows`` query on a three-broker cluster (``LocalCluster``: three
+  ``tidelog serve`` processes, one NATS, one etcd) whose stream has two partitions of three replicas each, with
+  ``readFrom=replica`` (every task fetches from an in-sync follower); the peer is the same query with
+  ``readFrom=leader``. On one machine this shows what reading from followers costs, not the load it takes off
+  the leaders (every broker shares the same two cores); no target.
 
 Each run uses a fresh query and checkpoint; runs alternate which side goes first, after two uncounted warm-up
 rounds (Spark gets faster for several queries as its JIT compiles); values are medians. The last line is the
@@ -44,6 +49,7 @@ from pyspark.sql.types import StructType
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from tidelog.client import Codec, LoopThread, TidelogClient
+from tidelog.local.cluster import LocalCluster
 from tidelog.local.serve_process import ServedBroker, start_served_broker
 from tidelog.spark.options import parse_options
 from tidelog.spark.planning import OffsetRange
@@ -70,6 +76,8 @@ APPROACHES = {
     "writeStream.format('tidelog') (exactly once: each task appends its rows per partition in one "
     "register-fenced append, on the executors); "
     "peer: the same query into the noop sink; rows / triggerExecution",
+    "replicas": "the source_rows query on a 3-broker LocalCluster (2 partitions × 3 replicas) with readFrom=replica; "
+    "peer: readFrom=leader; rows / triggerExecution",
 }
 
 
@@ -83,6 +91,7 @@ QUICK = Plan(runs=4, records=1_000_000)
 FULL = Plan(runs=6, records=3_000_000)
 SINK_RUNS = 3  # per side: every row passes through the driver, so a run takes several times a source run
 WARM_UPS = 2  # rounds not counted: the JVM's JIT and Python workers' imports make the first ones slow
+CLUSTER_SETTINGS = {"default_flush_policy": "never", "replica_lag_time_max_ms": "30000", "log_level": "warning"}
 
 
 # -- the peer: the same Arrow batches, from memory ------------------------------------------------------------------
@@ -226,11 +235,42 @@ def measure_sink_rows(spark: SparkSession, brokers: str, root: Path, records: in
     return Row(BENCH, "sink_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)
 
 
-def produce(brokers: str, records: int) -> dict[int, int]:
+def measure_replicas(spark: SparkSession, root: Path, plan: Plan) -> Row:
+    """``source_rows_replicas``: ``readFrom=replica`` beside ``readFrom=leader`` on a three-broker cluster."""
+    runner = LoopThread("bench-cluster")
+    cluster = LocalCluster(root / "cluster", 3, settings=CLUSTER_SETTINGS)
+    try:
+        runner.run(cluster.start(), timeout=300)
+        brokers = ",".join(cluster.bootstrap())
+        produce(brokers, plan.records, replication_factor=3)
+        log(f"three-broker cluster: {plan.records} records in {STREAM} (3 replicas)")
+        samples: dict[str, list[float]] = {"replica": [], "leader": []}
+        rounds = [("warm-up", 0)] + [("run", i) for i in range(plan.runs)]
+        for label, i in rounds:
+            for side in ["replica", "leader"] if i % 2 == 0 else ["leader", "replica"]:
+                source = (
+                    spark.readStream.format("tidelog")
+                    .option("brokers", brokers)
+                    .option("streams", STREAM)
+                    .option("startingOffsets", "earliest")
+                    .option("readFrom", side)
+                )
+                name = f"replicas_{side}_{label.replace('-', '')}_{i}"
+                rate = rows_per_second(spark, source, root, name, plan.records)
+                log(f"replicas {label} {i} readFrom={side}: {rate:,.0f} rows/s")
+                if label == "run":
+                    samples[side].append(rate)
+    finally:
+        runner.run(cluster.stop(), timeout=120)
+        runner.close()
+    return Row(BENCH, "source_rows_replicas", median(samples["replica"]), "rows/s", median(samples["leader"]), digits=0)
+
+
+def produce(brokers: str, records: int, *, replication_factor: int = 1) -> dict[int, int]:
     """Create the stream and fill it; return each partition's high watermark."""
     values = [os.urandom(VALUE_SIZE) for _ in range(min(records, 50_000))]
     with TidelogClient(brokers) as client:
-        client.admin.create_stream(STREAM, STREAM, partitions=PARTITIONS)
+        client.admin.create_stream(STREAM, STREAM, partitions=PARTITIONS, replication_factor=replication_factor)
         with client.producer(compression=Codec.NONE, idempotent=False) as producer:
             sent = 0
             while sent < records:
@@ -295,13 +335,16 @@ def run(plan: Plan, root: Path) -> list[Row]:
                         samples[side].append(rate)
             source = Row(BENCH, "source_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)
             sink = measure_sink_rows(spark, broker.wire_address, root, plan.records)
+            runner.run(broker.stop())
+            broker = None
+            replicas = measure_replicas(spark, root, plan)
         finally:
             spark.stop()
     finally:
         if broker is not None:
             runner.run(broker.stop())
         runner.close()
-    return [source, sink]
+    return [source, sink, replicas]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
