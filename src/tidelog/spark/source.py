@@ -20,8 +20,9 @@ bounded micro-batches as it takes). The high watermarks of the last trigger are 
 so Spark's progress shows how far behind the query is. ``minOffsetsPerTrigger`` holds a trigger back (its end
 is its start: no micro-batch) until that many offsets wait or ``maxTriggerDelay`` has passed since the last
 micro-batch, as Kafka's source does. Spark's checkpoint holds the offsets, and a restarted query resumes from
-it; with ``groupId`` (or ``groupIdPrefix``) ``commit`` also stores each processed micro-batch's end offsets as that
-consumer group's committed offsets, so ``tidelog group describe`` shows the query's lag like any consumer's.
+it; with ``groupId`` (or ``groupIdPrefix``) the reader also stores each processed micro-batch's end offsets as that
+consumer group's committed offsets (when Spark asks for the next micro-batch's end, and at ``commit``), so
+``tidelog group describe`` shows the query's lag like any consumer's.
 Progress metrics: PySpark's Python stream reader has no hook for custom metrics in ``StreamingQueryProgress``
 (Kafka's ``avgOffsetsBehindLatest``); the latest offsets reported beside each micro-batch's end offsets carry
 the same lag.
@@ -164,6 +165,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now: Offsets | None = None  # Trigger.AvailableNow: the high watermarks to stop at
         self._last_batch: float | None = None  # monotonic time of the last micro-batch (or the first trigger)
         self.group = group_of(options)  # where the query's progress is stored as a consumer group's; None: nowhere
+        self._stored: Offsets | None = None  # the offsets last stored as the group's
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -174,6 +176,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "_available_now": None,
             "_last_batch": None,
             "group": self.group,
+            "_stored": None,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -195,6 +198,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = from_json(start)
+        self._store_progress(begin)  # everything below start is processed: the last micro-batch is committed
         bounds = self._refresh()
         latest = {tp: b.high_watermark for tp, b in bounds.items()}
         self._latest = dict(latest)
@@ -255,14 +259,24 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Spark processed everything below ``end``: with ``groupId``/``groupIdPrefix``, store ``end`` as the group's
-        committed offsets. Spark's checkpoint, not the group, decides where a restarted query resumes. A write
-        the brokers could not take now (a failover) is logged and left to the next micro-batch; one they refuse
-        (no permission on the group's cursors) fails the query, naming the option."""
-        if self.group is None:
+        """Spark processed everything below ``end``: with ``groupId``/``groupIdPrefix``, store it as the group's
+        committed offsets (:meth:`_store_progress`)."""
+        self._store_progress(from_json(end))
+
+    def _store_progress(self, processed: Offsets) -> None:
+        """Store ``processed`` as the group's committed offsets when they changed since the last time.
+
+        Called from :meth:`latestOffset`, whose ``start`` is the end of the last micro-batch — Spark asks for the
+        next one only once that one is committed — and from :meth:`commit`, which Spark calls for a micro-batch
+        only when it plans the next one *with data*: alone it would leave an idle query's group a micro-batch
+        behind, and the last one of ``Trigger.AvailableNow`` never stored. Spark's checkpoint, not the group,
+        decides where a restarted query resumes. A write the brokers could not take now (a failover) is logged
+        and tried again at the next trigger; one they refuse (no permission on the group's cursors) fails the
+        query, naming the option."""
+        if self.group is None or processed == self._stored:
             return
         try:
-            self.topology.commit_group(self.group, from_json(end))
+            self.topology.commit_group(self.group, processed)
         except TidelogError as exc:
             if exc.retriable:
                 log.warning("could not store the query's progress as group %s now: %s", self.group, exc)
@@ -271,6 +285,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceOptionError(
                 option, f"storing the query's progress as group {self.group!r} failed: {exc}"
             ) from exc
+        self._stored = dict(processed)
 
     def stop(self) -> None:
         if self._topology is not None:
