@@ -32,6 +32,7 @@ class Job:
     nats_url: str
     prefix: str  # of the streams this run creates
     workdir: str
+    parts: tuple[str, ...] = ("example", "crash")  # what to run: the example pipeline, the sink's crash test
 
 
 def example() -> Any:
@@ -91,7 +92,8 @@ def run_crash(spark: SparkSession, job: Job) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    job = Job(**json.loads(argv[0]))
+    given = json.loads(argv[0])
+    job = Job(**{**given, "parts": tuple(given.get("parts", Job.parts))})
     builder = SparkSession.builder.appName("tidelog-standalone-test")
     for key, value in {
         **job.config,
@@ -104,8 +106,8 @@ def main(argv: list[str]) -> int:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        sensors = run_example(spark, job)
-        crash = run_crash(spark, job)
+        sensors = run_example(spark, job) if "example" in job.parts else None
+        crash = run_crash(spark, job) if "crash" in job.parts else None
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver is listed too
     finally:
         spark.stop()

@@ -5,6 +5,10 @@ crash test where every task's first attempt fails after appending and Spark retr
 
 The driver runs in a process of its own (:mod:`tests.spark.standalone_driver`): this one already holds the
 session's ``local[2]`` SparkContext, and a process has only one.
+
+CI runs the reduced form: the crash test alone (about a minute with the cluster's start). The example pipeline
+on the cluster is marked ``spark_cluster``, which ``pytest`` deselects unless asked: ``pytest -m spark_cluster
+tests/spark/test_standalone.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,15 +47,15 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneS
         runner.close()
 
 
-def test_the_pipeline_and_a_sink_crash_run_on_two_executors(
-    standalone: StandaloneSpark, served: ServedBroker, tmp_path: Path
-) -> None:
+def drive(standalone: StandaloneSpark, served: ServedBroker, workdir: Path, part: str) -> dict[str, Any]:
+    """Run ``part`` of :mod:`tests.spark.standalone_driver` on the cluster; what it saw."""
     job = {
         "config": standalone.session_config(),
         "brokers": served.wire_address,
         "nats_url": served.nats_url,
-        "prefix": "standalone",
-        "workdir": str(tmp_path),
+        "prefix": f"standalone-{part}",
+        "workdir": str(workdir),
+        "parts": [part],
     }
     paths = [str(REPOSITORY), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYSPARK_PYTHON": sys.executable}
@@ -63,7 +68,21 @@ def test_the_pipeline_and_a_sink_crash_run_on_two_executors(
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-6000:]
-    seen = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    seen: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert seen["executors"] == 2
-    assert seen["example"] == {sensor: 20 for sensor in seen["example"]} and len(seen["example"]) == 5
-    assert seen["crash"]["rows"] == 60 and seen["crash"]["batches"] == [0]  # retried tasks, one micro-batch
+    return seen
+
+
+def test_a_sink_crash_is_retried_on_two_executors_and_written_once(
+    standalone: StandaloneSpark, served: ServedBroker, tmp_path: Path
+) -> None:
+    crash = drive(standalone, served, tmp_path, "crash")["crash"]
+    assert crash["rows"] == 60 and crash["batches"] == [0]  # retried tasks, one micro-batch
+
+
+@pytest.mark.spark_cluster
+def test_the_example_pipeline_runs_on_two_executors(
+    standalone: StandaloneSpark, served: ServedBroker, tmp_path: Path
+) -> None:
+    sensors = drive(standalone, served, tmp_path, "example")["example"]
+    assert sensors == {sensor: 20 for sensor in sensors} and len(sensors) == 5
