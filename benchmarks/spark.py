@@ -285,7 +285,7 @@ def measure_replicas(spark: SparkSession, root: Path, plan: Plan) -> Row:
     try:
         runner.run(cluster.start(), timeout=300)
         brokers = ",".join(cluster.bootstrap())
-        produce(brokers, plan.records, replication_factor=3)
+        produce(cluster.bootstrap(), plan.records, replication_factor=3)
         log(f"three-broker cluster: {plan.records} records in {STREAM} (3 replicas)")
         samples: dict[str, list[float]] = {"replica": [], "leader": []}
         rounds = [("warm-up", 0)] + [("run", i) for i in range(plan.runs)]
@@ -309,7 +309,7 @@ def measure_replicas(spark: SparkSession, root: Path, plan: Plan) -> Row:
     return Row(BENCH, "source_rows_replicas", median(samples["replica"]), "rows/s", median(samples["leader"]), digits=0)
 
 
-def produce(brokers: str, records: int, *, replication_factor: int = 1) -> dict[int, int]:
+def produce(brokers: str | list[str], records: int, *, replication_factor: int = 1) -> dict[int, int]:
     """Create the stream and fill it; return each partition's high watermark."""
     values = [os.urandom(VALUE_SIZE) for _ in range(min(records, 50_000))]
     with TidelogClient(brokers) as client:
