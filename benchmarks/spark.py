@@ -21,6 +21,14 @@ Metrics (``ratio`` = tidelog ÷ peer):
   append, on the executors (no row goes through the driver). The peer is the same query into Spark's ``noop``
   sink (reading and planning alone: the ceiling); the ratio is the share of that speed the sink keeps. After
   each run the second stream must have grown by exactly the rows read.
+- ``sink_rows_standalone`` rows/s: ``sink_rows`` on a standalone Spark cluster (a master and two workers of one
+  core each, started from pyspark's ``spark-class``, :mod:`tidelog.spark.standalone`): the tasks run in two
+  executors, each a JVM of its own with its Python workers, the driver in this process. Same peer (``noop``).
+- ``source_rows_replicas`` rows/s: the ``source_rows`` query on a three-broker cluster (``LocalCluster``: three
+  ``tidelog serve`` processes, one NATS, one etcd) whose stream has two partitions of three replicas each, with
+  ``readFrom=replica`` (every task fetches from an in-sync follower); the peer is the same query with
+  ``readFrom=leader``. On one machine this shows what reading from followers costs, not the load it takes off
+  the leaders (every broker shares the same two cores); no target.
 
 Each run uses a fresh query and checkpoint; runs alternate which side goes first, after two uncounted warm-up
 rounds (Spark gets faster for several queries as its JIT compiles); values are medians. The last line is the
@@ -44,11 +52,13 @@ from pyspark.sql.types import StructType
 
 from benchmarks._common import Row, RunClock, Target, log, median, report, scratch_dir
 from tidelog.client import Codec, LoopThread, TidelogClient
+from tidelog.local.cluster import LocalCluster
 from tidelog.local.serve_process import ServedBroker, start_served_broker
 from tidelog.spark.options import parse_options
 from tidelog.spark.planning import OffsetRange
 from tidelog.spark.reading import read_range
 from tidelog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
+from tidelog.spark.standalone import StandaloneSpark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,6 +80,10 @@ APPROACHES = {
     "writeStream.format('tidelog') (exactly once: each task appends its rows per partition in one "
     "register-fenced append, on the executors); "
     "peer: the same query into the noop sink; rows / triggerExecution",
+    "standalone": "the sink_rows queries on a standalone cluster: a master and 2 workers × 1 core from pyspark's "
+    "spark-class, 2 executors",
+    "replicas": "the source_rows query on a 3-broker LocalCluster (2 partitions × 3 replicas) with readFrom=replica; "
+    "peer: readFrom=leader; rows / triggerExecution",
 }
 
 
@@ -83,6 +97,13 @@ QUICK = Plan(runs=4, records=1_000_000)
 FULL = Plan(runs=6, records=3_000_000)
 SINK_RUNS = 3  # per side: every row passes through the driver, so a run takes several times a source run
 WARM_UPS = 2  # rounds not counted: the JVM's JIT and Python workers' imports make the first ones slow
+STANDALONE_CONFIG = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.executor.memory": "1g",
+}
+CLUSTER_SETTINGS = {"default_flush_policy": "never", "replica_lag_time_max_ms": "30000", "log_level": "warning"}
 
 
 # -- the peer: the same Arrow batches, from memory ------------------------------------------------------------------
@@ -173,7 +194,9 @@ def rows_per_second(spark: SparkSession, source: Any, root: Path, name: str, exp
     return rows / seconds
 
 
-def sink_rows_per_second(spark: SparkSession, brokers: str, root: Path, name: str, side: str, expected: int) -> float:
+def sink_rows_per_second(
+    spark: SparkSession, brokers: str, root: Path, name: str, side: str, expected: int, sink_stream: str = SINK_STREAM
+) -> float:
     """Run the stream through the sink (``side`` "tidelog") or into ``noop`` (the peer) until it has read it all."""
     rows = (
         spark.readStream.format("tidelog")
@@ -186,8 +209,8 @@ def sink_rows_per_second(spark: SparkSession, brokers: str, root: Path, name: st
     )
     writer = rows.writeStream.option("checkpointLocation", str(root / f"checkpoint-{name}")).trigger(availableNow=True)
     if side == "tidelog":
-        writer = writer.format("tidelog").option("brokers", brokers).option("stream", SINK_STREAM)
-        before = sink_size(brokers)
+        writer = writer.format("tidelog").option("brokers", brokers).option("stream", sink_stream)
+        before = sink_size(brokers, sink_stream)
     else:
         writer = writer.format("noop")
     query = writer.start()
@@ -200,37 +223,97 @@ def sink_rows_per_second(spark: SparkSession, brokers: str, root: Path, name: st
     read = sum(int(p["numInputRows"]) for p in progress)
     if read != expected:
         raise RuntimeError(f"{name}: read {read} rows, expected {expected}")
-    if side == "tidelog" and (written := sink_size(brokers) - before) != expected:
+    if side == "tidelog" and (written := sink_size(brokers, sink_stream) - before) != expected:
         raise RuntimeError(f"{name}: the sink wrote {written} records for {expected} rows")
     seconds = sum(float(p["durationMs"]["triggerExecution"]) for p in progress) / 1000
     return read / seconds
 
 
-def sink_size(brokers: str) -> int:
+def sink_size(brokers: str, stream: str) -> int:
     with TidelogClient(brokers) as client:
-        return sum(p.high_watermark for p in client.admin.describe_stream(SINK_STREAM).partitions)
+        return sum(p.high_watermark for p in client.admin.describe_stream(stream).partitions)
 
 
-def measure_sink_rows(spark: SparkSession, brokers: str, root: Path, records: int) -> Row:
+def measure_sink_rows(
+    spark: SparkSession,
+    brokers: str,
+    root: Path,
+    records: int,
+    metric: str = "sink_rows",
+    sink_stream: str = SINK_STREAM,
+) -> Row:
     """``sink_rows``: the sink beside the noop sink, one warm-up round, then :data:`SINK_RUNS` alternating."""
     with TidelogClient(brokers) as client:
-        client.admin.create_stream(SINK_STREAM, SINK_STREAM, partitions=PARTITIONS)
+        client.admin.create_stream(sink_stream, sink_stream, partitions=PARTITIONS)
     samples: dict[str, list[float]] = {"tidelog": [], "peer": []}
     for label, i in [("warm-up", 0)] + [("run", i) for i in range(SINK_RUNS)]:
         for side in ["tidelog", "peer"] if i % 2 == 0 else ["peer", "tidelog"]:
-            name = f"sink_{side}_{label.replace('-', '')}_{i}"
-            rate = sink_rows_per_second(spark, brokers, root, name, side, records)
-            log(f"sink {label} {i} {side}: {rate:,.0f} rows/s")
+            name = f"{metric}_{side}_{label.replace('-', '')}_{i}"
+            rate = sink_rows_per_second(spark, brokers, root, name, side, records, sink_stream)
+            log(f"{metric} {label} {i} {side}: {rate:,.0f} rows/s")
             if label == "run":
                 samples[side].append(rate)
-    return Row(BENCH, "sink_rows", median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)
+    return Row(BENCH, metric, median(samples["tidelog"]), "rows/s", median(samples["peer"]), digits=0)
 
 
-def produce(brokers: str, records: int) -> dict[int, int]:
+def measure_standalone_sink(root: Path, brokers: str, records: int) -> Row:
+    """``sink_rows_standalone``: ``sink_rows`` with the tasks in two executors of a standalone cluster."""
+    from pyspark.sql import SparkSession
+
+    runner = LoopThread("bench-standalone")
+    cluster = StandaloneSpark(root / "standalone", workers=2)
+    try:
+        runner.run(cluster.start(), timeout=600)
+        builder = SparkSession.builder.appName("tidelog-bench-standalone")
+        for key, value in {**cluster.session_config(), **STANDALONE_CONFIG}.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            return measure_sink_rows(spark, brokers, root, records, "sink_rows_standalone", SINK_STREAM + "-standalone")
+        finally:
+            spark.stop()
+    finally:
+        runner.run(cluster.stop(), timeout=120)
+        runner.close()
+
+
+def measure_replicas(spark: SparkSession, root: Path, plan: Plan) -> Row:
+    """``source_rows_replicas``: ``readFrom=replica`` beside ``readFrom=leader`` on a three-broker cluster."""
+    runner = LoopThread("bench-cluster")
+    cluster = LocalCluster(root / "cluster", 3, settings=CLUSTER_SETTINGS)
+    try:
+        runner.run(cluster.start(), timeout=300)
+        brokers = ",".join(cluster.bootstrap())
+        produce(cluster.bootstrap(), plan.records, replication_factor=3)
+        log(f"three-broker cluster: {plan.records} records in {STREAM} (3 replicas)")
+        samples: dict[str, list[float]] = {"replica": [], "leader": []}
+        rounds = [("warm-up", 0)] + [("run", i) for i in range(plan.runs)]
+        for label, i in rounds:
+            for side in ["replica", "leader"] if i % 2 == 0 else ["leader", "replica"]:
+                source = (
+                    spark.readStream.format("tidelog")
+                    .option("brokers", brokers)
+                    .option("streams", STREAM)
+                    .option("startingOffsets", "earliest")
+                    .option("readFrom", side)
+                )
+                name = f"replicas_{side}_{label.replace('-', '')}_{i}"
+                rate = rows_per_second(spark, source, root, name, plan.records)
+                log(f"replicas {label} {i} readFrom={side}: {rate:,.0f} rows/s")
+                if label == "run":
+                    samples[side].append(rate)
+    finally:
+        runner.run(cluster.stop(), timeout=120)
+        runner.close()
+    return Row(BENCH, "source_rows_replicas", median(samples["replica"]), "rows/s", median(samples["leader"]), digits=0)
+
+
+def produce(brokers: str | list[str], records: int, *, replication_factor: int = 1) -> dict[int, int]:
     """Create the stream and fill it; return each partition's high watermark."""
     values = [os.urandom(VALUE_SIZE) for _ in range(min(records, 50_000))]
     with TidelogClient(brokers) as client:
-        client.admin.create_stream(STREAM, STREAM, partitions=PARTITIONS)
+        client.admin.create_stream(STREAM, STREAM, partitions=PARTITIONS, replication_factor=replication_factor)
         with client.producer(compression=Codec.NONE, idempotent=False) as producer:
             sent = 0
             while sent < records:
@@ -297,11 +380,19 @@ def run(plan: Plan, root: Path) -> list[Row]:
             sink = measure_sink_rows(spark, broker.wire_address, root, plan.records)
         finally:
             spark.stop()
+        standalone = measure_standalone_sink(root, broker.wire_address, plan.records)
+        runner.run(broker.stop())
+        broker = None
+        spark = session()
+        try:
+            replicas = measure_replicas(spark, root, plan)
+        finally:
+            spark.stop()
     finally:
         if broker is not None:
             runner.run(broker.stop())
         runner.close()
-    return [source, sink]
+    return [source, sink, standalone, replicas]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,11 +18,15 @@ import pytest_asyncio
 
 from tests.broker.helpers import bounded, create_stream, expect_code, publish, read_until_stop
 from tests.helpers import BOUND
+from tidelog.client import Cluster, Consumer
 from tidelog.client.admin import Admin
 from tidelog.client.producer import Producer
+from tidelog.client.records import batches_of
 from tidelog.local.cluster import LocalCluster
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol._gen import api_pb2, api_pb2_grpc
+from tidelog.protocol.errors import NotLeaderError
+from tidelog.protocol.messages import FetchRequest, FetchResponse
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -136,6 +140,33 @@ async def test_isr_replicas_serve_subscribers_that_ask(cluster: LocalCluster) ->
         return [m.value for m in got] == [b"m0", b"m1", b"m2"]
 
     await cluster.wait_until(caught_up, BOUND, "the follower to serve every committed message")
+
+
+async def test_wire_fetches_marked_isr_read_are_served_by_the_follower(cluster: LocalCluster) -> None:
+    """The wire protocol's ``isr_read`` (the Spark source's ``readFrom``): a follower serves the fetch from its copy,
+    below the HW it knows; unmarked, it refuses (NOT_LEADER). The consumer's ``replica`` reads there."""
+    stream = await new_stream(cluster, via="b2")
+    record = await full_isr(cluster, stream)
+    for i in range(3):
+        await publish(stub_for(cluster, record.leader), stream, b"w%d" % i, ackPolicy=api_pb2.ALL)
+    follower = next(r for r in record.replicas if r != record.leader)
+    client = Cluster(cluster.broker(follower).wire_address)
+    try:
+        await client.metadata([stream])
+        connection = await client.broker_connection(follower)
+        with pytest.raises(NotLeaderError):
+            await connection.request(FetchRequest(stream, 0, 0, max_wait_ms=0), timeout=BOUND)
+
+        async def served() -> bool:  # the follower learns the HW with its next fetch
+            response = await connection.request(FetchRequest(stream, 0, 0, max_wait_ms=0, isr_read=True), timeout=BOUND)
+            assert isinstance(response.header, FetchResponse) and response.header.error is None
+            return len(batches_of(response.payload, stream, 0, 0)) == 3
+
+        await cluster.wait_until(served, BOUND, "the follower to serve every committed record")
+        async with Consumer(cluster=client, stream=stream, replica=follower, stop_at_end=True) as consumer:
+            assert [r.value async for r in consumer] == [b"w0", b"w1", b"w2"]
+    finally:
+        await client.close()
 
 
 async def test_pause_and_readonly_through_any_broker(cluster: LocalCluster) -> None:

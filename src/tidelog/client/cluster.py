@@ -136,6 +136,14 @@ class Cluster:
             raise UnavailableError(f"broker {broker_id!r} is not in the cluster metadata")
         return info
 
+    async def broker_connection(self, broker_id: str) -> Connection:
+        """A new, unshared connection to broker ``broker_id`` of the metadata (``UnavailableError`` when the
+        metadata does not know it); :meth:`release` closes it."""
+        broker = self.broker(broker_id)
+        connection = await self._open(broker.host, broker.port)
+        self._dedicated.add(connection)
+        return connection
+
     async def leader_connection(self, stream: str, partition: int, *, dedicated: bool = False) -> Connection:
         """A connection to the leader of ``stream``/``partition``; a new, unshared one when ``dedicated``.
 

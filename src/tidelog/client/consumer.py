@@ -25,6 +25,13 @@ every partition read has ended that way (or, with ``stop_at_end``, reached its h
 read-only stream finishes instead of waiting forever, as a Liftbridge subscription ends with "End of readonly
 partition". A paused partition is resumed by the consumer's reads (see :mod:`tidelog.broker.pausing`).
 
+Reading from a follower. With ``replica`` (a broker id) each partition is read from that broker's copy while
+the broker is in the partition's ISR and not its leader (Liftbridge's ``readISRReplica``, Kafka's follower
+fetching): committed records only, up to the high watermark that follower knows, which trails the leader's by
+at most one replication round trip. Start positions are still resolved at the leader. When the broker is not
+in the ISR, cannot be reached, or is the leader, the partition is read from its leader as usual, and so it is
+for good after a fetch from the follower failed (it left the ISR, or stopped).
+
 Failures. Reads are idempotent, so a lost connection or NOT_LEADER is handled by refreshing metadata,
 reconnecting and fetching the same offset again. An offset outside the log (retention removed it) resets to
 ``auto_offset_reset`` (``"earliest"``, ``"latest"``, or ``"error"`` to raise ``OffsetOutOfRangeError``). Other
@@ -52,7 +59,14 @@ from typing import Literal
 from tidelog.client.cluster import DEFAULT_BOOTSTRAP, Cluster
 from tidelog.client.records import FetchedBatch, batches_before_corruption, batches_of
 from tidelog.protocol.connection import Connection, Response
-from tidelog.protocol.errors import ErrorCode, OffsetDamagedError, StaleGroupEpochError, TidelogError, from_error_body
+from tidelog.protocol.errors import (
+    ErrorCode,
+    OffsetDamagedError,
+    StaleGroupEpochError,
+    TidelogError,
+    UnavailableError,
+    from_error_body,
+)
 from tidelog.protocol.messages import (
     FetchRequest,
     FetchResponse,
@@ -81,7 +95,18 @@ OnDamaged = Literal["raise", "skip"]
 class _Partition:
     """One partition being read: where, over which connection, and the fetch in flight."""
 
-    __slots__ = ("at_end", "connection", "ended", "fetch", "high_watermark", "id", "position", "verify")
+    __slots__ = (
+        "at_end",
+        "connection",
+        "ended",
+        "fetch",
+        "follower",
+        "high_watermark",
+        "id",
+        "position",
+        "replica_failed",
+        "verify",
+    )
 
     def __init__(self, partition: int) -> None:
         self.id = partition
@@ -92,6 +117,8 @@ class _Partition:
         self.connection: Connection | None = None
         self.fetch: asyncio.Future[Response] | None = None
         self.verify = False  # the last answer failed its CRC here: the next fetch asks the broker to check
+        self.follower = False  # the connection is to an in-sync follower (``replica``), not to the leader
+        self.replica_failed = False  # a fetch from the follower failed: read the leader from now on
 
 
 class Consumer:
@@ -115,16 +142,19 @@ class Consumer:
         retry_backoff_ms: int = 100,
         on_damaged: OnDamaged = "raise",
         group: GroupContext | None = None,
+        replica: str | None = None,
     ) -> None:
         """``stop_at_end`` ends iteration once every partition has been read up to the high watermark it
         reported (a snapshot read, for scripts); otherwise iteration follows the tail forever. ``on_damaged``:
         what to do at offsets damaged on the broker's disk (see the module docstring). ``group``: fetch as that
         consumer group member (the group consumer's readers); the broker refuses its fetches once the partition
-        is no longer the member's at the group's current epoch (``StaleGroupEpochError``)."""
+        is no longer the member's at the group's current epoch (``StaleGroupEpochError``). ``replica``: read from that
+        broker's copy while it is an in-sync follower (see the module docstring)."""
         if not stream:
             raise ValueError("a consumer reads one stream: pass its name")
         self.stream = stream
         self._group = group  # fetches as this consumer group member (fenced by its epoch on the broker)
+        self._replica = replica
         self._owns_cluster = cluster is None
         self._cluster = Cluster(bootstrap, ssl=ssl, credentials=credentials) if cluster is None else cluster
         self._wanted = None if partitions is None else list(partitions)
@@ -250,6 +280,7 @@ class Consumer:
             if not exc.retriable or (self._group is not None and isinstance(exc, StaleGroupEpochError)):
                 raise  # a fenced member's fetch: its group consumer learns the new epoch and reads again
             log.info("fetch of %s/%d failed (%s); reconnecting", self.stream, p.id, exc)
+            p.replica_failed = p.replica_failed or p.follower
             await asyncio.sleep(self._backoff)
             await self._reconnect(p)
             self._send_fetch(p)
@@ -289,7 +320,14 @@ class Consumer:
     def _send_fetch(self, p: _Partition) -> None:
         assert p.connection is not None
         request = FetchRequest(
-            self.stream, p.id, p.position, self._max_bytes, self._max_wait_ms, verify=p.verify, group=self._group
+            self.stream,
+            p.id,
+            p.position,
+            self._max_bytes,
+            self._max_wait_ms,
+            verify=p.verify,
+            group=self._group,
+            isr_read=p.follower,
         )
         try:
             p.fetch = p.connection.send(request)
@@ -322,6 +360,22 @@ class Consumer:
     async def _connect(self, p: _Partition, *, refresh: bool = False) -> None:
         if refresh:
             await self._cluster.stream(self.stream, refresh=True)
+        p.follower = False
+        if self._replica is not None and not p.replica_failed:
+            info = await self._cluster.partition(self.stream, p.id)
+            if self._replica in info.isr and self._replica != info.leader:
+                try:
+                    p.connection = await self._cluster.broker_connection(self._replica)
+                    p.follower = True
+                    return
+                except UnavailableError as exc:  # a lost connection too
+                    log.info(
+                        "replica %s of %s/%d unreachable (%s); reading the leader",
+                        self._replica,
+                        self.stream,
+                        p.id,
+                        exc,
+                    )
         p.connection = await self._cluster.leader_connection(self.stream, p.id, dedicated=True)
 
     async def _reconnect(self, p: _Partition) -> None:
@@ -333,9 +387,11 @@ class Consumer:
     async def _resolve_start(self, p: _Partition, start: StartPosition) -> None:
         assert p.connection is not None
         timestamp = start.ns if isinstance(start, AtTimestamp) else -1
-        response = await p.connection.request(
-            ListOffsetsRequest(self.stream, p.id, timestamp), timeout=self._cluster.request_timeout
-        )
+        request = ListOffsetsRequest(self.stream, p.id, timestamp)
+        if p.follower:  # bounds and offsets for a time are the leader's to give
+            response = await self._cluster.leader_request(self.stream, p.id, request)
+        else:
+            response = await p.connection.request(request, timeout=self._cluster.request_timeout)
         bounds = response.header
         assert isinstance(bounds, ListOffsetsResponse)
         p.high_watermark = bounds.high_watermark

@@ -120,6 +120,7 @@ class FetchRequest(Header, frozen=True):
     verify: bool = False  # the client's CRC check failed on an answer from this offset: check the disk's bytes
     replica: bool = False  # read this broker's copy even as an in-sync follower (a replica restoring damage)
     group: GroupContext | None = None  # a consumer group member's fetch: fenced by its group epoch
+    isr_read: bool = False  # a consumer's read of this broker's copy when an in-sync follower (readISRReplica)
 
 
 class FetchResponse(Header, frozen=True):

@@ -29,6 +29,14 @@ option                     meaning
 ``failOnDataLoss``         ``true`` (default): fail when offsets to read are gone (retention, truncation);
                            ``false``: skip them
 ``includeHeaders``         ``true``: fill the ``headers`` column; ``false`` (default): leave it null
+``readFrom``               where tasks fetch: ``leader`` (default); ``replica``: in-sync followers, tasks spread
+                           over them (the leader when a partition has none); ``nearest``: an in-sync replica on
+                           the task's own host, else as ``replica`` (:mod:`tidelog.spark.replicas`)
+``groupId``                streaming only: after each micro-batch, store its end offsets as this consumer group's
+                           committed offsets, so ``tidelog group describe`` shows the query's lag (Spark's
+                           checkpoint still decides where a restarted query resumes)
+``groupIdPrefix``          streaming only: as ``groupId``, the group being ``<prefix>-<random>``, new for each run
+                           of the query (Kafka's source's naming)
 ``tls.ca``                 connect with TLS, verifying the brokers against this CA file (PEM)
 ``tls.cert``, ``tls.key``  a client certificate and its key (PEM), for brokers that require one (implies TLS).
                            The files are read where each task runs: the same paths on every executor
@@ -77,11 +85,15 @@ LATEST = -1
 """In JSON offsets: the partition's high watermark."""
 
 DEFAULT_MAX_OFFSETS_PER_SPLIT = 500_000
+GROUP_SUFFIX = 12
+MAX_GROUP_ID = 255  # the brokers' rule for group ids (tidelog.metadata.group_records)
+"""Hex digits of the random part of a ``groupIdPrefix`` group."""
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000
 _DURATION = re.compile(r"(\d+)\s*(ms|s|m|h)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 Kind = Literal["batch", "stream"]
+ReadFrom = Literal["leader", "replica", "nearest"]
 Position = Literal["earliest", "latest"] | dict[tuple[str, int], int]
 """Where reading starts or ends: for every partition alike, or per (stream, partition) (JSON, with -2 and -1)."""
 
@@ -99,6 +111,9 @@ _NAMES = (
     "maxOffsetsPerSplit",
     "failOnDataLoss",
     "includeHeaders",
+    "readFrom",
+    "groupId",
+    "groupIdPrefix",
     "tls.ca",
     "tls.cert",
     "tls.key",
@@ -120,7 +135,8 @@ _NAMES = (
 _TIERED = ("tieredStore.endpoint", "tieredStore.region", "tieredStore.accessKeyId", "tieredStore.secretAccessKey")
 _ETCD_SECURITY = ("etcd.tls.ca", "etcd.tls.cert", "etcd.tls.key", "etcd.username", "etcd.password")
 _CANONICAL = {name.lower(): name for name in _NAMES}
-_STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+_STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "groupId", "groupIdPrefix")
+READ_FROM = ("leader", "replica", "nearest")
 _BATCH_ONLY = ("endingOffsets",)
 
 
@@ -169,6 +185,9 @@ class SourceOptions:
     tiered: TieredSource | None = None  # None: every offset is read through the brokers
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    read_from: ReadFrom = "leader"
+    group_id: str | None = None  # groupId: the group whose offsets a streaming query's progress is stored as
+    group_id_prefix: str | None = None  # groupIdPrefix: the group is <prefix>-<random>, per run
 
     def ssl(self) -> ssl_.SSLContext | None:
         """The TLS context for the brokers, made where it is used (a context does not travel to executors)."""
@@ -228,7 +247,37 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_trigger_delay_ms=_duration_ms(values, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
         credentials=sasl_credentials(values, SourceOptionError),
         tiered=_tiered(values),
+        read_from=_read_from(values),
+        group_id=_group(values, "groupId"),
+        group_id_prefix=_group(values, "groupIdPrefix"),
     )
+
+
+def _read_from(values: Mapping[str, str]) -> ReadFrom:
+    text = values.get("readFrom", "leader").strip().lower()
+    if text == "replica":
+        return "replica"
+    if text == "nearest":
+        return "nearest"
+    if text != "leader":
+        raise SourceOptionError("readFrom", f"expected leader, replica or nearest, got {values['readFrom']!r}")
+    return "leader"
+
+
+def _group(values: Mapping[str, str], option: str) -> str | None:
+    """``groupId`` or ``groupIdPrefix``: at most one of them, a valid group id by the brokers' rule (a prefix
+    leaves room for the random part)."""
+    if option not in values:
+        return None
+    if "groupId" in values and "groupIdPrefix" in values:
+        raise SourceOptionError(option, "give groupId or groupIdPrefix, not both")
+    value = values[option].strip()
+    longest = MAX_GROUP_ID - (GROUP_SUFFIX + 1 if option == "groupIdPrefix" else 0)
+    if not value or len(value) > longest:
+        raise SourceOptionError(option, f"must be 1 to {longest} characters, got {len(value)}")
+    if "/" in value or not value.isprintable() or any(c.isspace() for c in value):
+        raise SourceOptionError(option, f"{value!r} may not contain '/', whitespace or unprintable characters")
+    return value
 
 
 def _tiered(values: Mapping[str, str]) -> TieredSource | None:

@@ -15,7 +15,8 @@ Tasks. Each partition's range ``[start, end)`` becomes one :class:`OffsetRange`,
 several when :func:`split` cuts it: into pieces of at most ``maxOffsetsPerSplit`` offsets, and, when
 ``minPartitions`` asks for more tasks than that gives, the largest ranges into more pieces, in proportion to
 their size. A task reads its range with one consumer fetching from the partition's leader, or, for offsets in the
-tiered store, from the store itself (:func:`tidelog.spark.remote.plan_remote` plans those tasks).
+tiered store, from the store itself (:func:`tidelog.spark.remote.plan_remote` plans those tasks); with
+``readFrom``, from an in-sync follower (:func:`tidelog.spark.replicas.assign`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class OffsetRange(InputPartition):
     """One Spark task's work: the offsets ``[start, end)`` of one partition. ``subject`` is the partition's own
     NATS subject (the ``subject`` column of records that carry none). ``segments``: the offloaded segments holding
     the range, which the task reads straight from the tiered store (:mod:`tidelog.spark.remote`); empty: it
-    reads through the partition's leader."""
+    reads through the partition's leader, or through ``replica``, an in-sync follower (``readFrom``,
+    :mod:`tidelog.spark.replicas`)."""
 
     stream: str
     partition: int
@@ -56,6 +58,7 @@ class OffsetRange(InputPartition):
     end: int
     subject: str
     segments: tuple[RemoteSegment, ...] = ()
+    replica: str | None = None
 
     @property
     def size(self) -> int:

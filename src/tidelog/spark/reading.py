@@ -11,6 +11,8 @@ stream.
 
 A task of offloaded segments (planned with the ``tieredStore`` option) reads them from the tiered store instead,
 through :class:`~tidelog.spark.remote.SegmentScan`: no broker is involved, and many such tasks read in parallel.
+With ``readFrom`` the consumer fetches from the in-sync follower planned for the task, or with ``nearest`` one on
+this host (:mod:`tidelog.spark.replicas`).
 
 Lost data. Offsets the plan counted on may be gone when the task runs: retention deleted them (the fetch is out
 of range), or an unclean leader election truncated the log (the high watermark stays below the range's end).
@@ -27,12 +29,13 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from tidelog.client import Consumer
+from tidelog.client import Cluster, Consumer
 from tidelog.protocol.errors import OffsetOutOfRangeError
 from tidelog.spark.columns import ColumnBuilder
 from tidelog.spark.options import SourceOptions, TieredSource
 from tidelog.spark.planning import OffsetRange
 from tidelog.spark.remote import SegmentLost, SegmentScan
+from tidelog.spark.replicas import nearest
 
 FETCH_MAX_BYTES = 4 * 1024 * 1024
 TARGET_BYTES = 8 * 1024 * 1024
@@ -53,15 +56,21 @@ def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordB
         yield from _read_segments(options, options.tiered, task)
         return
     loop = _new_loop()
+    cluster = Cluster(list(options.brokers), ssl=options.ssl(), credentials=options.credentials)
+    try:
+        replica = loop.run_until_complete(nearest(cluster, task)) if options.read_from == "nearest" else task.replica
+    except BaseException:
+        loop.run_until_complete(cluster.close())
+        loop.close()
+        raise
     consumer = Consumer(
-        list(options.brokers),
-        task.stream,
+        cluster=cluster,
+        stream=task.stream,
         partitions=[task.partition],
         start=task.start,
         max_bytes=FETCH_MAX_BYTES,
         auto_offset_reset="error" if options.fail_on_data_loss else "earliest",
-        ssl=options.ssl(),
-        credentials=options.credentials,
+        replica=replica,
     )
     builder = ColumnBuilder(task.stream, task.partition, task.subject, include_headers=options.include_headers)
     try:
@@ -97,6 +106,7 @@ def read_range(options: SourceOptions, task: OffsetRange) -> Iterator[pa.RecordB
     finally:
         try:
             loop.run_until_complete(consumer.close())
+            loop.run_until_complete(cluster.close())
         finally:
             loop.close()
 

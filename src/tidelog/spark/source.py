@@ -19,8 +19,13 @@ read limit; ``Trigger.AvailableNow`` fixes the high watermarks at the start and 
 bounded micro-batches as it takes). The high watermarks of the last trigger are reported as the latest offsets,
 so Spark's progress shows how far behind the query is. ``minOffsetsPerTrigger`` holds a trigger back (its end
 is its start: no micro-batch) until that many offsets wait or ``maxTriggerDelay`` has passed since the last
-micro-batch, as Kafka's source does. ``commit`` does nothing: Spark's checkpoint holds the
-offsets, and a restarted query resumes from it.
+micro-batch, as Kafka's source does. Spark's checkpoint holds the offsets, and a restarted query resumes from
+it; with ``groupId`` (or ``groupIdPrefix``) the reader also stores each processed micro-batch's end offsets as that
+consumer group's committed offsets (when Spark asks for the next micro-batch's end, and at ``commit``), so
+``tidelog group describe`` shows the query's lag like any consumer's.
+Progress metrics: PySpark's Python stream reader has no hook for custom metrics in ``StreamingQueryProgress``
+(Kafka's ``avgOffsetsBehindLatest``); the latest offsets reported beside each micro-batch's end offsets carry
+the same lag.
 
 Batch (``spark.read.format("tidelog")``): ``startingOffsets`` (default ``earliest``) or ``startingTimestamp``
 to ``endingOffsets`` (default ``latest``), resolved when the query is planned.
@@ -28,6 +33,8 @@ to ``endingOffsets`` (default ``latest``), resolved when the query is planned.
 
 from __future__ import annotations
 
+import logging
+import secrets
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -44,8 +51,17 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from tidelog.protocol.errors import TidelogError
 from tidelog.protocol.messages import StreamInfo
-from tidelog.spark.options import EARLIEST, LATEST, Position, SourceOptionError, SourceOptions, parse_options
+from tidelog.spark.options import (
+    EARLIEST,
+    GROUP_SUFFIX,
+    LATEST,
+    Position,
+    SourceOptionError,
+    SourceOptions,
+    parse_options,
+)
 from tidelog.spark.planning import (
     Bounds,
     OffsetRange,
@@ -60,12 +76,15 @@ from tidelog.spark.planning import (
 )
 from tidelog.spark.reading import DataLossError, read_range
 from tidelog.spark.remote import plan_remote
+from tidelog.spark.replicas import assign
 from tidelog.spark.schema import SPARK_SCHEMA, partition_subject
 from tidelog.spark.sink import batch_writer, stream_writer
 from tidelog.spark.topology import Topology
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 def register(spark: SparkSession) -> None:
@@ -127,7 +146,7 @@ class TidelogBatchReader(DataSourceReader):
             topology.close()
         check_ranges(start, end)
         ranges = [OffsetRange(s, p, start[(s, p)], end[(s, p)], _subject(streams, s, p)) for s, p in sorted(end)]
-        return list(_split(self.options, ranges))
+        return list(_split(self.options, ranges, streams))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):  # PySpark plans one empty partition when there are none
@@ -145,6 +164,8 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: Offsets | None = None  # high watermarks of the last trigger: what Spark reports as latest
         self._available_now: Offsets | None = None  # Trigger.AvailableNow: the high watermarks to stop at
         self._last_batch: float | None = None  # monotonic time of the last micro-batch (or the first trigger)
+        self.group = group_of(options)  # where the query's progress is stored as a consumer group's; None: nowhere
+        self._stored: Offsets | None = None  # the offsets last stored as the group's
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -154,6 +175,8 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "_latest": None,
             "_available_now": None,
             "_last_batch": None,
+            "group": self.group,
+            "_stored": None,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -175,6 +198,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
         begin = from_json(start)
+        self._store_progress(begin)  # everything below start is processed: the last micro-batch is committed
         bounds = self._refresh()
         latest = {tp: b.high_watermark for tp, b in bounds.items()}
         self._latest = dict(latest)
@@ -228,14 +252,40 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for (s, p), offset in sorted(stop.items())
             if offset > begin.get((s, p), 0)
         ]
-        return list(_split(self.options, ranges))
+        return list(_split(self.options, ranges, self._streams))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
         return read_range(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to do: Spark's checkpoint holds the offsets (tidelog's cursors are not involved)."""
+        """Spark processed everything below ``end``: with ``groupId``/``groupIdPrefix``, store it as the group's
+        committed offsets (:meth:`_store_progress`)."""
+        self._store_progress(from_json(end))
+
+    def _store_progress(self, processed: Offsets) -> None:
+        """Store ``processed`` as the group's committed offsets when they changed since the last time.
+
+        Called from :meth:`latestOffset`, whose ``start`` is the end of the last micro-batch — Spark asks for the
+        next one only once that one is committed — and from :meth:`commit`, which Spark calls for a micro-batch
+        only when it plans the next one *with data*: alone it would leave an idle query's group a micro-batch
+        behind, and the last one of ``Trigger.AvailableNow`` never stored. Spark's checkpoint, not the group,
+        decides where a restarted query resumes. A write the brokers could not take now (a failover) is logged
+        and tried again at the next trigger; one they refuse (no permission on the group's cursors) fails the
+        query, naming the option."""
+        if self.group is None or processed == self._stored:
+            return
+        try:
+            self.topology.commit_group(self.group, processed)
+        except TidelogError as exc:
+            if exc.retriable:
+                log.warning("could not store the query's progress as group %s now: %s", self.group, exc)
+                return
+            option = "groupId" if self.options.group_id is not None else "groupIdPrefix"
+            raise SourceOptionError(
+                option, f"storing the query's progress as group {self.group!r} failed: {exc}"
+            ) from exc
+        self._stored = dict(processed)
 
     def stop(self) -> None:
         if self._topology is not None:
@@ -244,6 +294,14 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 # -- shared by both readers ---------------------------------------------------------------------------------------
+
+
+def group_of(options: SourceOptions) -> str | None:
+    """The consumer group a streaming query's progress is stored as: ``groupId``, or ``<groupIdPrefix>-<random>``,
+    new for each run (each stream reader), as Kafka's source names its groups."""
+    if options.group_id_prefix is not None:
+        return f"{options.group_id_prefix}-{secrets.token_hex(GROUP_SUFFIX // 2)}"
+    return options.group_id
 
 
 def _check_schema(schema: StructType) -> None:
@@ -300,10 +358,11 @@ def _subject(streams: Mapping[str, StreamInfo], stream: str, partition: int) -> 
     return partition_subject(info.subject if info is not None else stream, partition)
 
 
-def _split(options: SourceOptions, ranges: list[OffsetRange]) -> list[OffsetRange]:
+def _split(options: SourceOptions, ranges: list[OffsetRange], streams: Mapping[str, StreamInfo]) -> list[OffsetRange]:
     tasks = split(
         [r for r in ranges if r.size > 0],
         max_offsets=options.max_offsets_per_split,
         min_partitions=options.min_partitions,
     )
-    return plan_remote(options, tasks)  # with tieredStore: offloaded offsets read from the store by the tasks
+    tasks = plan_remote(options, tasks)  # with tieredStore: offloaded offsets read from the store by the tasks
+    return assign(tasks, streams, options.read_from)  # readFrom: which replica each task fetches from

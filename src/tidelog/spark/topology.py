@@ -9,17 +9,24 @@ Bounds come from each partition's leader (LIST_OFFSETS: log start, high watermar
 asked concurrently. Unlike :meth:`tidelog.client.Admin.describe_stream`, which reports zeros for a leader it
 cannot reach, a failure here fails the trigger: planning from made-up bounds would skip records or report them
 lost. A leader change in progress (NOT_LEADER, a lost connection) is retried with fresh metadata.
+
+With ``groupId``/``groupIdPrefix`` the driver also stores each committed micro-batch's end offsets as that
+consumer group's committed offsets (:meth:`Topology.commit_group`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
-from tidelog.client import Cluster, LoopThread
+from tidelog.client import Admin, Cluster, LoopThread
+from tidelog.protocol.errors import UnknownPartitionError, UnknownStreamError
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse, StreamInfo
 from tidelog.spark.options import SourceOptionError, SourceOptions
 from tidelog.spark.planning import Bounds, TopicPartition
+
+GROUP_COMMIT_TIMEOUT = 30.0
+"""Seconds the driver waits for a micro-batch's group offsets (each cursor write waits up to 5 s, with retries)."""
 
 
 class Topology:
@@ -77,6 +84,24 @@ class Topology:
         response = await self._cluster.leader_request(stream, partition, request)
         assert isinstance(response.header, ListOffsetsResponse)
         return response.header
+
+    def commit_group(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Store ``offsets`` (next offsets to read) as consumer group ``group``'s committed offsets: its cursors,
+        set without a member's context as ``tidelog group reset-offsets`` sets them, so ``tidelog group describe``
+        shows the lag. Raises what the brokers refused (every cursor is tried)."""
+        self._runner.run(self._commit_group(group, offsets), timeout=GROUP_COMMIT_TIMEOUT)
+
+    async def _commit_group(self, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+        admin = Admin(cluster=self._cluster)
+        answers = await asyncio.gather(
+            *(admin.set_cursor(stream, partition, group, offset) for (stream, partition), offset in offsets.items()),
+            return_exceptions=True,
+        )
+        # A stream deleted since the micro-batch (under streamPattern) has nothing left to show.
+        gone = (UnknownStreamError, UnknownPartitionError)
+        failures = [a for a in answers if isinstance(a, BaseException) and not isinstance(a, gone)]
+        if failures:
+            raise failures[0]
 
     def _where(self) -> str:
         return ",".join(self.options.brokers)

@@ -34,6 +34,11 @@ read-only (``readonly``), and a fetch at the end of a read-only partition whose 
 at once instead of long-polling, so the consumer ends there (:mod:`tidelog.client.consumer`). A fetch or
 list-offsets of a paused partition resumes it (:mod:`tidelog.broker.pausing`).
 
+A consumer's fetch marked ``isr_read`` (the Spark source's ``readFrom``) reads this broker's copy when it is an
+in-sync follower, and the leader's otherwise, like a Liftbridge ``readISRReplica`` subscription: committed records
+only, below the high watermark the follower knows (its leader's word, a little behind the leader's own), opened
+and from the tiered store as at the leader; a broker that is neither answers NOT_LEADER.
+
 A fetch marked ``replica`` reads this broker's copy when it is an in-sync follower (Liftbridge's
 ``readISRReplica``): that is how a leader fetches a sound copy of a damaged range from its followers, so it gets
 the stored bytes as they are, sealed or not.
@@ -82,9 +87,9 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
         partition = manager.reader_of(request.stream, request.partition, isr_replica=True)
     else:
         try:
-            partition = manager.leader_of(request.stream, request.partition)
+            partition = manager.reader_of(request.stream, request.partition, isr_replica=request.isr_read)
         except (PartitionPausedError, NotLeaderError):  # a consumer's read resumes a paused partition
-            partition = await env.broker.readable(request.stream, request.partition)
+            partition = await env.broker.readable(request.stream, request.partition, isr_replica=request.isr_read)
         if env.broker.pauses is not None:
             env.broker.pauses.fetched(request.stream, request.partition)
     if isinstance(partition, Partition):
