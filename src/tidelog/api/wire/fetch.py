@@ -87,7 +87,11 @@ async def fetch(env: HandlerEnv, correlation_id: int, request: FetchRequest, _pa
         partition = manager.reader_of(request.stream, request.partition, isr_replica=True)
     else:
         try:
-            partition = manager.reader_of(request.stream, request.partition, isr_replica=request.isr_read)
+            partition = (
+                manager.reader_of(request.stream, request.partition, isr_replica=True)
+                if request.isr_read
+                else manager.leader_of(request.stream, request.partition)
+            )
         except (PartitionPausedError, NotLeaderError):  # a consumer's read resumes a paused partition
             partition = await env.broker.readable(request.stream, request.partition, isr_replica=request.isr_read)
         if env.broker.pauses is not None:
