@@ -121,7 +121,9 @@ async def gufo(rpc: str, address: str, stream: str, count: int, value: bytes, ac
     from gufo.liftbridge.client import LiftbridgeClient
     from gufo.liftbridge.types import AckPolicy, StartPosition
 
-    async with LiftbridgeClient([address]) as client:
+    # gufo cancels a PublishAsync call whose acks lag its last request by publish_async_ack_timeout (10 s by
+    # default): with every request sent at once, a server slower than the client would end the measurement there.
+    async with LiftbridgeClient([address], publish_async_ack_timeout=600.0) as client:
         await client.get_metadata(stream, wait_for_stream=True)
         if rpc == "publish":
             policy = AckPolicy(ack_policy)
