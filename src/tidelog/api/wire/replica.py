@@ -215,12 +215,17 @@ def acknowledge(env: HandlerEnv, request: ReplicaFetchRequest) -> None:
         partition = env.broker.manager.leader_of(request.stream, request.partition)
     except TidelogError:
         return
-    offset = request.offset
+    record_ack(partition, request.replica_id, request.leader_epoch, request.offset)
+
+
+def record_ack(partition: Partition, replica_id: str, leader_epoch: int, offset: int) -> None:
+    """Record ``offset`` as ``replica_id``'s acknowledgement, unless a fetch at it is refused (fenced by epoch or
+    replica set, or outside ``[log_start, log_end]``); shared by REPLICA_FETCH and SESSION_FETCH."""
     if (
-        partition.fence_follower(request.replica_id, request.leader_epoch) is None
+        partition.fence_follower(replica_id, leader_epoch) is None
         and partition.local_log_start <= offset <= partition.log_end
     ):
-        partition.replica_fetched(request.replica_id, offset)
+        partition.replica_fetched(replica_id, offset)
 
 
 async def epoch_end_offset(

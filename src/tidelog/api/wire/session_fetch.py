@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from tidelog.api.wire import reassign_throttle
 from tidelog.api.wire.fetch import MAX_FETCH_BYTES
 from tidelog.api.wire.handlers import HandlerEnv, Reply, Route, route
-from tidelog.api.wire.replica import out_of_range
+from tidelog.api.wire.replica import out_of_range, record_ack
 from tidelog.broker.partitions.partition import Partition
 from tidelog.protocol.errors import TidelogError, UnavailableError
 from tidelog.protocol.frames import Op
@@ -62,12 +62,7 @@ def acknowledge(env: HandlerEnv, request: SessionFetchRequest) -> None:
             partition = env.broker.manager.leader_of(entry.stream, entry.partition)
         except TidelogError:
             continue
-        offset = entry.offset
-        if (
-            partition.fence_follower(request.replica_id, entry.leader_epoch) is None
-            and partition.local_log_start <= offset <= partition.log_end
-        ):
-            partition.replica_fetched(request.replica_id, offset)
+        record_ack(partition, request.replica_id, entry.leader_epoch, entry.offset)
 
 
 async def session_fetch(
