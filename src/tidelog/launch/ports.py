@@ -1,9 +1,11 @@
 """Free loopback ports for servers started by tests and by ``tidelog serve``.
 
-The kernel picks the port (bind to port 0), so two callers never choose the same one by guessing. A port is only
-*free at the moment of asking*: another process may take it before our child binds it. Callers that start a
-server on a port from here must therefore treat "address already in use" as retryable with a fresh port, as
-:mod:`tidelog.broker.embedded` does.
+Ports come from *below* the kernel's ephemeral range (``net.ipv4.ip_local_port_range``), chosen at random and
+bind-tested. Ports the kernel hands out for port 0 sit inside that range, and so does the source port of every
+outgoing connection: a port chosen there could be taken by some client's connect() in the second before our child
+binds it (CI lost three test servers that way). Below the range only listeners compete. A port is still only
+*free at the moment of asking*, so callers that start a server on a port from here treat "address already in
+use" as retryable with a fresh port, as :mod:`tidelog.broker.embedded` does.
 
 A port the operator *gave* that is taken is not retried: :func:`port_is_free` checks it before a server starts,
 and :class:`PortInUseError` says in one line which port, which server, and the setting that moves it.
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import random
 import socket
+from pathlib import Path
 
 __all__ = ["PortInUseError", "free_port", "free_ports", "moved_by", "port_is_free"]
 
@@ -57,19 +61,46 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Return ``count`` distinct free TCP ports on ``host``.
+_LOWEST = 10_000  # below this live well-known services (etcd 2379, NATS 4222, Prometheus 9090, ...)
+_TRIES = 200  # random picks per port before falling back to the kernel's choice
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
-    All the sockets stay bound until every port is chosen, so the kernel cannot hand out the same port twice
-    within one call (which separate :func:`free_port` calls may do once a port is released).
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Return ``count`` distinct free TCP ports on ``host``, outside the ephemeral range (see the module docstring).
+
+    All the sockets stay bound until every port is chosen, so one call never hands out the same port twice.
     """
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
+    top = _ephemeral_low()
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         for _ in range(count):
             sock = stack.enter_context(socket.socket(_family(host), socket.SOCK_STREAM))
-            # No SO_REUSEADDR: the port must be genuinely unused, not merely in TIME_WAIT.
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
+            ports.append(_bind_unused(sock, host, top))
         return ports
+
+
+def _bind_unused(sock: socket.socket, host: str, top: int) -> int:
+    """Bind ``sock`` to a random unused port in ``[_LOWEST, top)``, or where the kernel puts port 0 if none is."""
+    # No SO_REUSEADDR: the port must be genuinely unused, not merely in TIME_WAIT.
+    for _ in range(_TRIES if top > _LOWEST else 0):
+        port = random.randrange(_LOWEST, top)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                continue
+            raise
+        return port
+    sock.bind((host, 0))
+    return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel may hand to an outgoing connection (Linux's default is 32768)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768

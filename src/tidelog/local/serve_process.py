@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidelog.launch.ports import free_ports
 from tidelog.launch.probes import ReadinessProbe
-from tidelog.launch.process import ManagedProcess
+from tidelog.launch.process import ManagedProcess, ProcessStartError
 from tidelog.protocol.tls import TlsFiles
 
 TIDELOG = Path(sys.executable).parent / "tidelog"
@@ -86,8 +86,21 @@ class ServedBroker:
         return await self.process.stop(grace=grace)
 
 
+_START_ATTEMPTS = 3  # a free port may be taken before the broker binds it: try again on fresh ones
+
+
 async def start_served_broker(workdir: Path, *args: str, **settings: str) -> ServedBroker:
     """Start ``tidelog serve`` with data under ``workdir``; ``settings`` become ``TIDELOG_*`` variables."""
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        try:
+            return await _start_once(workdir, args, settings)
+        except ProcessStartError as exc:
+            if attempt == _START_ATTEMPTS or "address already in use" not in exc.log_tail.lower():
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _start_once(workdir: Path, args: tuple[str, ...], settings: dict[str, str]) -> ServedBroker:
     port, wire_port, nats_port, http_port = free_ports(4)
     env = clean_env(TIDELOG_EMBEDDED_NATS_PORT=str(nats_port), TIDELOG_HTTP_PORT=str(http_port))
     env.update({f"TIDELOG_{k.upper()}": v for k, v in settings.items()})
