@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import time
@@ -71,6 +72,7 @@ from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.reassignment import Reassigner
 from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.remote_segments import RemoteSegmentLists
+from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.metadata.store import MetadataStore
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.ui.http_server import HttpServer
@@ -79,6 +81,7 @@ from tidelog.ui.view import BrokerView
 
 log = logging.getLogger(__name__)
 
+_HAND_OFF_RECHECK = 1.0  # seconds between a stopping broker's hand-off requests while it still leads
 _ETCD_GONE_BUDGET = 2.0  # seconds for each etcd step of a stop when etcd did not answer a status request
 
 
@@ -568,12 +571,28 @@ class Broker:
         link, mirror, manager = self.link, self.mirror, self.manager
         if link is None or mirror is None or manager is None or len(mirror.snapshot.brokers) < 2:
             return
+
+        def led(snapshot: MetadataSnapshot) -> set[PartitionKey]:
+            return {key for key, p in snapshot.partitions.items() if p.leader == self.id}
+
+        def settled_or_gained(remaining: int, before: set[PartitionKey], snapshot: MetadataSnapshot) -> bool:
+            now = led(snapshot)
+            return len(now) <= remaining or not now <= before
+
         try:
             async with asyncio.timeout(grace):
-                remaining = await link.controlled_shutdown(grace)
-                await mirror.wait_for(
-                    lambda s: sum(p.leader == self.id for p in s.partitions.values()) <= remaining, grace
-                )
+                while True:
+                    before = led(mirror.snapshot)
+                    remaining = await link.controlled_shutdown(grace)
+                    # Done once no more than `remaining` are led. A peer stopping at the same time may hand its
+                    # leaderships to us meanwhile, and the answer may come from a controller that had not yet seen
+                    # all of this (or from one that has since stepped down): ask again, as the controller expects.
+                    with contextlib.suppress(TimeoutError):
+                        now = await mirror.wait_for(
+                            functools.partial(settled_or_gained, remaining, before), _HAND_OFF_RECHECK
+                        )
+                        if len(led(now)) <= remaining:
+                            break
             log.info("broker %s: leadership handed off (%d partition(s) had no other ISR member)", self.id, remaining)
         except Exception as exc:
             log.warning("broker %s: controlled shutdown incomplete: %s", self.id, exc)
