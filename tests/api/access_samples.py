@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidelog.protocol._gen import api_pb2
-from tidelog.protocol._gen.tidelog.v1 import append_pb2
+from tidelog.protocol._gen.tidelog.v1 import admin_pb2, append_pb2
 from tidelog.protocol.auth_messages import SaslFinishRequest, SaslStartRequest
 from tidelog.protocol.cursor_messages import FetchCursorRequest, ListCursorsRequest, SetCursorRequest
 from tidelog.protocol.frames import Op
@@ -102,6 +102,7 @@ WIRE_SAMPLES: dict[int, Any] = {
 }
 
 _API = "/proto.API/"
+_ADMIN = "/tidelog.v1.Admin/"
 GRPC_SAMPLES: dict[str, Any] = {
     _API + "CreateStream": api_pb2.CreateStreamRequest(subject="absent-grpc", name="absent-grpc", partitions=1),
     _API + "DeleteStream": api_pb2.DeleteStreamRequest(name=S),
@@ -122,5 +123,18 @@ GRPC_SAMPLES: dict[str, Any] = {
         groupId=G, consumerId="c", coordinator="absent-broker"
     ),
     "/tidelog.v1.Appender/Append": append_pb2.AppendRequest(header=append_pb2.AppendHeader(stream=S), commit=True),
+    _ADMIN + "AddPartitions": admin_pb2.AddPartitionsRequest(stream=S, partitions=2),
+    _ADMIN + "AlterStream": admin_pb2.AlterStreamRequest(stream=S, settings={"retention_max_age_ms": "1000"}),
+    _ADMIN + "GenerateReassignment": admin_pb2.GenerateReassignmentRequest(brokers=["absent-broker"]),
+    _ADMIN + "ExecuteReassignment": admin_pb2.ExecuteReassignmentRequest(
+        partitions=[admin_pb2.PartitionReplicas(stream=S, partition=0, replicas=["absent-broker"])]
+    ),
+    _ADMIN + "VerifyReassignment": admin_pb2.VerifyReassignmentRequest(),
+    _ADMIN + "CancelReassignment": admin_pb2.CancelReassignmentRequest(
+        partitions=[admin_pb2.PartitionRef(stream=S, partition=0)]
+    ),
+    _ADMIN + "DecommissionBroker": admin_pb2.DecommissionBrokerRequest(broker_id="absent-broker"),
+    _ADMIN + "DecommissionProgress": admin_pb2.DecommissionProgressRequest(broker_id="absent-broker"),
+    _ADMIN + "ElectPreferredLeaders": admin_pb2.ElectPreferredLeadersRequest(),
 }
 """Requests of every method of proto.API and tidelog.v1 (the health service is open and tested apart)."""

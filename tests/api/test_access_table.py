@@ -18,11 +18,11 @@ def test_every_wire_op_served_has_a_rule_and_a_sample() -> None:
 
 def test_every_grpc_method_served_has_a_rule_and_a_sample() -> None:
     from tidelog.protocol._gen import api_pb2 as api
-    from tidelog.protocol._gen.tidelog.v1 import append_pb2
+    from tidelog.protocol._gen.tidelog.v1 import admin_pb2, append_pb2
 
     methods = {
         f"/{service.full_name}/{method.name}"
-        for descriptor in (api.DESCRIPTOR, append_pb2.DESCRIPTOR)
+        for descriptor in (api.DESCRIPTOR, append_pb2.DESCRIPTOR, admin_pb2.DESCRIPTOR)
         for service in descriptor.services_by_name.values()
         for method in service.methods
     }

@@ -204,10 +204,10 @@ def _raw(data: bytes) -> bytes:
 
 def _kind(method: str) -> str:
     from tidelog.protocol._gen import api_pb2 as api
-    from tidelog.protocol._gen.tidelog.v1 import append_pb2
+    from tidelog.protocol._gen.tidelog.v1 import admin_pb2, append_pb2
 
     service, name = method.strip("/").split("/")
-    for descriptor in (api.DESCRIPTOR, append_pb2.DESCRIPTOR):
+    for descriptor in (api.DESCRIPTOR, append_pb2.DESCRIPTOR, admin_pb2.DESCRIPTOR):
         for found in descriptor.services_by_name.values():
             if found.full_name == service:
                 m = found.methods_by_name[name]

@@ -1,9 +1,9 @@
 """Moving replicas on a cluster of three broker processes: a partition reassigned (throttled) to another broker
-catches up there, the new broker leads it with every record and the old one deletes its copy; a decommission
-takes every replica off a broker, after which it holds none. The last two run the CLI as a user types it (in
-process, on a thread of its own, as tests/cli do): a generated plan executed and verified, and a decommission
-that waits until the broker is safe to stop. The last kills a broker: its replicas are re-placed on the others
-(that it deletes them when it comes back is tests/broker/test_manager_reassigned.py)."""
+catches up there, the new broker leads it with every record and the old one deletes its copy; one moving too
+slowly is re-targeted to a third broker (through ``tidelog.v1.Admin``) and completes there. Two run the CLI as a
+user types it (in process, on a thread of its own, as tests/cli do): a generated plan executed and verified, and
+a decommission that waits until the broker is safe to stop. The last kills a broker: its replicas are re-placed
+on the others (that it deletes them when it comes back is tests/broker/test_manager_reassigned.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 import pytest_asyncio
 from click.testing import CliRunner, Result
@@ -20,6 +21,7 @@ from tests.helpers import LONG_BOUND
 from tidelog.cli.main import cli
 from tidelog.client import Admin, Producer
 from tidelog.local.cluster import LocalCluster
+from tidelog.protocol._gen.tidelog.v1 import admin_pb2, admin_pb2_grpc
 from tidelog.protocol.reassign_messages import PartitionReplicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -31,6 +33,7 @@ SETTINGS = {
     "replica_replacement_delay_ms": "1000",  # the last test kills a broker; none is gone before it
 }
 RECORDS = 200
+BIG_RECORDS = 2200  # of about 1 kB: two fetches' worth
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -66,6 +69,49 @@ async def test_a_reassigned_partition_moves_with_its_records(cluster: LocalClust
         return not list(cluster.broker(old).data_dir.glob("streams/moving@*/0"))
 
     await cluster.wait_until(old_copy_deleted, LONG_BOUND, f"{old} to delete its copy")
+
+
+async def test_a_slow_target_is_replaced_by_a_new_plan_over_grpc(cluster: LocalCluster) -> None:
+    """Through ``tidelog.v1.Admin``: a partition moving to a broker throttled to a crawl is re-targeted to another
+    broker, completes there, and both the old replica and the one dropped delete their copy."""
+    async with Admin(cluster.bootstrap()) as admin:
+        await admin.create_stream("retargeted", partitions=1, replication_factor=1)
+        (before,) = (await admin.describe_stream("retargeted")).partitions
+    async with Producer(cluster.bootstrap()) as producer:
+        for i in range(BIG_RECORDS):  # above one fetch: the throttled target cannot catch up at once
+            await producer.send("retargeted", b"x" * 1000 + str(i).encode())
+        await producer.flush()
+    old = before.replicas[0]
+    slow, fast = (b.id for b in cluster.brokers if b.id != old)
+    async with grpc.aio.insecure_channel(cluster.broker(old).grpc_address) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+
+        def plan(target: str) -> list[admin_pb2.PartitionReplicas]:
+            return [admin_pb2.PartitionReplicas(stream="retargeted", partition=0, replicas=[target])]
+
+        crawl = admin_pb2.ExecuteReassignmentRequest(partitions=plan(slow), throttle_bps=1000)
+        await stub.ExecuteReassignment(crawl, timeout=LONG_BOUND)
+        (move,) = (
+            await stub.ExecuteReassignment(
+                admin_pb2.ExecuteReassignmentRequest(partitions=plan(fast)), timeout=LONG_BOUND
+            )
+        ).moves
+        assert (list(move.current), list(move.proposed)) == ([old], [fast])  # current: the plan that moves back
+
+        async def complete() -> bool:
+            verify = admin_pb2.VerifyReassignmentRequest(partitions=plan(fast))
+            statuses = (await stub.VerifyReassignment(verify, timeout=LONG_BOUND)).statuses
+            return all(s.state == "complete" for s in statuses)
+
+        await cluster.wait_until(complete, LONG_BOUND, "the re-targeted reassignment to complete")
+    async with Admin(cluster.bootstrap()) as admin:
+        (after,) = (await admin.describe_stream("retargeted")).partitions
+    assert (after.leader, after.replicas, after.isr, after.high_watermark) == (fast, (fast,), (fast,), BIG_RECORDS)
+
+    async def copies_deleted() -> bool:
+        return not any(list(cluster.broker(b).data_dir.glob("streams/retargeted@*/0")) for b in (old, slow))
+
+    await cluster.wait_until(copies_deleted, LONG_BOUND, f"{old} and {slow} to delete their copies")
 
 
 async def tidelog(cluster: LocalCluster, *args: str) -> Result:

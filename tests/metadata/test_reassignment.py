@@ -1,7 +1,8 @@
 """The controller's reassignments against a real etcd, with brokers simulated by their registrations and the
 leaders' AlterIsr by direct writes: a new controller finishes what a dead one started, a target that dies makes
-the reassignment wait and cancelling restores the old replicas, a decommission never drops a replica of a
-partition below min-ISR, and a broker gone past the delay has its replicas re-placed."""
+the reassignment wait and cancelling restores the old replicas (or a new plan re-targets it to a live broker and
+it completes), a decommission never drops a replica of a partition below min-ISR, and a broker gone past the
+delay has its replicas re-placed."""
 
 from __future__ import annotations
 
@@ -92,6 +93,31 @@ async def test_a_target_that_dies_makes_it_wait_and_cancel_restores_the_old_repl
     assert (moves[0].before, moves[0].after) == (("a", "b", "c"), ("a", "b"))
     back = await cluster.partition_becomes("s", 0, lambda p: not p.reassign_to)
     assert back == part("s", "ab", "a", "ab")
+
+
+async def test_a_target_that_dies_is_replaced_by_a_new_plan_which_completes(cluster: Cluster) -> None:
+    for b in "abcd":
+        await cluster.up(b)
+    await cluster.stream("s", part("s", "ab", "a", "ab"))
+    node, reassigner = await _node(cluster, "n1", replacement_delay=0)
+    await node.active()
+    await reassigner.execute([("s", 0, ("a", "c"))])
+    await cluster.kill("c")  # dies while catching up
+    await cluster.wait(lambda s: "c" not in s.brokers)
+    with pytest.raises(InvalidArgumentError, match="c is not a live broker"):
+        await reassigner.execute([("s", 0, ("c", "d"))])
+    moves = await reassigner.execute([("s", 0, ("a", "d"))], throttle_bps=1000)
+    assert (moves[0].before, moves[0].after) == (("a", "b"), ("a", "d"))  # before: the plan that moves back
+    moving = await cluster.partition_becomes("s", 0, lambda p: p.reassign_to == ("a", "d"))
+    assert (moving.replicas, moving.reassign_from, moving.isr, moving.throttle_bps) == (
+        ("a", "b", "d"),
+        ("a", "b"),
+        ("a", "b"),
+        1000,
+    )
+    await _set_isr(cluster, "s", "abd")  # d caught up
+    done = await cluster.partition_becomes("s", 0, lambda p: not p.reassign_to)
+    assert (done.replicas, done.isr, done.leader) == (("a", "d"), ("a", "d"), "a")
 
 
 async def test_decommission_below_min_isr_waits_and_removes_nothing(cluster: Cluster) -> None:

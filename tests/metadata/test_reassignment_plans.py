@@ -31,11 +31,33 @@ def test_start_adds_the_new_replicas_and_remembers_both_sides() -> None:
     assert plans.start(record, ("a", "b", "c")) == record  # the same replicas: nothing to do
 
 
-def test_another_reassignment_in_progress_must_be_cancelled_first() -> None:
-    moving = _moving(part("s", "ab", "a", "ab"), "ac")
-    with pytest.raises(InvalidArgumentError, match="cancel that first"):
-        plans.start(moving, ("a", "d"))
+def test_a_new_target_replaces_the_one_in_progress_and_cancel_still_restores_the_old_record() -> None:
+    record = part("s", "ab", "a", "ab", 2)
+    moving = _moving(record, "ac")
     assert plans.start(moving, ("a", "c"), 500).throttle_bps == 500  # the same one: only its throttle
+    again = plans.start(moving, ("a", "d"), 700, live=LIVE)
+    assert (again.replicas, again.isr, again.leader) == (("a", "b", "d"), ("a", "b"), "a")
+    assert (again.reassign_from, again.reassign_to, again.throttle_bps) == (("a", "b"), ("a", "d"), 700)
+    assert plans.cancel(again, LIVE) == record
+    assert plans.start(moving, ("a", "b"), live=LIVE) == record  # back to where it started: a cancel
+
+
+def test_a_new_target_drops_the_brokers_it_no_longer_adds_and_moves_a_leader_among_them() -> None:
+    moving = _moving(part("s", "ab", "a", "ab", 2), "cd")
+    led_by_c = msgspec.structs.replace(moving, leader="c", isr=("a", "b", "c"), leader_epoch=3)
+    again = plans.start(led_by_c, ("b", "e"), live=LIVE | {"e"})
+    assert (again.replicas, again.isr, again.leader, again.leader_epoch) == (("a", "b", "e"), ("a", "b"), "a", 4)
+
+
+def test_a_new_target_may_not_drop_the_in_sync_replicas_min_isr_needs() -> None:
+    moving = _moving(part("s", "ab", "a", "a", 2), "cde")  # b behind; c, d, e caught up
+    synced = msgspec.structs.replace(moving, isr=("a", "c", "d", "e"))
+    with pytest.raises(InvalidArgumentError, match=r"ISR from 4 to 1 \(it drops c, d, e, in sync\), below min_isr 2"):
+        plans.start(synced, ("a", "b", "f"), live=LIVE, min_isr=2)
+    only_new = msgspec.structs.replace(moving, leader="d", isr=("d", "e"))
+    with pytest.raises(InvalidArgumentError, match="would drop every in-sync replica"):
+        plans.start(only_new, ("a", "b", "f"), live=LIVE)
+    assert plans.start(synced, ("c", "d", "f"), live=LIVE, min_isr=2).isr == ("a", "c", "d")
 
 
 def test_completion_waits_until_every_target_is_in_sync() -> None:
@@ -93,6 +115,10 @@ def test_targets_are_checked() -> None:
     with pytest.raises(InvalidArgumentError, match="fewer than the stream's min_isr 2"):
         plans.check_target(record, ("c",), LIVE, 2)
     plans.check_target(record, ("b", "c"), LIVE, 2)
+    moving = _moving(record, "ax")  # x is in the replicas only because it was being added: not good enough
+    with pytest.raises(InvalidArgumentError, match="x is not a live broker"):
+        plans.check_target(moving, ("a", "x"), LIVE, 1)
+    plans.check_target(moving, ("b", "c"), LIVE - {"b"}, 1)  # b held it before: it may be down for now
 
 
 def test_progress_says_what_a_partition_waits_for() -> None:

@@ -153,6 +153,7 @@ WIRE_ACCESS: Final[dict[int, Rule]] = {
 """The access each wire op needs (module docstring)."""
 
 _API = "/proto.API/"
+_ADMIN = "/tidelog.v1.Admin/"
 GRPC_ACCESS: Final[dict[str, Rule]] = {
     _API + "CreateStream": _stream(C, "name"),
     _API + "DeleteStream": _stream(D, "name"),
@@ -171,6 +172,16 @@ GRPC_ACCESS: Final[dict[str, Rule]] = {
     _API + "FetchConsumerGroupAssignments": _group(R, "groupId"),
     _API + "ReportConsumerGroupCoordinator": _group(R, "groupId"),
     "/tidelog.v1.Appender/Append": _grpc_append,
+    # tidelog.v1.Admin: the rules of the wire ops it mirrors (ADD_PARTITIONS, ALTER_STREAM, REASSIGN_PARTITIONS, ...)
+    _ADMIN + "AddPartitions": _stream(A),
+    _ADMIN + "AlterStream": _stream(A),
+    _ADMIN + "GenerateReassignment": _cluster(A),
+    _ADMIN + "ExecuteReassignment": _cluster(A),
+    _ADMIN + "VerifyReassignment": _cluster(DESC),
+    _ADMIN + "CancelReassignment": _cluster(A),
+    _ADMIN + "DecommissionBroker": _cluster(A),
+    _ADMIN + "DecommissionProgress": _cluster(DESC),
+    _ADMIN + "ElectPreferredLeaders": _cluster(A),
     "/grpc.health.v1.Health/Check": OPEN,
     "/grpc.health.v1.Health/Watch": OPEN,
 }

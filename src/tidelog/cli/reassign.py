@@ -7,7 +7,9 @@ Kafka's reassignment tool is the model. A plan is JSON::
 ``--generate`` proposes one (the fewest moves that keep the chosen streams' replicas on ``--to-brokers``),
 ``--execute PLAN`` starts it and prints the current replicas (keep them: they are the plan that moves back) and the
 proposed ones, ``--verify PLAN`` shows each partition's progress (``--wait`` until every one is complete, with a
-progress bar), ``--cancel PLAN`` undoes the reassignments still under way. ``broker decommission B`` plans and
+progress bar), ``--cancel PLAN`` undoes the reassignments still under way. ``--execute`` of a plan for a partition
+already being reassigned replaces its target (Kafka's rule): the way out when a broker being added died, and
+``--cancel`` still restores the replicas it had before the first plan. ``broker decommission B`` plans and
 starts the moves that take every replica off B and waits until none is left, then says B is safe to stop.
 """
 
@@ -115,7 +117,12 @@ def _status_table(statuses: Sequence[ReassignmentStatus]) -> None:
 
 @click.command("reassign")
 @click.option("--generate", is_flag=True, help="Propose a plan (printed as JSON) that keeps replicas on --to-brokers.")
-@click.option("--execute", "execute", metavar="PLAN.json", help="Start the reassignments of a plan file.")
+@click.option(
+    "--execute",
+    "execute",
+    metavar="PLAN.json",
+    help="Start the reassignments of a plan file (a partition already moving elsewhere is re-targeted).",
+)
 @click.option("--verify", "verify", metavar="PLAN.json", help="Show how far each partition of a plan file is.")
 @click.option("--cancel", "cancel", metavar="PLAN.json", help="Undo the reassignments of a plan file still under way.")
 @click.option("--to-brokers", default="", help="--generate: the broker ids to place replicas on, comma-separated.")

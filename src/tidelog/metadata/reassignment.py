@@ -7,8 +7,8 @@ listener: the controller itself only hands out its writer). Its decisions are th
 (:class:`~tidelog.metadata.partition_writes.PartitionWrites`), so a deposed controller writes nothing and a
 decision made on a stale view is made again.
 
-- **Requests** (:meth:`Reassigner.execute`, :meth:`Reassigner.cancel`, :meth:`Reassigner.decommission`) start
-  or undo reassignments, each partition decided on the newest record.
+- **Requests** (:meth:`Reassigner.execute`, :meth:`Reassigner.cancel`, :meth:`Reassigner.decommission`) start,
+  re-target or undo reassignments, each partition decided on the newest record.
 - **Completion**: on every metadata change during a term, each partition whose reassignment can complete
   (every target in the ISR) gets its final record. A new controller finds the reassignments in etcd and goes
   on with them: nothing of a reassignment lives only in a controller's memory.
@@ -89,6 +89,7 @@ class Reassigner:
 
     async def execute(self, targets: Sequence[tuple[str, int, tuple[str, ...]]], throttle_bps: int = 0) -> list[Move]:
         """Start reassigning each ``(stream, partition, replicas)``; the replicas before and after, in order.
+        A partition already being reassigned elsewhere is re-targeted (:func:`~.reassignment_plans.retarget`).
 
         Every target is checked before anything is written, so a plan with one bad entry changes nothing."""
         writer = self._controller.current_writer()
@@ -99,16 +100,28 @@ class Reassigner:
             if record is None:
                 raise UnknownPartitionError(f"no partition {stream}/{pid}")
             plans.check_target(record, target, live, plans.min_isr_of(snap.stream(stream)))
-            if record.reassign_to and record.reassign_to != target:
-                plans.start(record, target)  # raises: another reassignment is in progress
+            self._started(record, target, throttle_bps)  # raises when it is refused (a re-target below min-ISR)
         moves = []
         for stream, pid, target in targets:
             old, new = await self._decide(
-                writer, stream, pid, lambda r, t=target: plans.start(r, t, throttle_bps), "reassignment"
+                writer, stream, pid, lambda r, t=target: self._started(r, t, throttle_bps), "reassignment"
             )
-            moves.append(Move(stream, pid, old.replicas, new.reassign_to or new.replicas))
+            # before: the replicas it had before any reassignment, the plan that moves it back
+            moves.append(Move(stream, pid, old.reassign_from or old.replicas, new.reassign_to or new.replicas))
         self._dirty.set()
         return moves
+
+    def _started(self, record: PartitionRecord, target: tuple[str, ...], throttle_bps: int) -> PartitionRecord:
+        """``record`` reassigned to ``target`` (started, re-targeted, or only its throttle changed)."""
+        snap = self._latest
+        return plans.start(
+            record,
+            target,
+            throttle_bps,
+            live=snap.brokers.keys(),
+            shutting_down=self._controller.shutting_down,
+            min_isr=plans.min_isr_of(snap.stream(record.stream)),
+        )
 
     async def cancel(self, partitions: Sequence[tuple[str, int]]) -> list[Move]:
         """Undo the reassignments of ``partitions``; the replicas before and after (a partition not being

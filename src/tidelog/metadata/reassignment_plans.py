@@ -13,10 +13,16 @@ carries it on) and every step is one fenced compare-and-swap:
    that can take it (one epoch later). The removed brokers stop their replica and delete its data.
 3. **cancel**, any time before completion: ``replicas = F``, the ISR without the brokers that were being
    added; a leader among them hands leadership back to a broker of ``F``.
+4. **re-target**, any time before completion (a new plan for a partition already moving, as Kafka allows):
+   ``replicas = F + (T2 - F)``, ``reassign_to = T2``, ``reassign_from`` still ``F``, so a cancel afterwards
+   restores exactly the record the first start found. Brokers of ``T`` that ``T2`` drops leave the replicas
+   and the ISR (a leader among them hands leadership to a live in-sync replica that stays). This is the way
+   out when a broker being added dies while catching up: re-target that partition to a live broker.
 
 **Never below min-ISR.** Completion keeps every broker of ``T`` (all in the ISR, and ``T`` may not be smaller
 than the stream's min-ISR), and removes only brokers that are not needed for it. Cancelling refuses to take the
-ISR below min-ISR (or to nothing) when the added brokers were the ones keeping it there. A partition whose
+ISR below min-ISR (or to nothing) when the added brokers were the ones keeping it there, and so does re-targeting
+away from added brokers that are in sync. A partition whose
 targets cannot all join (one is dead, or the partition has no leader) simply waits: nothing is removed.
 
 Planning moves (:func:`replace_broker`, used by ``tidelog partition reassign --generate``, ``tidelog broker
@@ -69,7 +75,8 @@ def check_target(record: PartitionRecord, target: tuple[str, ...], live: Set[str
         raise InvalidArgumentError(f"{name}: the new replica list is empty")
     if len(set(target)) != len(target):
         raise InvalidArgumentError(f"{name}: replicas {list(target)} name a broker twice")
-    if dead := sorted(b for b in target if b not in record.replicas and b not in live):
+    # a replica it had before any reassignment may be down for now; a broker only being added must be live
+    if dead := sorted(b for b in target if b not in (record.reassign_from or record.replicas) and b not in live):
         raise InvalidArgumentError(
             f"{name}: {', '.join(dead)} {'is' if len(dead) == 1 else 'are'} not a live broker "
             f"(live: {', '.join(sorted(live)) or 'none'})"
@@ -81,16 +88,23 @@ def check_target(record: PartitionRecord, target: tuple[str, ...], live: Set[str
         )
 
 
-def start(record: PartitionRecord, target: tuple[str, ...], throttle_bps: int = 0) -> PartitionRecord:
+def start(
+    record: PartitionRecord,
+    target: tuple[str, ...],
+    throttle_bps: int = 0,
+    *,
+    live: Set[str] = frozenset(),
+    shutting_down: Set[str] = frozenset(),
+    min_isr: int = 1,
+) -> PartitionRecord:
     """``record`` with a reassignment to ``target`` started (or its throttle changed, when it is the same one).
 
-    A target equal to the replicas changes nothing; another reassignment in progress must be cancelled first."""
+    A target equal to the replicas changes nothing. A reassignment in progress to another target is re-targeted
+    (:func:`retarget`; ``live``, ``shutting_down`` and ``min_isr`` are for that)."""
     if record.reassign_to:
         if record.reassign_to == target:
             return msgspec.structs.replace(record, throttle_bps=throttle_bps)
-        raise InvalidArgumentError(
-            f"{_name(record)} is already being reassigned to {list(record.reassign_to)}; cancel that first"
-        )
+        return retarget(record, target, live, shutting_down, min_isr, throttle_bps)
     if target == record.replicas:
         return record
     added = tuple(b for b in target if b not in record.replicas)
@@ -98,6 +112,51 @@ def start(record: PartitionRecord, target: tuple[str, ...], throttle_bps: int = 
         record,
         replicas=(*record.replicas, *added),
         reassign_from=record.replicas,
+        reassign_to=target,
+        throttle_bps=throttle_bps,
+    )
+
+
+def retarget(
+    record: PartitionRecord,
+    target: tuple[str, ...],
+    live: Set[str],
+    shutting_down: Set[str] = frozenset(),
+    min_isr: int = 1,
+    throttle_bps: int = 0,
+) -> PartitionRecord:
+    """``record``, being reassigned, with its target replaced by ``target`` (the module docstring), or
+    InvalidArgumentError saying why that is not safe now. A target equal to the original replicas is a cancel."""
+    name = _name(record)
+    original = record.reassign_from
+    if target == original:
+        return cancel(record, live, shutting_down, min_isr)
+    replicas = (*original, *(b for b in target if b not in original))
+    isr = tuple(b for b in record.isr if b in replicas)
+    dropped = [b for b in record.isr if b not in replicas]
+    if not isr:
+        raise InvalidArgumentError(
+            f"{name}: re-targeting to {list(target)} would drop every in-sync replica ({', '.join(dropped)}) "
+            "and lose committed records: let the reassignment complete"
+        )
+    if len(isr) < min(min_isr, len(record.isr)):
+        raise InvalidArgumentError(
+            f"{name}: re-targeting to {list(target)} would take the ISR from {len(record.isr)} to {len(isr)} "
+            f"(it drops {', '.join(dropped)}, in sync), below min_isr {min_isr}; keep "
+            f"{'it' if len(dropped) == 1 else 'them'} in the new target, or let the reassignment complete"
+        )
+    leader, epoch = record.leader, record.leader_epoch
+    if leader != OFFLINE and leader not in replicas:
+        successors = [b for b in isr if b in live and b not in shutting_down]
+        if not successors:
+            raise InvalidArgumentError(f"{name}: no replica that stays is live and in sync to take over leadership")
+        leader, epoch = successors[0], epoch + 1
+    return msgspec.structs.replace(
+        record,
+        replicas=replicas,
+        isr=isr,
+        leader=leader,
+        leader_epoch=epoch,
         reassign_to=target,
         throttle_bps=throttle_bps,
     )
@@ -195,7 +254,9 @@ def progress(record: PartitionRecord | None, target: tuple[str, ...], live: Set[
     if record.leader == OFFLINE or record.leader not in live:
         return Progress("waiting", "no live leader")
     if dead:
-        return Progress("waiting", f"{', '.join(dead)} not running; cancel or bring it back")
+        return Progress(
+            "waiting", f"{', '.join(dead)} not running; bring it back, cancel, or --execute a plan without it"
+        )
     if len(record.isr) < min_isr:
         return Progress("waiting", f"below min-ISR ({len(record.isr)} in sync, min_isr {min_isr})")
     if missing:

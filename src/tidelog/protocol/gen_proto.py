@@ -33,7 +33,7 @@ from pathlib import Path, PurePosixPath
 PROTOCOL_DIR = Path(__file__).resolve().parent
 PROTO_DIR = PROTOCOL_DIR / "proto"
 GEN_DIR = PROTOCOL_DIR / "_gen"
-PROTO_FILES = ("api.proto", "tidelog/v1/append.proto")
+PROTO_FILES = ("api.proto", "tidelog/v1/append.proto", "tidelog/v1/admin.proto")
 
 _GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

@@ -40,6 +40,7 @@ from tests.helpers import BOUND
 from tidelog.api.rpc.call_principal import basic_authorization
 from tidelog.broker.config_values import ConfigError
 from tidelog.protocol._gen import api_pb2
+from tidelog.protocol._gen.tidelog.v1 import admin_pb2, admin_pb2_grpc
 from tidelog.server import Broker
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -111,6 +112,15 @@ async def test_every_acknowledged_publish_is_stored_at_its_offset(broker: Broker
     stored = await read_until_stop(stub, stream_name)
     assert {m.offset: m.value for m in stored} == acked
     assert [m.value for m in stored] == sent  # in the order sent
+
+
+async def test_the_admin_service_is_relayed(broker: Broker, stub: Stub, stream_name: str) -> None:
+    await create_stream(stub, stream_name)
+    assert broker.grpc is not None
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.grpc.port}") as channel:
+        admin = admin_pb2_grpc.AdminStub(channel)
+        answer = await bounded(admin.AddPartitions(admin_pb2.AddPartitionsRequest(stream=stream_name, partitions=2)))
+    assert (answer.before, answer.after) == (1, 2)
 
 
 async def test_a_front_that_dies_is_started_again_and_fronts_stop_with_the_broker(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tidelog.api.front.nats_copies import RawCopies
 from tidelog.api.front.publish import front_publish_async
-from tidelog.api.front.relay import API_SERVICE, APPENDER_SERVICE, relayed_service
+from tidelog.api.front.relay import ADMIN_SERVICE, API_SERVICE, APPENDER_SERVICE, relayed_service
 from tidelog.api.password_check import PasswordCheck, etcd_users
 from tidelog.api.principals import PrincipalResolver
 from tidelog.api.rpc.authorization import AuthorizationInterceptor
@@ -155,14 +155,18 @@ async def serve(settings: FrontSettings, stop: asyncio.Event) -> None:
             maximum_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs or None,
         )
         server.add_generic_rpc_handlers(
-            (relayed_service(channel, API_SERVICE, own), relayed_service(channel, APPENDER_SERVICE, {}))
+            (
+                relayed_service(channel, API_SERVICE, own),
+                relayed_service(channel, APPENDER_SERVICE, {}),
+                relayed_service(channel, ADMIN_SERVICE, {}),
+            )
         )
         checks = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(checks, server)
         if server.add_insecure_port(f"{cfg.host}:{settings.port}") == 0:
             raise OSError(f"cannot listen for gRPC on {cfg.host}:{settings.port}")
         await server.start()
-        for name in ("", "proto.API", "tidelog.v1.Appender"):
+        for name in ("", "proto.API", "tidelog.v1.Appender", "tidelog.v1.Admin"):
             await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
         sys.stdout.buffer.write(READY)
         sys.stdout.buffer.flush()

@@ -1,9 +1,10 @@
 """A front hands a call to the broker's gRPC service unparsed: requests and responses as bytes, the caller's
 metadata and deadline with it, the broker's status and details back as they were.
 
-Used for every ``proto.API`` and ``tidelog.v1.Appender`` method but ``PublishAsync`` (which the front batches,
-:mod:`tidelog.api.front.publish`): metadata and stream administration, cursors, consumer groups, ``Publish``,
-``Subscribe`` (its handshake and every message as the broker sends them) and transactional appends. Whatever the
+Used for every ``proto.API``, ``tidelog.v1.Appender`` and ``tidelog.v1.Admin`` method but ``PublishAsync`` (which
+the front batches, :mod:`tidelog.api.front.publish`): metadata and stream administration, cursors, consumer
+groups, ``Publish``, ``Subscribe`` (its handshake and every message as the broker sends them), transactional
+appends and the cluster reshaping calls. Whatever the
 broker answers is what the caller gets, errors included, so these calls behave exactly as on the broker.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import grpc
 
 from tidelog.protocol._gen import api_pb2
-from tidelog.protocol._gen.tidelog.v1 import append_pb2
+from tidelog.protocol._gen.tidelog.v1 import admin_pb2, append_pb2
 
 _HOP_BY_HOP = ("user-agent", "grpc-", ":")
 """Metadata the channel to the broker sets itself: not copied from the caller's call."""
@@ -115,3 +116,4 @@ def relayed_service(
 
 API_SERVICE = api_pb2.DESCRIPTOR.services_by_name["API"]
 APPENDER_SERVICE = append_pb2.DESCRIPTOR.services_by_name["Appender"]
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"]

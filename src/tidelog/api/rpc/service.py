@@ -1,10 +1,10 @@
-"""The gRPC servicers — ``proto.API`` and ``tidelog.v1.Appender`` — as thin handlers that call the RPC family
-modules and map errors to statuses.
+"""The gRPC servicers — ``proto.API``, ``tidelog.v1.Appender`` and ``tidelog.v1.Admin`` — as thin handlers that
+call the RPC family modules and map errors to statuses.
 
 Every handler goes through :func:`_guard`/the streaming equivalents, the one place where an exception becomes a
 gRPC status — looked up in :mod:`tidelog.protocol.errors`, so gRPC and the wire protocol answer the same condition
 with the same meaning. Cursor RPCs are in :mod:`tidelog.api.rpc.cursors`, consumer-group RPCs in
-:mod:`tidelog.api.rpc.groups`.
+:mod:`tidelog.api.rpc.groups`, the cluster reshaping RPCs in :mod:`tidelog.api.rpc.admin`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tidelog import telemetry
 from tidelog.api.authorizer import Authorizer
 from tidelog.api.password_check import PasswordCheck
 from tidelog.api.principals import PrincipalResolver
-from tidelog.api.rpc import cursors, groups, metadata, publish, publish_batches, subscribe
+from tidelog.api.rpc import admin, cursors, groups, metadata, publish, publish_batches, subscribe
 from tidelog.api.rpc.append import GrpcAppends
 from tidelog.api.rpc.authorization import AuthorizationInterceptor
 from tidelog.api.rpc.call_principal import CallPrincipals
@@ -30,7 +30,7 @@ from tidelog.api.server_tls import ServerTls
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
 from tidelog.protocol._gen import api_pb2_grpc
-from tidelog.protocol._gen.tidelog.v1 import append_pb2_grpc
+from tidelog.protocol._gen.tidelog.v1 import admin_pb2_grpc, append_pb2_grpc
 from tidelog.protocol.errors import InternalError, TidelogError, status_details
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,40 @@ class AppenderService(append_pb2_grpc.AppenderServicer):  # type: ignore[misc]
         return await _guard(context, self._appends.append(request_iterator, context))
 
 
+class AdminService(admin_pb2_grpc.AdminServicer):  # type: ignore[misc]
+    """``tidelog.v1.Admin``: reshaping the cluster (partitions, settings, replica moves, leaders)."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self._ctx = ctx
+
+    async def AddPartitions(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.add_partitions(self._ctx, request, context))
+
+    async def AlterStream(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.alter_stream(self._ctx, request, context))
+
+    async def GenerateReassignment(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.generate_reassignment(self._ctx, request, context))
+
+    async def ExecuteReassignment(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.execute_reassignment(self._ctx, request, context))
+
+    async def VerifyReassignment(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.verify_reassignment(self._ctx, request, context))
+
+    async def CancelReassignment(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.cancel_reassignment(self._ctx, request, context))
+
+    async def DecommissionBroker(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.decommission_broker(self._ctx, request, context))
+
+    async def DecommissionProgress(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.decommission_progress(self._ctx, request, context))
+
+    async def ElectPreferredLeaders(self, request: Any, context: Any) -> Any:
+        return await _guard(context, admin.elect_preferred_leaders(self._ctx, request, context))
+
+
 class _RequestTiming(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Times every unary and client-streaming RPC into ``tidelog_request_duration_seconds{protocol="grpc"}``.
     Server-streaming RPCs (Subscribe, PublishAsync) last as long as the client wants and are not timed."""
@@ -170,7 +204,8 @@ def _timed(behavior: Callable[[Any, Any], Awaitable[Any]], name: str) -> Callabl
 
 
 class GrpcServer:
-    """The gRPC server: ``proto.API``, ``tidelog.v1.Appender`` and the standard health service."""
+    """The gRPC server: ``proto.API``, ``tidelog.v1.Appender``, ``tidelog.v1.Admin`` and the standard health
+    service."""
 
     def __init__(
         self,
@@ -212,6 +247,7 @@ class GrpcServer:
         api_pb2_grpc.add_APIServicer_to_server(LiftbridgeService(ctx), self._server)
         self.appends = GrpcAppends(ctx)
         append_pb2_grpc.add_AppenderServicer_to_server(AppenderService(self.appends), self._server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(ctx), self._server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.internal_port = 0
@@ -238,7 +274,7 @@ class GrpcServer:
             self._reserved.close()
 
     async def _set_health(self, status: Any) -> None:
-        for service in ("", "proto.API", "tidelog.v1.Appender"):
+        for service in ("", "proto.API", "tidelog.v1.Appender", "tidelog.v1.Admin"):
             await self.health.set(service, status)
 
 

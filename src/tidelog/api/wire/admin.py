@@ -144,8 +144,9 @@ async def set_stream_state(
     return Reply(encode_message(correlation_id, SetStreamStateResponse()))
 
 
-def _reshape(env: HandlerEnv) -> StreamReshape:
-    reshape = env.broker.reshape
+def reshape_of(ctx: BrokerContext) -> StreamReshape:
+    """The broker's stream reshaping (the wire ops here and ``tidelog.v1.Admin`` both go through it)."""
+    reshape = ctx.reshape
     if reshape is None:
         raise UnavailableError("this broker cannot reshape streams (it runs without metadata)")
     return reshape
@@ -153,25 +154,28 @@ def _reshape(env: HandlerEnv) -> StreamReshape:
 
 async def add_partitions(env: HandlerEnv, correlation_id: int, request: AddPartitionsRequest, _: memoryview) -> Reply:
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
-        answer = await _reshape(env).add_partitions(request.name, request.partitions, forwarded=request.forwarded)
+        answer = await reshape_of(env.broker).add_partitions(
+            request.name, request.partitions, forwarded=request.forwarded
+        )
     return Reply(encode_message(correlation_id, answer))
 
 
 async def alter_stream(env: HandlerEnv, correlation_id: int, request: AlterStreamRequest, _: memoryview) -> Reply:
     changes = setting_changes(request.settings)
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
-        answer = await _reshape(env).alter(request.name, changes, forwarded=request.forwarded)
+        answer = await reshape_of(env.broker).alter(request.name, changes, forwarded=request.forwarded)
     return Reply(encode_message(correlation_id, answer))
 
 
 async def elect_leaders(env: HandlerEnv, correlation_id: int, request: ElectLeadersRequest, _: memoryview) -> Reply:
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
-        answer = await _reshape(env).elect_leaders(forwarded=request.forwarded)
+        answer = await reshape_of(env.broker).elect_leaders(forwarded=request.forwarded)
     return Reply(encode_message(correlation_id, answer))
 
 
-def _moves(env: HandlerEnv) -> PartitionMoves:
-    moves = env.broker.moves
+def moves_of(ctx: BrokerContext) -> PartitionMoves:
+    """The broker's replica moves (the wire ops here and ``tidelog.v1.Admin`` both go through them)."""
+    moves = ctx.moves
     if moves is None:
         raise UnavailableError("this broker cannot move replicas (it runs without a controller)")
     return moves
@@ -181,7 +185,7 @@ async def reassign_partitions(
     env: HandlerEnv, correlation_id: int, request: ReassignPartitionsRequest, _: memoryview
 ) -> Reply:
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
-        answer = await _moves(env).reassign(request)
+        answer = await moves_of(env.broker).reassign(request)
     return Reply(encode_message(correlation_id, answer))
 
 
@@ -189,14 +193,14 @@ async def decommission_broker(
     env: HandlerEnv, correlation_id: int, request: DecommissionBrokerRequest, _: memoryview
 ) -> Reply:
     async with asyncio.timeout(request.timeout_ms / 1000 if request.timeout_ms else None):
-        answer = await _moves(env).decommission(request)
+        answer = await moves_of(env.broker).decommission(request)
     return Reply(encode_message(correlation_id, answer))
 
 
 async def list_reassignments(
     env: HandlerEnv, correlation_id: int, request: ListReassignmentsRequest, _: memoryview
 ) -> Reply:
-    return Reply(encode_message(correlation_id, _moves(env).list(request)))
+    return Reply(encode_message(correlation_id, moves_of(env.broker).list(request)))
 
 
 async def reset_head(env: HandlerEnv, correlation_id: int, request: ResetHeadRequest, _: memoryview) -> Reply:
