@@ -197,6 +197,27 @@ async def test_a_forgotten_anonymous_producer_reinitializes_and_resends() -> Non
     assert broker.partition(S).values() == values(4) + values(4, b"w")
 
 
+async def test_a_batch_in_doubt_is_not_resent_under_a_new_identity() -> None:
+    """Partition 1 forgot the producer, so it re-initializes, while partition 0's batch was written and its answer
+    lost. That batch must be resolved under the stamp it was written with (the broker still knows it there and
+    answers the retry as a duplicate), not resent under the new one, which would store it twice."""
+    broker = FakeBroker(partitions=2)
+    async with producer(broker) as p:
+        await offsets(await send_all(p, values(2), partition=0))
+        await offsets(await send_all(p, values(2), partition=1))
+        before = p.stamp
+        broker.partitions[(S, 1)].table = type(broker.partition(S, 1).table)()
+        broker.faults[3] = Fault.DROP  # the next batch for partition 0 is written, its answer lost
+        one = [await p.send(S, v, partition=1) for v in values(2, b"w")]
+        zero = [await p.send(S, v, partition=0) for v in values(2, b"x")]
+        await p.flush()
+        assert await offsets(zero) == [2, 3]
+        assert await offsets(one) == [2, 3]
+        assert p.stamp != before
+    assert broker.partition(S, 0).values() == values(2) + values(2, b"x")
+    assert [r.partition for r in broker.requests[2:4]] == [1, 0]  # the refusal came first, then the lost answer
+
+
 async def test_a_named_producer_is_fenced_by_its_next_instance() -> None:
     broker = FakeBroker()
     old = producer(broker, producer_name="billing", linger_ms=60_000)

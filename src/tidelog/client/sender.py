@@ -33,12 +33,15 @@ Disagreements, and what this side does about them:
 - OUT_OF_ORDER_SEQUENCE or UNKNOWN_PRODUCER on a partition's first unacknowledged batch: the broker's sequence
   state and ours differ (the producer expired, a batch given up on was not stored, an acknowledged batch was
   lost by an unclean failover). An *anonymous* producer re-initializes (a new id, sequences from 0) and resends
-  its unacknowledged batches under it. The trade-off is Kafka's (KIP-360): a batch that was *in doubt* — sent,
-  its outcome lost, then retried — may have been stored under the old id, and is then stored twice. Failing
-  those batches instead would turn every such hiccup into lost records for the application to re-send, with
-  the same risk of duplicates there. A *named* producer does not re-initialize: that takes the name's next
-  epoch, which would fence a newer instance that may have replaced this one (a zombie would win), so the error
-  is fatal as fencing is — a new instance, started by the application, takes over.
+  its unacknowledged batches under it, except a batch *in doubt* (sent, its outcome lost): it may be stored
+  under the old stamp, and resent under a new one it would be stored twice. So on every partition the batches
+  in doubt go first, again under the stamp they were written with, where the broker answers a stored one as
+  a duplicate; a batch in doubt refused there (the broker forgot that stamp too, as on the partition whose
+  refusal started it all) fails with its first error: its outcome cannot be known (resent under the new
+  stamp, such batches were stored twice: the nemesis found it). A *named* producer does
+  not re-initialize: that takes the name's next epoch, which would fence a newer instance that may have
+  replaced this one (a zombie would win), so the error is fatal as fencing is — a new instance, started by the
+  application, takes over.
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ def _maybe_stored(exc: BaseException) -> bool:
     if not isinstance(exc, TidelogError) or isinstance(exc, InternalError):
         return True
     return exc.retriable and not isinstance(exc, _NOTHING_STORED)
+
+
+def _in_doubt_first(buffer: PartitionBuffer) -> bool:
+    """Whether the partition's next batch to resend may already be stored under the partition's current stamp:
+    it must be resent under that stamp, so that the broker can answer it as a duplicate."""
+    return bool(buffer.retry) and buffer.retry[0].doubt is not None and buffer.retry[0].stamp == buffer.stamp
 
 
 def _give_up(batch: ProducerBatch, exc: BaseException) -> None:
@@ -239,9 +248,12 @@ class Sender:
         if buffer.stamp != identity.stamp:
             if buffer.in_flight:
                 return  # requests under the old stamp are out: the new sequence line starts after them
-            buffer.stamp, buffer.next_sequence, buffer.refused = identity.stamp, 0, []
+            if not _in_doubt_first(buffer):
+                buffer.stamp, buffer.next_sequence, buffer.refused = identity.stamp, 0, []
         stream, partition = buffer.key
         while buffer.in_flight < self._max_in_flight:
+            if buffer.stamp != identity.stamp and not _in_doubt_first(buffer):
+                return  # the old stamp's batches in doubt are out; the rest go under the new one after them
             batch = buffer.take_in_order()
             if batch is None:
                 return
@@ -326,6 +338,9 @@ class Sender:
             self._fatal(exc)
             return
         if isinstance(exc, _SEQUENCE_REFUSALS):
+            if batch.doubt is not None and batch.stamp != identity.stamp:
+                _give_up(batch, exc)  # the broker no longer knows the stamp it may be stored under: unknowable
+                return
             if explained or batch.stamp != identity.stamp:
                 batch.attempts -= 1  # refused for the gap, or for an old stamp: no attempt of its own
                 self._retry(buffer, batch, exc)
@@ -336,7 +351,10 @@ class Sender:
             if batch.attempts <= self._retries:
                 log.warning("%s/%d: %s; re-initializing the producer", stream, partition, exc)
                 identity.renew(batch.stamp)
-                self._retry(buffer, batch, exc)
+                if batch.doubt is not None:  # maybe stored under the stamp this broker just forgot
+                    _give_up(batch, exc)
+                else:
+                    self._retry(buffer, batch, exc)
                 return
         elif isinstance(exc, TidelogError) and exc.retriable and batch.attempts <= self._retries:
             if isinstance(exc, _STALE_ROUTE):
