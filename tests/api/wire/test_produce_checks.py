@@ -4,6 +4,8 @@ keeps serving every record stored before and after (issue 15, item 1; item 11 fo
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import threading
 import time
 from typing import Any
@@ -17,10 +19,11 @@ from tidelog.api.wire import produce_turns
 from tidelog.api.wire.produce_turns import INLINE_ALONE
 from tidelog.client import Admin, Codec, Consumer, Producer
 from tidelog.protocol.connection import Connection
-from tidelog.protocol.errors import InvalidArgumentError, MessageTooLargeError
+from tidelog.protocol.errors import DiskFullError, InvalidArgumentError, MessageTooLargeError
 from tidelog.protocol.messages import Acks, ProduceRequest
 from tidelog.protocol.records import BatchBuilder, NewRecord, build_batch, frame
 from tidelog.server import Broker
+from tidelog.storage.checkpoint import CheckpointFile
 
 __all__ = ["broker", "broker_settings", "stream_name", "stub"]
 
@@ -181,3 +184,25 @@ async def test_a_batch_checked_off_the_loop_keeps_its_place(
     assert offsets == [(0, slow - 1), (slow, slow), (slow + 1, slow + 1)]
     values = await read_values(address, stream_name)
     assert len(values) == slow + 2 and values[-2:] == [b"small", b"small"]
+
+
+async def test_a_full_disk_at_the_epoch_checkpoint_is_refused_as_disk_full_without_a_traceback(
+    broker: Broker, address: str, stream_name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader's first append of its epoch writes the leader-epoch checkpoint; on a full disk the produce is
+    refused as DISK_FULL (nothing stored), logged in one line (the nemesis's ENOSPC logged a traceback), and the
+    next produce, with space back, is stored."""
+    async with Admin(address) as admin:
+        await admin.create_stream(stream_name)
+
+    def full(self: CheckpointFile, entries: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, logger="tidelog.api.wire.session"):
+        patched.setattr(CheckpointFile, "write", full)
+        with pytest.raises(DiskFullError):
+            await send_values(address, stream_name, [b"refused"])
+    assert "refused: " in caplog.text and "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.exc_info]
+    await send_values(address, stream_name, [b"stored"])
+    assert await read_values(address, stream_name) == [b"stored"]

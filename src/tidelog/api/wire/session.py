@@ -77,7 +77,13 @@ from tidelog.api.wire.handlers import HandlerEnv, Reply, Route
 from tidelog.api.wire.zerocopy import ShortFileError, send_range
 from tidelog.broker.context import BrokerContext
 from tidelog.broker.translate import as_tidelog_error
-from tidelog.protocol.errors import MessageTooLargeError, TidelogError, UnavailableError, UnsupportedError
+from tidelog.protocol.errors import (
+    DiskFullError,
+    MessageTooLargeError,
+    TidelogError,
+    UnavailableError,
+    UnsupportedError,
+)
 from tidelog.protocol.frames import Frame, FrameDecoder, FrameError, FrameTooLargeError, Kind, Op, ProtocolError
 from tidelog.protocol.message_codec import decode_as, encode_error
 
@@ -501,7 +507,9 @@ class Session:
             error: TidelogError = UnavailableError("the broker is shutting down")
         else:
             error = as_tidelog_error(exc)
-        if not isinstance(exc, TidelogError | ProtocolError | asyncio.CancelledError):
+        if isinstance(error, DiskFullError):  # an operator's matter, not a bug: one line, no traceback
+            log.warning("wire op %d from %s refused: %s", op, self.peer, error.message)
+        elif not isinstance(exc, TidelogError | ProtocolError | asyncio.CancelledError):
             log.error("wire op %d from %s failed", op, self.peer, exc_info=exc)
         return Reply(encode_error(cid, op, error.to_error_body()))
 
