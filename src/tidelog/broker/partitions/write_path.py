@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -57,11 +58,14 @@ from tidelog.replication.idempotence.producer_state import (
     Invalid,
     New,
     OutOfOrder,
+    UnknownProducer,
     Verdict,
 )
 from tidelog.storage.encryption import SEAL_OVERHEAD, seal_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.file_writes import FileSlice
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tidelog.broker.partitions.partition import Partition
@@ -257,7 +261,18 @@ class LeaderWrite:
             self.base_offset, self.last_offset, self.duplicate = verdict.base_offset, verdict.last_offset, True
             self.state = _COMMITTED if self._acks is _ALL else _ANSWER
         else:
-            self._refuse(*_refusal(verdict, self._partition.name))
+            code, message = _refusal(verdict, self._partition.name)
+            if isinstance(verdict, UnknownProducer | OutOfOrder):  # rare: the producer re-initializes after it
+                first = next(h for h in headers if h.producer_id != NO_PRODUCER_ID)
+                log.info(
+                    "%s (producer %d, epoch %d, sequence %d; log end %d)",
+                    message,
+                    first.producer_id,
+                    first.producer_epoch,
+                    first.base_sequence,
+                    self._partition.log.end_offset,
+                )
+            self._refuse(code, message)
 
     async def _on_place(self) -> None:
         self._must_state(_PLACE)
