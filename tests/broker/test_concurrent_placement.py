@@ -1,5 +1,7 @@
 """Streams created at the same time spread their leaders: each placement counts the ones decided before it and not
-yet written (eight streams created at once on ten brokers once put eight leaders on one broker).
+yet written (eight streams created at once on ten brokers once put eight leaders on one broker). A creation right
+after brokers registered places on them, though the controller's mirror has not shown them yet ("needs 3 brokers
+but 1 is alive" on a cluster just started).
 
 The brokers are simulated registrations in a real etcd (the controller harness of ``tests.metadata``); the
 :class:`~tidelog.broker.streams.StreamAdmin` under test writes through the plain metadata store and waits on a
@@ -17,6 +19,8 @@ from tests.metadata import helpers as harness
 from tests.metadata.helpers import Cluster
 from tidelog.broker.stream_reshape import StreamReshape
 from tidelog.broker.streams import StreamAdmin
+from tidelog.metadata.mirror import MetadataMirror
+from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.metadata.store import MetadataStore
 
 etcd = harness.etcd
@@ -57,3 +61,31 @@ async def test_partitions_added_at_once_spread_over_racks_and_load(cluster: Clus
     parts = [p for name in ("x", "y") for p in snap.partitions_of(name)]
     assert all({racks[r] for r in p.replicas} == {"a", "b"} for p in parts), parts  # one replica per rack
     assert sorted(Counter(p.replicas[0] for p in parts).values()) == [1, 1, 2, 2]
+
+
+async def test_a_creation_right_after_brokers_registered_places_on_them(cluster: Cluster) -> None:
+    await cluster.up("b0")
+    mirror = MetadataMirror(await cluster.client(), cluster.keys)  # the controller broker's own view
+    await mirror.start()
+    gate = asyncio.Event()
+
+    async def busy(old: MetadataSnapshot, new: MetadataSnapshot) -> None:
+        """A listener still at work when brokers register (a partition manager opening logs on a slow disk)."""
+        if new.brokers.keys() - old.brokers.keys():
+            await gate.wait()
+
+    mirror.add_listener(busy)
+    try:
+        for broker in ("b1", "b2"):  # registered: their keys are in etcd before the stream is asked for
+            await cluster.up(broker)
+        admin = StreamAdmin("b0", MetadataStore(cluster.admin, cluster.keys), mirror)
+        creating = asyncio.create_task(admin.create_stream(name="s", subject="s", replication_factor=3))
+        await asyncio.sleep(0)  # the creation runs up to its first wait before the listener may finish
+        gate.set()
+        created = await creating
+    finally:
+        gate.set()
+        await mirror.stop()
+    assert created.replication_factor == 3
+    placed = await cluster.wait(lambda s: s.partition("s", 0) is not None)
+    assert sorted(placed.partitions_of("s")[0].replicas) == ["b0", "b1", "b2"]

@@ -1,8 +1,8 @@
 """The controller's reassignments against a real etcd, with brokers simulated by their registrations and the
 leaders' AlterIsr by direct writes: a new controller finishes what a dead one started, a target that dies makes
 the reassignment wait and cancelling restores the old replicas (or a new plan re-targets it to a live broker and
-it completes), a decommission never drops a replica of a partition below min-ISR, and a broker gone past the
-delay has its replicas re-placed."""
+it completes), a decommission never drops a replica of a partition below min-ISR, a broker gone past the
+delay has its replicas re-placed, and a target gone past the delay is replaced in the reassignment's target."""
 
 from __future__ import annotations
 
@@ -152,3 +152,24 @@ async def test_a_broker_gone_past_the_delay_has_its_replicas_replaced(cluster: C
     await _set_isr(cluster, "s", "abd")
     done = await cluster.partition_becomes("s", 0, lambda p: not p.reassign_to)
     assert done.replicas == ("a", "b", "d")
+
+
+async def test_a_target_gone_past_the_delay_is_replaced_and_cancel_still_restores_the_old_replicas(
+    cluster: Cluster,
+) -> None:
+    for b in "abcd":
+        await cluster.up(b)
+    await cluster.stream("s", part("s", "ab", "a", "ab"))
+    node, reassigner = await _node(cluster, "n1", replacement_delay=0.3)
+    await node.active()
+    await reassigner.execute([("s", 0, ("a", "c"))], throttle_bps=1000)
+    await cluster.kill("c")  # dies while catching up and never registers again
+    moving = await cluster.partition_becomes("s", 0, lambda p: p.reassign_to != ("a", "c"))
+    assert (moving.replicas, moving.isr, moving.leader, moving.leader_epoch) == (("a", "b", "d"), ("a", "b"), "a", 0)
+    assert (moving.reassign_from, moving.reassign_to, moving.throttle_bps) == (("a", "b"), ("a", "d"), 1000)
+    verify = plans.progress(moving, ("a", "c"), frozenset("abd"))  # what --verify of the first plan says
+    assert (verify.state, verify.detail.split(",")[0]) == ("other", "being reassigned to a")
+    assert "instead; c is not running" in verify.detail
+    await reassigner.cancel([("s", 0)])
+    back = await cluster.partition_becomes("s", 0, lambda p: not p.reassign_to)
+    assert back == part("s", "ab", "a", "ab")

@@ -159,3 +159,19 @@ def test_a_partition_with_nowhere_to_go_is_reported_not_moved() -> None:
     moves, stuck = plans.plan_off(snap, ["b"], "a")
     assert moves == []
     assert [note for _, note in stuck] == ["no other broker can take its replica on b"]
+
+
+def test_a_gone_target_is_replaced_in_place_rack_aware_never_by_a_broker_being_removed() -> None:
+    # s: a,b → a,c (b being removed, say by a decommission); c dies while catching up. d shares a's rack, e not.
+    moving = _moving(part("s", "ab", "a", "ab"), "ac")
+    still = part("t", "ab", "a", "ab")  # not moving: plan_off's, not re-targeted
+    racks = {"a": "r1", "b": "r2", "c": "r2", "d": "r1", "e": "r3"}
+    retargets, stuck = plans.plan_retargets(_snapshot([moving, still], racks), ["c"], "abde")
+    assert (retargets, stuck) == ([(moving, ("a", "e"))], [])  # not b (removed), not d (a's rack)
+    new = plans.start(moving, ("a", "e"), live=frozenset("abde"))
+    assert (new.replicas, new.reassign_from, new.reassign_to) == (("a", "b", "e"), ("a", "b"), ("a", "e"))
+    assert plans.cancel(new, frozenset("abde")) == part("s", "ab", "a", "ab")
+    detail = plans.progress(new, ("a", "c"), frozenset("abde")).detail  # --verify of the first plan
+    assert detail.startswith("being reassigned to a,e instead; c is not running"), detail
+    _, nowhere = plans.plan_retargets(_snapshot([moving], racks), ["c"], "ab")
+    assert [note for _, note in nowhere] == ["no other live broker can take the place of c in its target"]

@@ -324,7 +324,8 @@ class BrokerConfig(ConnectionSettings):
         NON_NEGATIVE,
         "How long a broker that holds replicas may be gone (no registration) before the controller re-places its "
         "replicas on live brokers, rack-aware, as reassignments: each new replica catches up and joins the ISR "
-        "before the gone one is dropped, so no partition goes below min-ISR on the way. 0 turns it off. The "
+        "before the gone one is dropped, so no partition goes below min-ISR on the way; a reassignment whose "
+        "target names such a broker is re-targeted to a live one. 0 turns it off. The "
         "default (10 minutes) outlasts a restart or an upgrade, which should not copy whole replicas.",
     )
     shutdown_timeout_ms: int = setting(

@@ -135,6 +135,7 @@ class StreamReshape:
             await self._wait(lambda s: _grown(s, name, to), f"stream {name!r} to have {to} partitions", timeout)
             assert isinstance(answer, AddPartitionsResponse)
             return answer
+        await self._mirror.with_registrations(_TIMEOUT)  # brokers registered a moment ago count for placement
         for _ in range(_ATTEMPTS):
             stream = self._existing(name)
             if stream.partitions >= to:  # another request grew it meanwhile
@@ -188,6 +189,7 @@ class StreamReshape:
             await self._wait(lambda s: _has_settings(s, name, changes), f"stream {name!r} to change")
             assert isinstance(answer, AlterStreamResponse)
             return answer
+        await self._mirror.with_registrations(_TIMEOUT)  # brokers registered a moment ago count for placement
         for _ in range(_ATTEMPTS):
             stream = self._existing(name)
             config = self._changed_config(stream, changes)

@@ -214,7 +214,7 @@ class StreamAdmin:
                 lambda s: _stream_ready(s, name), f"stream {name!r} to be created", _apply_timeout(partitions)
             )
             return snap.streams[name]
-        snap = self._mirror.snapshot
+        snap = await self._mirror.with_registrations(_APPLY_TIMEOUT)  # brokers registered a moment ago count
         brokers = sorted(snap.brokers) or [self._broker_id]
         rf = resolve_replication_factor(replication_factor, len(brokers))
         if config.min_isr is not None and config.min_isr > rf:

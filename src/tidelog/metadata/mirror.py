@@ -48,6 +48,7 @@ from tidelog.metadata.records import (
 from tidelog.metadata.remote_segments import remote_prefix
 from tidelog.metadata.shared_map import DELETED, SharedMap
 from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey, SnapshotChange
+from tidelog.protocol.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,28 @@ class MetadataMirror:
 
         async with asyncio.timeout(timeout):  # not wait_for: see client.connection.Connection.request
             return await wait()
+
+    async def with_registrations(self, timeout: float) -> MetadataSnapshot:
+        """The snapshot once it shows every broker registration etcd holds now (:class:`UnavailableError` after
+        ``timeout``): for a decision that needs the live brokers (placing replicas, checking a reassignment's).
+
+        The snapshot lags etcd by the watch's delivery and by its listeners (a partition manager opening logs on
+        a slow disk): a broker registered a moment before, already known to the client that asks, would be
+        missing ("replicationFactor 3 needs 3 brokers but 1 is alive" right after a cluster started). One read
+        of the registration keys (keys only) names the newest revision that wrote one, and the mirror applies
+        changes in etcd's order, so a snapshot at that revision or later has them all. Not etcd's current
+        revision: writes outside the prefix raise it, and the snapshot never would."""
+        found = await self._client.get_prefix(self._keys.brokers.encode(), keys_only=True)
+        newest = max((int(kv.mod_revision) for kv in found), default=0)
+        if self._snapshot.revision >= newest:
+            return self._snapshot
+        try:
+            return await self.wait_for(lambda s: s.revision >= newest, timeout)
+        except TimeoutError:
+            raise UnavailableError(
+                f"this broker's metadata did not catch up with the broker registrations in etcd (revision {newest}) "
+                f"within {timeout:.0f}s; try again"
+            ) from None
 
     async def _load(self, result: Any, again: bool) -> None:
         """Take a whole read of the prefix as the new state (at start, and when the watch's history is gone); the

@@ -17,6 +17,14 @@ decision made on a stale view is made again.
   loaded; :func:`~tidelog.metadata.reassignment_plans.plan_off`). The time is counted from when this
   controller saw it gone, so a new controller waits a full delay again: replacing later is safe, replacing a
   broker that is merely restarting copies data for nothing. A delay of 0 turns it off.
+
+  A partition already being reassigned is not moved again: when its *target* names a broker gone that long
+  (one being added died while catching up, and will not come back), the reassignment is re-targeted instead,
+  that broker replaced in the target by a live one chosen the same way
+  (:func:`~tidelog.metadata.reassignment_plans.plan_retargets`), through the path of a new plan
+  (:func:`~tidelog.metadata.reassignment_plans.retarget`): ``reassign_from`` kept, so a cancel still restores
+  the record the reassignment started from, and refused (logged, tried again on the next change) when it would
+  take the ISR below min-ISR. Without it such a reassignment waits for an operator forever.
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ if TYPE_CHECKING:
     from tidelog.metadata.controller import Controller
 
 log = logging.getLogger(__name__)
+
+_CATCH_UP = 10.0
+"""Seconds a request waits for this broker's mirror to show the brokers registered in etcd."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +86,8 @@ class Reassigner:
         self._tick = tick
         self._controller = controller
         self._writes = PartitionWrites(client, keys, controller.broker_id, concurrency=write_concurrency)
-        self._latest = mirror.snapshot
+        self._mirror = mirror
+        self._latest = mirror.snapshot  # the newest snapshot the mirror announced (ahead of mirror.snapshot)
         self._delay = replacement_delay
         self._clock = clock or SystemClock()
         self._dirty = asyncio.Event()
@@ -93,6 +105,8 @@ class Reassigner:
 
         Every target is checked before anything is written, so a plan with one bad entry changes nothing."""
         writer = self._controller.current_writer()
+        if any(b not in self._latest.brokers for _, _, target in targets for b in target):
+            await self._mirror.with_registrations(_CATCH_UP)  # registered a moment ago, or not live at all
         snap = self._latest
         live = snap.brokers.keys()
         for stream, pid, target in targets:
@@ -143,6 +157,7 @@ class Reassigner:
         """Start moving every replica off ``broker`` (the fewest moves: each partition changes that one
         replica); one :class:`Move` per partition it holds, ``note`` saying why one cannot move now."""
         writer = self._controller.current_writer()
+        await self._mirror.with_registrations(_CATCH_UP)  # every live broker may take a replica
         snap = self._latest
         if broker not in snap.brokers and not any(broker in p.replicas for p in snap.partitions.values()):
             raise InvalidArgumentError(f"no broker {broker!r} is live or holds replicas")
@@ -257,8 +272,10 @@ class Reassigner:
         if not due or not snap.brokers or (last is not None and last[0] is snap and last[1] == set(due)):
             return
         onto = [b for b in snap.brokers if b not in self._controller.shutting_down]
-        planned, _ = plans.plan_off(snap, due, onto)
+        load = plans.replica_load(snap)
+        planned, _ = plans.plan_off(snap, due, onto, load=load)
         changes = [PartitionChange(r, plans.start(r, t), ChangeReason.REASSIGN) for r, t in planned]
+        changes += self._retargets(snap, due, onto, load)
         landed = await self._writes.apply(writer, changes)
         self._planned = (snap, set(due))  # planned again only when the metadata or the brokers due change
         for change, ok in zip(changes, landed, strict=True):
@@ -270,9 +287,36 @@ class Reassigner:
                     change.old.id,
                     ", ".join(b for b in due if b in change.old.replicas),
                     self._delay,
-                    list(change.old.replicas),
+                    list(change.old.reassign_to or change.old.replicas),
                     list(change.new.reassign_to),
                 )
+
+    def _retargets(
+        self, snap: MetadataSnapshot, due: Sequence[str], onto: Sequence[str], load: dict[str, int]
+    ) -> list[PartitionChange]:
+        """Reassignments in progress whose target names a broker of ``due``, re-targeted to live brokers (the
+        path of a new plan: ``reassign_from`` kept, never below min-ISR); one that cannot be now is logged and
+        planned again on the next change."""
+        retargets, stuck = plans.plan_retargets(snap, due, onto, load)
+        changes = []
+        for record, target in retargets:
+            try:
+                new = self._started(record, target, record.throttle_bps)
+            except InvalidArgumentError as refused:
+                stuck.append((record, str(refused)))
+                continue
+            changes.append(PartitionChange(record, new, ChangeReason.REASSIGN))
+        for record, why in stuck:
+            log.warning(
+                "controller %s: %s/%d is being reassigned to %s, which names a broker gone past the replacement "
+                "delay, and cannot be re-targeted now: %s",
+                self._controller.broker_id,
+                record.stream,
+                record.id,
+                list(record.reassign_to),
+                why,
+            )
+        return changes
 
     async def _on_change(self, old: MetadataSnapshot, new: MetadataSnapshot) -> None:
         self._latest = new

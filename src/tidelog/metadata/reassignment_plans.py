@@ -17,7 +17,9 @@ carries it on) and every step is one fenced compare-and-swap:
    ``replicas = F + (T2 - F)``, ``reassign_to = T2``, ``reassign_from`` still ``F``, so a cancel afterwards
    restores exactly the record the first start found. Brokers of ``T`` that ``T2`` drops leave the replicas
    and the ISR (a leader among them hands leadership to a live in-sync replica that stays). This is the way
-   out when a broker being added dies while catching up: re-target that partition to a live broker.
+   out when a broker being added dies while catching up: re-target that partition to a live broker (the
+   controller does it by itself once that broker is gone past ``replica_replacement_delay_ms``:
+   :func:`plan_retargets`).
 
 **Never below min-ISR.** Completion keeps every broker of ``T`` (all in the ISR, and ``T`` may not be smaller
 than the stream's min-ISR), and removes only brokers that are not needed for it. Cancelling refuses to take the
@@ -248,20 +250,36 @@ def progress(record: PartitionRecord | None, target: tuple[str, ...], live: Set[
             return Progress("complete", f"replicas {','.join(target)}")
         return Progress("other", f"replicas {','.join(record.replicas)}, not being reassigned")
     if record.reassign_to != target:
-        return Progress("other", f"being reassigned to {','.join(record.reassign_to)}")
+        return Progress("other", f"being reassigned to {','.join(record.reassign_to)}{_instead(record, target, live)}")
     missing = [b for b in target if b not in record.isr]
     dead = [b for b in missing if b not in live]
     if record.leader == OFFLINE or record.leader not in live:
         return Progress("waiting", "no live leader")
     if dead:
         return Progress(
-            "waiting", f"{', '.join(dead)} not running; bring it back, cancel, or --execute a plan without it"
+            "waiting",
+            f"{', '.join(dead)} not running; bring it back, cancel, or --execute a plan without it (the "
+            "controller does that itself once it is gone for replica_replacement_delay_ms)",
         )
     if len(record.isr) < min_isr:
         return Progress("waiting", f"below min-ISR ({len(record.isr)} in sync, min_isr {min_isr})")
     if missing:
         return Progress("in-progress", f"catching up: {', '.join(missing)}")
     return Progress("in-progress", "all in sync; completing")
+
+
+def _instead(record: PartitionRecord, target: tuple[str, ...], live: Set[str]) -> str:
+    """Why ``record``, being reassigned, does not go to ``target``, when the likely reason is that brokers of it
+    are gone (the controller re-targets a reassignment whose target broker is gone past
+    ``replica_replacement_delay_ms``; the record does not say whether it or a newer plan did)."""
+    have = record.reassign_to
+    gone = [b for b in target if b not in have]
+    if not gone or any(b in live for b in gone):
+        return ""
+    return (
+        f" instead; {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not running (a target broker gone longer "
+        "than replica_replacement_delay_ms is replaced by the controller); --verify the new replicas to follow it"
+    )
 
 
 # ---- planning moves ----
@@ -302,12 +320,14 @@ def plan_off(
     onto: Collection[str],
     *,
     streams: Collection[str] | None = None,
+    load: dict[str, int] | None = None,
 ) -> tuple[list[tuple[PartitionRecord, tuple[str, ...]]], list[tuple[PartitionRecord, str]]]:
     """Targets that take every replica off the brokers ``leaving``, onto brokers of ``onto``: the moves
     ``(record, target)``, and the partitions that cannot move now with the reason (no broker left to take the
-    replica, or a reassignment already in progress). ``streams`` limits the plan to those streams."""
+    replica, or a reassignment already in progress). ``streams`` limits the plan to those streams; ``load``
+    (:func:`replica_load` by default) is counted up for the brokers chosen."""
     racks = {b: r.rack for b, r in snapshot.brokers.items()}
-    load = replica_load(snapshot)
+    load = replica_load(snapshot) if load is None else load
     gone = set(leaving)
     candidates = sorted(b for b in onto if b not in gone)
     moves: list[tuple[PartitionRecord, tuple[str, ...]]] = []
@@ -328,6 +348,40 @@ def plan_off(
             target = replace_broker(target, broker, candidates, racks, load)
             if target is None:
                 stuck.append((record, f"no other broker can take its replica on {broker}"))
+                break
+        if target is not None:
+            moves.append((record, target))
+    return moves, stuck
+
+
+def plan_retargets(
+    snapshot: MetadataSnapshot,
+    gone: Collection[str],
+    onto: Collection[str],
+    load: dict[str, int] | None = None,
+) -> tuple[list[tuple[PartitionRecord, tuple[str, ...]]], list[tuple[PartitionRecord, str]]]:
+    """New targets for the reassignments in progress whose target names a broker of ``gone``: each such broker
+    replaced in place by a broker of ``onto``, chosen as :func:`plan_off` chooses (rack-aware, then least
+    loaded; ``load`` is counted up). Never by a broker the partition already has: not one the reassignment
+    removes (that would undo a decommission), nor one of its target. The re-targets ``(record, target)`` (to
+    write with :func:`start`, which refuses one below min-ISR), and the partitions no broker can serve, with
+    the reason."""
+    racks = {b: r.rack for b, r in snapshot.brokers.items()}
+    load = replica_load(snapshot) if load is None else load
+    dead = set(gone)
+    moves: list[tuple[PartitionRecord, tuple[str, ...]]] = []
+    stuck: list[tuple[PartitionRecord, str]] = []
+    for key in sorted(snapshot.partitions):
+        record = snapshot.partitions[key]
+        if not dead.intersection(record.reassign_to):
+            continue
+        candidates = sorted(b for b in onto if b not in dead and b not in record.replicas)
+        target: tuple[str, ...] | None = record.reassign_to
+        for broker in [b for b in record.reassign_to if b in dead]:
+            assert target is not None
+            target = replace_broker(target, broker, candidates, racks, load)
+            if target is None:
+                stuck.append((record, f"no other live broker can take the place of {broker} in its target"))
                 break
         if target is not None:
             moves.append((record, target))
