@@ -39,3 +39,12 @@ async def test_an_answer_delays_the_next_by_its_size_over_the_rate() -> None:
     assert before + 2.0 <= due <= time.monotonic() + 2.0  # 2000 bytes at 1000 bytes per second, back to back
     throttle.charge(leader, MOVING, "b", Reply([b"x" * 1000]))
     assert "b" not in throttle._next[leader]
+
+
+def test_one_answer_to_a_throttled_replica_carries_at_most_a_seconds_worth() -> None:
+    """Otherwise a move smaller than one fetch went at full speed in its first answer, whatever the throttle."""
+    fast = msgspec.structs.replace(MOVING, throttle_bps=100_000)
+    assert throttle.answer_cap(fast, "c", 8 << 20) == 100_000
+    assert throttle.answer_cap(MOVING, "c", 8 << 20) == throttle.MIN_ANSWER_BYTES  # whole pages at a low rate
+    assert throttle.answer_cap(MOVING, "c", 100) == 100  # never more than the fetch asked for
+    assert throttle.answer_cap(MOVING, "b", 8 << 20) == 8 << 20  # not being added: not capped

@@ -5,7 +5,9 @@
 paces its answers to the fetches (log batches and far-horizon segment bytes) of each replica being added: an
 answer of ``n`` bytes makes the next one to that replica wait until ``n / N`` seconds after the later of this
 answer and the previous deadline, so the replica's average rate stays at or under ``N`` whatever the fetch sizes
-(one answer may be as large as the fetch allows; the wait after it pays for it). Replicas already in the
+(the wait after an answer pays for it). One answer carries at most a second's worth (:func:`answer_cap`, at least
+:data:`MIN_ANSWER_BYTES`; a log fetch's first batch comes whole), so a move smaller than a fetch is paced too
+rather than sent at once. Replicas already in the
 partition, and every partition not being reassigned, are never paced. The cap is per partition and replica: a
 broker receiving many partitions at once receives up to ``N`` bytes per second for each.
 
@@ -25,6 +27,16 @@ from tidelog.metadata.records import PartitionRecord
 _next: WeakKeyDictionary[object, dict[str, float]] = WeakKeyDictionary()
 """Per leader partition (the object, so a new leadership starts afresh): replica → the monotonic time from
 which it may be sent more."""
+
+
+MIN_ANSWER_BYTES = 4096
+"""The smallest answer cap: a very low rate still moves whole pages, only less often."""
+
+
+def answer_cap(record: PartitionRecord, replica: str, max_bytes: int) -> int:
+    """The most bytes one answer to ``replica`` may carry: ``max_bytes``, or a second's worth when throttled."""
+    rate = rate_for(record, replica)
+    return max_bytes if not rate else min(max_bytes, max(rate, MIN_ANSWER_BYTES))
 
 
 def rate_for(record: PartitionRecord, replica: str) -> int:

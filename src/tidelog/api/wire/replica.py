@@ -98,7 +98,9 @@ async def replica_fetch(
     if not partition.local_log_start <= offset <= partition.log_end:
         return _refuse(correlation_id, partition, out_of_range(partition, request.replica_id, offset))
     partition.replica_fetched(request.replica_id, offset)  # its acknowledgement: feeds the HW at once
-    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    max_bytes = reassign_throttle.answer_cap(
+        partition.record, request.replica_id, min(request.max_bytes, MAX_FETCH_BYTES)
+    )
     await reassign_throttle.pace(partition, partition.record, request.replica_id)
     reply = _from_log(env, correlation_id, partition, offset, max_bytes, verify=request.verify)
     reassign_throttle.charge(partition, partition.record, request.replica_id, reply)
@@ -275,7 +277,9 @@ async def segment_fetch(
     if refusal is not None:
         response = SegmentFetchResponse(0, 0, partition.local_log_start, epoch, refusal.to_error_body())
         return Reply(encode_message(correlation_id, response))
-    max_bytes = min(request.max_bytes, MAX_FETCH_BYTES)
+    max_bytes = reassign_throttle.answer_cap(
+        partition.record, request.replica_id, min(request.max_bytes, MAX_FETCH_BYTES)
+    )
     await reassign_throttle.pace(partition, partition.record, request.replica_id)
     found = partition.log.sealed_segment_range(request.base_offset, request.position, max_bytes)
     if found is None:

@@ -135,7 +135,8 @@ def serve_entry(
             if held is not None:
                 held.append(wait)
         elif offset < end and (max_bytes > 0 or first):
-            data = partition.log.read(offset, max(max_bytes, 1), max_offset=end)
+            cap = reassign_throttle.answer_cap(partition.record, replica_id, max(max_bytes, 1))
+            data = partition.log.read(offset, cap, max_offset=end)
             if len(data) > max_bytes and not first:
                 data = b""  # over what is left of the budget: the next round (the follower rotates)
             reassign_throttle.charge_bytes(partition, partition.record, replica_id, len(data))
