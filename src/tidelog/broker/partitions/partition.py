@@ -59,7 +59,7 @@ from tidelog.protocol.records import BatchHeader
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
 from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
-from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
+from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot, take_snapshot_off_loop
 from tidelog.replication.leader.ack_poll import poller_for
 from tidelog.replication.leader.fencing import fence_follower
 from tidelog.replication.leader.follower_progress import FollowerProgress
@@ -312,7 +312,7 @@ class Partition(CommittedReads):
         if self._closed:
             return False
         if self.replicated or not self.producers.empty or self.log.end_offset != self._snapshot_offset:
-            self._maintain_producers()
+            await self._maintain_producers()
         if not self.replicated:
             return not self.producers.empty or self.log.end_offset != self._snapshot_offset
         lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
@@ -338,10 +338,18 @@ class Partition(CommittedReads):
             )
         return True
 
-    def _maintain_producers(self) -> None:
+    async def _maintain_producers(self) -> None:
         self.producers.remove_expired()
         now = self.clock.monotonic_ns()
-        if now >= self._snapshot_due_ns and self.snapshot_producers():
+        if now < self._snapshot_due_ns:
+            return
+        end = self.log.end_offset
+        if end == self._snapshot_offset or self.log.closed:
+            self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
+        elif not self.producers.has_reservations and await take_snapshot_off_loop(
+            self.producers, self._snapshots, end
+        ):  # the file is written in a thread: a pass over thousands of partitions never stalls the loop
+            self._snapshot_offset = end
             self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
 
     def snapshot_producers(self) -> bool:
