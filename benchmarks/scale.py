@@ -63,6 +63,7 @@ SETTLE_S = 5.0
 RETRY_S = 0.1
 WRITE_TIMEOUT_S = 2.0
 FAILOVER_LIMIT_S = 180.0
+WRITE_ALL_S_PER_STREAM = 0.1  # produce_all's bound grows with N (5,000 streams took 90 s on a loaded machine)
 WRITERS = 64  # streams written at once during produce_all and failover
 TARGET_N = 1000
 TARGETS = (
@@ -119,7 +120,7 @@ async def measure(side: Side, count: int, args: argparse.Namespace, *, failover:
         if (index + 1) % max(1, count // 10) == 0:
             log(f"{side.name}: {index + 1}/{count} streams ({time.perf_counter() - started:.1f}s)")
     begin = time.perf_counter()
-    await write_each(side, streams, limit=FAILOVER_LIMIT_S)
+    await write_each(side, streams, limit=max(FAILOVER_LIMIT_S, WRITE_ALL_S_PER_STREAM * count))
     sample.produce_all_s = time.perf_counter() - begin
     await asyncio.sleep(SETTLE_S)
     pids = procstats.descendants(side.pids())
