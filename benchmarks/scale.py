@@ -62,6 +62,7 @@ PAYLOAD = b"x" * 100
 SETTLE_S = 5.0
 RETRY_S = 0.1
 WRITE_TIMEOUT_S = 2.0
+ADMIN_TIMEOUT_S = 60.0  # creating a stream, reading its leader: an R3 JetStream at 1,600 streams took over 2 s
 FAILOVER_LIMIT_S = 180.0
 WRITE_ALL_S_PER_STREAM = 0.1  # produce_all's bound grows with N (5,000 streams took 90 s on a loaded machine)
 WRITERS = 64  # streams written at once during produce_all and failover
@@ -303,6 +304,7 @@ class JetStreamSide:
     def __init__(self, nc: Any, servers: int, pid_of: Callable[[], list[int]]) -> None:
         self.nc = nc
         self.js = nc.jetstream(timeout=WRITE_TIMEOUT_S)
+        self.jsm = nc.jsm(timeout=ADMIN_TIMEOUT_S)
         self.servers = servers
         self._pids = pid_of
         self.cluster: JetStreamCluster | None = None
@@ -338,7 +340,7 @@ class JetStreamSide:
 
     async def create(self, stream: str) -> None:
         config = StreamConfig(name=stream, subjects=[stream], storage=StorageType.FILE, num_replicas=self.servers)
-        await self.js.add_stream(config)
+        await self.jsm.add_stream(config)
 
     async def write(self, stream: str) -> None:
         await self.js.publish(stream, PAYLOAD, timeout=WRITE_TIMEOUT_S)
@@ -352,7 +354,7 @@ class JetStreamSide:
     async def leaders(self, streams: Sequence[str]) -> dict[str, str]:
         out = {}
         for stream in streams:
-            info = await self.js.stream_info(stream)
+            info = await self.jsm.stream_info(stream)
             if info.cluster is None or not info.cluster.leader:
                 raise RuntimeError(f"jetstream {stream} has no leader")
             out[stream] = info.cluster.leader
@@ -366,6 +368,7 @@ class JetStreamSide:
         await self.nc.close()
         self.nc = await nats.connect(servers=others, reconnect_time_wait=0.1, name="bench-scale")
         self.js = self.nc.jetstream(timeout=WRITE_TIMEOUT_S)
+        self.jsm = self.nc.jsm(timeout=ADMIN_TIMEOUT_S)
         started = time.perf_counter()
         await self.cluster.kill(server)
         return started
