@@ -74,8 +74,8 @@ async def test_an_always_log_writes_zeros_ahead_and_appends_overwrite_them(tmp_p
     await _fills_done(log)
     active = log._segments[-1]
     size_after_fill = _file_size(log)
-    assert size_after_fill == active.size + RESERVE
-    assert _tail(log) == bytes(RESERVE)
+    assert size_after_fill == active.size + PIECE_BYTES  # a small segment: one piece of room, not the reserve
+    assert _tail(log) == bytes(PIECE_BYTES)
     for i in range(20):
         await log.append(make_batch(3, size=100, tag=str(i)), 1)
     await _fills_done(log)
@@ -97,7 +97,8 @@ async def test_the_room_is_refilled_as_appends_use_it_and_stops_at_the_segment_s
         active = log._segments[-1]
         room = _file_size(log) - active.size
         assert 0 < room <= RESERVE and _file_size(log) <= 600 * KiB
-        assert room >= RESERVE // 4 or _file_size(log) == 600 * KiB  # refilled once a quarter was left
+        wanted_room = min(RESERVE, max(PIECE_BYTES, active.size))
+        assert room >= wanted_room // 4 or _file_size(log) == 600 * KiB  # refilled once a quarter was left
     await log.close()
 
 
@@ -268,9 +269,11 @@ def test_a_stopped_fill_writes_nothing_more(tmp_path: Path) -> None:
         reserve.stop(0)
         reserve.fill(fd, 8 * PIECE_BYTES)
         assert os.fstat(fd).st_size == 0 and not reserve.running
-        assert reserve.wanted(0, RESERVE, 1024 * KiB) == RESERVE
+        assert reserve.wanted(0, RESERVE, 1024 * KiB) == PIECE_BYTES  # the room grows with the segment
         reserve.wrote(RESERVE - 100)
-        assert reserve.wanted(RESERVE - 100, RESERVE, 1024 * KiB) == 2 * RESERVE - 100  # no room left after it
+        assert reserve.wanted(RESERVE - 100, RESERVE, 1024 * KiB) == 2 * RESERVE - 200  # no room left after it
+        reserve.wrote(4 * RESERVE)
+        assert reserve.wanted(4 * RESERVE, RESERVE, 8 * RESERVE) == 5 * RESERVE  # at most the reserve
         assert reserve.wanted(100, RESERVE, 1024 * KiB) == 0  # plenty of room
         assert reserve.wanted(100, RESERVE, 50) == 0  # the segment cannot grow further
     finally:

@@ -155,10 +155,20 @@ class PartitionManager:
         self._lock = asyncio.Lock()
         self._checkpointer: asyncio.Task[None] | None = None
         self._maintenance = LeaderMaintenance(self._clock)  # one timer for every led partition's periodic work
+        self._lead_listeners: list[Callable[[], None]] = []  # told when a partition starts being led or is altered
         self._peer_ssl = peer_ssl  # TLS for the fetchers' connections to their leaders (None: plaintext)
         # one fetch session (one connection) per leader broker, shared by every partition followed from it
         self._sessions = FetchSessions(broker_id, max_wait_ms=replica_fetch_wait_max_ms, ssl=peer_ssl)
         self._repairs = DamageRepairs(peers, self._repair_sources)  # bit rot: restore from a replica
+
+    def add_lead_listener(self, listener: Callable[[], None]) -> None:
+        """Have ``listener`` called when this broker starts leading a partition or a led stream's settings change
+        (the auto-pause sweep sleeps until the next deadline it knows of)."""
+        self._lead_listeners.append(listener)
+
+    def _tell_lead_listeners(self) -> None:
+        for listener in self._lead_listeners:
+            listener()
 
     # ------------------------------------------------------------------------------------------ lookups
 
@@ -332,6 +342,7 @@ class PartitionManager:
         replica.log.reconfigure(self._log_config_for(stream))
         if isinstance(replica, Partition):
             replica.update_stream(stream, stream.config.min_isr or max(1, stream.replication_factor - 1))
+            self._tell_lead_listeners()
         else:
             replica.stream = stream
         log.info("%s/%d: stream settings changed", stream.name, replica.record.id)
@@ -448,6 +459,7 @@ class PartitionManager:
         partition.tier = self.tier
         self._partitions[(stream.name, record.id)] = partition
         self._repairs.watch(log_, stream.name, record.id)
+        self._tell_lead_listeners()
         await self._ingests.start(partition)  # on failure: logged as an error, retried until it subscribes
         log.info(
             "leading %s (epoch %d) on NATS subject %r (log %d..%d, HW %d)",
@@ -535,8 +547,8 @@ class PartitionManager:
         """Persist each follower's high watermark once a second while it moves."""
         while True:
             await self._clock.sleep(1.0)
-            for follower in list(self._followers.values()):
-                if follower.fetcher is not None:
+            for follower in list(self._followers.values()):  # an idle one costs a comparison, not a coroutine
+                if follower.fetcher is not None and follower.known_committed != follower.checkpointed:
                     await follower.checkpoint()
 
     async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:

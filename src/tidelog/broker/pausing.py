@@ -30,10 +30,11 @@ the request that resumed the partition is then served by it.
 ``cursors_stream_auto_pause_time_ms``) pauses a partition that received no message for that long. With
 ``autoPauseDisableIfSubscribers`` (or ``auto_pause_disable_if_subscribers``; always for ``__cursors``, as
 Liftbridge) not while it is read: a gRPC subscription is open on it, or a wire fetch read it within the last
-:data:`FETCH_SUBSCRIBER_WINDOW` seconds. One task per broker sweeps the partitions it leads once a second
-(:class:`Pauses`), not a timer per partition: its cost grows with the partitions led, and an idle broker with
-every partition paused does nothing. A partition's idle time counts from the last message it received, or from
-when this broker started leading it (a resume restarts the count).
+:data:`FETCH_SUBSCRIBER_WINDOW` seconds. One task per broker sweeps the partitions it leads (:class:`Pauses`),
+not a timer per partition, and only when one can be due: it sleeps until the earliest deadline it knows of (at
+least :data:`SWEEP_PERIOD`), woken early when this broker starts leading a partition or a led stream's settings
+change. With auto-pause off, an idle broker never sweeps. A partition's idle time counts from the last message it
+received, or from when this broker started leading it (a resume restarts the count).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from tidelog.broker.manager import PartitionManager
 from tidelog.broker.partitions.followed import FollowedPartition
@@ -57,7 +59,7 @@ from tidelog.protocol.errors import NotLeaderError, PartitionPausedError, Unavai
 log = logging.getLogger(__name__)
 
 SWEEP_PERIOD = 1.0
-"""Seconds between two auto-pause sweeps."""
+"""The shortest time between two auto-pause sweeps (a partition pauses at most this late)."""
 FETCH_SUBSCRIBER_WINDOW = 5.0
 """A wire fetch of a partition within this many seconds counts as a subscriber (a consumer long-polls)."""
 _WINDOW_NS = int(FETCH_SUBSCRIBER_WINDOW * 1e9)
@@ -95,6 +97,7 @@ class Pauses:
         self._subscriptions: dict[PartitionKey, int] = {}  # open gRPC subscriptions per partition
         self._fetched: dict[PartitionKey, int] = {}  # monotonic ns of the last wire fetch per partition
         self._sweeper: asyncio.Task[None] | None = None
+        self._woken = asyncio.Event()  # a partition led anew or a stream altered: its deadline may come first
 
     # ------------------------------------------------------------------------------------------ resume
 
@@ -182,6 +185,7 @@ class Pauses:
 
     def start(self) -> None:
         if self._sweeper is None:
+            self._manager.add_lead_listener(self._woken.set)
             self._sweeper = asyncio.create_task(self._sweep_forever(), name="auto-pause")
 
     async def stop(self) -> None:
@@ -191,12 +195,47 @@ class Pauses:
             await asyncio.gather(sweeper, return_exceptions=True)
 
     async def _sweep_forever(self) -> None:
+        delay: float | None = SWEEP_PERIOD
         while True:
-            await self._clock.sleep(SWEEP_PERIOD)
+            await self._sleep(delay)
             try:
                 await self.sweep()
+                delay = self.next_sweep_in()
             except Exception:
                 log.exception("the auto-pause sweep failed; trying again in %.0f s", SWEEP_PERIOD)
+                delay = SWEEP_PERIOD
+
+    async def _sleep(self, delay: float | None) -> None:
+        """Sleep ``delay`` seconds (None: until woken) or until :attr:`_woken`; woken, still SWEEP_PERIOD since
+        the start (creating many partitions wakes it once each)."""
+        self._woken.clear()
+        start = self._clock.monotonic_ns()
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._woken.wait())]
+        if delay is not None:
+            waits.append(asyncio.ensure_future(self._clock.sleep(delay)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        left = SWEEP_PERIOD - (self._clock.monotonic_ns() - start) / 1e9
+        if self._woken.is_set() and left > 0:
+            await self._clock.sleep(left)
+
+    def next_sweep_in(self) -> float | None:
+        """Seconds until the earliest auto-pause deadline among the partitions led here (at least
+        SWEEP_PERIOD); None when none has auto-pause on."""
+        now = self._clock.now_ns()
+        earliest: int | None = None
+        for partition in self._manager.partitions():
+            ms, _ = self.auto_pause_of(partition.stream)
+            if ms <= 0 or partition.record.paused:
+                continue
+            due = max(partition.latest_received_ns, partition.led_since_ns) + ms * 1_000_000
+            earliest = due if earliest is None else min(earliest, due)
+        if earliest is None:
+            return None
+        return max(SWEEP_PERIOD, (earliest - now) / 1e9)
 
     def idle(self) -> list[Partition]:
         """The partitions led here that are due to be auto-paused now."""

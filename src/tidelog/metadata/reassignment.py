@@ -94,6 +94,7 @@ class Reassigner:
         self._gone_since: dict[str, float] = {}  # broker → monotonic time this term first saw it gone
         self._looked_at: MetadataSnapshot | None = None  # the snapshot _gone_since was computed from
         self._planned: tuple[MetadataSnapshot, set[str]] | None = None  # what the last replacement plan saw
+        self._completed: tuple[MetadataSnapshot, frozenset[str]] | None = None  # what the last _complete scanned
         mirror.add_listener(self._on_change)
         controller.add_term_task("reassignment", self.run)
 
@@ -218,6 +219,7 @@ class Reassigner:
         """Complete reassignments and replace gone brokers while the term lasts (a controller term task)."""
         self._gone_since.clear()
         self._looked_at = self._planned = None
+        self._completed = None
         self._dirty.set()
         while True:
             try:
@@ -233,12 +235,16 @@ class Reassigner:
                 return
             except Exception as error:
                 log.warning("controller: reassignment step failed (%s); retrying", error)
+                self._completed = None
                 self._dirty.set()
                 await self._clock.sleep(self._tick)
 
     async def _complete(self, writer: FencedWriter) -> None:
         snap = self._latest
         live, leaving = snap.brokers.keys(), self._controller.shutting_down
+        if self._completed is not None and self._completed[0] is snap and self._completed[1] == leaving:
+            return  # the scan is over every partition: only when something changed (not at every idle tick)
+        self._completed = (snap, leaving)
         changes = []
         for record in snap.partitions.values():
             new = plans.complete(record, live, leaving)

@@ -27,16 +27,27 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
-
-import obstore
-from obstore.exceptions import AlreadyExistsError, NotFoundError, PermissionDeniedError, UnauthenticatedError
-from obstore.store import LocalStore, S3Store
 
 from tidelog.storage.errors import StorageError
 
 SUPPORTED = "file:///absolute/path or s3://bucket[/prefix]"
+
+
+def _obstore() -> ModuleType:
+    """``obstore``, imported on first use: a broker without a tiered store never loads it (about 7 MiB resident,
+    docs/performance.md "Many partitions")."""
+    import obstore.store
+
+    return obstore
+
+
+def _errors() -> ModuleType:
+    import obstore.exceptions
+
+    return obstore.exceptions
 
 
 class TieredStoreError(StorageError):
@@ -80,8 +91,8 @@ class TieredStore:
     async def put_new(self, name: str, data: bytes | memoryview) -> bool:
         """Write ``data`` as ``name`` unless that name exists: True if written, False if it was there already."""
         try:
-            await obstore.put_async(self._store, self.key(name), data, mode="create")
-        except AlreadyExistsError:
+            await _obstore().put_async(self._store, self.key(name), data, mode="create")
+        except _errors().AlreadyExistsError:
             return False
         except Exception as exc:
             raise self._failed("put", name, exc) from None
@@ -89,9 +100,9 @@ class TieredStore:
 
     async def get(self, name: str) -> bytes:
         try:
-            result = await obstore.get_async(self._store, self.key(name))
+            result = await _obstore().get_async(self._store, self.key(name))
             return bytes(await result.bytes_async())
-        except (NotFoundError, FileNotFoundError):
+        except (_errors().NotFoundError, FileNotFoundError):
             raise RemoteObjectMissingError(f"{self.description}: object {name} is missing") from None
         except Exception as exc:
             raise self._failed("get", name, exc) from None
@@ -99,8 +110,8 @@ class TieredStore:
     async def get_range(self, name: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of object ``name`` (fewer at its end)."""
         try:
-            return bytes(await obstore.get_range_async(self._store, self.key(name), start=start, end=end))
-        except (NotFoundError, FileNotFoundError):
+            return bytes(await _obstore().get_range_async(self._store, self.key(name), start=start, end=end))
+        except (_errors().NotFoundError, FileNotFoundError):
             raise RemoteObjectMissingError(f"{self.description}: object {name} is missing") from None
         except Exception as exc:
             raise self._failed("get", name, exc) from None
@@ -108,8 +119,8 @@ class TieredStore:
     async def size_of(self, name: str) -> int | None:
         """The object's size, None when there is none."""
         try:
-            meta = await obstore.head_async(self._store, self.key(name))
-        except (NotFoundError, FileNotFoundError):
+            meta = await _obstore().head_async(self._store, self.key(name))
+        except (_errors().NotFoundError, FileNotFoundError):
             return None
         except Exception as exc:
             raise self._failed("head", name, exc) from None
@@ -118,8 +129,8 @@ class TieredStore:
     async def list_names(self, prefix: str) -> list[str]:
         """The names of the objects under ``prefix/`` (as given to :meth:`put_new`), in no particular order."""
         try:
-            listed = await obstore.list(self._store, prefix=self.key(prefix) + "/", chunk_size=1000).collect_async()
-        except (NotFoundError, FileNotFoundError):
+            listed = await _obstore().list(self._store, prefix=self.key(prefix) + "/", chunk_size=1000).collect_async()
+        except (_errors().NotFoundError, FileNotFoundError):
             return []
         except Exception as exc:
             raise self._failed("list", prefix, exc) from None
@@ -128,8 +139,8 @@ class TieredStore:
 
     async def delete(self, name: str) -> None:
         try:
-            await obstore.delete_async(self._store, self.key(name))
-        except (NotFoundError, FileNotFoundError):
+            await _obstore().delete_async(self._store, self.key(name))
+        except (_errors().NotFoundError, FileNotFoundError):
             return
         except Exception as exc:
             raise self._failed("delete", name, exc) from None
@@ -139,8 +150,8 @@ class TieredStore:
         it answers with a refusal (credentials, no such bucket, a directory it cannot use), :class:`TieredStoreError`
         when it does not answer at all (an outage: the broker starts anyway, and uploads wait for the store)."""
         try:
-            await obstore.list(self._store, prefix=self._prefix or None, chunk_size=1).collect_async()
-        except (UnauthenticatedError, PermissionDeniedError) as exc:
+            await _obstore().list(self._store, prefix=self._prefix or None, chunk_size=1).collect_async()
+        except (_errors().UnauthenticatedError, _errors().PermissionDeniedError) as exc:
             raise TieredStoreConfigError(
                 f"tiered store {self.description} refused the credentials "
                 f"(tiered_store_access_key_id / tiered_store_secret_access_key): {_first_line(exc)}"
@@ -178,7 +189,7 @@ def open_store(settings: StoreSettings) -> TieredStore:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TieredStoreConfigError(f"tiered_store {settings.url!r}: cannot create {root}: {exc}") from None
-        return TieredStore(LocalStore(root, mkdir=True), "", settings.url)
+        return TieredStore(_obstore().store.LocalStore(root, mkdir=True), "", settings.url)
     if parts.scheme == "s3":
         if not parts.netloc:
             raise TieredStoreConfigError(f"tiered_store {settings.url!r} names no bucket ({SUPPORTED})")
@@ -206,7 +217,7 @@ def open_store(settings: StoreSettings) -> TieredStore:
             },
         }
         try:
-            store = S3Store(parts.netloc, client_options=options, retry_config=retry, **kwargs)  # type: ignore[arg-type]
+            store = _obstore().store.S3Store(parts.netloc, client_options=options, retry_config=retry, **kwargs)
         except Exception as exc:
             raise TieredStoreConfigError(f"tiered_store {settings.url!r}: {_first_line(exc)}") from None
         return TieredStore(store, parts.path, settings.url)

@@ -75,6 +75,27 @@ async def test_many_idle_partitions_share_one_timer_and_a_replicated_one_is_stil
     assert len(asyncio.all_tasks()) == tasks_before
 
 
+async def test_an_idle_partition_is_not_visited_until_a_write_wakes_it(tmp_path: Path) -> None:
+    clock = ManualClock()
+    maintenance = LeaderMaintenance(clock)
+    partition = await _led(tmp_path, "one", clock, maintenance)
+    await partition.append(_one_batch(), Acks.LEADER, 5)
+    for _ in range(31):  # past SNAPSHOT_INTERVAL_NS: the producer state is snapshotted, then nothing is due
+        await until(lambda: clock.sleepers == 1 or not maintenance.running, "the maintenance timer")
+        if not maintenance.running:
+            break
+        passes = maintenance.passes
+        clock.advance(1.0)
+        await until(lambda: maintenance.passes > passes, "a pass")  # noqa: B023
+    assert not maintenance.running and maintenance.active == 0, "an idle partition still visited every second"
+    assert clock.sleepers == 0
+
+    await partition.append(_one_batch(), Acks.LEADER, 5)
+    assert maintenance.running and maintenance.active == 1, "a write did not wake the partition"
+    await partition.close()
+    assert not maintenance.running and len(maintenance) == 0
+
+
 async def test_an_interval_flushed_log_has_no_timer_once_everything_is_flushed(tmp_path: Path) -> None:
     log = await Log.open_async(tmp_path, LogConfig(flush_policy=FlushPolicy.INTERVAL, flush_interval_ms=10))
     tasks_before = len(asyncio.all_tasks())

@@ -59,7 +59,7 @@ from tidelog.protocol.records import BatchHeader
 from tidelog.replication.hw_checkpoint import write_hw_checkpoint
 from tidelog.replication.idempotence.producer_snapshot import ProducerSnapshots
 from tidelog.replication.idempotence.producer_state import ProducerStateTable
-from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot
+from tidelog.replication.idempotence.producer_sync import SNAPSHOT_INTERVAL_NS, take_snapshot, take_snapshot_off_loop
 from tidelog.replication.leader.ack_poll import poller_for
 from tidelog.replication.leader.fencing import fence_follower
 from tidelog.replication.leader.follower_progress import FollowerProgress
@@ -193,6 +193,7 @@ class Partition(CommittedReads):
         telemetry.isr_changed(len(self.record.isr), len(record.isr))
         self.record = record
         self.record_changed()
+        self._maintenance.wake(self)  # replicas added: periodic work again
         self.safety.update(record)
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
         self._hw.set_isr(record.isr or (self.broker_id,))
@@ -252,6 +253,7 @@ class Partition(CommittedReads):
 
     def _tell_waiters(self, first: int, end: int, parts: Sequence[Buffer | FileSlice]) -> None:
         """The log's write observer (:class:`_TailPush`): hand a write to the fetches parked where it starts."""
+        self._maintenance.wake(self)  # a write: producer state to snapshot, producers to expire
         waiters = self._tail_waiters.pop(first, None)
         if not waiters:
             return
@@ -302,16 +304,17 @@ class Partition(CommittedReads):
         """Seconds between two visits of the broker's maintenance (:meth:`maintain`)."""
         return min(1.0, self._lag_max_ns / 2e9)
 
-    async def maintain(self) -> None:
+    async def maintain(self) -> bool:
         """Periodic work, from the broker's one maintenance timer (:mod:`~tidelog.broker.partitions.maintenance`):
         shrink the ISR of lagging followers and checkpoint the HW (replicated partitions), expire idle producers
-        and snapshot the producer state (every partition). Returns at once when nothing can be due."""
+        and snapshot the producer state (every partition). False when nothing can be due until a write or a new
+        record wakes the partition (:meth:`_tell_waiters`, :meth:`update_record`)."""
         if self._closed:
-            return
+            return False
         if self.replicated or not self.producers.empty or self.log.end_offset != self._snapshot_offset:
-            self._maintain_producers()
+            await self._maintain_producers()
         if not self.replicated:
-            return
+            return not self.producers.empty or self.log.end_offset != self._snapshot_offset
         lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
         if lagging and self._isr_change is None:
             log.warning(
@@ -333,11 +336,20 @@ class Partition(CommittedReads):
                 exc,
                 extra=self.log_context,
             )
+        return True
 
-    def _maintain_producers(self) -> None:
+    async def _maintain_producers(self) -> None:
         self.producers.remove_expired()
         now = self.clock.monotonic_ns()
-        if now >= self._snapshot_due_ns and self.snapshot_producers():
+        if now < self._snapshot_due_ns:
+            return
+        end = self.log.end_offset
+        if end == self._snapshot_offset or self.log.closed:
+            self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
+        elif not self.producers.has_reservations and await take_snapshot_off_loop(
+            self.producers, self._snapshots, end
+        ):  # the file is written in a thread: a pass over thousands of partitions never stalls the loop
+            self._snapshot_offset = end
             self._snapshot_due_ns = now + SNAPSHOT_INTERVAL_NS
 
     def snapshot_producers(self) -> bool:

@@ -25,16 +25,19 @@ runs on the loop, so no truncation can slip in and leave a snapshot describing a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tidelog.protocol.records import iter_batches
 from tidelog.replication.idempotence.producer_snapshot import (
     ProducerSnapshots,
     ReadableLog,
+    encode_snapshot,
     iter_log_headers,
     load_producer_state,
 )
 from tidelog.replication.idempotence.producer_state import DEFAULT_PRODUCER_EXPIRY_MS, ProducerStateTable
+from tidelog.storage.atomic import write_atomically
 from tidelog.storage.log import Log
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,24 @@ def take_snapshot(table: ProducerStateTable, snapshots: ProducerSnapshots, offse
     return True
 
 
+async def take_snapshot_off_loop(table: ProducerStateTable, snapshots: ProducerSnapshots, offset: int) -> bool:
+    """:func:`take_snapshot`, the table encoded here (exact as of ``offset``) and the file written, synced and
+    the old ones deleted in a worker thread: a broker snapshotting thousands of partitions in one maintenance
+    pass does not stall its event loop on their fsyncs (docs/performance.md, "Many partitions")."""
+    try:
+        data = encode_snapshot(table, offset)
+        await asyncio.to_thread(_write_and_retain, snapshots, offset, data)
+    except (OSError, ValueError) as exc:
+        log.warning("%s: cannot write a producer snapshot at %d: %s", snapshots.directory, offset, exc)
+        return False
+    return True
+
+
+def _write_and_retain(snapshots: ProducerSnapshots, offset: int, data: bytes) -> None:
+    write_atomically(snapshots.path_for(offset), data)
+    snapshots.retain(SNAPSHOTS_RETAINED)
+
+
 __all__ = [
     "SNAPSHOTS_RETAINED",
     "SNAPSHOT_INTERVAL_NS",
@@ -100,4 +121,5 @@ __all__ = [
     "open_producer_state",
     "record_replicated",
     "take_snapshot",
+    "take_snapshot_off_loop",
 ]
