@@ -125,13 +125,15 @@ class Partition(CommittedReads):
         ack_poll_us: int = 0,
         clock: Clock | None = None,
         maintenance: LeaderMaintenance | None = None,
+        on_log_failed: Callable[[Partition], None] | None = None,
     ) -> None:
         """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
         ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0, or a
         single replica: not). ``clock``: follower lag, ISR shrink, producer snapshots and record timestamps
         read it (a :class:`~tidelog.clock.SystemClock` when not given). ``maintenance``: the broker's one timer
         for its partitions' periodic work (:mod:`~tidelog.broker.partitions.maintenance`; one of its own when not
-        given).
+        given). ``on_log_failed``: told (from a write, or the maintenance tick) while this leader's log has failed a
+        write or an fsync (:mod:`~tidelog.broker.partitions.failed_logs`: the leader steps down).
         ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
         :mod:`tidelog.broker.partitions.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
@@ -174,6 +176,7 @@ class Partition(CommittedReads):
         self.records_in = 0  # records and bytes written in this leadership (for the metrics, read at scrape time)
         self.bytes_in = 0
         self.led_since_ns = self.clock.now_ns()  # auto-pause counts idleness from here when nothing was received
+        self._on_log_failed = on_log_failed
         self._maintenance = LeaderMaintenance(self.clock) if maintenance is None else maintenance
         self._maintenance.add(self)
 
@@ -308,6 +311,8 @@ class Partition(CommittedReads):
         and snapshot the producer state (every partition). Returns at once when nothing can be due."""
         if self._closed:
             return
+        if self.log.flusher.failed is not None:
+            self.log_failed()  # an idle leader too (a failed seal): it steps down
         if self.replicated or not self.producers.empty or self.log.end_offset != self._snapshot_offset:
             self._maintain_producers()
         if not self.replicated:
@@ -361,6 +366,15 @@ class Partition(CommittedReads):
             self._checkpointed = hw
 
     # ------------------------------------------------------------------------------------------ writes
+
+    def log_failed(self, error: BaseException | None = None) -> None:
+        """This leader's log failed a write or an fsync (``error``, when a write just met it): make sure it is
+        poisoned (no append, no retried fsync: a failed write was undone, but the disk cannot be trusted), and
+        have the broker hand the leadership on (:mod:`~tidelog.broker.partitions.failed_logs`)."""
+        if error is not None:
+            self.log.flusher.poison(error)
+        if self._on_log_failed is not None and not self._closed:
+            self._on_log_failed(self)
 
     def check_appendable(self) -> None:
         """Raise PARTITION_SUSPENDED while appends are suspended (fail to safety,
