@@ -194,8 +194,7 @@ class FailedLogs:
         self.retry_later(key)
 
     def _recovered(self, key: PartitionKey) -> None:
-        self._durable.pop(key, None)
-        self._delay.pop(key, None)
+        self._durable.pop(key, None)  # the back-off stays: a disk that fails again is retried more slowly
 
     def retry_later(self, key: PartitionKey) -> None:
         """Have the manager bring ``key`` in line again after a back-off (the disk still failed)."""

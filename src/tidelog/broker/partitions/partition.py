@@ -96,9 +96,9 @@ AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 class _TailPush:
     """The leader's write observer (:mod:`tidelog.storage.write_observer`): hands each write to the replica
     fetches parked at the log end. Told just before a write into preallocated room, so the followers' copies
-    start while the leader's own ``pwritev`` runs; if that write then fails, the log is poisoned and the
-    followers' next fetches, beyond its end, suspend the partition (:mod:`tidelog.broker.partitions.safety`) until an
-    operator confirms the head."""
+    start while the leader's own ``pwritev`` runs; if that write then fails, the log is poisoned and the leader steps
+    down (:mod:`tidelog.broker.partitions.failed_logs`); the followers' fetches beyond its end are told to retry and
+    keep those offsets (never acknowledged: the next leader may commit them)."""
 
     before_write = True
 
@@ -212,11 +212,14 @@ class Partition(CommittedReads):
         """A follower fetches at ``offset``: it holds everything below. False when it is no replica of ours.
 
         Beyond the log end, it holds offsets this leader lacks: evidence that consistency is lost, which
-        suspends appends (:mod:`tidelog.broker.partitions.safety` says why no race leads here); nothing is recorded."""
+        suspends appends (:mod:`tidelog.broker.partitions.safety` says why no race leads here); nothing is recorded.
+        Not when this leader's log failed: a write into zero-filled room failed after its followers had it, and the
+        log never appends again, so those offsets are never handed out twice (it steps down: ``failed_logs``)."""
         if offset > self.log.end_offset:
             if self.followers.state(replica) is None:
                 return False
-            self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
+            if self.log.flusher.failed is None:
+                self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
             return True
         end = self.log.end_offset
         if offset == end and self.latest_received_ns and (s := self.followers.state(replica)) and s.log_end < end:
