@@ -198,7 +198,8 @@ class Partition(CommittedReads):
         self.record_changed()
         self.safety.update(record)
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
-        self._hw.set_isr(record.isr or (self.broker_id,))
+        fetched = {r: s.log_end for r in record.isr if (s := self.followers.state(r)) is not None}
+        self._hw.set_isr(record.isr or (self.broker_id,), fetched)
 
     def update_stream(self, stream: StreamRecord, min_isr: int) -> None:
         """Take a newer stream record (settings changed at run time: ``tidelog stream alter``)."""
