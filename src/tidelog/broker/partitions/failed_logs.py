@@ -5,7 +5,8 @@ After a failed fsync the kernel may have dropped dirty pages it will never write
 shows them, and a retried fsync "succeeds" without them (fsyncgate). A log that failed an fsync, or a write
 (``EIO``: a full disk is not a failure, :mod:`tidelog.storage.disk_full`), is therefore *poisoned*
 (:mod:`tidelog.storage.flush`): it refuses appends, so nothing it could not make durable is ever acknowledged,
-and no fsync of it is retried. What happens next:
+and no fsync of it is retried. The write that met the failure is answered TIMEOUT (in doubt, retriable: its bytes
+may be on the followers). What happens next:
 
 - **A leader with another in-sync replica steps down** (:mod:`~tidelog.broker.partitions.step_down`): the
   controller hands the leadership to an ISR member, which holds every committed record, and leaves this broker

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from tidelog import telemetry
-from tidelog.protocol.errors import ErrorCode, TidelogError, make_error
+from tidelog.protocol.errors import ErrorCode, RequestTimeoutError, TidelogError, make_error
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchHeader, iter_batches
 from tidelog.protocol.records.producers import NO_PRODUCER_ID
@@ -301,9 +301,15 @@ class LeaderWrite:
             partition._settle_after_cancel()
             raise
         except (FlushFailedError, OSError) as exc:
-            if getattr(exc, "errno", None) not in _DISK_FULL:
-                partition.log_failed(exc)  # a failing disk: poisoned, the leader steps down
-            raise
+            if getattr(exc, "errno", None) in _DISK_FULL:
+                raise
+            partition.log_failed(exc)  # a failing disk: poisoned, the leader steps down
+            # In doubt, and retriable: the bytes may be on the followers, and the next leader may commit them. An
+            # idempotent producer's retry (same sequence) is then answered with their offsets, or written.
+            raise RequestTimeoutError(
+                f"{partition.name}: the leader's disk failed while writing ({exc}): the write may be stored on "
+                "the followers; retry on the next leader"
+            ) from exc
         self.base_offset = result.base_offset
         self.last_offset = result.last_offset
         self.state = _DURABLE
