@@ -110,7 +110,7 @@ async def decommission_one(run: FaultRun, pick: float) -> tuple[str, Undo]:
     if _draining(run):
         return "skipped: a decommission is under way", _nothing
     added = await _start_stopped(run) if len(_running(run)) <= 3 else None
-    members = _running(run)
+    members = [b for b in _running(run) if b != added]  # not the one started to take the replicas
     victim = members[min(int(pick * len(members)), len(members) - 1)]
     async with Admin(run.cluster.bootstrap()) as admin:
         moves = await admin.decommission_broker(victim)
