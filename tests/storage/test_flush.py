@@ -387,6 +387,31 @@ async def test_fsync_failure_poisons_the_log_and_skips_the_clean_marker(
     await reopened.close()
 
 
+async def test_the_durable_end_stays_at_the_last_fsync_that_succeeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a replica whose disk failed keeps when it reopens (broker.partitions.failed_logs): the log end at its
+    last good fsync, not what the failed one left in the file (and the page cache)."""
+    log = Log.open(tmp_path, small_config(flush_policy=FlushPolicy.ALWAYS))
+    await log.append(make_batch(2), 1)
+    await log.append(make_batch(2), 1)
+    assert log.durable_end == log.end_offset == 4
+    await log.truncate_to(2)
+    assert log.durable_end == 2  # nothing at or above a cut is known durable, even before its fsync
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    await log.append(make_batch(3), 1)
+    assert log.durable_end == 5
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with pytest.raises(FlushFailedError):
+        await log.append(make_batch(2), 1)
+    assert log.end_offset == 7 and log.durable_end == 5  # written, readable, never made durable
+    with pytest.raises(FlushFailedError):
+        await log.close()
+
+
 async def test_a_thousand_logs_appending_at_once_are_all_acknowledged(tmp_path: Path) -> None:
     """Flush-always appends to 1,000 single-replica logs at once: every one is acknowledged (the io_uring path this
     replaced left all but ~128 waiting forever once its completion queue overflowed)."""

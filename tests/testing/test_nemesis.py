@@ -1,5 +1,5 @@
-"""The nemesis: a plan is a function of its seed, and a short mixed run of the process, network, etcd, NATS and
-clock faults on a real network loses no acknowledged write and shows no anomaly (the CI gate;
+"""The nemesis: a plan is a function of its seed, and a short mixed run of the process, network, etcd, NATS,
+membership and clock faults on a real network loses no acknowledged write and shows no anomaly (the CI gate;
 ``python -m tidelog.testing.nemesis --time 300 --runs 20`` is the long one)."""
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ def test_unknown_faults_are_named() -> None:
         Plan.make(1, 10, [])
 
 
-# One short step of each dependency and clock fault, after seed 79's plan (their long versions: --faults).
+# One short step of each dependency, membership and clock fault, after seed 79's plan (their long versions:
+# --faults). The broker added first is still taking its replicas while etcd members are paused and killed.
 EXTRA_STEPS = (
+    PlannedFault(gap=0.5, fault="add-broker", length=0.5, pick=0.3),
     PlannedFault(gap=0.5, fault="pause-etcd-member", length=2.5, pick=0.0),
     PlannedFault(gap=0.5, fault="kill-etcd-member", length=1.0, pick=0.5),
     PlannedFault(gap=0.5, fault="restart-nats", length=1.0, pick=0.0),

@@ -26,7 +26,8 @@ record says it is resumed, when it opens like a partition after a restart.
 
 A log that start-up recovery finds damaged in the middle (intact batches after a bad one) is opened only where
 :class:`~tidelog.broker.partitions.damaged.DamagedPartitions` allows the cut; otherwise the partition is not run
-here, and its requests get CORRUPT_DATA naming the damage.
+here, and its requests get CORRUPT_DATA naming the damage. A log whose disk failed a write or an fsync is handed
+on (leader) and recovered (follower) by :class:`~tidelog.broker.partitions.failed_logs.FailedLogs`.
 
 Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``
 (:mod:`~tidelog.broker.partitions.data_dirs`).
@@ -35,6 +36,7 @@ Partition data lives at ``<data_dir>/streams/<stream>@<created_ns>/<partition>``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +54,7 @@ from tidelog.broker.partitions.data_dirs import (
     partition_path,
     remove_orphans,
 )
+from tidelog.broker.partitions.failed_logs import FailedLogs
 from tidelog.broker.partitions.followed import FollowedPartition
 from tidelog.broker.partitions.maintenance import LeaderMaintenance
 from tidelog.broker.partitions.partition import AlterIsr, Partition
@@ -137,6 +140,7 @@ class PartitionManager:
         self.damaged = DamagedPartitions(
             broker_id, truncate_damaged=recovery_truncate_damaged, alter_isr=alter_isr, clock=self._clock
         )
+        self.failed = FailedLogs(broker_id, alter_isr=alter_isr, retry=self._retry_failed, clock=self._clock)
         self._partitions: dict[PartitionKey, Partition] = {}
         self._followers: dict[PartitionKey, FollowedPartition] = {}
         self._ingests = IngestRuns(  # one per partition led here, retried until it subscribes
@@ -302,6 +306,7 @@ class PartitionManager:
             if key[0] not in new.streams:  # deleted while paused: its log is closed already
                 await delete_directory(closed)
                 log.info("deleted partition %s/%d (it was paused)", *key)
+        self.failed.forget(key)
         if key in self.damaged.refused():
             directory = self.damaged.forget(key)
             if directory is not None and key[0] not in new.streams:  # a log never opened: deleted all the same
@@ -376,7 +381,10 @@ class PartitionManager:
         try:
             cut = self.damaged.may_cut(record)
             config = self._log_config_for(stream)
-            log_ = await Log.open_async(path, config, truncate_damaged=cut, flush_shares=self._flush_shares)
+            opening = Log.open_async(path, config, truncate_damaged=cut, flush_shares=self._flush_shares)
+            log_ = await self.failed.opened((stream.name, partition), opening, leading=record.leader == self.broker_id)
+            if log_ is None:
+                return None  # its disk failed, and still fails: tried again later
             log_.keyring = self.vault.keyring(record)  # before anything reads or writes it
         except DamagedLogError as exc:
             self.damaged.refuse(record, exc)
@@ -455,6 +463,7 @@ class PartitionManager:
             ack_poll_us=self._ack_poll_us,
             clock=self._clock,
             maintenance=self._maintenance,
+            on_log_failed=self.failed.leader_failed,
         )
         partition.tier = self.tier
         self._partitions[(stream.name, record.id)] = partition
@@ -480,6 +489,9 @@ class PartitionManager:
         leader, its epoch or its address changed, idle while the leader is not alive."""
         key = (stream.name, record.id)
         follower = self._followers.get(key)
+        if (failed := self._partitions.get(key) or follower) is not None and failed.log.flusher.failed is not None:
+            await self.failed.retire(key, failed.log, self._stop(key, delete=False))  # reopened below, cut
+            follower = None
         if follower is None:
             partition = self._partitions.get(key)
             if partition is not None:
@@ -535,21 +547,24 @@ class PartitionManager:
 
     def _unreachable_hook(self, leader_id: str) -> Callable[[], Any] | None:
         hook = self._on_leader_unreachable
-        if hook is None:
-            return None
-
-        async def report() -> None:
-            await hook(leader_id)
-
-        return report
+        return None if hook is None else functools.partial(hook, leader_id)
 
     async def _checkpoint_followers(self) -> None:
-        """Persist each follower's high watermark once a second while it moves."""
+        """Persist each follower's high watermark once a second while it moves; recover a failed log."""
         while True:
             await self._clock.sleep(1.0)
-            for follower in list(self._followers.values()):  # an idle one costs a comparison, not a coroutine
-                if follower.fetcher is not None and follower.known_committed != follower.checkpointed:
+            for key, follower in list(self._followers.items()):  # an idle one costs a comparison, no coroutine
+                if follower.log.flusher.failed is not None:
+                    self.failed.retry_later(key)
+                elif follower.fetcher is not None and follower.known_committed != follower.checkpointed:
                     await follower.checkpoint()
+
+    async def _retry_failed(self, key: PartitionKey) -> None:
+        """:class:`FailedLogs`' retry: bring ``key`` in line with its record again, recovering its log."""
+        async with self._lock:
+            record = self._snapshot.partitions.get(key)
+            if record is not None and self.broker_id in record.replicas and key[0] in self._snapshot.streams:
+                await self._reconcile_one(key, record, self._snapshot)
 
     async def _stop(self, key: PartitionKey, *, delete: bool, keep_log: bool = False) -> None:
         await self._ingests.stop(key)
@@ -580,6 +595,7 @@ class PartitionManager:
                 self._checkpointer.cancel()
             await self._ingests.cancel_retries()
             await self.damaged.close()
+            await self.failed.close()
             await self._repairs.stop()
             await self._ingests.stop_all()
             partitions, self._partitions = self._partitions, {}

@@ -318,6 +318,12 @@ class Flusher:
         """Sequence of the latest write."""
         self.durable = 0
         """Every write with a sequence at or below this is on stable storage."""
+        self.position: Callable[[], int] = lambda: 0
+        """The log's end offset now (set by the log): a round reads it when it snapshots what it covers."""
+        self.durable_end = 0
+        """The log's end offset at the snapshot of the last round that succeeded: every byte below it was
+        fsynced (or read back at open). After a failure, what a recovery keeps (:meth:`cut_durable`)."""
+        self._round_end = 0  # position() when the running worker round took its snapshot
         self.fsync_rounds = 0
         """Completed group fsync rounds, inline ones included (for tests and metrics)."""
         self.inline_rounds = 0
@@ -379,6 +385,12 @@ class Flusher:
         """Record a failed fsync made elsewhere (sealing a segment): from now on the log refuses appends."""
         if self._failed is None:
             self._failed = error
+
+    def cut_durable(self, offset: int, *, exact: bool = False) -> None:
+        """The log was cut to ``offset`` (a truncation: nothing at or above it is known durable any more, also
+        for a round already under way), or with ``exact`` restarted there (a reset, durable by itself)."""
+        self.durable_end = offset if exact else min(self.durable_end, offset)
+        self._round_end = offset if exact else min(self._round_end, offset)
 
     def forget(self, target: Syncable) -> None:
         """``target`` is gone (deleted): there is nothing of it left to sync."""
@@ -443,6 +455,7 @@ class Flusher:
     def _sync_inline(self, loop: asyncio.AbstractEventLoop) -> None:
         """Sync the one dirty segment on the loop thread (idle flusher: nobody else is waiting)."""
         target = self.written
+        end = self.position()
         (segment,) = self._dirty
         nbytes = self._dirty_bytes
         clock = self._clock
@@ -461,6 +474,7 @@ class Flusher:
         self.inline_rounds += 1
         self.fsync_rounds += 1
         self.durable = target
+        self.durable_end = end
 
     # -- worker rounds ---------------------------------------------------------------------------------------
 
@@ -472,6 +486,7 @@ class Flusher:
         The round finishes even if every waiter was cancelled meanwhile.
         """
         target = self.written
+        self._round_end = self.position()
         targets = list(self._dirty)
         directories = list(self._dirty_directories)
         self._dirty.clear()
@@ -495,6 +510,7 @@ class Flusher:
         self._note_sync_time(elapsed_ns)
         self.fsync_rounds += 1
         self.durable = max(self.durable, target)
+        self.durable_end = self._round_end
         still: list[tuple[int, asyncio.Future[None], Callable[[], None] | None]] = []
         woken = 0
         for waiter in self._waiters:

@@ -129,6 +129,14 @@ class Log(AppendingLog, MaintainedLog, ReadingLog):
         return self._closed
 
     @property
+    def durable_end(self) -> int:
+        """The offset below which every byte of this log is known to be on stable storage: the log end at the
+        last fsync round that succeeded, lowered by truncations (read back from the files at open). What a replica
+        whose disk failed keeps when its log is opened again (:mod:`tidelog.broker.partitions.failed_logs`):
+        after a failed fsync the page cache may still show bytes the disk never got."""
+        return self._flusher.durable_end
+
+    @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self._segments)
 

@@ -154,7 +154,8 @@ class AppendingLog(SealingLog):
         The first batch must start at or after the log end and each batch after the previous one: offsets may
         skip forward (a compacted leader has gaps) but never overlap. Stored byte-for-byte. ``on_durable(end)``
         runs the moment the batches are durable per the flush policy, with the offset after the last one, from
-        inside the fsync round (:meth:`Flusher.after_write`): a follower acknowledges from there.
+        inside the fsync round (:meth:`Flusher.after_write`): a follower acknowledges from there. An I/O error
+        (writing the batches or the epoch checkpoint) poisons the log, as a failed fsync does.
         """
         view = _frozen(data)
         headers = self._validate(view, leader=False, control=False)
@@ -177,7 +178,12 @@ class AppendingLog(SealingLog):
                     self._epochs.assign(header.leader_epoch, header.base_offset)
             return placed, lambda i, j: [view[starts[i] : starts[j]]]
 
-        return await self._append(len(view), place, on_durable)
+        try:
+            return await self._append(len(view), place, on_durable)
+        except OSError as exc:  # an I/O error (not a full disk): refuse appends until the broker reopens the log
+            if not full.is_disk_full(exc):  # (tidelog.broker.partitions.failed_logs), as a leader's does
+                self._flusher.poison(exc)
+            raise
 
     def _validate(
         self,

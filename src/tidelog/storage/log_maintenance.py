@@ -92,6 +92,7 @@ class MaintainedLog(SealingLog):
         active.sealed = False
         self._epochs.truncate_from_end(self.end_offset)
         self._damage.forget_from(self.end_offset)
+        self._flusher.cut_durable(self.end_offset)
         return self._flusher.note_write(active)
 
     async def delete_segments_before(self, offset: int) -> list[int]:
@@ -215,6 +216,7 @@ class MaintainedLog(SealingLog):
             self._damage.forget_from(0)
             await self._flusher.run_blocking(write_recovery_point, self._directory, offset)
             self._recovery_point = offset
+            self._flusher.cut_durable(offset, exact=True)
         except BaseException as exc:
             self._flusher.poison(exc)  # the files and this object may disagree: reopen the log
             raise

@@ -61,6 +61,8 @@ class LogState:
             config.flush_policy, config.flush_interval_ms, clock, mode=flush_mode, shares=flush_shares
         )
         self._flusher.directory = directory  # its blocking work keeps this log's descriptors open (open_files)
+        self._flusher.position = lambda: self._segments[-1].next_offset  # what a round covers (durable_end)
+        self._flusher.durable_end = segments[-1].next_offset  # what recovery read back counts as stored
         self._preallocate = config.flush_policy is FlushPolicy.ALWAYS and config.preallocate_bytes > 0
         self._append_rate = AppendRate()
         self._recovery_point = report.recovery_point

@@ -155,6 +155,7 @@ class FaultRun:
         etcd_members: int = 1,
         lossy_disks: bool = False,
         skewed_clocks: bool = False,
+        spare_brokers: int = 0,
     ) -> None:
         """``network``: every process on a host of its own (:class:`~tidelog.testing.netlab.NetLab`, in
         :attr:`lab`), so the scenario can partition the network between brokers, etcd and NATS. ``history``: a
@@ -163,12 +164,14 @@ class FaultRun:
         ``etcd``, ``etcd1``, ``etcd2`` with ``network``) instead of one embedded etcd. ``lossy_disks``: each
         broker's data directory is a :class:`~tidelog.testing.lossy_disk.LossyDisk` (in :attr:`disks`), whose
         power can be cut and whose I/O can fail. ``skewed_clocks``: each broker's wall clock can be moved
-        (:class:`~tidelog.testing.clock_skew.SkewedClock`, in :attr:`clocks`)."""
+        (:class:`~tidelog.testing.clock_skew.SkewedClock`, in :attr:`clocks`). ``spare_brokers``: brokers ``b3``…
+        made ready (host, disk, clock) but not started, for membership faults to add
+        (:mod:`~tidelog.testing.membership_faults`); :attr:`retired` names the brokers not meant to run."""
         if etcd_members not in (1, 3):
             raise ValueError(f"etcd_members is 1 (embedded) or 3 (a cluster), not {etcd_members}")
         self.profile = profile
         etcd_hosts = ["etcd", *(f"etcd{index}" for index in range(1, etcd_members))]
-        names = ["nats", *etcd_hosts, *(f"b{index}" for index in range(3))]
+        names = ["nats", *etcd_hosts, *(f"b{index}" for index in range(3 + spare_brokers))]
         self.lab = NetLab(names) if network else None
         placements = self.lab.hosts if self.lab is not None else None
         self.etcd: EtcdCluster | None = None
@@ -177,7 +180,7 @@ class FaultRun:
             self.etcd = EtcdCluster(Path(root) / "etcd-cluster", etcd_members, hosts=hosts)
         self.cluster = LocalCluster(
             Path(root),
-            3,
+            3 + spare_brokers,
             settings=settings,
             proxied=proxied,
             placements=placements,
@@ -195,6 +198,8 @@ class FaultRun:
                 env.update(skew_env(handle.data_dir.parent, env.get("PYTHONPATH")))
                 handle.process.env = env
                 self.clocks[handle.id] = SkewedClock(handle.data_dir.parent)
+        self.retired = {handle.id for handle in self.cluster.brokers[3:]}  # not started, or decommissioned
+        self.background: list[asyncio.Task[None]] = []  # faults' work that outlives them (a decommission's drain)
         self.history = history if history is not None else History()
         self.report = FaultReport(scenario, Path(root))
         self.load = ProduceLoad(self.cluster.bootstrap, STREAM, self.history, window=profile.window, rate=profile.rate)
@@ -214,7 +219,12 @@ class FaultRun:
                 await self.etcd.start()
             for disk in self.disks.values():
                 await disk.start()
-            await self.cluster.start()
+            spares = [handle for handle in self.cluster.brokers if handle.id in self.retired]
+            self.cluster.brokers[:] = [handle for handle in self.cluster.brokers if handle.id not in self.retired]
+            try:
+                await self.cluster.start()
+            finally:
+                self.cluster.brokers.extend(spares)
         except BaseException:
             await self._stop_dependencies()
             raise
@@ -263,6 +273,7 @@ class FaultRun:
             if exc is not None:
                 self.report.failures.append(f"the scenario raised {exc!r}")
             await self._stop_workloads()
+            await self._finish_background()
             await self._settle_and_verify()
         finally:
             await self.cluster.stop()
@@ -290,6 +301,16 @@ class FaultRun:
         if self.tail.stats.errors:
             self.report.notes.append("consumer restarts after: " + format_counts(self.tail.stats.errors))
 
+    async def _finish_background(self) -> None:
+        """Let the faults' background work end (bounded), then cancel what is left."""
+        if not self.background:
+            return
+        _, late = await asyncio.wait(self.background, timeout=SETTLE_WITHIN)
+        for task in late:
+            task.cancel()
+            self.report.notes.append(f"{task.get_name()} had not finished by the settle: cancelled")
+        await asyncio.gather(*self.background, return_exceptions=True)
+
     async def _settle_and_verify(self) -> None:
         """Bring every broker back, wait for full ISRs, read, stop gracefully, read replicas, check."""
         cluster = self.cluster
@@ -308,7 +329,9 @@ class FaultRun:
                 await cluster.heal(handle.id)
             if handle.paused:
                 await cluster.resume(handle.id)
-        await asyncio.gather(*(cluster.restart(b.id) for b in cluster.brokers if not b.running))
+        await asyncio.gather(
+            *(cluster.restart(b.id) for b in cluster.brokers if not b.running and b.id not in self.retired)
+        )
         settled = await self.expect(self._isr_full_confirming, SETTLE_WITHIN, "every ISR to be full at the end")
         if settled:
             await self.expect(self._caught_up, SETTLE_WITHIN, "every HW to reach its log end at the end")

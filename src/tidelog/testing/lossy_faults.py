@@ -10,11 +10,11 @@ Each is a nemesis fault (:data:`tidelog.testing.nemesis.FAULTS`) and needs ``Fau
   until they come back; what was acknowledged must all be there when they do, since an acks-ALL write is
   fsynced by every ISR member before it is acknowledged (flush policy ``always``, the default).
 - ``eio-fsync-one``: one broker's fsyncs fail with ``EIO`` until undone. Its logs must refuse what they could
-  not make durable, never acknowledge it, never trust a retried fsync. Undone by healing the disk and then a
-  restart of the broker after a power cut: a log poisoned by a failed fsync stays failed until reopened, and the
-  data a failed fsync left in the cache is gone at the next power cut anyway, so the cut is what the real world
-  would add.
-- ``eio-write-one``: one broker's writes fail with ``EIO`` until undone (then the same restart).
+  not make durable, never acknowledge it, never trust a retried fsync; the partitions it leads move to another
+  in-sync replica, and each failed log is recovered in place (reopened, cut to its last good fsync, fetched
+  again: :mod:`tidelog.broker.partitions.failed_logs`). Undone by healing the disk alone: no restart, no
+  operator.
+- ``eio-write-one``: one broker's writes fail with ``EIO`` until undone (healed the same way).
 - ``enospc-one``: one broker's disk is full (writes that grow a file fail with ``ENOSPC``) until undone. A full
   disk refuses writes but takes nothing down: healing it is enough.
 """
@@ -45,7 +45,7 @@ def _disk(run: FaultRun, broker_id: str) -> LossyDisk:
 
 
 def _pick(run: FaultRun, pick: float) -> str:
-    ordered = sorted(b.id for b in run.cluster.brokers)
+    ordered = sorted(b.id for b in run.cluster.brokers if b.id not in run.retired)
     return ordered[min(int(pick * len(ordered)), len(ordered) - 1)]
 
 
@@ -62,7 +62,7 @@ async def power_loss_one(run: FaultRun, pick: float) -> tuple[str, Undo]:
 
 
 async def power_loss_all(run: FaultRun, pick: float) -> tuple[str, Undo]:
-    brokers = sorted(b.id for b in run.cluster.brokers)
+    brokers = sorted(b.id for b in run.cluster.brokers if b.id not in run.retired)
     await asyncio.gather(*(run.cluster.kill(b) for b in brokers))
     lost = [await _disk(run, b).power_loss() for b in brokers]
 
@@ -72,19 +72,13 @@ async def power_loss_all(run: FaultRun, pick: float) -> tuple[str, Undo]:
     return f"all brokers (dropped {sum(lost)} unsynced bytes)", undo
 
 
-def _failing(kind: str, *, restart: bool) -> Callable[[FaultRun, float], Awaitable[tuple[str, Undo]]]:
+def _failing(kind: str) -> Callable[[FaultRun, float], Awaitable[tuple[str, Undo]]]:
     async def fault(run: FaultRun, pick: float) -> tuple[str, Undo]:
         victim = _pick(run, pick)
         disk = _disk(run, victim)
         await disk.fail(kind)
 
-        async def undo() -> None:
-            await disk.heal()
-            if restart:
-                await power_cut(run, victim)
-                await run.cluster.restart(victim)
-
-        return victim, undo
+        return victim, disk.heal
 
     return fault
 
@@ -92,7 +86,7 @@ def _failing(kind: str, *, restart: bool) -> Callable[[FaultRun, float], Awaitab
 DISK_FAULTS = {
     "power-loss-one": power_loss_one,
     "power-loss-all": power_loss_all,
-    "eio-fsync-one": _failing("eio-fsync", restart=True),
-    "eio-write-one": _failing("eio-write", restart=True),
-    "enospc-one": _failing("enospc", restart=False),
+    "eio-fsync-one": _failing("eio-fsync"),
+    "eio-write-one": _failing("eio-write"),
+    "enospc-one": _failing("enospc"),
 }

@@ -11,9 +11,11 @@ role follow the cluster, so a replay meets the same faults at the same moments, 
 
 The faults: the brokers' processes and network (here, :data:`BROKER_FAULTS`), their dependencies (etcd
 members, NATS: :mod:`~tidelog.testing.dependency_faults`), their disks (power cuts, I/O errors, a full disk:
-:mod:`~tidelog.testing.lossy_faults`) and their wall clocks (:mod:`~tidelog.testing.clock_faults`). A plan
+:mod:`~tidelog.testing.lossy_faults`), their wall clocks (:mod:`~tidelog.testing.clock_faults`) and the
+cluster's membership (brokers added and decommissioned: :mod:`~tidelog.testing.membership_faults`). A plan
 that holds etcd member faults runs against a three-member etcd cluster, one with disk faults puts every
-broker's data on a lossy FUSE disk, one with clock faults makes every broker's clock skewable.
+broker's data on a lossy FUSE disk, one with clock faults makes every broker's clock skewable, one with
+membership faults holds a fourth broker ready.
 
 One fault is in force at a time, so the cluster can make progress again once it is undone (``power-loss-all``
 stops everything while it lasts); what is checked is that nothing acknowledged is lost, duplicated or
@@ -51,6 +53,7 @@ from tidelog.testing.dependency_faults import (
 )
 from tidelog.testing.fault_run import ELECT_WITHIN, STREAM, FaultProfile, FaultReport, FaultRun
 from tidelog.testing.lossy_faults import DISK_FAULTS, needs_lossy_disks
+from tidelog.testing.membership_faults import MEMBERSHIP_FAULTS, needs_spare_broker
 from tidelog.testing.nemesis_check import (
     QueueRecordingHistory,
     availability,
@@ -154,7 +157,8 @@ async def _leader(run: FaultRun) -> str:
 
 
 def _brokers(run: FaultRun) -> list[str]:
-    return [b.id for b in run.cluster.brokers]
+    """The cluster's members: not a spare broker not added yet, nor one decommissioned (membership faults)."""
+    return [b.id for b in run.cluster.brokers if b.id not in run.retired]
 
 
 async def kill_leader(run: FaultRun, pick: float) -> tuple[str, Undo]:
@@ -211,7 +215,7 @@ async def partition_pair(run: FaultRun, pick: float) -> tuple[str, Undo]:
     assert run.lab is not None
     brokers = sorted(_brokers(run))
     keep = _pick(brokers, pick)
-    a, b = (broker for broker in brokers if broker != keep)
+    a, b = [broker for broker in brokers if broker != keep][:2]
     await run.lab.partition([a], [b])
     return f"{a} | {b}", heal
 
@@ -241,6 +245,7 @@ FAULTS: Mapping[str, Fault] = {
     "restart-nats": restart_nats,
     **DISK_FAULTS,
     **CLOCK_FAULTS,
+    **MEMBERSHIP_FAULTS,
 }
 """Every fault a plan may hold (``--faults``; all of them by default)."""
 
@@ -301,6 +306,7 @@ async def run_nemesis(root: Path, plan: Plan, *, partitions: int = 3) -> Nemesis
         etcd_members=3 if needs_etcd_cluster(plan.faults) else 1,
         lossy_disks=needs_lossy_disks(plan.faults),
         skewed_clocks=needs_skewed_clocks(plan.faults),
+        spare_brokers=1 if needs_spare_broker(plan.faults) else 0,
     )
     schedule = Schedule()
     ended = 0.0

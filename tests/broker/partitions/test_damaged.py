@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from tidelog.broker.partitions import damaged as damaged_module
+from tidelog.broker.partitions import step_down as step_down_module
 from tidelog.broker.partitions.damaged import DamagedPartitions
 from tidelog.metadata.records import PartitionRecord
 from tidelog.protocol.errors import CorruptDataError, InvalidArgumentError, UnavailableError
@@ -62,7 +62,7 @@ def test_a_refusal_names_the_offsets_and_the_action_and_is_kept_per_leader(caplo
 async def test_a_refused_leader_steps_down_asking_again_until_the_controller_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(damaged_module, "STEP_DOWN_RETRY_MAX", 0.01)
+    monkeypatch.setattr(step_down_module, "STEP_DOWN_RETRY_MAX", 0.01)
     answers: list[Exception | None] = [InvalidArgumentError("no in-sync replica is live"), UnavailableError("x"), None]
     asked: list[tuple[str, ...]] = []
     done = asyncio.Event()

@@ -7,6 +7,7 @@ by ``BOUND``; nothing polls with sleeps.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tidelog.protocol.messages import Acks
 from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher
 from tidelog.replication.follower.session import FetchSessions
 from tidelog.storage.config import FlushPolicy
+from tidelog.storage.flush import FlushFailedError
 from tidelog.storage.log import Log
 from tidelog.testing.replica_leader import Leader, open_log, start_leader
 
@@ -319,3 +321,30 @@ async def test_stop_is_idempotent_and_the_high_watermark_starts_from_what_is_kno
     await fetcher.stop()
     await fetcher.start()  # a stopped fetcher stays stopped
     assert fetcher.state is FetcherState.STOPPED
+
+
+@pytest.mark.parametrize("harness", ["own", "session"], indirect=True)
+async def test_a_follower_whose_fsync_failed_stops_fetching_and_acknowledges_nothing_more(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the nemesis (seed 3001): reconnecting after the failure, the follower fetched at its log end, which
+    # acknowledged bytes its disk never got; the leader's HW passed them.
+    leader = await harness.lead([(0, [b"a"])])
+    fetcher = await harness.fetch()
+    await until_log_end(harness.follower, 1)
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)  # the leader's log (flush never) does not fsync on append
+    await leader.append(b"b")
+    assert await asyncio.wait_for(fetcher.wait_for_state(FetcherState.PARKED), BOUND) is FetcherState.PARKED
+    monkeypatch.undo()
+    assert harness.follower.end_offset == 2  # written, readable, never durable
+    follower = leader.partition.followers.state("b")
+    assert follower is not None and follower.log_end == 1 and leader.partition.high_watermark == 1
+    status = fetcher.status()
+    assert status.last_error is not None
+    await fetcher.stop()
+    with pytest.raises(FlushFailedError):
+        await harness.follower.close()

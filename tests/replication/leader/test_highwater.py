@@ -38,6 +38,24 @@ async def test_the_hw_never_goes_back() -> None:
     assert hw.value == 10
 
 
+async def test_a_new_member_counts_only_what_it_fetched_though_the_hw_moved_while_it_joined() -> None:
+    # Found by the nemesis (seed 3201): c fetched at 10 (the HW then) and was proposed; a and b went on to 15
+    # before the ISR change reached the metadata. Credited with the HW, c let 10..14 commit without it, then led
+    # without them (the preferred-leader election).
+    hw = HighWatermark("a", ["a", "b"], 0)
+    hw.replica_caught_up_to("a", 10)
+    hw.replica_caught_up_to("b", 10)
+    hw.replica_caught_up_to("a", 15)
+    hw.replica_caught_up_to("b", 15)
+    assert hw.value == 15
+    hw.set_isr(["a", "b", "c"], {"b": 15, "c": 10})
+    hw.replica_caught_up_to("a", 20)
+    hw.replica_caught_up_to("b", 20)
+    assert hw.value == 15  # held by c, at 10 (never back below 15)
+    hw.replica_caught_up_to("c", 20)
+    assert hw.value == 20
+
+
 async def test_shrinking_the_isr_commits_what_the_rest_has() -> None:
     hw = HighWatermark("a", ["a", "b"], 0)
     hw.replica_caught_up_to("a", 8)

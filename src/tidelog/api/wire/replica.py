@@ -68,7 +68,7 @@ from tidelog.api.wire.handlers import (
 )
 from tidelog.broker.partitions.partition import Partition
 from tidelog.broker.partitions.safety import epoch_end_after_reset
-from tidelog.protocol.errors import OffsetOutOfRangeError, TidelogError
+from tidelog.protocol.errors import OffsetOutOfRangeError, TidelogError, UnavailableError
 from tidelog.protocol.frames import Op
 from tidelog.protocol.message_codec import encode_message
 from tidelog.protocol.peer_messages import (
@@ -327,6 +327,8 @@ def out_of_range(partition: Partition, replica_id: str, offset: int) -> TidelogE
         suspended = partition.safety.refusal()
         if suspended is not None:
             return suspended
+        if partition.log.flusher.failed is not None:  # a write failed after its followers had it: they keep it
+            return UnavailableError(f"{partition.name}: the leader's log failed; its leadership moves on")
     return OffsetOutOfRangeError(
         f"replica {replica_id} fetches {partition.name} at {offset}, outside the leader's [{start}, {end}]"
     )

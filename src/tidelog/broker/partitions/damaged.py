@@ -34,21 +34,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 from tidelog.broker.partitions.partition import AlterIsr
+from tidelog.broker.partitions.step_down import step_down
 from tidelog.clock import Clock, SystemClock
 from tidelog.metadata.controller_plans import OFFLINE
 from tidelog.metadata.records import PartitionRecord
 from tidelog.metadata.snapshot import PartitionKey
-from tidelog.protocol.errors import CorruptDataError, FencedLeaderEpochError, TidelogError
+from tidelog.protocol.errors import CorruptDataError
 from tidelog.storage.recovery_damage import DamagedLogError
 
 log = logging.getLogger(__name__)
 
 SETTING = "recovery_truncate_damaged"
-STEP_DOWN_RETRY_MAX = 5.0  # seconds between attempts to reach the controller, at most
 
 
 class DamagedPartitions:
@@ -92,8 +91,8 @@ class DamagedPartitions:
         name = f"{record.stream}/{record.id}"
         key = (record.stream, record.id)
         others = tuple(b for b in record.isr if b != self._broker_id)
-        step_down = self._can_step_down(record)
-        if step_down:
+        stepping = self._can_step_down(record)
+        if stepping:
             action = (
                 f"another in-sync replica ({', '.join(others)}) holds these records: broker {self._broker_id} steps "
                 "down as leader, then cuts the damage and fetches the range again as a follower (nothing to do)"
@@ -116,45 +115,17 @@ class DamagedPartitions:
         running = self._stepping_down.pop(key, None)
         if running is not None:
             running.cancel()  # asked with an older record: ask again with this one
-        if step_down:
-            task = asyncio.create_task(self._step_down(record, others), name=f"step-down-{name}")
+        if stepping:
+            assert self._alter_isr is not None
+            task = asyncio.create_task(
+                step_down(self._alter_isr, record, self._broker_id, others, self._clock), name=f"step-down-{name}"
+            )
             self._stepping_down[key] = task
             task.add_done_callback(lambda done: self._forget_task(key, done))
 
     def _forget_task(self, key: PartitionKey, done: asyncio.Task[None]) -> None:
         if self._stepping_down.get(key) is done:  # not a newer one that replaced it
             del self._stepping_down[key]
-
-    async def _step_down(self, record: PartitionRecord, others: Sequence[str]) -> None:
-        """Ask the controller for an ISR without this broker until it takes it. A fenced request ends it (another
-        leadership began: the metadata moves this replica on); a refused one (no other ISR member is live right
-        now) is logged once and asked again slowly, until it is taken or the record changes (a newer task)."""
-        assert self._alter_isr is not None
-        name = f"{record.stream}/{record.id}"
-        delay = 0.1
-        refused = False
-        while True:
-            try:
-                await self._alter_isr(record, tuple(others))
-            except FencedLeaderEpochError as exc:
-                log.warning("%s: step-down of leader %s fenced: %s", name, self._broker_id, exc)
-                return
-            except TidelogError as exc:
-                if not exc.retriable:
-                    if not refused:
-                        log.error("%s: the controller refused the step-down of %s: %s", name, self._broker_id, exc)
-                    refused, delay = True, STEP_DOWN_RETRY_MAX
-                    await self._clock.sleep(delay)
-                    continue
-                failure: Exception = exc
-            except (OSError, ConnectionError) as exc:
-                failure = exc
-            else:
-                log.warning("%s: leader %s stepped down for in-sync replicas %s", name, self._broker_id, others)
-                return
-            log.warning("%s: could not step down yet (%s); retrying in %.1fs", name, failure, delay)
-            await self._clock.sleep(delay)
-            delay = min(delay * 2, STEP_DOWN_RETRY_MAX)
 
     def refused(self) -> list[PartitionKey]:
         return list(self._refused)

@@ -96,9 +96,9 @@ AlterIsr = Callable[[PartitionRecord, tuple[str, ...]], Awaitable[None]]
 class _TailPush:
     """The leader's write observer (:mod:`tidelog.storage.write_observer`): hands each write to the replica
     fetches parked at the log end. Told just before a write into preallocated room, so the followers' copies
-    start while the leader's own ``pwritev`` runs; if that write then fails, the log is poisoned and the
-    followers' next fetches, beyond its end, suspend the partition (:mod:`tidelog.broker.partitions.safety`) until an
-    operator confirms the head."""
+    start while the leader's own ``pwritev`` runs; if that write then fails, the log is poisoned and the leader steps
+    down (:mod:`tidelog.broker.partitions.failed_logs`); the followers' fetches beyond its end are told to retry and
+    keep those offsets (never acknowledged: the next leader may commit them)."""
 
     before_write = True
 
@@ -125,13 +125,15 @@ class Partition(CommittedReads):
         ack_poll_us: int = 0,
         clock: Clock | None = None,
         maintenance: LeaderMaintenance | None = None,
+        on_log_failed: Callable[[Partition], None] | None = None,
     ) -> None:
         """``producers``: the replica's producer state, loaded with its log (an empty table when not given).
         ``ack_poll_us``: how long a write waiting for its commit keeps the loop polling (:mod:`ack_poll`; 0, or a
         single replica: not). ``clock``: follower lag, ISR shrink, producer snapshots and record timestamps
         read it (a :class:`~tidelog.clock.SystemClock` when not given). ``maintenance``: the broker's one timer
         for its partitions' periodic work (:mod:`~tidelog.broker.partitions.maintenance`; one of its own when not
-        given).
+        given). ``on_log_failed``: told (from a write, or the maintenance tick) while this leader's log has failed a
+        write or an fsync (:mod:`~tidelog.broker.partitions.failed_logs`: the leader steps down).
         ``initial_hw`` is not clamped by the caller: above the log end it suspends appends (fail to safety,
         :mod:`tidelog.broker.partitions.safety`), and ``report_suspension`` has the controller record that."""
         self.stream = stream
@@ -174,6 +176,7 @@ class Partition(CommittedReads):
         self.records_in = 0  # records and bytes written in this leadership (for the metrics, read at scrape time)
         self.bytes_in = 0
         self.led_since_ns = self.clock.now_ns()  # auto-pause counts idleness from here when nothing was received
+        self._on_log_failed = on_log_failed
         self._maintenance = LeaderMaintenance(self.clock) if maintenance is None else maintenance
         self._maintenance.add(self)
 
@@ -196,7 +199,8 @@ class Partition(CommittedReads):
         self._maintenance.wake(self)  # replicas added: periodic work again
         self.safety.update(record)
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
-        self._hw.set_isr(record.isr or (self.broker_id,))
+        fetched = {r: s.log_end for r in record.isr if (s := self.followers.state(r)) is not None}
+        self._hw.set_isr(record.isr or (self.broker_id,), fetched)
 
     def update_stream(self, stream: StreamRecord, min_isr: int) -> None:
         """Take a newer stream record (settings changed at run time: ``tidelog stream alter``)."""
@@ -210,11 +214,14 @@ class Partition(CommittedReads):
         """A follower fetches at ``offset``: it holds everything below. False when it is no replica of ours.
 
         Beyond the log end, it holds offsets this leader lacks: evidence that consistency is lost, which
-        suspends appends (:mod:`tidelog.broker.partitions.safety` says why no race leads here); nothing is recorded."""
+        suspends appends (:mod:`tidelog.broker.partitions.safety` says why no race leads here); nothing is recorded.
+        Not when this leader's log failed: a write into zero-filled room failed after its followers had it, and the
+        log never appends again, so those offsets are never handed out twice (it steps down: ``failed_logs``)."""
         if offset > self.log.end_offset:
             if self.followers.state(replica) is None:
                 return False
-            self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
+            if self.log.flusher.failed is None:
+                self.safety.fetched_beyond_end(replica, offset, self.log.end_offset, self.broker_id)
             return True
         end = self.log.end_offset
         if offset == end and self.latest_received_ns and (s := self.followers.state(replica)) and s.log_end < end:
@@ -311,6 +318,8 @@ class Partition(CommittedReads):
         record wakes the partition (:meth:`_tell_waiters`, :meth:`update_record`)."""
         if self._closed:
             return False
+        if self.log.flusher.failed is not None:
+            self.log_failed()  # an idle leader too (a failed seal): it steps down
         if self.replicated or not self.producers.empty or self.log.end_offset != self._snapshot_offset:
             await self._maintain_producers()
         if not self.replicated:
@@ -373,6 +382,15 @@ class Partition(CommittedReads):
             self._checkpointed = hw
 
     # ------------------------------------------------------------------------------------------ writes
+
+    def log_failed(self, error: BaseException | None = None) -> None:
+        """This leader's log failed a write or an fsync (``error``, when a write just met it): make sure it is
+        poisoned (no append, no retried fsync: a failed write was undone, but the disk cannot be trusted), and
+        have the broker hand the leadership on (:mod:`~tidelog.broker.partitions.failed_logs`)."""
+        if error is not None:
+            self.log.flusher.poison(error)
+        if self._on_log_failed is not None and not self._closed:
+            self._on_log_failed(self)
 
     def check_appendable(self) -> None:
         """Raise PARTITION_SUSPENDED while appends are suspended (fail to safety,

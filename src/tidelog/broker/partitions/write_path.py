@@ -12,8 +12,8 @@ The states, in order (a write may skip ahead, never go back)::
       │        │  └──── duplicate ───────────▲  (acks ALL)  ▲
       └────────┴──── refused ──────────────────────────────────────▶ DONE
 
-- ADMIT: the partition takes writes (not suspended, not closing, not read-only, holding its data keys when its
-  stream is encrypted, enough in-sync replicas for ``ALL``). A paused partition is not open
+- ADMIT: the partition takes writes (not suspended, not closing, its log not failed, not read-only, holding its
+  data keys when its stream is encrypted, enough in-sync replicas for ``ALL``). A paused partition is not open
   (:mod:`tidelog.broker.pausing`): writes never reach it.
 - DEDUPE: batches carrying a producer id are reserved in the producer table; a retry of written batches goes
   straight to COMMITTED (or ANSWER) with its original offsets, and writes nothing.
@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from tidelog import telemetry
-from tidelog.protocol.errors import ErrorCode, TidelogError, make_error
+from tidelog.protocol.errors import ErrorCode, RequestTimeoutError, TidelogError, make_error
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import BatchHeader, iter_batches
 from tidelog.protocol.records.producers import NO_PRODUCER_ID
@@ -64,6 +65,7 @@ from tidelog.replication.idempotence.producer_state import (
 from tidelog.storage.encryption import SEAL_OVERHEAD, seal_batches
 from tidelog.storage.errors import OffsetMismatchError
 from tidelog.storage.file_writes import FileSlice
+from tidelog.storage.flush import FlushFailedError
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,7 @@ class WriteState(enum.IntEnum):
 # to read than an enum class's attribute.
 _ADMIT, _DEDUPE, _PLACE, _DURABLE, _COMMITTED, _ANSWER, _DONE = WriteState
 _ALL = Acks.ALL
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk refuses a write and takes nothing down (storage.disk_full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +120,9 @@ class WriteRefused:
     frame or code. ``code`` is one of:
 
     - ``PARTITION_SUSPENDED``: appends are suspended (fail to safety, :mod:`tidelog.broker.partitions.safety`).
-    - ``UNAVAILABLE``: the partition is closing or changing leader, or its log failed an fsync (refused before
-      the producer check, whose state that failure rolled back); retry on the new leader.
+    - ``UNAVAILABLE``: the partition is closing or changing leader, or its log failed a write or an fsync
+      (refused before the producer check, whose state that failure rolled back; the leader steps down:
+      :mod:`~tidelog.broker.partitions.failed_logs`); retry on the new leader.
     - ``READONLY``: the partition is read-only.
     - ``NOT_ENOUGH_REPLICAS``: acks ``ALL`` with fewer in-sync replicas than ``min_isr``.
     - ``OUT_OF_ORDER_SEQUENCE``, ``PRODUCER_FENCED``, ``DUPLICATE_IN_FLIGHT``, ``UNKNOWN_PRODUCER``,
@@ -227,10 +231,11 @@ class LeaderWrite:
         if partition._closed:
             self._refuse(ErrorCode.UNAVAILABLE, f"partition {partition.name} is closing")
         elif failed is not None:  # before dedupe: a failed fsync released reservations of bytes it may have kept
+            partition.log_failed()
             self._refuse(
                 ErrorCode.UNAVAILABLE,
-                f"partition {partition.name}: an fsync failed ({failed}); this log refuses appends until the broker "
-                "restarts",
+                f"partition {partition.name}: its log failed a write or an fsync ({failed}); it refuses appends while "
+                "its leadership moves to another in-sync replica (or, with none, until the broker restarts)",
             )
         elif record.readonly:
             self._refuse(ErrorCode.READONLY, f"partition {partition.name} is read-only")
@@ -310,6 +315,16 @@ class LeaderWrite:
         except asyncio.CancelledError:
             partition._settle_after_cancel()
             raise
+        except (FlushFailedError, OSError) as exc:
+            if getattr(exc, "errno", None) in _DISK_FULL:
+                raise
+            partition.log_failed(exc)  # a failing disk: poisoned, the leader steps down
+            # In doubt, and retriable: the bytes may be on the followers, and the next leader may commit them. An
+            # idempotent producer's retry (same sequence) is then answered with their offsets, or written.
+            raise RequestTimeoutError(
+                f"{partition.name}: the leader's disk failed while writing ({exc}): the write may be stored on "
+                "the followers; retry on the next leader"
+            ) from exc
         self.base_offset = result.base_offset
         self.last_offset = result.last_offset
         self.state = _DURABLE

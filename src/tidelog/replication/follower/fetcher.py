@@ -8,7 +8,7 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
         ▲              │   │          │  ▲   │ (each response: append, fsync, fetch again)
         │              │   └─▶ COPYING ◀─┘   │ (far-horizon catch-up: whole segment files, in rounds)
         └──── BACKING_OFF ◀─────┴─────┴──────┘
-                                      └──▶ PARKED (a leader that cannot serve segment files)
+                                      └──▶ PARKED (a leader that cannot serve segment files; a failed log)
 
 - **connecting**: a dedicated wire :class:`~tidelog.protocol.connection.Connection` to the leader.
 - **truncating**: KIP-101/279 — cut the log where it stops agreeing with the leader's, asking EPOCH_END_OFFSET
@@ -28,6 +28,9 @@ changes; a fetcher never changes leader by itself. Its task is a small state mac
   log start (retention deleted what we need next), or when more than ``copy_threshold_bytes`` of sealed
   segments lie beyond our log end: checked after each truncation (every connection) and again each time that
   many bytes were fetched without catching up, one SEGMENT_LIST round trip each time.
+- **parked**: behind a leader that cannot serve segment files, or the log failed a write or an fsync: a fetch
+  names the log end, which is an acknowledgement, and the end of a failed log may hold bytes its disk never
+  got (the broker recovers the log and starts a new fetcher: :mod:`tidelog.broker.partitions.failed_logs`).
 - **backing off**: after a failure, 50 ms doubling to 1 s, then back to where it failed (connecting when the
   connection is gone, truncating when that never completed, fetching otherwise). The leader being unreachable
   (connection refused or lost, or a request unanswered past its deadline) is reported once per outage through
@@ -272,6 +275,16 @@ class ReplicaFetcher(SessionFetching):
         resume = FetcherState.CONNECTING
         try:
             while not self._stopped:
+                if self._log.flusher.failed is not None:  # its next fetch would acknowledge what may not be stored
+                    log.error(
+                        "%s: this replica's log failed a write or an fsync (%s): it stops fetching until the broker "
+                        "recovers the log",
+                        self.name,
+                        self._log.flusher.failed,
+                        extra=self._ctx,
+                    )
+                    self._set_state(FetcherState.PARKED)
+                    return
                 self._set_state(resume)
                 try:
                     if resume is FetcherState.CONNECTING:

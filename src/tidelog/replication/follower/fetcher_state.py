@@ -13,7 +13,7 @@ class FetcherState(enum.Enum):
     FETCHING = "fetching"
     BACKING_OFF = "backing-off"
     COPYING = "copying"  # far-horizon catch-up: copying the leader's sealed segment files
-    PARKED = "parked"  # behind the leader's log start, and the leader cannot serve segment files
+    PARKED = "parked"  # behind the leader's log start and it cannot serve segment files, or the log failed
     STOPPED = "stopped"
 
 

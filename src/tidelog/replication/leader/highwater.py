@@ -21,7 +21,7 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,14 @@ class HighWatermark:
     def value(self) -> int:
         return self._hw
 
-    def set_isr(self, isr: Iterable[str]) -> None:
-        """Replace the ISR (members keep their known log end; new ones start at the HW)."""
+    def set_isr(self, isr: Iterable[str], fetched: Mapping[str, int] | None = None) -> None:
+        """Replace the ISR. Members keep their known log end; a new one starts where it last fetched
+        (``fetched``), never above the HW: it was proposed at or past the HW, but the HW may have moved on while
+        the change reached the metadata, and crediting it with the HW then would commit (and let it lead with)
+        records it lacks. Without ``fetched``, new members start at the HW."""
         members = set(isr) | {self._leader_id}
-        self._ends = {r: self._ends.get(r, self._hw) for r in members}
+        known = {} if fetched is None else fetched
+        self._ends = {r: self._ends.get(r, min(self._hw, known.get(r, self._hw))) for r in members}
         self._recompute()
 
     def set_min_isr(self, min_isr: int) -> None:
