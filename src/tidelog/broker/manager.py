@@ -374,8 +374,8 @@ class PartitionManager:
 
         None if it cannot be opened; a log damaged in the middle only when :class:`DamagedPartitions` says who
         may cut it (and is then remembered as refused, so it is not tried again in the same role)."""
-        partition = record.id
-        path = self.path_of(stream, partition)
+        partition, path = record.id, self.path_of(stream, record.id)
+        where = {"stream": stream.name, "partition": partition, "path": str(path)}
         if self.damaged.still_refused(record):
             return None
         try:
@@ -390,24 +390,12 @@ class PartitionManager:
             self.damaged.refuse(record, exc)
             return None
         except Exception:
-            log.exception(
-                "cannot open partition %s/%d at %s; this broker does not serve it until the metadata changes or the "
-                "broker restarts",
-                stream.name,
-                partition,
-                path,
-                extra={"stream": stream.name, "partition": partition, "path": str(path)},
-            )
+            log.exception("cannot open %s; not served here until its metadata changes or a restart", path, extra=where)
             return None
         try:
             producers = await asyncio.to_thread(_load_producers, log_, self._producer_expiry_ms)
         except Exception:
-            log.exception(
-                "cannot load the producer state of %s/%d; the partition is closed again and not served here",
-                stream.name,
-                partition,
-                extra={"stream": stream.name, "partition": partition},
-            )
+            log.exception("cannot load the producer state of %s; closed again, not served here", path, extra=where)
             await log_.close()
             return None
         finally:
