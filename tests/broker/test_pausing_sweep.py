@@ -7,9 +7,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, cast
 
+import msgspec
+
 from tests.broker.helpers import until
 from tidelog.broker.pausing import Pauses
 from tidelog.clock import ManualClock
+from tidelog.metadata.records import PartitionRecord, StreamRecord
 
 
 class _Manager:
@@ -48,3 +51,27 @@ async def test_with_auto_pause_off_the_sweep_waits_until_a_partition_is_led() ->
         await until(lambda: manager.looked > looked, "a sweep after the wake-up")
     finally:
         await pauses.stop()
+
+
+class _Led:
+    """A partition led here, idle since the start of time (as the sweep reads it)."""
+
+    def __init__(self, name: str, record: PartitionRecord) -> None:
+        self.stream = StreamRecord(name, name, "", 1, 1, 0)
+        self.record = record
+        self.latest_received_ns = 0
+        self.led_since_ns = 0
+
+
+def test_a_partition_being_reassigned_is_never_auto_paused() -> None:
+    """Paused, it runs in neither role and its new replicas could never catch up (a decommission waited for
+    ever on the auto-paused ``__cursors`` partition in the nemesis)."""
+    steady = PartitionRecord("s", 0, ("a",), "a", ("a",))
+    moving = msgspec.structs.replace(steady, replicas=("a", "b"), reassign_from=("a",), reassign_to=("b",))
+    manager = _Manager()
+    manager.partitions = lambda: [_Led("s", steady), _Led("m", moving)]  # type: ignore[method-assign]
+    clock = ManualClock()
+    clock.advance(3600.0)
+    nothing = cast(Any, None)
+    pauses = Pauses(cast(Any, manager), nothing, nothing, auto_pause_ms=1000, clock=clock)
+    assert [p.stream.name for p in pauses.idle()] == ["s"]

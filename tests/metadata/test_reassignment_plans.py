@@ -31,6 +31,15 @@ def test_start_adds_the_new_replicas_and_remembers_both_sides() -> None:
     assert plans.start(record, ("a", "b", "c")) == record  # the same replicas: nothing to do
 
 
+def test_a_paused_partition_is_resumed_by_its_move() -> None:
+    """A paused partition runs in neither role, so its new replicas could never catch up: a decommission waited
+    for ever on the auto-paused ``__cursors`` partition (nemesis). Moving it resumes it (it pauses again when idle)."""
+    paused = msgspec.structs.replace(part("s", "a", "a", "a"), paused=True, paused_ns=5, resume_all=True)
+    moving = plans.start(paused, ("b",), now_ns=9)
+    assert (moving.paused, moving.resume_all, moving.paused_ns, moving.resumed_ns) == (False, False, 5, 9)
+    assert moving.reassign_to == ("b",)
+
+
 def test_a_new_target_replaces_the_one_in_progress_and_cancel_still_restores_the_old_record() -> None:
     record = part("s", "ab", "a", "ab", 2)
     moving = _moving(record, "ac")

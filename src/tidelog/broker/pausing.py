@@ -229,7 +229,7 @@ class Pauses:
         earliest: int | None = None
         for partition in self._manager.partitions():
             ms, _ = self.auto_pause_of(partition.stream)
-            if ms <= 0 or partition.record.paused:
+            if ms <= 0 or partition.record.paused or partition.record.reassign_to:
                 continue
             due = max(partition.latest_received_ns, partition.led_since_ns) + ms * 1_000_000
             earliest = due if earliest is None else min(earliest, due)
@@ -243,8 +243,8 @@ class Pauses:
         due = []
         for partition in self._manager.partitions():
             ms, keep_if_read = self.auto_pause_of(partition.stream)
-            if ms <= 0 or partition.record.paused:
-                continue
+            if ms <= 0 or partition.record.paused or partition.record.reassign_to:
+                continue  # a partition being moved stays open: its new replicas fetch from it
             idle_since = max(partition.latest_received_ns, partition.led_since_ns)
             if now - idle_since < ms * 1_000_000:
                 continue

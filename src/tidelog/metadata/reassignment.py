@@ -136,6 +136,7 @@ class Reassigner:
             live=snap.brokers.keys(),
             shutting_down=self._controller.shutting_down,
             min_isr=plans.min_isr_of(snap.stream(record.stream)),
+            now_ns=self._clock.now_ns(),
         )
 
     async def cancel(self, partitions: Sequence[tuple[str, int]]) -> list[Move]:
@@ -167,7 +168,11 @@ class Reassigner:
         moves: list[Move] = []
         for record, target in planned:
             old, new = await self._decide(
-                writer, record.stream, record.id, lambda r, t=target: plans.start(r, t, throttle_bps), "decommission"
+                writer,
+                record.stream,
+                record.id,
+                lambda r, t=target: plans.start(r, t, throttle_bps, now_ns=self._clock.now_ns()),
+                "decommission",
             )
             moves.append(Move(record.stream, record.id, old.replicas, new.reassign_to or new.replicas))
         moves += [Move(r.stream, r.id, r.replicas, r.replicas, note) for r, note in stuck]
@@ -280,7 +285,8 @@ class Reassigner:
         onto = [b for b in snap.brokers if b not in self._controller.shutting_down]
         load = plans.replica_load(snap)
         planned, _ = plans.plan_off(snap, due, onto, load=load)
-        changes = [PartitionChange(r, plans.start(r, t), ChangeReason.REASSIGN) for r, t in planned]
+        wall_ns = self._clock.now_ns()
+        changes = [PartitionChange(r, plans.start(r, t, now_ns=wall_ns), ChangeReason.REASSIGN) for r, t in planned]
         changes += self._retargets(snap, due, onto, load)
         landed = await self._writes.apply(writer, changes)
         self._planned = (snap, set(due))  # planned again only when the metadata or the brokers due change

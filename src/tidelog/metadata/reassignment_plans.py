@@ -98,11 +98,13 @@ def start(
     live: Set[str] = frozenset(),
     shutting_down: Set[str] = frozenset(),
     min_isr: int = 1,
+    now_ns: int = 0,
 ) -> PartitionRecord:
     """``record`` with a reassignment to ``target`` started (or its throttle changed, when it is the same one).
 
     A target equal to the replicas changes nothing. A reassignment in progress to another target is re-targeted
-    (:func:`retarget`; ``live``, ``shutting_down`` and ``min_isr`` are for that)."""
+    (:func:`retarget`; ``live``, ``shutting_down`` and ``min_isr`` are for that). A paused partition is resumed
+    (at ``now_ns``): paused, it runs in neither role, and its new replicas could never catch up."""
     if record.reassign_to:
         if record.reassign_to == target:
             return msgspec.structs.replace(record, throttle_bps=throttle_bps)
@@ -110,6 +112,8 @@ def start(
     if target == record.replicas:
         return record
     added = tuple(b for b in target if b not in record.replicas)
+    if record.paused:
+        record = msgspec.structs.replace(record, paused=False, resume_all=False, resumed_ns=now_ns)
     return msgspec.structs.replace(
         record,
         replicas=(*record.replicas, *added),
