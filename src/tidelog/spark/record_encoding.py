@@ -60,7 +60,7 @@ def encode_rows(table: pa.Table, chunk_bytes: int = CHUNK_BYTES) -> list[Encoded
     about ``chunk_bytes`` of keys and values, the first at offset delta 0."""
     out: list[EncodedRecords] = []
     delta = 0
-    for batch in table.to_batches():
+    for batch in table.combine_chunks().to_batches():  # a task's groups come in many small chunks: slices of one size
         for piece in _slices(batch, chunk_bytes):
             out.append(encode_batch(piece, delta))
             delta += piece.num_rows
@@ -137,7 +137,7 @@ def header_section(headers: pa.Array) -> tuple[list[Part], pa.Scalar | pa.Array]
 # -- laying parts end to end ---------------------------------------------------------------------------------------
 
 
-def assemble(n: int, parts: Sequence[Part]) -> bytes:
+def assemble(n: int, parts: Sequence[Part]) -> memoryview:
     """``n`` rows of ``parts`` laid end to end, row after row (see the module docstring)."""
     columns: list[pa.Array | bytes] = []
     fixed: list[bytes | Varints] = []  # constants and one-width varints waiting to become one column
@@ -174,7 +174,7 @@ def _fixed_column(n: int, parts: Sequence[bytes | Varints]) -> pa.Array | bytes:
     return column.cast(pa.binary())
 
 
-def _gather(n: int, columns: Sequence[pa.Array | bytes]) -> bytes:
+def _gather(n: int, columns: Sequence[pa.Array | bytes]) -> memoryview:
     """Row ``r`` of every column (a constant: itself) in turn, for every row: concatenated, then one ``take``."""
     if len(columns) == 1 and isinstance(columns[0], pa.Array):
         return _section(columns[0])
@@ -216,9 +216,9 @@ def _interleaving(n: int, starts: tuple[int, ...], steps: tuple[int, ...]) -> pa
     return indices
 
 
-def _section(column: pa.Array) -> bytes:
-    """A binary column's values end to end: its data buffer between its first and last offset."""
+def _section(column: pa.Array) -> memoryview:
+    """A binary column's values end to end: its data buffer between its first and last offset (not copied)."""
     n = len(column)
     offsets = memoryview(column.buffers()[1]).cast("i")
     start, end = offsets[column.offset], offsets[column.offset + n]
-    return column.buffers()[2].slice(start, end - start).to_pybytes() if end > start else b""
+    return memoryview(column.buffers()[2])[start:end] if end > start else memoryview(b"")

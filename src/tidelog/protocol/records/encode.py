@@ -140,7 +140,7 @@ class EncodedRecords:
     ``first_delta + 1``, … and timestamp delta 0 (the batch's first timestamp), exactly the bytes
     :meth:`BatchBuilder.append` writes for records given no timestamp."""
 
-    section: bytes
+    section: bytes | memoryview
     count: int
     first_delta: int
 
@@ -157,7 +157,7 @@ class BatchBuilder:
     __slots__ = ("_count", "_first_timestamp", "_max_timestamp", "_parts", "_size")
 
     def __init__(self, first_timestamp: int) -> None:
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._count = 0
         self._size = 0
         self._first_timestamp = first_timestamp
