@@ -78,7 +78,7 @@ APPROACHES = {
     "memory-mapped Arrow IPC files",
     "sink": "the stream read by format('tidelog') in micro-batches of SINK_BATCH rows, its value column written by "
     "writeStream.format('tidelog') (exactly once: each task appends its rows per partition in one "
-    "register-fenced append, on the executors); "
+    "register-fenced append, on the executors, its rows encoded in bulk from their Arrow columns); "
     "peer: the same query into the noop sink; rows / triggerExecution",
     "standalone": "the sink_rows queries on a standalone cluster: a master and 2 workers × 1 core from pyspark's "
     "spark-class, 2 executors",
@@ -95,7 +95,7 @@ class Plan:
 
 QUICK = Plan(runs=4, records=1_000_000)
 FULL = Plan(runs=6, records=3_000_000)
-SINK_RUNS = 3  # per side: every row passes through the driver, so a run takes several times a source run
+SINK_RUNS = 3  # per side: a run reads and writes the stream in micro-batches, several times a source run
 WARM_UPS = 2  # rounds not counted: the JVM's JIT and Python workers' imports make the first ones slow
 STANDALONE_CONFIG = {
     "spark.sql.shuffle.partitions": "2",

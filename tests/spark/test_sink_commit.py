@@ -23,7 +23,6 @@ from tidelog.spark.sink_commit import (
     TaskCommit,
     check_batch,
     commit_task,
-    records_of,
 )
 from tidelog.spark.sink_fence import Fence, slot_label
 from tidelog.spark.sink_options import SinkOptions
@@ -82,17 +81,23 @@ def options(brokers: str) -> SinkOptions:
     return SinkOptions(brokers=(brokers,), stream=None, slots=4)
 
 
-def test_records_keep_keys_headers_and_tombstones() -> None:
-    plain = rows([b"a", b"b"])
-    assert records_of([plain, plain]) == [b"a", b"b", b"a", b"b"]  # the appender's fast path: plain values
-    headers = pa.array([[{"key": "h", "value": b"1"}, {"key": "h", "value": None}], None], plain.schema[2].type)
-    table = pa.Table.from_arrays(
-        [pa.array([b"v", None], pa.binary()), pa.array([b"k", None], pa.binary()), headers], schema=ROWS_SCHEMA
+def test_rows_land_with_their_keys_headers_and_tombstones(
+    client: TidelogClient, options: SinkOptions, stream_name: str
+) -> None:
+    """The task's rows, encoded in bulk (:mod:`tidelog.spark.record_encoding`), as the broker stores them."""
+    client.admin.create_stream(stream_name)
+    headers = pa.array(
+        [[{"key": "h", "value": b"1"}, {"key": "h", "value": None}], None, []], ROWS_SCHEMA.field("headers").type
     )
-    first, second = records_of([table])
-    assert not isinstance(first, bytes) and not isinstance(second, bytes)
-    assert (first.value, first.key, list(first.headers)) == (b"v", b"k", [("h", b"1"), ("h", b"")])
-    assert (second.value, second.key, list(second.headers)) == (None, None, [])
+    table = pa.Table.from_arrays(
+        [pa.array([b"v", None, b""], pa.binary()), pa.array([b"k", None, b""], pa.binary()), headers],
+        schema=ROWS_SCHEMA,
+    )
+    message = commit_task(options, TaskRows(None, (PartitionRows(stream_name, 0, table),)), None, 0)
+    assert message.appended == 3
+    with client.consumer(stream_name, stop_at_end=True) as consumer:
+        got = [(r.value, r.key, list(r.headers)) for r in consumer]
+    assert got == [(b"v", b"k", [("h", b"1"), ("h", b"")]), (None, None, []), (b"", b"", [])]
 
 
 def test_a_repeated_task_writes_nothing_and_a_replay_completes_the_rest(

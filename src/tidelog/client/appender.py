@@ -55,7 +55,7 @@ from tidelog.protocol.labels import (
     encode_selector,
 )
 from tidelog.protocol.messages import Acks, AppendPhase, AppendRequest, AppendResponse
-from tidelog.protocol.records import BatchBuilder, NewRecord
+from tidelog.protocol.records import BatchBuilder, EncodedRecords, NewRecord
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 RETRY_DELAYS = (0.05, 0.2, 0.5)
@@ -65,7 +65,9 @@ _REFUSED_AT_BEGIN = frozenset(
 )
 _append_ids = itertools.count(1)  # process-wide: appenders sharing a connection never reuse an id
 
-RecordLike = NewRecord | bytes
+RecordLike = NewRecord | bytes | EncodedRecords
+"""A record (a plain value, or a :class:`NewRecord`), or records encoded in bulk (an append's whole sequence of
+those, the first from offset delta 0: :meth:`BatchBuilder.extend <tidelog.protocol.records.BatchBuilder.extend>`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +331,8 @@ def _refused(response: AppendResponse) -> TidelogError:
 def _encode(builder: BatchBuilder, record: RecordLike) -> None:
     if isinstance(record, bytes):
         builder.append(record)
+    elif isinstance(record, EncodedRecords):
+        builder.extend(record)
     else:
         builder.append(record.value, record.key, record.headers, record.timestamp)
 

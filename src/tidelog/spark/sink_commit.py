@@ -37,15 +37,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
-from tidelog.client import Appender, Cluster, ConnectionClosedError, NewRecord, refusal_details
-from tidelog.client.appender import RecordLike
+from tidelog.client import Appender, Cluster, ConnectionClosedError, refusal_details
 from tidelog.protocol.errors import RegisterMismatchError, TidelogError
 from tidelog.protocol.labels import EMPTY, LabelSet
 from tidelog.protocol.messages import ListOffsetsRequest, ListOffsetsResponse
+from tidelog.protocol.records import EncodedRecords
 from tidelog.spark.reading import _new_loop
+from tidelog.spark.record_encoding import encode_rows
 from tidelog.spark.sink_fence import Action, Fence, FenceError, decide
 from tidelog.spark.sink_options import SinkOptions
 from tidelog.spark.writing import Target, TaskRows
@@ -135,8 +135,9 @@ async def _commit(options: SinkOptions, rows: TaskRows, fence: Fence | None) -> 
     committer = _Committer(cluster, Appender(cluster=cluster), fence)
     try:
         await committer.check_targets(sorted((part.stream, part.partition) for part in rows.parts))
+        encoded = [(part, encode_rows(part.rows)) for part in rows.parts]  # in bulk: no Python step per row
         results = await asyncio.gather(
-            *(committer.commit(part.stream, part.partition, records_of([part.rows])) for part in rows.parts),
+            *(committer.commit(part.stream, part.partition, records, part.rows.num_rows) for part, records in encoded),
             return_exceptions=True,
         )
     finally:
@@ -145,23 +146,6 @@ async def _commit(options: SinkOptions, rows: TaskRows, fence: Fence | None) -> 
     if failures:
         raise failures[0]
     return [result for result in results if isinstance(result, PartitionCommit)]
-
-
-def records_of(tables: Sequence[pa.Table]) -> list[RecordLike]:
-    """A partition's rows as the appender's records: plain values when no row has a key, headers or a null
-    value (the appender's fast path), else :class:`NewRecord`\\ s."""
-    out: list[RecordLike] = []
-    for table in tables:
-        n = table.num_rows
-        values = table.column("value")
-        keys, headers = table.column("key"), table.column("headers")
-        if keys.null_count == n and headers.null_count == n and values.null_count == 0:
-            out += values.to_pylist()
-            continue
-        for value, key, pairs in zip(values.to_pylist(), keys.to_pylist(), headers.to_pylist(), strict=True):
-            header_list = [(pair["key"], pair["value"] or b"") for pair in pairs] if pairs else ()
-            out.append(NewRecord(value, key, header_list))
-    return out
 
 
 class _Committer:
@@ -185,15 +169,20 @@ class _Committer:
                     f"rows are written to partition {partition} of stream {stream!r}, which has {counts[stream]}"
                 )
 
-    async def commit(self, stream: str, partition: int, records: list[RecordLike]) -> PartitionCommit:
+    async def commit(
+        self, stream: str, partition: int, records: Sequence[EncodedRecords], count: int
+    ) -> PartitionCommit:
+        """Append ``records`` (``count`` rows, encoded), fenced when the task has a fence."""
         if self.fence is None:
             outcome = await self.appender.append(stream, partition, records)
-            return PartitionCommit(stream, partition, len(records), Outcome.APPENDED, outcome.base_offset)
-        return await self.fenced(stream, partition, records, self.fence)
+            return PartitionCommit(stream, partition, count, Outcome.APPENDED, outcome.base_offset)
+        return await self.fenced(stream, partition, records, count, self.fence)
 
-    async def fenced(self, stream: str, partition: int, records: list[RecordLike], fence: Fence) -> PartitionCommit:
+    async def fenced(
+        self, stream: str, partition: int, records: Sequence[EncodedRecords], count: int, fence: Fence
+    ) -> PartitionCommit:
         """Append ``records`` unless the partition holds this slice already; see steps 1–4 of the module."""
-        skipped = PartitionCommit(stream, partition, len(records), Outcome.SKIPPED)
+        skipped = PartitionCommit(stream, partition, count, Outcome.SKIPPED)
         where = f"{stream}/{partition}: micro-batch {fence.batch_id} task {fence.task}"
         delays = iter(RETRY_DELAYS)
         conflicts = 0
@@ -225,7 +214,7 @@ class _Committer:
                     registers = details.registers if details is not None else None
                     await asyncio.sleep(random.uniform(0, 0.002 * min(conflicts, 50)))
                     continue
-                return PartitionCommit(stream, partition, len(records), Outcome.APPENDED, outcome.base_offset)
+                return PartitionCommit(stream, partition, count, Outcome.APPENDED, outcome.base_offset)
             except FenceError as exc:
                 raise SinkCommitError(f"{where}: {exc}") from exc
             except (ConnectionClosedError, TidelogError) as exc:

@@ -29,6 +29,7 @@ from tidelog.protocol.messages import StreamInfo
 from tidelog.spark.reading import _new_loop
 from tidelog.spark.schema import HEADERS_TYPE
 from tidelog.spark.sink_options import SinkColumns, SinkOptions
+from tidelog.spark.varint_columns import ramp
 
 ROWS_SCHEMA = pa.schema([("value", pa.binary()), ("key", pa.binary()), ("headers", HEADERS_TYPE)])
 """The rows of one partition in a commit message: values, keys (null: none), headers (null: none)."""
@@ -80,12 +81,11 @@ def write_task(
                 continue
             rows = _rows(batch, columns)
             targets, codes = router.route(batch, rows)
-            if len(targets) == 1:
+            if codes is None:
                 groups.setdefault(targets[0], []).append(rows)
                 continue
-            code_array = pa.array(codes, pa.int32())
             for code, target in enumerate(targets):
-                groups.setdefault(target, []).append(rows.filter(pc.equal(code_array, code)))
+                groups.setdefault(target, []).append(rows.filter(pc.equal(codes, pa.scalar(code, codes.type))))
     finally:
         router.close()
     parts = tuple(
@@ -121,8 +121,8 @@ class _Router:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cluster: Cluster | None = None
 
-    def route(self, batch: pa.RecordBatch, rows: pa.RecordBatch) -> tuple[list[Target], list[int]]:
-        """The distinct targets of the batch's rows, and for each row the index of its target (empty when
+    def route(self, batch: pa.RecordBatch, rows: pa.RecordBatch) -> tuple[list[Target], pa.Array | None]:
+        """The distinct targets of the batch's rows, and for each row the index of its target (None when
         there is only one target: every row goes there)."""
         n = batch.num_rows
         streams = self._streams(batch)
@@ -151,16 +151,18 @@ class _Router:
                 code = index[target] = len(targets)
                 targets.append(target)
             codes.append(code)
-        return targets, codes if len(targets) > 1 else []
+        return targets, pa.array(codes, pa.int32()) if len(targets) > 1 else None
 
-    def _round_robin(self, stream: str, n: int) -> tuple[list[Target], list[int]]:
+    def _round_robin(self, stream: str, n: int) -> tuple[list[Target], pa.Array | None]:
         count = self._count(stream)
         first = self._next.get(stream, self.task_index)
         self._next[stream] = first + n
-        if count == 1:
-            return [(stream, 0)], []
+        if count == 1 or n == 1:
+            return [(stream, first % count)], None
         targets = [(stream, (first + i) % count) for i in range(min(n, count))]
-        return targets, [i % count for i in range(n)]
+        position = ramp(n)  # row i goes to targets[i % count]: i - (i // count) * count, in kernels
+        divisor = pa.scalar(count, position.type)
+        return targets, pc.subtract(position, pc.multiply(pc.divide(position, divisor), divisor))
 
     def _streams(self, batch: pa.RecordBatch) -> str | list[str]:
         """The stream of every row (the option's), or of each row (the ``stream`` column)."""

@@ -38,6 +38,7 @@ from tidelog.protocol.records.decode import (
 )
 from tidelog.protocol.records.encode import (
     BatchBuilder,
+    EncodedRecords,
     assign_offsets,
     build_batch,
     compress,
@@ -102,6 +103,7 @@ __all__ = [
     "BatchHeader",
     "CheckedRecords",
     "Codec",
+    "EncodedRecords",
     "IrregularRecords",
     "NewRecord",
     "Record",

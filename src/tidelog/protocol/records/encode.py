@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import crc32c
 import lz4.frame
@@ -132,6 +133,18 @@ def _zstd_compressor() -> zstandard.ZstdCompressor:
     return compressor
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedRecords:
+    """Records encoded elsewhere (in bulk: the Spark sink's :mod:`tidelog.spark.record_encoding`), ready for a
+    :class:`BatchBuilder`: ``count`` records back to back in ``section``, at offset deltas ``first_delta``,
+    ``first_delta + 1``, … and timestamp delta 0 (the batch's first timestamp), exactly the bytes
+    :meth:`BatchBuilder.append` writes for records given no timestamp."""
+
+    section: bytes | memoryview
+    count: int
+    first_delta: int
+
+
 class BatchBuilder:
     """Encodes records one at a time, as they are produced, into one batch; :meth:`build` frames them.
 
@@ -144,7 +157,7 @@ class BatchBuilder:
     __slots__ = ("_count", "_first_timestamp", "_max_timestamp", "_parts", "_size")
 
     def __init__(self, first_timestamp: int) -> None:
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._count = 0
         self._size = 0
         self._first_timestamp = first_timestamp
@@ -206,6 +219,18 @@ class BatchBuilder:
             self._parts += (prefix, head, value, tail)
             self._size += len(prefix) + length
         self._count += 1
+        return self._size
+
+    def extend(self, records: EncodedRecords) -> int:
+        """Take records encoded elsewhere at the next offset deltas; return the record section's size so far.
+        Raises ValueError when they were encoded for other offset deltas (their bytes would be wrong here)."""
+        if records.first_delta != self._count:
+            raise ValueError(
+                f"records encoded from offset delta {records.first_delta} cannot follow {self._count} records"
+            )
+        self._parts.append(records.section)
+        self._count += records.count
+        self._size += len(records.section)
         return self._size
 
     def build(
