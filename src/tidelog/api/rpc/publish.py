@@ -31,6 +31,8 @@ from tidelog.broker.context import BrokerContext
 from tidelog.broker.ingest.copies import copy_tag, publish_copy
 from tidelog.broker.partitions.write_path import WriteRefused
 from tidelog.metadata.namespace import queue_group
+from tidelog.metadata.records import PartitionRecord, StreamRecord
+from tidelog.metadata.snapshot import MetadataSnapshot
 from tidelog.protocol._gen import api_pb2
 from tidelog.protocol.envelope import MessageType, encode_envelope, parse_envelope
 from tidelog.protocol.errors import (
@@ -111,13 +113,32 @@ async def publish(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: 
     return api_pb2.PublishResponse(ack=ack, correlationId=request.correlationId)
 
 
+_VIEW_WAIT = 2.0
+"""Seconds a publish forwarded by this broker waits for its metadata to name the partition's leader: right after a
+stream is created or its leader moves, this broker's published view may lag what etcd (and the client) saw."""
+
+
+async def _leader_known(
+    ctx: BrokerContext, stream: str, partition: int, wait: float
+) -> tuple[StreamRecord | None, PartitionRecord | None]:
+    """The stream and partition records once this broker's view names a leader, or as they are after ``wait``."""
+
+    def known(snap: MetadataSnapshot) -> bool:
+        meta = snap.partition(stream, partition)
+        return snap.stream(stream) is not None and meta is not None and bool(meta.leader)
+
+    snap = ctx.mirror.snapshot
+    if not known(snap):
+        with contextlib.suppress(TimeoutError):
+            snap = await ctx.mirror.wait_for(known, wait)
+    return snap.stream(stream), snap.partition(stream, partition)
+
+
 async def _forward(ctx: BrokerContext, request: api_pb2.PublishRequest, timeout: float) -> api_pb2.PublishResponse:
     """Publish through the partition's leader (this broker follows it or holds no replica)."""
     check_user_headers(request.headers.keys())
     check_size(ctx, request.key, request.value, request.headers)
-    snap = ctx.mirror.snapshot
-    stream = snap.stream(request.stream)
-    meta = snap.partition(request.stream, request.partition)
+    stream, meta = await _leader_known(ctx, request.stream, request.partition, min(timeout, _VIEW_WAIT))
     if stream is None or meta is None or not meta.leader:
         raise NotLeaderError(f"{request.stream}/{request.partition} has no leader right now")
     now = time.time_ns()
