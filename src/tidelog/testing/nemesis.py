@@ -9,8 +9,9 @@ The run applies the plan until its time is up, undoes the last fault, and the Fa
 resumes), reads everything back and checks the history. The same seed replays the same plan; targets chosen by
 role follow the cluster, so a replay meets the same faults at the same moments, not always the same broker.
 
-The faults: the brokers' processes and network (here, :data:`BROKER_FAULTS`), their dependencies (etcd
-members, NATS: :mod:`~tidelog.testing.dependency_faults`), their disks (power cuts, I/O errors, a full disk:
+The faults: the brokers' processes and network (here, :data:`BROKER_FAULTS` and :data:`NETWORK_FAULTS`: one
+node, a pair, a ring, one way, a minority holding etcd), their dependencies (etcd members, NATS:
+:mod:`~tidelog.testing.dependency_faults`), their disks (power cuts, I/O errors, a full disk:
 :mod:`~tidelog.testing.lossy_faults`), their wall clocks (:mod:`~tidelog.testing.clock_faults`) and the
 cluster's membership (brokers added and decommissioned: :mod:`~tidelog.testing.membership_faults`). A plan
 that holds etcd member faults runs against a three-member etcd cluster, one with disk faults puts every
@@ -62,7 +63,7 @@ from tidelog.testing.nemesis_check import (
 )
 from tidelog.testing.queue_checker import QueueReport
 
-__all__ = ["BROKER_FAULTS", "FAULTS", "Plan", "PlannedFault", "run_nemesis"]
+__all__ = ["BROKER_FAULTS", "FAULTS", "NETWORK_FAULTS", "Plan", "PlannedFault", "run_nemesis"]
 
 MIN_GAP_S = 1.0  # quiet load between two faults
 MAX_GAP_S = 3.0
@@ -227,6 +228,46 @@ async def partition_etcd(run: FaultRun, pick: float) -> tuple[str, Undo]:
     return "etcd | all brokers", heal
 
 
+async def partition_ring(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    """Every broker, NATS and etcd (its members together) in a ring, in an order ``pick`` shuffles: each reaches
+    only its two neighbours, so no node sees a majority and every pair of brokers but one is cut."""
+    heal = _lab(run)
+    assert run.lab is not None
+    nodes = [[b] for b in sorted(_brokers(run))] + [["nats"], _etcd_hosts(run)]
+    random.Random(pick).shuffle(nodes)
+    count = len(nodes)
+    for i in range(count):
+        for j in range(i + 2, count):
+            if (i, j) != (0, count - 1):  # the first and the last close the ring
+                await run.lab.partition(nodes[i], nodes[j])
+    return " - ".join("+".join(node) for node in nodes), heal
+
+
+async def partition_one_way(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    """One broker's packets to the other brokers are dropped, theirs to it still arrive (or, for the upper half
+    of ``pick``, the other way round): TCP fails both ways, but each side sees it fail differently."""
+    heal = _lab(run)
+    assert run.lab is not None
+    brokers = sorted(_brokers(run))
+    victim = _pick(brokers, pick * 2 % 1.0)
+    others = [b for b in brokers if b != victim]
+    outward = pick < 0.5
+    for other in others:
+        await (run.lab.cut(victim, other) if outward else run.lab.cut(other, victim))
+    return f"{victim} -> {','.join(others)}" if outward else f"{','.join(others)} -> {victim}", heal
+
+
+async def partition_minority_with_etcd(run: FaultRun, pick: float) -> tuple[str, Undo]:
+    """One broker keeps etcd while the other brokers keep NATS and each other: the majority of brokers loses the
+    metadata store (no lease renewals, no controller writes) and the minority loses its peers."""
+    heal = _lab(run)
+    assert run.lab is not None
+    victim = _pick(_brokers(run), pick)
+    minority = [victim, *_etcd_hosts(run)]
+    await run.lab.partition(minority, [name for name in run.lab.hosts if name not in minority])
+    return f"{victim}+etcd | the rest", heal
+
+
 Fault = Callable[[FaultRun, float], Awaitable[tuple[str, Undo]]]
 BROKER_FAULTS: Mapping[str, Fault] = {
     "kill-leader": kill_leader,
@@ -238,8 +279,15 @@ BROKER_FAULTS: Mapping[str, Fault] = {
     "partition-etcd": partition_etcd,
 }
 """The process and network faults of brokers (the CI gate's seed 79 plans from these)."""
+NETWORK_FAULTS: Mapping[str, Fault] = {
+    "partition-ring": partition_ring,
+    "partition-one-way": partition_one_way,
+    "partition-minority-with-etcd": partition_minority_with_etcd,
+}
+"""Network partitions beyond one node and one pair (not in the CI gate's plans)."""
 FAULTS: Mapping[str, Fault] = {
     **BROKER_FAULTS,
+    **NETWORK_FAULTS,
     "kill-etcd-member": kill_etcd_member,
     "pause-etcd-member": pause_etcd_member,
     "restart-nats": restart_nats,
