@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import random
 import secrets
+import signal
 import sys
 import tempfile
 import time
@@ -410,5 +411,18 @@ async def _main(argv: Sequence[str]) -> int:
     return 0 if passed == args.runs else 1
 
 
+async def _main_until_stopped(argv: Sequence[str]) -> int:
+    """:func:`_main`, stopped by SIGTERM as by Ctrl-C: the run in progress is cancelled and its ``async with``
+    blocks stop its cluster and unmount its disks (killed outright, they left FUSE mounts behind)."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await _main(argv)
+    except asyncio.CancelledError:
+        print("stopped: the run in progress was cancelled and its cluster stopped", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(_main(sys.argv[1:])))
+    sys.exit(asyncio.run(_main_until_stopped(sys.argv[1:])))
