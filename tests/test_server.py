@@ -73,7 +73,7 @@ async def test_a_broker_handed_a_leadership_while_stopping_asks_the_controller_a
     mirror = Mirror(led_by(s1="b1", s2="b2"))
     controller = RacingController(mirror)
     broker.mirror, broker.link, broker.manager = mirror, controller, Manager()  # type: ignore[assignment]
-    with caplog.at_level(logging.INFO, logger="tidelog.server"):
+    with caplog.at_level(logging.INFO, logger="tidelog.broker.hand_off"):
         await broker.stop()
     assert controller.calls == 2
     assert "leadership handed off (1 partition(s) had no other ISR member)" in caplog.text

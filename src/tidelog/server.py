@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import logging
 import os
 import time
@@ -45,6 +44,7 @@ from tidelog.broker.cursors import CursorStore
 from tidelog.broker.embedded import EmbeddedEtcd, EmbeddedNats, start_embedded
 from tidelog.broker.encryption import KeyVault, load_master_key
 from tidelog.broker.groups.runtime import GroupRuntime
+from tidelog.broker.hand_off import hand_off_leadership
 from tidelog.broker.ingest.nats_client import BrokerNats
 from tidelog.broker.log_settings import log_config_for
 from tidelog.broker.manager import PartitionManager
@@ -72,7 +72,6 @@ from tidelog.metadata.producer_ids import ProducerIdAllocator
 from tidelog.metadata.reassignment import Reassigner
 from tidelog.metadata.records import BrokerRecord
 from tidelog.metadata.remote_segments import RemoteSegmentLists
-from tidelog.metadata.snapshot import MetadataSnapshot, PartitionKey
 from tidelog.metadata.store import MetadataStore
 from tidelog.protocol.tls import ClientAuth, following_context
 from tidelog.ui.http_server import HttpServer
@@ -81,7 +80,6 @@ from tidelog.ui.view import BrokerView
 
 log = logging.getLogger(__name__)
 
-_HAND_OFF_RECHECK = 1.0  # seconds between a stopping broker's hand-off requests while it still leads
 _ETCD_GONE_BUDGET = 2.0  # seconds for each etcd step of a stop when etcd did not answer a status request
 
 
@@ -493,7 +491,8 @@ class Broker:
         with contextlib.suppress(OSError):
             remove_endpoints(self.config.data_dir)
         grace = self.config.shutdown_timeout_ms / 1000
-        await self._hand_off_leadership(grace)
+        if self.link is not None and self.mirror is not None and self.manager is not None:
+            await hand_off_leadership(self.id, self.link, self.mirror, grace)
         if self.fronts is not None:
             await self.fronts.stop(grace=min(grace, 5.0))
         if self.grpc is not None:
@@ -564,38 +563,6 @@ class Broker:
             log.warning("broker %s: etcd does not answer; its leases will expire after their TTL", self.id)
             return False
         return True
-
-    async def _hand_off_leadership(self, grace: float) -> None:
-        """Controlled shutdown: have the controller move this broker's leaderships elsewhere, and wait (within
-        ``grace``) until this broker's own mirror shows it, so in-flight writes fail over instead of timing out."""
-        link, mirror, manager = self.link, self.mirror, self.manager
-        if link is None or mirror is None or manager is None or len(mirror.snapshot.brokers) < 2:
-            return
-
-        def led(snapshot: MetadataSnapshot) -> set[PartitionKey]:
-            return {key for key, p in snapshot.partitions.items() if p.leader == self.id}
-
-        def settled_or_gained(remaining: int, before: set[PartitionKey], snapshot: MetadataSnapshot) -> bool:
-            now = led(snapshot)
-            return len(now) <= remaining or not now <= before
-
-        try:
-            async with asyncio.timeout(grace):
-                while True:
-                    before = led(mirror.snapshot)
-                    remaining = await link.controlled_shutdown(grace)
-                    # Done once no more than `remaining` are led. A peer stopping at the same time may hand its
-                    # leaderships to us meanwhile, and the answer may come from a controller that had not yet seen
-                    # all of this (or from one that has since stepped down): ask again, as the controller expects.
-                    with contextlib.suppress(TimeoutError):
-                        now = await mirror.wait_for(
-                            functools.partial(settled_or_gained, remaining, before), _HAND_OFF_RECHECK
-                        )
-                        if len(led(now)) <= remaining:
-                            break
-            log.info("broker %s: leadership handed off (%d partition(s) had no other ISR member)", self.id, remaining)
-        except Exception as exc:
-            log.warning("broker %s: controlled shutdown incomplete: %s", self.id, exc)
 
     async def __aenter__(self) -> Broker:
         await self.start()

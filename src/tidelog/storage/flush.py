@@ -60,9 +60,6 @@ import contextlib
 import enum
 import functools
 import logging
-import os
-import queue
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -75,6 +72,7 @@ from tidelog.storage.atomic import fsync_directory
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.errors import StorageError
 from tidelog.storage.open_files import OPEN_FILES
+from tidelog.storage.sync_threads import submit_sync_job
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -88,7 +86,6 @@ INLINE_MAX_LOOP_LOAD = 0.8
 SYNC_EWMA_WEIGHT = 0.125
 """Weight of the latest fsync in the moving average: one hiccup does not leave inline, a long stall sends the
 next rounds to the worker."""
-SYNC_THREADS = 8
 
 
 class FlushFailedError(StorageError):
@@ -136,53 +133,6 @@ def _sync_all(targets: Iterable[Syncable], directories: Iterable[Path]) -> None:
         target.sync()
     for directory in directories:
         fsync_directory(directory)
-
-
-class _SyncThreads:
-    """The threads that run worker rounds, shared by every log of the process: started as needed, at most
-    ``limit``, each taking jobs from one queue. Daemon threads: a log flushes at close, so none is ever left
-    holding an unacknowledged round that matters when the process exits."""
-
-    def __init__(self, limit: int) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._limit = limit
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0  # threads waiting for a job that no submitted job has claimed yet
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
-        with self._lock:
-            if self._idle:
-                self._idle -= 1
-                return
-            if self._threads >= self._limit:
-                return  # all busy: the job waits in the queue for the first one free
-            self._threads += 1
-            name = f"tidelog-fsync-{self._threads}"
-        threading.Thread(target=self._work, name=name, daemon=True).start()
-
-    def _work(self) -> None:
-        jobs = self._jobs
-        while True:
-            job = jobs.get()
-            try:
-                job()
-            except Exception:  # a round reports its own failures: this would be a bug, not a failed fsync
-                log.exception("fsync worker job failed")
-            with self._lock:
-                self._idle += 1
-
-
-_THREADS = _SyncThreads(SYNC_THREADS)
-
-
-def _reset_after_fork() -> None:  # a forked child has none of the parent's threads
-    global _THREADS
-    _THREADS = _SyncThreads(SYNC_THREADS)
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _round_in_thread(
@@ -495,7 +445,7 @@ class Flusher:
         for each in targets:
             each.pin()
         self._state = RoundState.SYNCING
-        _THREADS.submit(
+        submit_sync_job(
             functools.partial(_round_in_thread, loop, self._end_round, self._clock, target, targets, directories)
         )
 
@@ -581,7 +531,7 @@ class Flusher:
                 with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
                     loop.call_soon_threadsafe(then)
 
-        _THREADS.submit(run)
+        submit_sync_job(run)
 
     async def sync_directory(self, path: Path) -> None:
         await self.run_blocking(fsync_directory, path)
