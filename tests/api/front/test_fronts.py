@@ -8,6 +8,7 @@ it. The Liftbridge API tests imported below run here unchanged, against the fron
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -147,11 +148,17 @@ async def test_fronts_are_refused_with_tls(tmp_path: Path) -> None:
 
 
 async def test_a_front_refuses_passwords_as_the_plaintext_broker_does(stub: Stub, stream_name: str) -> None:
-    """The front's own PublishAsync and a relayed call alike: UNAUTHENTICATED, nothing published."""
+    """The front's own PublishAsync and a relayed call alike: UNAUTHENTICATED, nothing published.
+
+    The publish stream sends its request only once the call has ended: the refusal comes from the call's headers,
+    before any request is read, and a client still sending into a call the server has ended sees gRPC's own
+    INTERNAL ("Internal error from Core") in place of the server's status, a race of the client library."""
     await create_stream(stub, stream_name)
     login = [basic_authorization("alice", "correct horse")]
+    answered = asyncio.Event()
 
     async def one() -> AsyncIterator[api_pb2.PublishRequest]:
+        await answered.wait()
         yield api_pb2.PublishRequest(stream=stream_name, value=b"v", correlationId="0")
 
     for call in (
@@ -160,6 +167,7 @@ async def test_a_front_refuses_passwords_as_the_plaintext_broker_does(stub: Stub
     ):
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await call
+        answered.set()
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert "served only over TLS" in (refused.value.details() or "")
     assert await read_until_stop(stub, stream_name) == []
