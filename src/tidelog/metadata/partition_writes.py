@@ -167,7 +167,12 @@ class PartitionWrites:
                 continue
             assert record is not None
             if new == record:
-                return record, new
+                if fresh:
+                    return record, new
+                # Nothing to write by the mirror, which may lag etcd: only etcd's record says so for certain (a
+                # leader takes "the ISR is now X" as written, and stops counting a joining follower on it).
+                record, fresh = await self.read_partition(key), True
+                continue
             written, current = await self.cas(writer, key, record, new)
             if written:
                 return record, new

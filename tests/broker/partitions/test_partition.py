@@ -235,3 +235,41 @@ async def test_a_follower_that_stops_fetching_leaves_the_isr_after_the_lag_time_
     clock.advance(6.0)  # 11 s without a fetch reaching the log end
     await until(lambda: proposed == [("b",)], "the ISR shrink")
     await partition.close()
+
+
+async def test_records_committed_while_a_join_is_on_its_way_are_held_by_the_joining_follower(tmp_path: Path) -> None:
+    """The long nemesis's seed 3311: d's ISR join was written, the leader went on committing with the ISR it
+    knew, and the controller made d leader without the records committed meanwhile. A follower counts in the
+    HW from the moment it is asked into the ISR; and once it stops fetching it stops holding the HW back, by an
+    ISR change written without it (the lag time on the partition's clock)."""
+    clock = ManualClock()
+    log = await Log.open_async(tmp_path, LogConfig(flush_policy=FlushPolicy.ALWAYS))
+    stream = StreamRecord("s", "s", "", 1, 3, 0)
+    record = PartitionRecord("s", 0, ("b", "c", "d"), "b", ("b", "c"))
+    proposed: list[tuple[str, ...]] = []
+
+    async def alter_isr(_: PartitionRecord, isr: tuple[str, ...]) -> None:
+        proposed.append(isr)  # written; its record has not reached this leader yet
+
+    partition = Partition(
+        stream, record, log, "b", min_isr=1, alter_isr=alter_isr, replica_lag_time_max=10.0, clock=clock
+    )
+    assert partition.replica_fetched("d", 0)  # at the HW: ready to join
+    await until(lambda: proposed == [("b", "c", "d")], "the join asked")
+    await partition.append(_batch(2), Acks.LEADER, 5)
+    assert partition.replica_fetched("c", 2)
+    assert partition.high_watermark == 0  # d, which the controller may already elect, has nothing
+    assert partition.replica_fetched("d", 2)
+    assert partition.high_watermark == 2
+
+    await partition.append(_batch(1), Acks.LEADER, 5)
+    assert partition.replica_fetched("c", 3)
+    assert partition.high_watermark == 2  # d stopped fetching: it still holds the HW ...
+    await until(lambda: clock.sleepers > 0, "the upkeep timer")
+    clock.advance(6.0)
+    assert partition.replica_fetched("c", 3)  # c keeps up
+    await until(lambda: clock.sleepers > 0, "the next tick")
+    clock.advance(5.0)  # d: 11 s behind
+    await until(lambda: proposed[-1] == ("b", "c"), "an ISR without d")
+    await until(lambda: partition.high_watermark == 3, "the HW without d")  # ... until that is written
+    await partition.close()

@@ -56,6 +56,47 @@ async def test_a_new_member_counts_only_what_it_fetched_though_the_hw_moved_whil
     assert hw.value == 20
 
 
+async def test_a_follower_asked_into_the_isr_holds_the_hw_before_the_metadata_names_it() -> None:
+    # Found by the long nemesis (seed 3311): c's join reached etcd while a, not yet applying it, committed two
+    # records c lacked; the controller then made c leader, and those two acknowledged records were lost.
+    hw = HighWatermark("a", ["a", "b"], 10)
+    hw.count_joining("c", 10)
+    hw.replica_caught_up_to("a", 12)
+    hw.replica_caught_up_to("b", 12)
+    assert hw.value == 10  # c has only 10
+    hw.set_isr(["a", "b"])  # another change (no news of the join): c still counts
+    assert hw.value == 10 and hw.joining == {"c"}
+    hw.replica_caught_up_to("c", 12)
+    assert hw.value == 12
+    hw.set_isr(["a", "b", "c"])  # the join reached the metadata: c is a member
+    assert hw.joining == frozenset()
+    hw.replica_caught_up_to("a", 14)
+    hw.replica_caught_up_to("b", 14)
+    assert hw.value == 12
+
+
+async def test_a_joining_follower_stops_counting_once_an_isr_without_it_is_written() -> None:
+    hw = HighWatermark("a", ["a", "b"], 10)
+    hw.count_joining("c", 10)
+    hw.replica_caught_up_to("a", 12)
+    hw.replica_caught_up_to("b", 12)
+    assert hw.value == 10
+    hw.stop_counting(["c"])
+    assert hw.value == 12 and hw.joining == frozenset()
+    hw.count_joining("b", 12)  # already a member: nothing to count twice
+    assert hw.joining == frozenset()
+
+
+async def test_a_joining_follower_is_no_member_for_min_isr() -> None:
+    hw = HighWatermark("a", ["a"], 0, min_isr=2)
+    hw.count_joining("b", 0)
+    hw.replica_caught_up_to("a", 5)
+    hw.replica_caught_up_to("b", 5)
+    assert hw.value == 0  # a and b hold 5, but the ISR is a alone until the metadata names b
+    hw.set_isr(["a", "b"])
+    assert hw.value == 5
+
+
 async def test_shrinking_the_isr_commits_what_the_rest_has() -> None:
     hw = HighWatermark("a", ["a", "b"], 0)
     hw.replica_caught_up_to("a", 8)

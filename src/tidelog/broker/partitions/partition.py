@@ -201,6 +201,7 @@ class Partition(CommittedReads):
         self.followers.set_replicas(record.replicas, self.clock.monotonic_ns())
         fetched = {r: s.log_end for r in record.isr if (s := self.followers.state(r)) is not None}
         self._hw.set_isr(record.isr or (self.broker_id,), fetched)
+        self._hw.stop_counting(r for r in self._hw.joining if r not in record.replicas)
 
     def update_stream(self, stream: StreamRecord, min_isr: int) -> None:
         """Take a newer stream record (settings changed at run time: ``tidelog stream alter``)."""
@@ -229,9 +230,15 @@ class Partition(CommittedReads):
         if not self.followers.fetched(replica, offset, end, self.clock.monotonic_ns()):
             return False
         self._hw.replica_caught_up_to(replica, offset)
-        if replica not in self.record.isr and self._isr_change is None and not self._closed:
+        if (
+            replica not in self.record.isr
+            and self._alter_isr is not None
+            and self._isr_change is None
+            and not self._closed
+        ):
             ready = self.followers.ready_to_join(self.record.isr, self._hw.value, self._epoch_start)
             if replica in ready:
+                self._hw.count_joining(replica, offset)  # from the ask on, not from the answer (highwater)
                 self._propose_isr((*self.record.isr, replica))
         return True
 
@@ -290,6 +297,7 @@ class Partition(CommittedReads):
         async def run() -> None:
             try:
                 await self._alter_isr(record, isr)  # type: ignore[misc]
+                self._hw.stop_counting(r for r in self._hw.joining if r not in isr)  # written without them
             except Exception as exc:  # the controller refused (stale epoch) or was unreachable: retry later
                 log.warning(
                     "%s: the controller did not change the ISR to %s (%s); the leader asks again at its next check",
@@ -324,7 +332,8 @@ class Partition(CommittedReads):
             await self._maintain_producers()
         if not self.replicated:
             return not self.producers.empty or self.log.end_offset != self._snapshot_offset
-        lagging = self.followers.lagging(self.record.isr, self.clock.monotonic_ns(), self._lag_max_ns)
+        counted = (*self.record.isr, *self._hw.joining)  # a joining follower that stopped fetching leaves too
+        lagging = self.followers.lagging(counted, self.clock.monotonic_ns(), self._lag_max_ns)
         if lagging and self._isr_change is None:
             log.warning(
                 "%s: followers %s have not caught up for %.1fs (replica_lag_time_max_ms); asking the controller to "

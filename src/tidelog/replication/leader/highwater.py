@@ -4,6 +4,11 @@ The high watermark (HW) is the offset *after* the last committed record: every o
 every in-sync replica (and, with flush ``always``, fsynced there), so readers see only offsets below the HW.
 HW = the lowest log end offset across the ISR; with one replica it is simply the leader's durable log end.
 
+A follower the leader has asked to add to the ISR counts in the HW from the moment it is asked, before the
+metadata names it (Kafka's "maximal ISR", KIP-497): the controller may act on the change, electing that follower,
+before this leader hears of it, so the HW must not pass what the follower holds in the meantime. It stops
+counting when the metadata names it (it is a member) or when an ISR change without it is written.
+
 While the ISR is smaller than ``min_isr`` the HW does not move at all (Rama's min-ISR stall): a write that was
 appended while the ISR was full and is still waiting for its acks must not become committed — acknowledged,
 and visible — just because the ISR shrank to the leader alone. It waits (and times out) instead, and becomes
@@ -32,8 +37,9 @@ class HighWatermark:
     def __init__(self, leader_id: str, isr: Iterable[str], initial_hw: int, *, min_isr: int = 1) -> None:
         self._leader_id = leader_id
         self._min_isr = min_isr
-        self._ends: dict[str, int] = {replica: initial_hw for replica in isr}
-        self._ends.setdefault(leader_id, initial_hw)
+        self._members = set(isr) | {leader_id}
+        self._joining: set[str] = set()
+        self._ends: dict[str, int] = dict.fromkeys(self._members, initial_hw)
         self._hw = initial_hw
         self._waiters: list[tuple[int, int, asyncio.Future[None], Callable[[], None] | None]] = []
         self._seq = itertools.count()
@@ -47,9 +53,32 @@ class HighWatermark:
         (``fetched``), never above the HW: it was proposed at or past the HW, but the HW may have moved on while
         the change reached the metadata, and crediting it with the HW then would commit (and let it lead with)
         records it lacks. Without ``fetched``, new members start at the HW."""
-        members = set(isr) | {self._leader_id}
+        self._members = set(isr) | {self._leader_id}
+        self._joining -= self._members
         known = {} if fetched is None else fetched
-        self._ends = {r: self._ends.get(r, min(self._hw, known.get(r, self._hw))) for r in members}
+        counted = self._members | self._joining
+        self._ends = {r: self._ends.get(r, min(self._hw, known.get(r, self._hw))) for r in counted}
+        self._recompute()
+
+    @property
+    def joining(self) -> frozenset[str]:
+        """Followers asked into the ISR that the metadata does not name yet (counted in the HW)."""
+        return frozenset(self._joining)
+
+    def count_joining(self, replica: str, log_end: int) -> None:
+        """Count ``replica`` in the HW from now: the leader asks for it to join the ISR, holding everything
+        below ``log_end`` (at or past the HW: Kafka's join rule). See the module docstring."""
+        if replica in self._members:
+            return
+        self._joining.add(replica)
+        self._ends[replica] = max(self._ends.get(replica, log_end), log_end)
+
+    def stop_counting(self, replicas: Iterable[str]) -> None:
+        """Stop counting joining ``replicas``: an ISR change without them was written, or they are no replicas
+        any more. The HW may move at once."""
+        for replica in set(replicas) & self._joining:
+            self._joining.discard(replica)
+            del self._ends[replica]
         self._recompute()
 
     def set_min_isr(self, min_isr: int) -> None:
@@ -64,8 +93,8 @@ class HighWatermark:
             self._recompute()
 
     def _recompute(self) -> None:
-        if len(self._ends) < self._min_isr:
-            return  # below min_isr nothing new commits (module docstring)
+        if len(self._members) < self._min_isr:
+            return  # below min_isr nothing new commits (module docstring); a joining follower is no member yet
         hw = min(self._ends.values())
         if hw <= self._hw:
             return  # the HW never goes back
