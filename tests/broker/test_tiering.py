@@ -133,6 +133,8 @@ async def test_a_new_leadership_sweeps_objects_no_list_names_below_its_end(
     assert broker.manager is not None and broker.tier_catalog is not None and broker.tiering is not None
     partition = broker.manager.leader_of(stream_name, 0)
     await until(lambda: partition.local_log_start > 0 and partition.log_start == 0, "offload")
+    tiering = broker.tiering
+    await until(lambda: tiering.upload_backlog(partition)[0] == 0, "every sealed segment uploaded")  # the end stays
     directory = store_dir / partition_prefix(broker.config.namespace, stream_name, 0)
     listed = {Path(s.log_name).name for s in broker.tier_catalog.list_of(stream_name, 0).segments}
     end = broker.tier_catalog.remote_end(stream_name, 0)
