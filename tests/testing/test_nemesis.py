@@ -76,10 +76,13 @@ def test_a_ring_cuts_every_pair_of_nodes_but_neighbours() -> None:
                     assert (frozenset((a, b)) in cut) == (apart > 1), (a, b)
 
 
-# One short step of each dependency, membership and clock fault, after seed 79's plan (their long versions:
-# --faults). The broker added first is still taking its replicas while etcd members are paused and killed.
+# One short step of each dependency, membership, clock and wider network fault, after seed 79's plan (their long
+# versions: --faults). The broker added first is still taking its replicas while etcd members are paused and killed.
 EXTRA_STEPS = (
     PlannedFault(gap=0.5, fault="add-broker", length=0.5, pick=0.3),
+    PlannedFault(gap=0.5, fault="partition-ring", length=1.0, pick=0.4),
+    PlannedFault(gap=0.5, fault="partition-one-way", length=1.0, pick=0.7),
+    PlannedFault(gap=0.5, fault="partition-minority-with-etcd", length=1.0, pick=0.1),
     PlannedFault(gap=0.5, fault="pause-etcd-member", length=2.5, pick=0.0),
     PlannedFault(gap=0.5, fault="kill-etcd-member", length=1.0, pick=0.5),
     PlannedFault(gap=0.5, fault="restart-nats", length=1.0, pick=0.0),

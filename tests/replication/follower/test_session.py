@@ -15,8 +15,9 @@ import pytest
 from tests.helpers import BOUND
 from tests.replication.helpers import until_log_end
 from tidelog.protocol.messages import Acks
+from tidelog.protocol.session_messages import SessionFetchEntry, SessionFetchPartition
 from tidelog.replication.follower.fetcher import FetcherState, ReplicaFetcher
-from tidelog.replication.follower.session import FetchSessions
+from tidelog.replication.follower.session import FetchSession, FetchSessions, PartitionKey
 from tidelog.storage.config import FlushPolicy
 from tidelog.storage.log import Log
 from tidelog.testing.replica_leader import Leader, batch, open_log, start_leader
@@ -116,3 +117,57 @@ async def test_a_stopped_fetcher_leaves_the_session_and_the_rest_go_on(leader: L
     await until_log_end(followers.logs[1], 1)
     assert followers.logs[0].end_offset == 0  # stopped: nothing appended after stop() returned
     assert followers.sessions.sessions[0].members == 1
+
+
+class _Member:
+    """A session member that only counts the rounds it is asked for (its partition is idle at the leader)."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.asked = asyncio.Event()
+
+    @property
+    def key(self) -> PartitionKey:
+        return ("s", self.partition)
+
+    def session_entry(self) -> SessionFetchEntry:
+        self.asked.set()
+        return SessionFetchEntry("s", self.partition, 0, EPOCH)
+
+    async def session_data(self, entry: SessionFetchEntry, part: SessionFetchPartition, data: memoryview) -> None:
+        pass
+
+    def session_failed(self, exc: BaseException) -> None:
+        pass
+
+
+async def test_a_member_joining_while_the_idle_session_closes_its_connection_is_fetched(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last member left, and the session closes its connection; a member that joins before the close is
+    done (a busy event loop, or one whose connection closes slowly) is asked for all the same. It used to be
+    forgotten: the session cleared the join's wake-up after the close and waited for another join, which
+    never came (every fetcher of that leader waited on it: a follower out of the ISR for good, issue 23)."""
+    session = FetchSession("b", "a", leader.address, max_wait_ms=50)
+    first, second = _Member(0), _Member(1)
+    closing, release = asyncio.Event(), asyncio.Event()
+    close = session._link.close
+
+    async def slow_close() -> None:
+        closing.set()
+        await release.wait()
+        await close()
+
+    try:
+        session.join(first)
+        await asyncio.wait_for(first.asked.wait(), BOUND)
+        monkeypatch.setattr(session._link, "close", slow_close)
+        session.leave(first)
+        await asyncio.wait_for(closing.wait(), BOUND)
+        session.join(second)  # while the connection is closing
+        release.set()
+        await asyncio.wait_for(second.asked.wait(), BOUND)
+        assert session.members == 1
+    finally:
+        release.set()
+        await session.close()

@@ -134,8 +134,10 @@ class FetchSession:
     async def _run(self) -> None:
         while True:
             if not self._members:
-                await self._link.close()  # nothing to fetch: no connection either
+                # Cleared before the close, not after: a member may join while the connection closes (that
+                # awaits), and its wake-up must stand, or it waits for a round that never comes (issue 23).
                 self._joined.clear()
+                await self._link.close()  # nothing to fetch: no connection either
                 await self._joined.wait()
                 continue
             sent = {key: (member, member.session_entry()) for key, member in self._members.items()}
