@@ -12,7 +12,7 @@ from tests.broker.helpers import until
 from tidelog.broker.partitions.partition import Partition
 from tidelog.clock import ManualClock
 from tidelog.metadata.records import PartitionRecord, StreamRecord
-from tidelog.protocol.errors import RequestTimeoutError, TidelogError
+from tidelog.protocol.errors import InvalidArgumentError, RequestTimeoutError, TidelogError
 from tidelog.protocol.messages import Acks
 from tidelog.protocol.records import NewRecord, build_batch
 from tidelog.replication.hw_checkpoint import checkpointed_hw
@@ -272,4 +272,25 @@ async def test_records_committed_while_a_join_is_on_its_way_are_held_by_the_join
     clock.advance(5.0)  # d: 11 s behind
     await until(lambda: proposed[-1] == ("b", "c"), "an ISR without d")
     await until(lambda: partition.high_watermark == 3, "the HW without d")  # ... until that is written
+    await partition.close()
+
+
+async def test_a_follower_whose_join_is_refused_stops_holding_the_hw(tmp_path: Path) -> None:
+    """A refusal writes nothing (a broker in controlled shutdown may not join): the follower stops counting at
+    once, not after the lag time, so a rolling restart does not stall acknowledgements."""
+    log = await Log.open_async(tmp_path, LogConfig(flush_policy=FlushPolicy.ALWAYS))
+    stream = StreamRecord("s", "s", "", 1, 3, 0)
+    record = PartitionRecord("s", 0, ("b", "c", "d"), "b", ("b", "c"))
+    refused: list[tuple[str, ...]] = []
+
+    async def alter_isr(_: PartitionRecord, isr: tuple[str, ...]) -> None:
+        refused.append(isr)
+        raise InvalidArgumentError("alter ISR refused (invalid-isr): it adds d, dead or shutting down")
+
+    partition = Partition(stream, record, log, "b", min_isr=1, alter_isr=alter_isr, replica_lag_time_max=10.0)
+    assert partition.replica_fetched("d", 0)
+    await until(lambda: refused == [("b", "c", "d")], "the join asked and refused")
+    await partition.append(_batch(2), Acks.LEADER, 5)
+    assert partition.replica_fetched("c", 2)
+    await until(lambda: partition.high_watermark == 2, "the HW without d")
     await partition.close()

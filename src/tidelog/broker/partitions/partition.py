@@ -299,6 +299,8 @@ class Partition(CommittedReads):
                 await self._alter_isr(record, isr)  # type: ignore[misc]
                 self._hw.stop_counting(r for r in self._hw.joining if r not in isr)  # written without them
             except Exception as exc:  # the controller refused (stale epoch) or was unreachable: retry later
+                if isinstance(exc, TidelogError) and not exc.retriable:  # refused: nothing was written
+                    self._hw.stop_counting(r for r in isr if r not in record.isr)  # (a broker shutting down)
                 log.warning(
                     "%s: the controller did not change the ISR to %s (%s); the leader asks again at its next check",
                     self.name,

@@ -7,7 +7,8 @@ HW = the lowest log end offset across the ISR; with one replica it is simply the
 A follower the leader has asked to add to the ISR counts in the HW from the moment it is asked, before the
 metadata names it (Kafka's "maximal ISR", KIP-497): the controller may act on the change, electing that follower,
 before this leader hears of it, so the HW must not pass what the follower holds in the meantime. It stops
-counting when the metadata names it (it is a member) or when an ISR change without it is written.
+counting when the metadata names it (it is a member), when an ISR change without it is written, or when the
+controller refuses the join (nothing was written).
 
 While the ISR is smaller than ``min_isr`` the HW does not move at all (Rama's min-ISR stall): a write that was
 appended while the ISR was full and is still waiting for its acks must not become committed — acknowledged,
