@@ -75,8 +75,8 @@ class HighWatermark:
         self._ends[replica] = max(self._ends.get(replica, log_end), log_end)
 
     def stop_counting(self, replicas: Iterable[str]) -> None:
-        """Stop counting joining ``replicas``: an ISR change without them was written, or they are no replicas
-        any more. The HW may move at once."""
+        """Stop counting joining ``replicas``: an ISR change without them was written, their join was refused
+        (nothing written), or they are no replicas any more. The HW may move at once."""
         for replica in set(replicas) & self._joining:
             self._joining.discard(replica)
             del self._ends[replica]
